@@ -1,0 +1,160 @@
+"""Validated engine configuration: vLLM-compatible names, defaults and start-up checks."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+from enum import StrEnum
+from typing import Any
+
+__all__ = [
+    "MODEL_PRESETS",
+    "ConfigError",
+    "EngineConfig",
+    "EvictionPolicyName",
+    "ModelShape",
+    "PreemptionVictim",
+]
+
+
+class ConfigError(ValueError):
+    """A setting or a combination of settings that cannot work; the message names the setting."""
+
+
+class PreemptionVictim(StrEnum):
+    """Which running request is preempted when a block cannot be allocated."""
+
+    NEWEST = "newest"  # vLLM's default: the most recently admitted running request
+    OLDEST = "oldest"
+
+
+class EvictionPolicyName(StrEnum):
+    """Which free cached block the device pool reuses first."""
+
+    LRU = "lru"  # vLLM's order
+    LINEAGE = "lineage"  # leaves first; never a block whose cached child remains
+
+
+def _fail(name: str, value: Any, allowed: str) -> None:
+    raise ConfigError(f"invalid {name}={value!r}: {allowed}")
+
+
+def _int_in(name: str, value: Any, lo: int, hi: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        _fail(name, value, "must be an integer")
+    if value < lo or (hi is not None and value > hi):
+        _fail(name, value, f"must be in [{lo}, {hi if hi is not None else '∞'})")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    """The model dimensions that size the KV cache (no weights are ever loaded)."""
+
+    num_layers: int = 32
+    num_kv_heads: int = 8
+    head_dim: int = 128
+    dtype_bytes: int = 2
+
+    def __post_init__(self) -> None:
+        _int_in("num_layers", self.num_layers, 1, 1024)
+        _int_in("num_kv_heads", self.num_kv_heads, 1, 1024)
+        _int_in("head_dim", self.head_dim, 1, 4096)
+        if self.dtype_bytes not in (1, 2, 4):
+            _fail("dtype_bytes", self.dtype_bytes, "must be 1 (fp8), 2 (fp16/bf16) or 4 (fp32)")
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        # K and V per layer per KV head: layers × 2 × kv_heads × head_dim × dtype bytes.
+        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+
+MODEL_PRESETS: dict[str, ModelShape] = {
+    "llama-3-8b": ModelShape(num_layers=32, num_kv_heads=8, head_dim=128, dtype_bytes=2),
+    "llama-3-70b": ModelShape(num_layers=80, num_kv_heads=8, head_dim=128, dtype_bytes=2),
+    "qwen2.5-7b": ModelShape(num_layers=28, num_kv_heads=4, head_dim=128, dtype_bytes=2),
+    "mistral-7b": ModelShape(num_layers=32, num_kv_heads=8, head_dim=128, dtype_bytes=2),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Everything the engine core needs; frozen, checked once at construction."""
+
+    block_size: int = 16
+    num_gpu_blocks: int = 16384
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 131072
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    preemption_victim: PreemptionVictim = PreemptionVictim.NEWEST
+    eviction_policy: EvictionPolicyName = EvictionPolicyName.LRU
+    speedup_ratio: float = 1.0
+    seed: int = 0
+    model: ModelShape = field(default_factory=ModelShape)
+    timing_profile: str | None = None
+    # Output-length model: probability that each token after min_tokens is EOS
+    # (0 = run to max_tokens unless a stop applies).
+    eos_probability: float = 0.0
+    vocab_size: int = 129280
+    eos_token_id: int = 1
+    enable_kv_cache_events: bool = False
+
+    def __post_init__(self) -> None:
+        bs = self.block_size
+        _int_in("block_size", bs, 1, 1024)
+        if bs & (bs - 1):
+            _fail("block_size", bs, "must be a power of two in [1, 1024]")
+        _int_in("num_gpu_blocks", self.num_gpu_blocks, 1, 1 << 26)
+        _int_in("max_num_seqs", self.max_num_seqs, 1, 1 << 20)
+        _int_in("max_num_batched_tokens", self.max_num_batched_tokens, 1, 1 << 24)
+        _int_in("max_model_len", self.max_model_len, 1, 1 << 24)
+        _int_in("seed", self.seed, 0, 1 << 63)
+        _int_in("vocab_size", self.vocab_size, 2, 1 << 31)
+        _int_in("eos_token_id", self.eos_token_id, 0, self.vocab_size - 1)
+        for name in ("enable_prefix_caching", "enable_chunked_prefill", "enable_kv_cache_events"):
+            if not isinstance(getattr(self, name), bool):
+                _fail(name, getattr(self, name), "must be true or false")
+        self._coerce_enum("preemption_victim", PreemptionVictim)
+        self._coerce_enum("eviction_policy", EvictionPolicyName)
+        if not isinstance(self.model, ModelShape):
+            _fail("model", self.model, "must be a ModelShape")
+        sr = self.speedup_ratio
+        if isinstance(sr, bool) or not isinstance(sr, int | float) or not (0 < sr < math.inf):
+            _fail("speedup_ratio", sr, "must be a finite number > 0")
+        ep = self.eos_probability
+        if isinstance(ep, bool) or not isinstance(ep, int | float) or not (0.0 <= ep <= 1.0):
+            _fail("eos_probability", ep, "must be in [0, 1]")
+        # Combinations, checked as vLLM does at start-up.
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_num_seqs ({self.max_num_seqs}): every running request needs one token "
+                "of the per-pass budget"
+            )
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ConfigError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than "
+                f"max_model_len ({self.max_model_len}) with enable_chunked_prefill off: a long "
+                "prompt could never be scheduled; raise max_num_batched_tokens, lower "
+                "max_model_len, or enable chunked prefill"
+            )
+
+    def _coerce_enum(self, name: str, enum: type[StrEnum]) -> None:
+        value = getattr(self, name)
+        try:
+            object.__setattr__(self, name, enum(value))
+        except ValueError:
+            _fail(name, value, "must be one of " + ", ".join(m.value for m in enum))
+
+    @property
+    def block_bytes(self) -> int:
+        return self.block_size * self.model.kv_bytes_per_token
+
+    def with_changes(self, **changes: Any) -> EngineConfig:
+        """A copy with some settings changed (validated again)."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
+        return replace(self, **changes)

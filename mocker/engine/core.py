@@ -1,0 +1,277 @@
+"""EngineCore: the synchronous engine. `step(now)` runs one pass; time is only ever an argument."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mocker.config import EngineConfig
+from mocker.engine.outputs import RequestOutput, StepResult, StepStats
+from mocker.kv.block_pool import BlockPool
+from mocker.kv.hashing import BlockHasher
+from mocker.kv.manager import KVCacheManager
+from mocker.output_tokens import OutputTokenSampler
+from mocker.request import EngineRequest, Request, RequestId, RequestStatus
+from mocker.scheduler.scheduler import Scheduler, SchedulerOutput
+from mocker.timing import PassShape, TimingModel, load_timing_model, pass_duration_s
+
+__all__ = ["EngineCore", "RequestRejected"]
+
+_TOKEN_ID_LIMIT = 1 << 32  # block hashing packs token ids as uint32
+
+
+class RequestRejected(ValueError):
+    """A request the engine can never serve; the message says why (a client error)."""
+
+
+class EngineCore:
+    """Owns requests, scheduler, KV manager and timing; mutated only by whoever calls step()."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        timing: TimingModel | None = None,
+        output_palette: Sequence[int] | None = None,
+    ) -> None:
+        self.config = config
+        self.pool = BlockPool(
+            config.num_gpu_blocks,
+            config.block_size,
+            enable_caching=config.enable_prefix_caching,
+            eviction_policy=config.eviction_policy,
+            record_events=config.enable_kv_cache_events,
+        )
+        self.kv = KVCacheManager(self.pool)
+        self.scheduler = Scheduler(config, self.kv)
+        self.timing = timing if timing is not None else load_timing_model(config.timing_profile)
+        self.hasher = BlockHasher(config.seed)
+        self.sampler = OutputTokenSampler(
+            output_palette if output_palette is not None else range(config.vocab_size),
+            config.eos_token_id,
+            config.eos_probability,
+            config.seed,
+        )
+        self.requests: dict[str, Request] = {}
+        self._total_kv_tokens = config.num_gpu_blocks * config.block_size
+
+    # -- intake -------------------------------------------------------------------------------
+
+    def check_request(self, spec: EngineRequest) -> int:
+        """Validate without changing anything; returns the resolved max_tokens.
+
+        Pure, so a driver can reject a request in the caller's context before
+        handing it to the engine loop.
+        """
+        cfg = self.config
+        prompt = spec.prompt_token_ids
+        n = len(prompt)
+        if n == 0:
+            raise RequestRejected("the prompt is empty: at least one token is needed")
+        if min(prompt) < 0 or max(prompt) >= _TOKEN_ID_LIMIT:
+            raise RequestRejected("prompt token ids must be in [0, 2^32)")
+        if n >= cfg.max_model_len:
+            raise RequestRejected(
+                f"This model's maximum context length is {cfg.max_model_len} tokens. However, "
+                f"your prompt contains {n} input tokens, leaving no room for output."
+            )
+        sp = spec.sampling
+        room = cfg.max_model_len - n
+        max_tokens = room if sp.max_tokens is None else sp.max_tokens
+        if max_tokens < 1:
+            raise RequestRejected(f"max_tokens must be at least 1, got {max_tokens}")
+        if max_tokens > room:
+            raise RequestRejected(
+                f"This model's maximum context length is {cfg.max_model_len} tokens. However, "
+                f"you requested {n + max_tokens} tokens ({n} in the prompt, {max_tokens} in "
+                "the completion)."
+            )
+        if sp.min_tokens < 0 or sp.min_tokens > max_tokens:
+            raise RequestRejected(
+                f"min_tokens must be in [0, max_tokens={max_tokens}], got {sp.min_tokens}"
+            )
+        # A request the pool can never hold would wait forever: refuse it now.
+        blocks = -(-(n + max_tokens) // cfg.block_size)
+        if blocks > cfg.num_gpu_blocks:
+            raise RequestRejected(
+                f"the request needs up to {blocks} KV blocks ({n} prompt + {max_tokens} output "
+                f"tokens at block_size {cfg.block_size}) but the KV cache has only "
+                f"{cfg.num_gpu_blocks} blocks (num_gpu_blocks); lower max_tokens"
+            )
+        if spec.request_id in self.requests:
+            raise RequestRejected(f"request id {spec.request_id!r} is already in use")
+        return max_tokens
+
+    def add_request(self, spec: EngineRequest) -> Request:
+        max_tokens = self.check_request(spec)
+        request = Request(
+            request_id=RequestId(spec.request_id),
+            all_token_ids=list(spec.prompt_token_ids),
+            num_prompt_tokens=len(spec.prompt_token_ids),
+            max_tokens=max_tokens,
+            sampling=spec.sampling,
+            arrival_time=spec.arrival_time,
+            priority=spec.priority,
+            lora_name=spec.lora_name,
+            token_seed=self.sampler.request_seed(spec.request_id),
+        )
+        if self.config.enable_prefix_caching:
+            request.enable_hashing(self.hasher, self.config.block_size, spec.cache_salt)
+        self.requests[spec.request_id] = request
+        self.scheduler.add(request)
+        return request
+
+    def abort_request(self, request_id: str, now: float) -> RequestOutput | None:
+        """Abort wherever the request is; its blocks are freed at once. None if unknown."""
+        return self._finish_now(request_id, now, RequestStatus.FINISHED_ABORTED)
+
+    def stop_request(self, request_id: str, now: float) -> RequestOutput | None:
+        """Finish with reason 'stop' (a stop string matched in the detokenized text)."""
+        return self._finish_now(request_id, now, RequestStatus.FINISHED_STOPPED)
+
+    def _finish_now(
+        self, request_id: str, now: float, status: RequestStatus
+    ) -> RequestOutput | None:
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        self.scheduler.finish(request, status)
+        request.finished_time = now
+        return RequestOutput(
+            request_id=request_id,
+            new_token_ids=[],
+            time=now,
+            finished=True,
+            finish_reason=request.finish_reason,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+        )
+
+    # -- state --------------------------------------------------------------------------------
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    def stall_error(self) -> RuntimeError:
+        """What a driver raises when a pass scheduled nothing although requests remain (a bug:
+        every admitted request fits the pool, and running requests preempt others for room)."""
+        return RuntimeError(
+            f"engine stalled: {len(self.requests)} unfinished requests, none schedulable"
+        )
+
+    # -- the pass -----------------------------------------------------------------------------
+
+    def step(self, now: float) -> StepResult:
+        """Schedule one pass starting at `now`, advance every scheduled request to its end.
+
+        The returned result's `end` is when the pass's tokens exist; a driver
+        delivers them no earlier than that.
+        """
+        sched = self.scheduler.schedule()
+        prefill_tokens, num_decodes = self._pass_composition(sched)
+        duration = pass_duration_s(
+            self.timing,
+            PassShape(
+                prefill_tokens=prefill_tokens,
+                num_decodes=num_decodes,
+                active_kv_tokens=self.pool.num_used * self.config.block_size,
+                total_kv_tokens=self._total_kv_tokens,
+            ),
+            self.config.speedup_ratio,
+        )
+        end = now + duration
+        for request in sched.admitted:
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+        outputs, finished = self._advance(sched, end)
+        stats = StepStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_usage=self.pool.usage,
+            num_scheduled_tokens=prefill_tokens + num_decodes,
+            prompt_tokens_computed=prefill_tokens,
+            num_generated_tokens=sum(len(o.new_token_ids) for o in outputs),
+            num_preemptions=len(sched.preempted),
+            prefix_queries=sched.prefix_queries,
+            prefix_hits=sched.prefix_hits,
+        )
+        return StepResult(now, end, outputs, stats, finished, self.pool.take_events())
+
+    @staticmethod
+    def _pass_composition(sched: SchedulerOutput) -> tuple[int, int]:
+        """(prefill tokens, decoding requests). A decode computes the last sampled token."""
+        prefill = 0
+        decodes = 0
+        for request, n in sched.num_scheduled.items():
+            if (
+                n == 1
+                and request.num_output_tokens
+                and (request.num_computed_tokens == request.num_tokens - 1)
+            ):
+                decodes += 1
+            else:
+                prefill += n
+        return prefill, decodes
+
+    def _advance(
+        self, sched: SchedulerOutput, end: float
+    ) -> tuple[list[RequestOutput], list[Request]]:
+        """Apply the pass: computed tokens, newly full blocks cached, one token per completion."""
+        outputs: list[RequestOutput] = []
+        finished: list[Request] = []
+        kv = self.kv
+        bs = self.config.block_size
+        token = self.sampler.token
+        eos = self.sampler.eos_token_id
+        for request, n in sched.num_scheduled.items():
+            computed = request.num_computed_tokens + n
+            request.num_computed_tokens = computed
+            if computed // bs > request.num_cached_blocks:
+                kv.cache_blocks(request)
+            if computed < request.num_tokens:
+                continue  # a prefill chunk that does not reach the end of the prompt
+            sp = request.sampling
+            k = request.num_output_tokens
+            tok = token(request.token_seed, k, not sp.ignore_eos and k >= sp.min_tokens)
+            request.append_output_token(tok)
+            if request.first_token_time is None:
+                request.first_token_time = end
+            status = self._stop_status(request, tok, k + 1, eos)
+            out = RequestOutput(
+                request.request_id,
+                [tok],
+                end,
+                num_prompt_tokens=request.num_prompt_tokens,
+                num_cached_tokens=request.num_cached_tokens,
+            )
+            if status is not None:
+                request.status = status
+                request.finished_time = end
+                kv.free(request)
+                del self.requests[request.request_id]
+                out.finished = True
+                out.finish_reason = request.finish_reason
+                finished.append(request)
+            outputs.append(out)
+        if finished:
+            self.scheduler.remove_finished()
+        return outputs, finished
+
+    @staticmethod
+    def _stop_status(request: Request, tok: int, num_out: int, eos: int) -> RequestStatus | None:
+        # vLLM's order: the length cap wins, then min_tokens gates EOS and stop ids.
+        if num_out >= request.max_tokens:
+            return RequestStatus.FINISHED_LENGTH_CAPPED
+        sp = request.sampling
+        if num_out <= sp.min_tokens:
+            return None
+        if (tok == eos and not sp.ignore_eos) or tok in sp.stop_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+        return None

@@ -1,0 +1,31 @@
+"""One device KV block: id, reference count, hash, and the free-list links it carries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NewType
+
+from mocker.kv.hashing import BlockHash
+
+__all__ = ["BlockId", "KVBlock"]
+
+BlockId = NewType("BlockId", int)
+
+
+@dataclass(slots=True, eq=False)
+class KVBlock:
+    """A slot of the device pool. Identity equality: two blocks are never 'equal'."""
+
+    block_id: BlockId
+    ref_cnt: int = 0
+    # Set while the block is findable by prefix lookup (it stays set on the free list).
+    block_hash: BlockHash | None = None
+    parent_hash: BlockHash | None = None
+    # Cached blocks whose parent is this block; only the lineage policy reads it.
+    num_cached_children: int = 0
+    # Intrusive free-list links, touched only by FreeBlockQueue.
+    prev_free: KVBlock | None = None
+    next_free: KVBlock | None = None
+
+    def __repr__(self) -> str:
+        return f"KVBlock(id={self.block_id}, ref={self.ref_cnt}, hash={self.block_hash})"

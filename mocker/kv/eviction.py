@@ -1,0 +1,120 @@
+"""Eviction policies: which free block the device pool reuses next (LRU or lineage-aware)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from mocker.config import EvictionPolicyName
+from mocker.kv.block import KVBlock
+from mocker.kv.free_queue import FreeBlockQueue
+
+__all__ = ["EvictionPolicy", "LRUPolicy", "LineagePolicy", "make_policy"]
+
+
+class EvictionPolicy(ABC):
+    """Owns the free blocks (reference count 0) and their reuse order.
+
+    The pool pushes a block when its last reference goes, removes it when a
+    prefix hit revives it, and pops the next block to reuse. A popped block may
+    still carry a hash: the pool then evicts it from the prefix cache. The
+    `on_*` hooks tell the policy about cache lineage; policies that ignore
+    lineage ignore them.
+    """
+
+    __slots__ = ()
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Free blocks, all of which can be handed out by repeated `pop()`."""
+
+    @abstractmethod
+    def push(self, block: KVBlock) -> None:
+        """A block's reference count fell to 0. Blocks of one request come tail first."""
+
+    @abstractmethod
+    def remove(self, block: KVBlock) -> None:
+        """A free cached block is in use again (prefix hit)."""
+
+    @abstractmethod
+    def pop(self) -> KVBlock:
+        """The next free block to reuse."""
+
+    def on_cached(self, block: KVBlock, parent: KVBlock | None) -> None:  # noqa: B027
+        """`block` became findable; `parent` is the cached block holding its parent hash."""
+
+    def on_uncached(self, block: KVBlock, parent: KVBlock | None) -> None:  # noqa: B027
+        """`block` stopped being findable (it is being reused or was cleared)."""
+
+
+class LRUPolicy(EvictionPolicy):
+    """vLLM's order: one queue; unhashed blocks go to the head, cached ones to the tail."""
+
+    __slots__ = ("_queue",)
+
+    def __init__(self) -> None:
+        self._queue = FreeBlockQueue()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def push(self, block: KVBlock) -> None:
+        # An unhashed block holds nothing anyone can find: reuse it before any cached one.
+        if block.block_hash is None:
+            self._queue.appendleft(block)
+        else:
+            self._queue.append(block)
+
+    def remove(self, block: KVBlock) -> None:
+        self._queue.remove(block)
+
+    def pop(self) -> KVBlock:
+        return self._queue.popleft()
+
+    def order(self) -> list[KVBlock]:
+        """Free blocks in reuse order (for tests and debugging)."""
+        return list(self._queue)
+
+
+class LineagePolicy(LRUPolicy):
+    """LRU among leaves: a cached block is never evicted while a cached child of it remains.
+
+    With vLLM's release order (a request's blocks tail first) a child is always
+    released before its parent, so the LRU head is already a leaf and this
+    policy evicts exactly as `lru` does. It differs, and guards the chain, when
+    blocks are released out of chain order (e.g. as asynchronous stores finish):
+    then `lru` can evict a parent and strand its cached children, which no
+    prefix lookup can reach any more; `lineage` skips such parents until their
+    last cached child is gone. Skipping is a scan from the head, bounded by the
+    number of free parents released before their children (zero in the common
+    case).
+    """
+
+    __slots__ = ()
+
+    def pop(self) -> KVBlock:
+        queue = self._queue
+        block = next((b for b in queue if not b.num_cached_children), None)
+        if block is None:
+            # A free block with cached children has a free cached descendant (children of
+            # free blocks are free: a request holding a child holds its parent), so a
+            # leaf exists whenever the queue is non-empty.
+            raise IndexError("no free blocks" if not len(queue) else "lineage invariant broken")
+        queue.remove(block)
+        return block
+
+    def on_cached(self, block: KVBlock, parent: KVBlock | None) -> None:
+        if parent is not None:
+            parent.num_cached_children += 1
+
+    def on_uncached(self, block: KVBlock, parent: KVBlock | None) -> None:
+        block.num_cached_children = 0
+        if parent is not None:
+            parent.num_cached_children -= 1
+
+
+def make_policy(name: EvictionPolicyName) -> EvictionPolicy:
+    if name is EvictionPolicyName.LRU:
+        return LRUPolicy()
+    if name is EvictionPolicyName.LINEAGE:
+        return LineagePolicy()
+    raise ValueError(f"unknown eviction policy {name!r}")

@@ -1,0 +1,55 @@
+"""Deterministic generated tokens: a seeded, stateless function of (request, position)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+__all__ = ["OutputTokenSampler"]
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    """A 64-bit mixer: consecutive inputs give independent-looking outputs."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+class OutputTokenSampler:
+    """Picks each generated token from a palette, and decides EOS by a per-token probability.
+
+    Token k of a request depends only on (engine seed, request id, k), so a
+    preempted request that recomputes generates the same continuation, and a
+    replay with the same seed reproduces every output.
+    """
+
+    __slots__ = ("_eos_threshold", "_palette", "_seed", "eos_token_id")
+
+    def __init__(
+        self, palette: Sequence[int], eos_token_id: int, eos_probability: float, seed: int
+    ) -> None:
+        self._palette = [t for t in palette if t != eos_token_id]
+        if not self._palette:
+            raise ValueError("the output token palette needs a token other than EOS")
+        self.eos_token_id = eos_token_id
+        self._seed = seed
+        # Compare 53-bit uniforms as integers: u < p  ⇔  bits < p·2^53.
+        self._eos_threshold = int(eos_probability * (1 << 53))
+
+    def request_seed(self, request_id: str) -> int:
+        digest = hashlib.blake2b(
+            request_id.encode(), digest_size=8, key=self._seed.to_bytes(8, "big")
+        ).digest()
+        return int.from_bytes(digest, "big")
+
+    def token(self, request_seed: int, index: int, eos_allowed: bool) -> int:
+        """Token at output position `index`; EOS only where `eos_allowed`."""
+        x = _splitmix64((request_seed + index) & _MASK64)
+        threshold = self._eos_threshold
+        if eos_allowed and threshold and (_splitmix64(x) >> 11) < threshold:
+            return self.eos_token_id
+        palette = self._palette
+        return palette[(x >> 7) % len(palette)]

@@ -1,0 +1,147 @@
+"""Request state inside the engine: status, tokens, KV blocks held, timestamps, block hashes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
+from typing import TYPE_CHECKING, NewType
+
+from mocker.kv.hashing import BlockHash, BlockHasher, extra_keys_bytes
+
+if TYPE_CHECKING:
+    from mocker.kv.block import KVBlock
+
+__all__ = [
+    "EngineRequest",
+    "FinishReason",
+    "Request",
+    "RequestId",
+    "RequestStatus",
+    "SamplingParams",
+]
+
+RequestId = NewType("RequestId", str)
+
+
+class RequestStatus(IntEnum):
+    """Ordered so that `status > PREEMPTED` means finished (as in vLLM)."""
+
+    WAITING = 0
+    WAITING_FOR_REMOTE_KVS = 1
+    RUNNING = 2
+    PREEMPTED = 3
+    FINISHED_STOPPED = 4
+    FINISHED_LENGTH_CAPPED = 5
+    FINISHED_ABORTED = 6
+
+    @property
+    def is_finished(self) -> bool:
+        return self > RequestStatus.PREEMPTED
+
+
+class FinishReason(StrEnum):
+    """The OpenAI / vLLM finish_reason strings."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+FINISH_REASON_OF_STATUS = {
+    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
+    RequestStatus.FINISHED_LENGTH_CAPPED: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """The generation limits the engine honours (text-level stops are the API's job)."""
+
+    max_tokens: int | None = None  # None: up to max_model_len
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    """What a driver hands the engine: an immutable description of one request."""
+
+    request_id: str
+    prompt_token_ids: Sequence[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    arrival_time: float = 0.0
+    priority: int = 0  # lower runs first, as in vLLM's priority scheduling
+    lora_name: str | None = None
+    cache_salt: str | None = None
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """Mutable per-request state, owned by the engine loop."""
+
+    request_id: RequestId
+    all_token_ids: list[int]  # prompt then generated tokens
+    num_prompt_tokens: int
+    max_tokens: int  # resolved limit on generated tokens
+    sampling: SamplingParams
+    arrival_time: float
+    priority: int = 0
+    lora_name: str | None = None
+    token_seed: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    # KV blocks held, in token order; managed by KVCacheManager only.
+    blocks: list[KVBlock] = field(default_factory=list)
+    num_cached_blocks: int = 0  # leading blocks registered in the prefix cache
+    block_hashes: list[BlockHash] = field(default_factory=list)
+    num_cached_tokens: int = -1  # prefix-hit tokens at first admission (-1: not yet admitted)
+    num_preemptions: int = 0
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    _hasher: BlockHasher | None = None
+    _block_size: int = 16
+    _extra: bytes = b""
+    _first_extra: bytes = b""
+
+    def enable_hashing(self, hasher: BlockHasher, block_size: int, cache_salt: str | None) -> None:
+        """Hash the full blocks so far, and every block that fills from now on."""
+        self._hasher = hasher
+        self._block_size = block_size
+        self._extra = extra_keys_bytes(self.lora_name) if self.lora_name is not None else b""
+        self._first_extra = extra_keys_bytes(cache_salt) if cache_salt is not None else b""
+        hasher.extend(
+            self.block_hashes, self.all_token_ids, block_size, self._extra, self._first_extra
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[self.num_prompt_tokens :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status > RequestStatus.PREEMPTED
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return FINISH_REASON_OF_STATUS.get(self.status)
+
+    def append_output_token(self, token_id: int) -> None:
+        tokens = self.all_token_ids
+        tokens.append(token_id)
+        hasher = self._hasher
+        if hasher is not None and len(tokens) % self._block_size == 0:
+            hasher.extend(
+                self.block_hashes, tokens, self._block_size, self._extra, self._first_extra
+            )

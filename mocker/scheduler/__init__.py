@@ -1,0 +1,1 @@
+"""Scheduling: which requests run in the next pass and how many tokens each computes."""

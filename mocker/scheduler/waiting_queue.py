@@ -1,0 +1,71 @@
+"""Waiting requests ordered by (priority, arrival), with preempted requests put back in front."""
+
+from __future__ import annotations
+
+import heapq
+from itertools import count
+
+from mocker.request import Request
+
+__all__ = ["WaitingQueue"]
+
+
+class WaitingQueue:
+    """A heap keyed by (priority, order).
+
+    `push` gives increasing orders (FCFS); `push_front` gives decreasing
+    negative ones, so the latest request pushed to the front comes first among
+    its priority — exactly a deque's appendleft when every priority is 0.
+    Removal (abort) is lazy: the entry is skipped when it reaches the top.
+    """
+
+    __slots__ = ("_back", "_front", "_heap", "_live")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, Request]] = []
+        self._back = count()
+        self._front = count(-1, -1)
+        self._live: dict[Request, int] = {}  # request -> its order in the heap
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def __bool__(self) -> bool:
+        return bool(self._live)
+
+    def __contains__(self, request: Request) -> bool:
+        return request in self._live
+
+    def _push(self, request: Request, order: int) -> None:
+        if request in self._live:
+            raise ValueError(f"request {request.request_id} is already waiting")
+        self._live[request] = order
+        heapq.heappush(self._heap, (request.priority, order, request))
+
+    def push(self, request: Request) -> None:
+        self._push(request, next(self._back))
+
+    def push_front(self, request: Request) -> None:
+        self._push(request, next(self._front))
+
+    def _settle(self) -> None:
+        heap, live = self._heap, self._live
+        while heap and live.get(heap[0][2]) != heap[0][1]:
+            heapq.heappop(heap)
+
+    def peek(self) -> Request | None:
+        self._settle()
+        return self._heap[0][2] if self._heap else None
+
+    def pop(self) -> Request:
+        self._settle()
+        _, _, request = heapq.heappop(self._heap)
+        del self._live[request]
+        return request
+
+    def remove(self, request: Request) -> bool:
+        return self._live.pop(request, None) is not None
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        """Waiting requests in scheduling order (for tests and introspection; O(n log n))."""
+        return iter([r for _, o, r in sorted(self._heap) if self._live.get(r) == o])

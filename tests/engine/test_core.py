@@ -1,0 +1,168 @@
+"""EngineCore: intake checks, stop conditions, aborts, determinism, pass timing."""
+
+import pytest
+
+from mocker.engine.core import EngineCore, RequestRejected
+from mocker.request import EngineRequest, FinishReason, RequestStatus, SamplingParams
+from mocker.timing import PolynomialTiming
+from tests.conftest import make_core, req, small_config
+
+
+def _run(core: EngineCore, now: float = 0.0) -> float:
+    while core.has_unfinished_requests():
+        now = core.step(now).end
+    return now
+
+
+def _collect(core: EngineCore) -> dict[str, list[int]]:
+    tokens: dict[str, list[int]] = {}
+    now = 0.0
+    while core.has_unfinished_requests():
+        res = core.step(now)
+        now = res.end
+        for out in res.outputs:
+            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+    return tokens
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (req("e", []), "prompt is empty"),
+        (req("neg", [-1, 2]), "token ids"),
+        (req("long", range(256)), "maximum context length is 256"),
+        (req("mt", range(10), max_tokens=0), "max_tokens must be at least 1"),
+        (req("over", range(200), max_tokens=100), "you requested 300 tokens"),
+        (req("min", range(4), max_tokens=2, min_tokens=3), "min_tokens"),
+    ],
+)
+def test_bad_requests_are_rejected_clearly(spec: EngineRequest, message: str) -> None:
+    core = make_core()
+    with pytest.raises(RequestRejected, match=message):
+        core.add_request(spec)
+    assert not core.has_unfinished_requests()
+
+
+def test_request_larger_than_pool_is_rejected_not_queued() -> None:
+    core = make_core(num_gpu_blocks=8)  # 32 tokens of KV
+    with pytest.raises(RequestRejected, match=r"needs up to 9 KV blocks .* only 8 blocks"):
+        core.add_request(req("big", range(30), max_tokens=5))
+    core.add_request(req("fits", range(30), max_tokens=2))
+    assert _run(core) > 0
+
+
+def test_duplicate_request_id_rejected() -> None:
+    core = make_core()
+    core.add_request(req("x", [1, 2]))
+    with pytest.raises(RequestRejected, match="already in use"):
+        core.add_request(req("x", [1, 2]))
+
+
+def test_default_max_tokens_fills_context() -> None:
+    core = make_core(max_model_len=40)
+    r = core.add_request(req("a", range(30), max_tokens=None))
+    assert r.max_tokens == 10
+
+
+def test_finish_on_max_tokens_is_length() -> None:
+    core = make_core()
+    core.add_request(req("a", [5] * 6, max_tokens=3))
+    res = None
+    now = 0.0
+    outs = []
+    while core.has_unfinished_requests():
+        res = core.step(now)
+        now = res.end
+        outs += res.outputs
+    assert len(outs) == 3 and outs[-1].finished and outs[-1].finish_reason is FinishReason.LENGTH
+    assert res is not None and res.finished[0].status == RequestStatus.FINISHED_LENGTH_CAPPED
+
+
+def test_eos_model_min_tokens_and_ignore_eos() -> None:
+    core = make_core(eos_probability=1.0, eos_token_id=1)
+    core.add_request(req("eos", [5] * 6, max_tokens=10, min_tokens=2))
+    core.add_request(req("ign", [6] * 6, max_tokens=5, ignore_eos=True))
+    toks = _collect(core)
+    assert len(toks["eos"]) == 3 and toks["eos"][-1] == 1 and 1 not in toks["eos"][:2]
+    assert len(toks["ign"]) == 5 and 1 not in toks["ign"]
+
+
+def test_default_runs_to_max_tokens() -> None:
+    core = make_core()
+    core.add_request(req("a", [5] * 6, max_tokens=50))
+    assert len(_collect(core)["a"]) == 50
+
+
+def test_stop_token_ids() -> None:
+    core = EngineCore(small_config(), output_palette=[5, 6])
+    core.add_request(req("s", [1] * 4, max_tokens=100, stop_token_ids=(6,)))
+    toks = _collect(core)["s"]
+    assert toks[-1] == 6 and 6 not in toks[:-1] and len(toks) < 100
+
+
+def test_generation_is_deterministic_per_seed_and_request() -> None:
+    def tokens(seed: int) -> dict[str, list[int]]:
+        core = make_core(seed=seed)
+        core.add_request(req("a", [1] * 4, max_tokens=8))
+        core.add_request(req("b", [1] * 4, max_tokens=8))
+        return _collect(core)
+
+    assert tokens(0) == tokens(0)
+    assert tokens(0)["a"] != tokens(0)["b"]
+    assert tokens(0) != tokens(1)
+
+
+def test_abort_frees_blocks_immediately_running_and_waiting() -> None:
+    core = make_core(max_num_seqs=1)
+    core.add_request(req("run", range(20), max_tokens=10))
+    core.add_request(req("wait", range(50, 70), max_tokens=10))
+    core.step(0.0)
+    assert core.pool.num_used > 0
+    out = core.abort_request("run", 1.0)
+    assert out is not None and out.finished and out.finish_reason is FinishReason.ABORT
+    assert core.pool.num_used == 0 and core.num_running == 0
+    out = core.abort_request("wait", 1.0)
+    assert out is not None and core.num_waiting == 0 and not core.has_unfinished_requests()
+    assert core.abort_request("wait", 1.0) is None
+
+
+def test_stop_request_finishes_with_stop() -> None:
+    core = make_core()
+    core.add_request(req("a", [1] * 4, max_tokens=10))
+    core.step(0.0)
+    out = core.stop_request("a", 0.5)
+    assert out is not None and out.finish_reason is FinishReason.STOP
+    assert core.pool.num_used == 0
+
+
+def test_pass_duration_follows_composition() -> None:
+    cfg = small_config(speedup_ratio=2.0)
+    core = EngineCore(cfg)
+    core.add_request(req("a", range(20), max_tokens=3))
+    m = PolynomialTiming()
+    res = core.step(1.0)
+    assert res.start == 1.0
+    assert res.duration == pytest.approx(m.prefill_ms(20) / 1000 / 2)
+    res = core.step(res.end)
+    used_tokens = core.pool.num_used * cfg.block_size
+    expected = m.decode_ms(used_tokens, cfg.num_gpu_blocks * cfg.block_size, 1) / 1000 / 2
+    assert res.duration == pytest.approx(expected)
+    assert res.outputs[0].time == res.end
+
+
+def test_timestamps_recorded() -> None:
+    core = make_core()
+    core.add_request(EngineRequest("a", [1] * 4, SamplingParams(max_tokens=2), arrival_time=0.0))
+    r = core.requests["a"]
+    first = core.step(0.5)
+    second = core.step(first.end)
+    assert r.first_scheduled_time == 0.5
+    assert r.first_token_time == first.end
+    assert r.finished_time == second.end
+
+
+def test_events_only_when_enabled() -> None:
+    for enabled in (False, True):
+        core = make_core(enable_kv_cache_events=enabled)
+        core.add_request(req("a", range(8), max_tokens=1))
+        assert bool(core.step(0.0).kv_events) is enabled

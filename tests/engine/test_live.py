@@ -1,0 +1,98 @@
+"""Live asyncio driver: ordered delivery no earlier than each pass's deadline; a dead engine
+fails every consumer instead of hanging; a consumer that goes away aborts its request."""
+
+import asyncio
+import itertools
+import time
+
+import pytest
+
+from mocker.engine.core import RequestRejected
+from mocker.engine.live import EngineDeadError, LiveEngine
+from mocker.engine.outputs import StepResult
+from tests.conftest import req, small_config
+
+
+async def _until(predicate, timeout: float = 5.0) -> None:
+    """Yield to the engine loop until `predicate()` holds (bounded; no timing assert)."""
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.001)
+
+
+async def test_tokens_arrive_in_order_and_not_before_their_deadline() -> None:
+    steps: list[StepResult] = []
+    engine = LiveEngine(small_config(speedup_ratio=50.0), on_step=steps.append)
+    engine.start()
+    received: dict[str, list[tuple[int, float, float]]] = {}
+
+    async def consume(i: int) -> None:
+        spec = req(f"r{i}", [10 + i] * (6 + 3 * i), max_tokens=12)
+        async for out in engine.generate(spec):
+            seen_at = time.monotonic()
+            for tok in out.new_token_ids:
+                received.setdefault(spec.request_id, []).append((tok, out.time, seen_at))
+
+    await asyncio.wait_for(asyncio.gather(*(consume(i) for i in range(4))), timeout=30)
+    await engine.stop()
+    assert sorted(received) == ["r0", "r1", "r2", "r3"]
+    for tokens in received.values():
+        assert len(tokens) == 12
+        times = [t for _, t, _ in tokens]
+        assert times == sorted(times)  # produced in pass order
+        assert all(seen >= deadline for _, deadline, seen in tokens)  # never early
+    # Passes chain deadline to deadline (no drift from relative sleeps) while busy.
+    busy = [(a, b) for a, b in itertools.pairwise(steps) if b.start - a.end < 0.05]
+    assert busy and all(b.start == a.end for a, b in busy)
+    assert engine.core.pool.num_used == 0
+
+
+async def test_engine_failure_marks_dead_and_fails_consumers() -> None:
+    engine = LiveEngine(small_config(speedup_ratio=100.0))
+
+    def boom(now: float) -> StepResult:
+        raise RuntimeError("simulated engine bug")
+
+    engine.core.step = boom  # type: ignore[method-assign]
+    engine.start()
+    stream = engine.add_request(req("a", [1] * 4))
+    with pytest.raises(EngineDeadError, match="simulated engine bug"):
+        await asyncio.wait_for(stream.get(), timeout=5)
+    assert engine.is_dead and not engine.is_running
+    with pytest.raises(EngineDeadError):
+        engine.add_request(req("b", [1] * 4))
+    await engine.stop()
+
+
+async def test_consumer_leaving_aborts_and_frees_blocks() -> None:
+    engine = LiveEngine(small_config(speedup_ratio=100.0))
+    engine.start()
+    agen = engine.generate(req("a", range(20), max_tokens=200))
+    first = await asyncio.wait_for(agen.__anext__(), timeout=5)
+    assert first.new_token_ids
+    assert engine.core.pool.num_used > 0
+    await agen.aclose()  # the client went away
+    await _until(lambda: not engine.core.has_unfinished_requests())
+    assert engine.core.pool.num_used == 0
+    await engine.stop()
+
+
+async def test_bad_request_rejected_at_the_door() -> None:
+    engine = LiveEngine(small_config())
+    engine.start()
+    with pytest.raises(RequestRejected, match="prompt is empty"):
+        engine.add_request(req("e", []))
+    engine.add_request(req("dup", [1]))
+    with pytest.raises(RequestRejected, match="already in use"):
+        engine.add_request(req("dup", [1]))
+    await engine.stop()
+
+
+async def test_stop_fails_open_streams() -> None:
+    engine = LiveEngine(small_config(speedup_ratio=0.001))  # passes take minutes
+    engine.start()
+    stream = engine.add_request(req("slow", [1] * 4))
+    await asyncio.sleep(0)
+    await engine.stop()
+    with pytest.raises(EngineDeadError, match="stopped"):
+        await asyncio.wait_for(stream.get(), timeout=5)

@@ -1,0 +1,64 @@
+"""Virtual-clock driver: time jumps, arrivals applied at pass boundaries, aborts, rejections."""
+
+import itertools
+
+import pytest
+
+from mocker.clock import VirtualClock
+from mocker.engine.core import EngineCore
+from mocker.engine.virtual import Abort, VirtualDriver
+from tests.conftest import make_core, req, small_config
+
+
+def test_idle_time_jumps_to_next_arrival() -> None:
+    driver = VirtualDriver(make_core())
+    starts = [r.start for r in driver.steps([req("a", [1] * 4, max_tokens=1, arrival=5.0)])]
+    assert starts == [5.0]
+    assert driver.clock.now() > 5.0
+
+
+def test_arrival_during_a_pass_joins_at_its_end() -> None:
+    driver = VirtualDriver(make_core())
+    results = list(
+        driver.steps([req("a", range(20), max_tokens=3), req("b", range(50, 54), arrival=0.001)])
+    )
+    first = results[0]
+    assert first.start == 0.0 and first.end > 0.001
+    b_first = next(r for r in results if any(o.request_id == "b" for o in r.outputs))
+    assert b_first.start >= first.end
+    # Passes chain without gaps while there is work.
+    for prev, nxt in itertools.pairwise(results):
+        assert nxt.start == prev.end
+
+
+def test_run_reports_finished_aborted_rejected() -> None:
+    core = make_core(num_gpu_blocks=8)
+    run = VirtualDriver(core).run(
+        [
+            req("ok", [1] * 4, max_tokens=2),
+            req("cut", [2] * 4, max_tokens=20),
+            req("huge", range(40), max_tokens=1),
+        ],
+        [Abort(0.05, "cut")],
+    )
+    assert [r.request_id for r in run.finished] == ["ok"]
+    assert [o.request_id for o in run.aborted] == ["cut"]
+    assert run.rejected[0][0].request_id == "huge" and "KV blocks" in run.rejected[0][1]
+    assert core.pool.num_used == 0 and run.num_steps > 0
+
+
+def test_same_workload_same_result() -> None:
+    def once() -> list[tuple[str, float, list[int]]]:
+        core = EngineCore(small_config(seed=3))
+        run = VirtualDriver(core, VirtualClock()).run(
+            [req(f"r{i}", [i] * (5 + i), max_tokens=4, arrival=0.01 * i) for i in range(6)]
+        )
+        return [(r.request_id, r.finished_time or 0.0, r.output_token_ids) for r in run.finished]
+
+    assert once() == once()
+
+
+def test_clock_never_goes_back() -> None:
+    clock = VirtualClock(2.0)
+    with pytest.raises(ValueError, match="cannot go back"):
+        clock.advance_to(1.0)

@@ -1,0 +1,139 @@
+"""Block pool: vLLM's free-queue order, prefix-cache map, reference counts, events."""
+
+import pytest
+
+from mocker.kv.block_pool import BlockPool
+from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
+from mocker.kv.eviction import LRUPolicy
+
+BS = 2
+
+
+def _pool(n: int = 6, **kw) -> BlockPool:
+    return BlockPool(n, BS, record_events=True, **kw)
+
+
+def _order(pool: BlockPool) -> list[int]:
+    policy = pool.policy
+    assert isinstance(policy, LRUPolicy)
+    return [b.block_id for b in policy.order()]
+
+
+def _cache(pool: BlockPool, blocks, hashes, start=0, end=None, tokens=None) -> list:
+    table = list(blocks)
+    end = len(table) if end is None else end
+    tokens = tokens if tokens is not None else list(range(len(hashes) * BS))
+    pool.cache_full_blocks(table, start, end, hashes, tokens)
+    return table
+
+
+def test_fresh_pool_hands_out_ids_in_order() -> None:
+    pool = _pool()
+    assert [b.block_id for b in pool.get_new_blocks(3)] == [0, 1, 2]
+    assert pool.num_free == 3 and pool.num_used == 3
+
+
+def test_free_order_tail_first_and_unhashed_before_cached() -> None:
+    pool = _pool()
+    a = pool.get_new_blocks(3)  # 0, 1, 2
+    b = pool.get_new_blocks(2)  # 3, 4
+    _cache(pool, a, [101, 102, 103])
+    _cache(pool, b, [201, 202], end=1)  # block 4 stays unhashed (partial block)
+    assert _order(pool) == [5]
+    pool.free_blocks(reversed(a))  # tail first: 2, 1, 0 appended
+    assert _order(pool) == [5, 2, 1, 0]
+    pool.free_blocks(reversed(b))  # 4 is unhashed -> head; 3 is cached -> tail
+    assert _order(pool) == [4, 5, 2, 1, 0, 3]
+    # A cached block stays findable until it is actually reused.
+    assert pool.lookup(103) is a[2]
+    pool.take_events()
+    got = pool.get_new_blocks(3)
+    assert [x.block_id for x in got] == [4, 5, 2]
+    assert pool.lookup(103) is None and pool.lookup(102) is a[1]
+    assert pool.take_events() == [BlockRemoved(block_hashes=(103,))]
+
+
+def test_touch_revives_cached_free_block() -> None:
+    pool = _pool()
+    a = pool.get_new_blocks(2)
+    _cache(pool, a, [1, 2])
+    pool.free_blocks(reversed(a))
+    hit = pool.lookup(1)
+    assert hit is a[0] and hit.ref_cnt == 0
+    pool.touch([hit])
+    assert hit.ref_cnt == 1 and pool.num_used == 1
+    assert 0 not in _order(pool)
+    pool.touch([hit])
+    assert hit.ref_cnt == 2 and pool.num_used == 1
+    pool.free_blocks([hit, hit])
+    assert _order(pool)[-1] == 0
+
+
+def test_stored_events_carry_chain_and_tokens() -> None:
+    pool = _pool()
+    a = pool.get_new_blocks(3)
+    tokens = [10, 11, 12, 13, 14, 15]
+    _cache(pool, a, [7, 8, 9], end=2, tokens=tokens)
+    _cache(pool, a, [7, 8, 9], start=2, end=3, tokens=tokens)
+    assert pool.take_events() == [
+        BlockStored(
+            block_hashes=(7, 8), parent_block_hash=None, token_ids=(10, 11, 12, 13), block_size=BS
+        ),
+        BlockStored(block_hashes=(9,), parent_block_hash=8, token_ids=(14, 15), block_size=BS),
+    ]
+    assert pool.take_events() == []
+
+
+def test_duplicate_hash_adopts_the_cached_block() -> None:
+    pool = _pool()
+    first = _cache(pool, pool.get_new_blocks(2), [1, 2])
+    second = pool.get_new_blocks(3)  # ids 2, 3, 4: computed the same prefix concurrently
+    pool.take_events()
+    table = _cache(pool, second, [1, 2, 5])
+    assert table[0] is first[0] and table[1] is first[1]
+    assert table[2] is second[2]
+    assert first[0].ref_cnt == 2 and second[0].ref_cnt == 0 and second[0].block_hash is None
+    # Only the genuinely new block is announced; the released copies are reused first.
+    assert pool.take_events() == [
+        BlockStored(block_hashes=(5,), parent_block_hash=2, token_ids=(4, 5), block_size=BS)
+    ]
+    assert _order(pool)[:2] == [3, 2]
+    assert pool.num_used == 3
+
+
+def test_over_free_and_over_allocate_are_errors() -> None:
+    pool = _pool(2)
+    blocks = pool.get_new_blocks(2)
+    with pytest.raises(ValueError, match="cannot allocate"):
+        pool.get_new_blocks(1)
+    pool.free_blocks(blocks)
+    with pytest.raises(ValueError, match="freed more often"):
+        pool.free_blocks(blocks[:1])
+
+
+def test_caching_disabled_keeps_nothing() -> None:
+    pool = _pool(enable_caching=False)
+    a = pool.get_new_blocks(2)
+    _cache(pool, a, [1, 2])
+    assert pool.lookup(1) is None and pool.take_events() == []
+
+
+def test_reset_prefix_cache_only_when_idle() -> None:
+    pool = _pool()
+    a = pool.get_new_blocks(2)
+    _cache(pool, a, [1, 2])
+    assert pool.reset_prefix_cache() is False
+    pool.free_blocks(reversed(a))
+    pool.take_events()
+    assert pool.reset_prefix_cache() is True
+    assert pool.cached_hashes() == {} and pool.num_free == 6
+    assert pool.take_events() == [AllBlocksCleared()]
+
+
+def test_usage_counts_only_referenced_blocks() -> None:
+    pool = _pool(4)
+    a = pool.get_new_blocks(2)
+    _cache(pool, a, [1, 2])
+    assert pool.usage == 0.5
+    pool.free_blocks(reversed(a))
+    assert pool.usage == 0.0  # cached but unreferenced counts as free, as in vLLM

@@ -1,0 +1,43 @@
+"""Waiting queue: FCFS, priority order, preempted requests in front, lazy removal."""
+
+import pytest
+
+from mocker.request import Request, RequestId, SamplingParams
+from mocker.scheduler.waiting_queue import WaitingQueue
+
+
+def _r(name: str, priority: int = 0) -> Request:
+    return Request(RequestId(name), [1], 1, 1, SamplingParams(), 0.0, priority=priority)
+
+
+def test_fcfs_and_push_front_like_a_deque() -> None:
+    q = WaitingQueue()
+    a, b, c, d = (_r(x) for x in "abcd")
+    q.push(a)
+    q.push(b)
+    q.push_front(c)
+    q.push_front(d)  # the latest preempted request goes first, as deque.appendleft
+    assert [r.request_id for r in q] == ["d", "c", "a", "b"]
+    assert q.pop() is d and q.peek() is c and len(q) == 3
+
+
+def test_priority_orders_first_then_arrival() -> None:
+    q = WaitingQueue()
+    low, high1, high2 = _r("low", 5), _r("high1", -1), _r("high2", -1)
+    for r in (low, high1, high2):
+        q.push(r)
+    assert [q.pop().request_id for _ in range(3)] == ["high1", "high2", "low"]
+
+
+def test_remove_is_lazy_and_exact() -> None:
+    q = WaitingQueue()
+    a, b = _r("a"), _r("b")
+    q.push(a)
+    q.push(b)
+    assert q.remove(a) and not q.remove(a)
+    assert a not in q and len(q) == 1
+    assert q.peek() is b
+    q.push(a)  # re-adding after removal works
+    assert [r.request_id for r in q] == ["b", "a"]
+    with pytest.raises(ValueError, match="already waiting"):
+        q.push(a)

@@ -1,0 +1,83 @@
+"""Config defaults, validation messages and combinations."""
+
+import pytest
+
+from mocker.config import (
+    MODEL_PRESETS,
+    ConfigError,
+    EngineConfig,
+    EvictionPolicyName,
+    ModelShape,
+    PreemptionVictim,
+)
+
+
+def test_vllm_defaults() -> None:
+    c = EngineConfig()
+    assert (c.block_size, c.num_gpu_blocks, c.max_num_seqs) == (16, 16384, 256)
+    assert (c.max_num_batched_tokens, c.max_model_len) == (8192, 131072)
+    assert c.enable_prefix_caching and c.enable_chunked_prefill
+    assert c.preemption_victim is PreemptionVictim.NEWEST
+    assert c.eviction_policy is EvictionPolicyName.LRU
+    assert c.speedup_ratio == 1.0 and c.seed == 0
+
+
+def test_llama3_8b_kv_bytes() -> None:
+    shape = EngineConfig().model
+    assert shape == MODEL_PRESETS["llama-3-8b"]
+    assert shape.kv_bytes_per_token == 131072
+    assert EngineConfig().block_bytes == 2 * 1024 * 1024
+
+
+def test_strings_coerce_to_enums() -> None:
+    c = EngineConfig(preemption_victim="oldest", eviction_policy="lineage")  # type: ignore[arg-type]
+    assert c.preemption_victim is PreemptionVictim.OLDEST
+    assert c.eviction_policy is EvictionPolicyName.LINEAGE
+
+
+@pytest.mark.parametrize(
+    ("changes", "names"),
+    [
+        ({"block_size": 0}, "block_size"),
+        ({"block_size": 24}, "power of two"),
+        ({"num_gpu_blocks": -5}, "num_gpu_blocks"),
+        ({"max_num_seqs": 0}, "max_num_seqs"),
+        ({"speedup_ratio": 0}, "speedup_ratio"),
+        ({"speedup_ratio": float("inf")}, "speedup_ratio"),
+        ({"speedup_ratio": True}, "speedup_ratio"),
+        ({"seed": -1}, "seed"),
+        ({"eos_probability": 1.5}, "eos_probability"),
+        ({"preemption_victim": "random"}, "newest, oldest"),
+        ({"eviction_policy": "fifo"}, "lru, lineage"),
+        ({"enable_prefix_caching": "yes"}, "enable_prefix_caching"),
+        ({"max_num_batched_tokens": 128, "max_num_seqs": 256}, "max_num_seqs (256)"),
+        (
+            {"enable_chunked_prefill": False},
+            "max_num_batched_tokens (8192) is smaller than max_model_len (131072)",
+        ),
+    ],
+)
+def test_invalid_settings_name_the_setting(changes: dict, names: str) -> None:
+    with pytest.raises(ConfigError, match=names.replace("(", r"\(").replace(")", r"\)")):
+        EngineConfig(**changes)
+
+
+def test_chunked_prefill_off_is_fine_when_budget_covers_context() -> None:
+    c = EngineConfig(enable_chunked_prefill=False, max_model_len=8192)
+    assert not c.enable_chunked_prefill
+
+
+def test_model_shape_validation() -> None:
+    with pytest.raises(ConfigError, match="dtype_bytes"):
+        ModelShape(dtype_bytes=3)
+    with pytest.raises(ConfigError, match="num_layers"):
+        ModelShape(num_layers=0)
+
+
+def test_with_changes_validates_and_rejects_unknown() -> None:
+    c = EngineConfig().with_changes(block_size=32)
+    assert c.block_size == 32
+    with pytest.raises(ConfigError, match="unknown setting"):
+        EngineConfig().with_changes(blocksize=32)
+    with pytest.raises(ConfigError, match="block_size"):
+        EngineConfig().with_changes(block_size=3)
