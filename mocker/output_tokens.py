@@ -47,7 +47,11 @@ class OutputTokenSampler:
 
     def token(self, request_seed: int, index: int, eos_allowed: bool) -> int:
         """Token at output position `index`; EOS only where `eos_allowed`."""
-        x = _splitmix64((request_seed + index) & _MASK64)
+        # splitmix64, inlined: this runs once per generated token.
+        x = (request_seed + index + 0x9E3779B97F4A7C15) & _MASK64
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+        x ^= x >> 31
         threshold = self._eos_threshold
         if eos_allowed and threshold and (_splitmix64(x) >> 11) < threshold:
             return self.eos_token_id

@@ -175,7 +175,7 @@ class EngineCore:
         delivers them no earlier than that.
         """
         sched = self.scheduler.schedule()
-        prefill_tokens, num_decodes = self._pass_composition(sched)
+        prefill_tokens, num_decodes = sched.num_prefill_tokens, sched.num_decodes
         duration = pass_duration_s(
             self.timing,
             PassShape(
@@ -204,22 +204,6 @@ class EngineCore:
         )
         return StepResult(now, end, outputs, stats, finished, self.pool.take_events())
 
-    @staticmethod
-    def _pass_composition(sched: SchedulerOutput) -> tuple[int, int]:
-        """(prefill tokens, decoding requests). A decode computes the last sampled token."""
-        prefill = 0
-        decodes = 0
-        for request, n in sched.num_scheduled.items():
-            if (
-                n == 1
-                and request.num_output_tokens
-                and (request.num_computed_tokens == request.num_tokens - 1)
-            ):
-                decodes += 1
-            else:
-                prefill += n
-        return prefill, decodes
-
     def _advance(
         self, sched: SchedulerOutput, end: float
     ) -> tuple[list[RequestOutput], list[Request]]:
@@ -235,10 +219,11 @@ class EngineCore:
             request.num_computed_tokens = computed
             if computed // bs > request.num_cached_blocks:
                 kv.cache_blocks(request)
-            if computed < request.num_tokens:
+            num_tokens = len(request.all_token_ids)
+            if computed < num_tokens:
                 continue  # a prefill chunk that does not reach the end of the prompt
             sp = request.sampling
-            k = request.num_output_tokens
+            k = num_tokens - request.num_prompt_tokens  # index of the token sampled now
             tok = token(request.token_seed, k, not sp.ignore_eos and k >= sp.min_tokens)
             request.append_output_token(tok)
             if request.first_token_time is None:
@@ -248,8 +233,10 @@ class EngineCore:
                 request.request_id,
                 [tok],
                 end,
-                num_prompt_tokens=request.num_prompt_tokens,
-                num_cached_tokens=request.num_cached_tokens,
+                False,
+                None,
+                request.num_prompt_tokens,
+                request.num_cached_tokens,
             )
             if status is not None:
                 request.status = status

@@ -19,19 +19,19 @@ class SchedulerOutput:
     num_scheduled: dict[Request, int] = field(default_factory=dict)
     preempted: list[Request] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)
+    # Pass composition, for the timing model: a decode computes the last sampled token.
+    num_prefill_tokens: int = 0
+    num_decodes: int = 0
     # Prefix-cache accounting of the requests admitted in this pass (tokens).
     prefix_queries: int = 0
     prefix_hits: int = 0
-
-    @property
-    def total_tokens(self) -> int:
-        return sum(self.num_scheduled.values())
 
 
 class Scheduler:
     """Decides each pass; allocates through the KV manager, never touches the pool directly."""
 
     __slots__ = (
+        "_block_size",
         "_chunked",
         "_max_seqs",
         "_token_budget",
@@ -51,6 +51,7 @@ class Scheduler:
         self._max_seqs = config.max_num_seqs
         self._chunked = config.enable_chunked_prefill
         self._victim = config.preemption_victim
+        self._block_size = config.block_size
 
     # -- queue changes ------------------------------------------------------------------------
 
@@ -85,23 +86,46 @@ class Scheduler:
         running = self.running
         scheduled = out.num_scheduled
         allocate = self.kv.allocate_slots
+        bs = self._block_size
+        prefill = decodes = 0
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            while not allocate(request, num_new):
-                victim = self._pick_victim()
-                index = running.index(victim)
-                self._preempt(victim, out)
-                budget += scheduled.pop(victim, 0)
-                if victim is request:
-                    break
-                if index < i:
-                    i -= 1
+            num_tokens = len(request.all_token_ids)
+            computed = request.num_computed_tokens
+            num_new = min(num_tokens - computed, budget)
+            # Most decode steps stay inside the last block: skip the allocator then.
+            if computed + num_new > len(request.blocks) * bs:
+                while not allocate(request, num_new):
+                    victim = self._pick_victim()
+                    index = running.index(victim)
+                    self._preempt(victim, out)
+                    if victim in scheduled:  # only with the 'oldest' victim choice
+                        n = scheduled.pop(victim)
+                        budget += n
+                        if n == 1 and victim.num_output_tokens:
+                            decodes -= 1
+                        else:
+                            prefill -= n
+                    if victim is request:
+                        break
+                    if index < i:
+                        i -= 1
+                if request.status != RequestStatus.RUNNING:
+                    continue  # it was its own victim; the next request is now at index i
+            scheduled[request] = num_new
+            budget -= num_new
+            if (
+                num_new == 1
+                and computed == num_tokens - 1
+                and num_tokens > request.num_prompt_tokens
+            ):
+                decodes += 1
             else:
-                scheduled[request] = num_new
-                budget -= num_new
-                i += 1
+                prefill += num_new
+            i += 1
+        out.num_prefill_tokens += prefill
+        out.num_decodes += decodes
         return budget
 
     def _pick_victim(self) -> Request:
@@ -146,4 +170,5 @@ class Scheduler:
             self.running.append(request)
             out.admitted.append(request)
             out.num_scheduled[request] = num_new
+            out.num_prefill_tokens += num_new
             budget -= num_new
