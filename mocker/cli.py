@@ -10,14 +10,16 @@ from collections.abc import Sequence
 
 from mocker import __version__
 from mocker.config import ConfigError, EngineConfig
+from mocker.engine.core import EngineCore
 from mocker.engine.live import LiveEngine
 from mocker.request import EngineRequest, SamplingParams
 
 __all__ = ["main"]
 
 
-async def _demo(config: EngineConfig, num_requests: int, concurrency: int) -> int:
-    engine = LiveEngine(config)
+async def _demo(core: EngineCore, num_requests: int, concurrency: int) -> int:
+    config = core.config
+    engine = LiveEngine(config, core=core)
     engine.start()
     loop = asyncio.get_running_loop()
     t0 = loop.time()
@@ -71,16 +73,28 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--num-gpu-blocks-override", type=int, default=16384, help="device KV blocks (16384)"
     )
+    demo.add_argument(
+        "--timing-profile",
+        default=None,
+        metavar="FILE",
+        help="NPZ latency profile (Dynamo layout); default: the polynomial model",
+    )
+    demo.add_argument("--seed", type=int, default=0, help="seed for hashes and tokens (0)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        config = EngineConfig(
-            speedup_ratio=args.speedup_ratio, num_gpu_blocks=args.num_gpu_blocks_override
+        core = EngineCore(
+            EngineConfig(
+                speedup_ratio=args.speedup_ratio,
+                num_gpu_blocks=args.num_gpu_blocks_override,
+                timing_profile=args.timing_profile,
+                seed=args.seed,
+            )
         )
     except ConfigError as exc:
         print(f"mocker: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(_demo(config, args.num_requests, args.concurrency))
+    return asyncio.run(_demo(core, args.num_requests, args.concurrency))

@@ -16,3 +16,5 @@ def test_demo_runs_and_reports(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bad_setting_exits_2_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--speedup-ratio", "0"]) == 2
     assert "speedup_ratio" in capsys.readouterr().err
+    assert main(["demo", "--timing-profile", "/nonexistent.npz"]) == 2
+    assert "timing_profile" in capsys.readouterr().err
