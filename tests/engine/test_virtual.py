@@ -62,3 +62,29 @@ def test_clock_never_goes_back() -> None:
     clock = VirtualClock(2.0)
     with pytest.raises(ValueError, match="cannot go back"):
         clock.advance_to(1.0)
+
+
+def test_speedup_only_scales_time() -> None:
+    def once(speedup: float) -> list[tuple[str, float, float, list[int]]]:
+        core = EngineCore(small_config(speedup_ratio=speedup, num_gpu_blocks=20))
+        run = VirtualDriver(core).run(
+            [
+                req(f"r{i}", [i % 3] * (8 + 5 * i), max_tokens=12, arrival=0.004 * i / speedup)
+                for i in range(8)
+            ]
+        )
+        assert core.scheduler.num_preemptions > 0  # the interesting path is exercised
+        return [
+            (
+                r.request_id,
+                r.first_token_time * speedup,
+                r.finished_time * speedup,
+                r.output_token_ids,
+            )
+            for r in run.finished
+        ]
+
+    slow, fast = once(1.0), once(10.0)
+    assert [(a[0], a[3]) for a in slow] == [(b[0], b[3]) for b in fast]
+    for a, b in zip(slow, fast, strict=True):
+        assert b[1] == pytest.approx(a[1]) and b[2] == pytest.approx(a[2])
