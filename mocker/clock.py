@@ -26,7 +26,11 @@ class WallClock:
     async def sleep_until(self, deadline: float) -> None:
         # One absolute target per pass: the caller computes deadlines from the
         # previous deadline, so sleep overshoot does not accumulate into drift.
-        # asyncio may wake a timer up to its clock resolution early: loop until it is due.
+        # Always yield once, even when the deadline has passed: at high speedups passes end
+        # before Python finishes a step, and the loop must still let consumers and new
+        # requests in between passes. asyncio may also wake a timer up to its clock
+        # resolution early, hence the loop.
+        await asyncio.sleep(max(0.0, deadline - time.monotonic()))
         while (delay := deadline - time.monotonic()) > 0:
             await asyncio.sleep(delay)
 

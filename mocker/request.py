@@ -112,7 +112,10 @@ class Request:
         self._hasher = hasher
         self._block_size = block_size
         self._extra = extra_keys_bytes(self.lora_name) if self.lora_name is not None else b""
-        self._first_extra = extra_keys_bytes(cache_salt) if cache_salt is not None else b""
+        # Block 0 carries (lora, salt) as one tuple: distinct key spaces for the two.
+        self._first_extra = (
+            extra_keys_bytes(self.lora_name, cache_salt) if cache_salt is not None else b""
+        )
         hasher.extend(
             self.block_hashes, self.all_token_ids, block_size, self._extra, self._first_extra
         )

@@ -33,7 +33,7 @@ def test_lora_in_every_block_and_salt_in_the_first() -> None:
     r = Request(RequestId("a"), list(range(8)), 8, 1, SamplingParams(), 0.0, lora_name="L")
     r.enable_hashing(h, 4, "salt")
     lora = extra_keys_bytes("L")
-    first = h.hash_block(None, [0, 1, 2, 3], extra_keys_bytes("salt") + lora)
+    first = h.hash_block(None, [0, 1, 2, 3], extra_keys_bytes("L", "salt"))
     assert r.block_hashes == [first, h.hash_block(first, [4, 5, 6, 7], lora)]
 
 
@@ -42,3 +42,12 @@ def test_finish_reason_of_status() -> None:
     assert r.finish_reason is None
     r.status = RequestStatus.FINISHED_LENGTH_CAPPED
     assert r.finish_reason is FinishReason.LENGTH
+
+
+def test_salt_and_lora_never_share_a_key() -> None:
+    h = BlockHasher(0)
+    salted = Request(RequestId("s"), list(range(4)), 4, 1, SamplingParams(), 0.0)
+    salted.enable_hashing(h, 4, "X")
+    lora = Request(RequestId("l"), list(range(4)), 4, 1, SamplingParams(), 0.0, lora_name="X")
+    lora.enable_hashing(h, 4, None)
+    assert salted.block_hashes[0] != lora.block_hashes[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 from mocker.config import EngineConfig
@@ -15,8 +16,6 @@ from mocker.scheduler.scheduler import Scheduler, SchedulerOutput
 from mocker.timing import PassShape, TimingModel, load_timing_model, pass_duration_s
 
 __all__ = ["EngineCore", "RequestRejected"]
-
-_TOKEN_ID_LIMIT = 1 << 32  # block hashing packs token ids as uint32
 
 
 class RequestRejected(ValueError):
@@ -67,8 +66,12 @@ class EngineCore:
         n = len(prompt)
         if n == 0:
             raise RequestRejected("the prompt is empty: at least one token is needed")
-        if min(prompt) < 0 or max(prompt) >= _TOKEN_ID_LIMIT:
-            raise RequestRejected("prompt token ids must be in [0, 2^32)")
+        try:
+            array("I", prompt)  # C-speed check: integers in [0, 2^32), as block hashing needs
+        except (TypeError, OverflowError) as exc:
+            raise RequestRejected(
+                f"prompt token ids must be integers in [0, 2^32): {exc}"
+            ) from None
         if n >= cfg.max_model_len:
             raise RequestRejected(
                 f"This model's maximum context length is {cfg.max_model_len} tokens. However, "
@@ -89,8 +92,9 @@ class EngineCore:
             raise RequestRejected(
                 f"min_tokens must be in [0, max_tokens={max_tokens}], got {sp.min_tokens}"
             )
-        # A request the pool can never hold would wait forever: refuse it now.
-        blocks = -(-(n + max_tokens) // cfg.block_size)
+        # A request the pool can never hold would wait forever: refuse it now. Its peak is
+        # n + max_tokens - 1 KV tokens: the last sampled token is never computed.
+        blocks = -(-(n + max_tokens - 1) // cfg.block_size)
         if blocks > cfg.num_gpu_blocks:
             raise RequestRejected(
                 f"the request needs up to {blocks} KV blocks ({n} prompt + {max_tokens} output "
@@ -225,6 +229,8 @@ class EngineCore:
             sp = request.sampling
             k = num_tokens - request.num_prompt_tokens  # index of the token sampled now
             tok = token(request.token_seed, k, not sp.ignore_eos and k >= sp.min_tokens)
+            if k < sp.min_tokens and tok in sp.stop_token_ids:
+                tok = self._unmasked_token(request, k)
             request.append_output_token(tok)
             if request.first_token_time is None:
                 request.first_token_time = end
@@ -250,6 +256,15 @@ class EngineCore:
         if finished:
             self.scheduler.remove_finished()
         return outputs, finished
+
+    def _unmasked_token(self, request: Request, k: int) -> int:
+        """Like vLLM's min_tokens logits mask: no stop token before min_tokens outputs."""
+        stop_ids = request.sampling.stop_token_ids
+        for attempt in range(1, 64):
+            tok = self.sampler.token(request.token_seed + (attempt << 40), k, False)
+            if tok not in stop_ids:
+                return tok
+        return tok  # a palette made only of stop tokens: nothing else to give
 
     @staticmethod
     def _stop_status(request: Request, tok: int, num_out: int, eos: int) -> RequestStatus | None:

@@ -13,7 +13,7 @@ from mocker.clock import WallClock
 from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore, RequestRejected
 from mocker.engine.outputs import RequestOutput, StepResult
-from mocker.request import EngineRequest
+from mocker.request import EngineRequest, FinishReason
 
 __all__ = ["EngineDeadError", "LiveEngine", "RequestStream"]
 
@@ -37,20 +37,29 @@ class RequestStream:
         self.finished = False
 
     def put(self, out: RequestOutput) -> None:
+        if self.finished:
+            return  # e.g. the last pass's output of a request aborted meanwhile
         pending = self._pending
         if pending is None:
             self._pending = out
         else:
-            # The consumer fell behind: merge into one output carrying all new tokens.
-            pending.new_token_ids.extend(out.new_token_ids)
-            pending.time = out.time
-            pending.finished = out.finished
-            pending.finish_reason = out.finish_reason
-        if out.finished:
-            self.finished = True
+            # The consumer fell behind: merge into a new object (the engine's outputs may
+            # also be held by step observers, so they are never mutated).
+            self._pending = RequestOutput(
+                out.request_id,
+                pending.new_token_ids + out.new_token_ids,
+                out.time,
+                out.finished,
+                out.finish_reason,
+                out.num_prompt_tokens,
+                out.num_cached_tokens,
+            )
+        self.finished = out.finished
         self._event.set()
 
     def fail(self, error: BaseException) -> None:
+        if self.finished and self._pending is None and self._error is None:
+            return  # already fully delivered
         self._error = error
         self.finished = True
         self._event.set()
@@ -60,6 +69,8 @@ class RequestStream:
         while self._pending is None:
             if self._error is not None:
                 raise EngineDeadError(str(self._error)) from self._error
+            if self.finished:
+                raise RuntimeError(f"request {self.request_id} has finished; no more outputs")
             self._event.clear()
             await self._event.wait()
         out, self._pending = self._pending, None
@@ -91,6 +102,9 @@ class LiveEngine:
         self.max_lag_s = max_lag_s
         self._inbox: deque[EngineRequest | str] = deque()
         self._wake = asyncio.Event()
+        # Request id -> stream, from add_request until the engine is done with the id
+        # (its final output delivered, or its abort applied), so an id is never reused
+        # while the loop could still deliver an old output under it.
         self._streams: dict[str, RequestStream] = {}
         self._task: asyncio.Task[None] | None = None
         self.dead_error: BaseException | None = None
@@ -106,24 +120,26 @@ class LiveEngine:
         return self._task is not None and not self._task.done()
 
     def start(self) -> None:
+        if self.dead_error is not None:
+            raise EngineDeadError(f"engine is dead: {self.dead_error}")
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-loop")
 
     async def stop(self) -> None:
-        """Cancel the loop; every open stream ends with an error instead of hanging."""
+        """Cancel the loop; open streams end with an error and new requests are refused."""
+        self._die(EngineDeadError("engine stopped"))
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self._fail_streams(EngineDeadError("engine stopped"))
 
     # -- intake -------------------------------------------------------------------------------
 
     def add_request(self, spec: EngineRequest) -> RequestStream:
         """Queue a request; raises RequestRejected (client error) or EngineDeadError."""
         if self.dead_error is not None:
-            raise EngineDeadError(f"engine is dead: {self.dead_error!r}")
+            raise EngineDeadError(f"engine is dead: {self.dead_error}")
         if spec.request_id in self._streams:
             raise RequestRejected(f"request id {spec.request_id!r} is already in use")
         self.core.check_request(spec)
@@ -135,10 +151,14 @@ class LiveEngine:
         return stream
 
     def abort(self, request_id: str) -> None:
-        """Abort a request; its blocks are freed at the start of the loop's next turn."""
-        if self._streams.pop(request_id, None) is not None:
-            self._inbox.append(request_id)
-            self._wake.set()
+        """Abort a request: its stream ends now with reason 'abort'; its blocks are freed
+        when the loop next turns (before the next pass)."""
+        stream = self._streams.get(request_id)
+        if stream is None or stream.finished:
+            return
+        stream.put(RequestOutput(request_id, [], self.clock.now(), True, FinishReason.ABORT))
+        self._inbox.append(request_id)
+        self._wake.set()
 
     async def generate(self, spec: EngineRequest) -> AsyncIterator[RequestOutput]:
         """Outputs of one request until it finishes; aborts it if the consumer goes away."""
@@ -155,43 +175,52 @@ class LiveEngine:
 
     # -- the loop -----------------------------------------------------------------------------
 
-    def _drain_inbox(self) -> None:
+    def _drain_inbox(self) -> float | None:
+        """Apply queued requests and aborts; returns the latest arrival time drained."""
         core = self.core
         inbox = self._inbox
+        latest: float | None = None
         while inbox:
             item = inbox.popleft()
             if isinstance(item, str):
                 core.abort_request(item, self.clock.now())
+                self._streams.pop(item, None)
                 continue
-            try:
-                core.add_request(item)
-            except RequestRejected as exc:  # checked at the door; only a race lands here
-                stream = self._streams.pop(item.request_id, None)
-                if stream is not None:
-                    stream.fail(exc)
+            stream = self._streams.get(item.request_id)
+            if stream is None or stream.finished:
+                self._streams.pop(item.request_id, None)
+                continue  # aborted before it ever reached the engine
+            core.add_request(item)  # validated at the door by check_request
+            latest = item.arrival_time if latest is None else max(latest, item.arrival_time)
+        return latest
 
     async def _run(self) -> None:
         try:
             await self._loop()
         except asyncio.CancelledError:
+            self._die(EngineDeadError("engine loop cancelled"))
             raise
         except Exception as exc:
             logger.exception("engine loop failed; marking the engine dead")
-            self.dead_error = exc
-            self._fail_streams(EngineDeadError(f"engine loop failed: {exc!r}"))
+            self._die(exc)
 
     async def _loop(self) -> None:
         core, clock = self.core, self.clock
         prev_end: float | None = None
         while True:
-            self._drain_inbox()
+            latest_arrival = self._drain_inbox()
             if not core.has_unfinished_requests():
                 prev_end = None
                 self._wake.clear()
                 await self._wake.wait()
                 continue
             now = clock.now()
-            start = prev_end if prev_end is not None and now - prev_end < self.max_lag_s else now
+            if prev_end is None or now - prev_end >= self.max_lag_s:
+                start = now
+            else:
+                # Chain from the previous deadline, but never before a request that is in
+                # this pass arrived (queue times stay non-negative).
+                start = prev_end if latest_arrival is None else max(prev_end, latest_arrival)
             result = core.step(start)
             if result.idle:
                 raise core.stall_error()
@@ -206,12 +235,17 @@ class LiveEngine:
         for out in result.outputs:
             stream = streams.get(out.request_id)
             if stream is None:
-                continue  # aborted while the pass ran
+                continue
             stream.put(out)
             if out.finished:
                 del streams[out.request_id]
 
-    def _fail_streams(self, error: BaseException) -> None:
+    def _die(self, error: BaseException) -> None:
+        if self.dead_error is None:
+            self.dead_error = error
         streams, self._streams = self._streams, {}
+        failure = EngineDeadError(f"engine loop failed: {error!r}")
+        if isinstance(error, EngineDeadError):
+            failure = error
         for stream in streams.values():
-            stream.fail(error)
+            stream.fail(failure)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import sys
 from array import array
 from collections.abc import Sequence
 from typing import NewType
@@ -11,6 +12,8 @@ __all__ = ["BlockHash", "BlockHasher", "extra_keys_bytes"]
 
 # Low 64 bits of a keyed BLAKE2b digest: what goes on the wire as a uint64.
 BlockHash = NewType("BlockHash", int)
+
+_BIG_ENDIAN = sys.byteorder == "big"
 
 
 def extra_keys_bytes(*keys: str | None) -> bytes:
@@ -47,7 +50,10 @@ class BlockHasher:
     ) -> BlockHash:
         """Hash of one full block given its parent's hash (None for the first block)."""
         head = (self.none_hash if parent is None else parent).to_bytes(8, "big")
-        body = array("I", token_ids).tobytes()
+        packed = array("I", token_ids)
+        if _BIG_ENDIAN:
+            packed.byteswap()  # the same hashes on every platform
+        body = packed.tobytes()
         return BlockHash(self._digest(head + len(body).to_bytes(4, "big") + body + extra))
 
     def extend(
@@ -60,7 +66,9 @@ class BlockHasher:
     ) -> None:
         """Append hashes for the full blocks of `token_ids` not yet in `hashes`.
 
-        `first_extra` applies to block 0 only (vLLM puts the cache salt there).
+        Block 0 uses `first_extra` instead of `extra` when given (vLLM adds the cache salt
+        to the first block's extra keys; encode both keys together there, so a salt can
+        never be mistaken for a LoRA name).
         """
         start = len(hashes)
         end = len(token_ids) // block_size
@@ -68,6 +76,8 @@ class BlockHasher:
         for i in range(start, end):
             lo = i * block_size
             parent = self.hash_block(
-                parent, token_ids[lo : lo + block_size], first_extra + extra if i == 0 else extra
+                parent,
+                token_ids[lo : lo + block_size],
+                first_extra if i == 0 and first_extra else extra,
             )
             hashes.append(parent)

@@ -129,9 +129,13 @@ class Scheduler:
         return budget
 
     def _pick_victim(self) -> Request:
+        """The lowest-priority running request (highest value, as vLLM's priority policy);
+        among equals the newest (default) or the oldest."""
+        running = self.running
+        worst = max(r.priority for r in running)
         if self._victim is PreemptionVictim.OLDEST:
-            return self.running[0]
-        return self.running[-1]
+            return next(r for r in running if r.priority == worst)
+        return next(r for r in reversed(running) if r.priority == worst)
 
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         """Preemption by recompute: free everything, start over from the front of waiting."""

@@ -166,3 +166,36 @@ def test_events_only_when_enabled() -> None:
         core = make_core(enable_kv_cache_events=enabled)
         core.add_request(req("a", range(8), max_tokens=1))
         assert bool(core.step(0.0).kv_events) is enabled
+
+
+def test_non_integer_token_ids_are_rejected_not_fatal() -> None:
+    core = make_core()
+    for bad in ([1.5, 2], ["a"], [2**32]):
+        with pytest.raises(RequestRejected, match="integers"):
+            core.add_request(req("bad", bad))
+    assert not core.has_unfinished_requests()
+
+
+def test_request_whose_peak_exactly_fills_the_pool_is_accepted() -> None:
+    core = make_core(num_gpu_blocks=8)  # 32 tokens: 30 prompt + 3 output peaks at 32
+    core.add_request(req("exact", range(30), max_tokens=3))
+    assert _run(core) > 0
+
+
+def test_no_stop_token_before_min_tokens() -> None:
+    core = EngineCore(small_config(), output_palette=[5, 6])
+    core.add_request(req("s", [1] * 4, max_tokens=40, min_tokens=10, stop_token_ids=(6,)))
+    toks = _collect(core)["s"]
+    assert 6 not in toks[:10] and len(toks) > 10
+
+
+def test_lowest_priority_running_request_is_preempted() -> None:
+    core = make_core(num_gpu_blocks=6)
+    core.add_request(EngineRequest("low", [1] * 8, SamplingParams(max_tokens=16), priority=5))
+    core.add_request(EngineRequest("high", [2] * 8, SamplingParams(max_tokens=16), priority=0))
+    now = 0.0
+    while core.scheduler.num_preemptions == 0:
+        now = core.step(now).end
+    # "high" is the newest, but "low" has the lower priority (higher value).
+    assert core.requests["low"].status == RequestStatus.PREEMPTED
+    assert core.requests["high"].status == RequestStatus.RUNNING

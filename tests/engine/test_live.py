@@ -96,3 +96,89 @@ async def test_stop_fails_open_streams() -> None:
     await engine.stop()
     with pytest.raises(EngineDeadError, match="stopped"):
         await asyncio.wait_for(stream.get(), timeout=5)
+
+
+async def test_loop_yields_between_passes_at_extreme_speedup() -> None:
+    engine = LiveEngine(small_config(speedup_ratio=1e9))
+    engine.start()
+    ticks = 0
+    done = False
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not done:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    tick_task = asyncio.create_task(ticker())
+    chunks = 0
+    async for out in engine.generate(req("fast", [3] * 8, max_tokens=200)):
+        chunks += 1
+        assert out.new_token_ids
+    done = True
+    await tick_task
+    await engine.stop()
+    # Passes end before Python finishes a step, yet consumers and other tasks still run.
+    assert chunks > 20 and ticks > 20
+
+
+async def test_stopped_engine_refuses_new_requests() -> None:
+    engine = LiveEngine(small_config())
+    engine.start()
+    await engine.stop()
+    with pytest.raises(EngineDeadError, match="stopped"):
+        engine.add_request(req("late", [1]))
+
+
+async def test_external_cancellation_fails_streams() -> None:
+    engine = LiveEngine(small_config(speedup_ratio=0.001))
+    engine.start()
+    stream = engine.add_request(req("a", [1] * 4))
+    await asyncio.sleep(0)
+    assert engine._task is not None
+    engine._task.cancel()
+    with pytest.raises(EngineDeadError, match="cancelled"):
+        await asyncio.wait_for(stream.get(), timeout=5)
+    with pytest.raises(EngineDeadError):
+        engine.add_request(req("b", [1]))
+
+
+async def test_abort_ends_the_stream_and_id_is_reusable_after() -> None:
+    engine = LiveEngine(small_config(speedup_ratio=100.0))
+    engine.start()
+    stream = engine.add_request(req("x", range(20), max_tokens=100))
+    await asyncio.wait_for(stream.get(), timeout=5)
+    engine.abort("x")
+    # Until the loop has applied the abort, the id is still taken: an old output can
+    # never be delivered to a new request under the same id.
+    with pytest.raises(RequestRejected, match="already in use"):
+        engine.add_request(req("x", [1] * 12, max_tokens=5))
+    out = await asyncio.wait_for(stream.get(), timeout=5)
+    assert out.finished and out.finish_reason == "abort"
+    await _until(lambda: "x" not in engine._streams)
+    assert engine.core.pool.num_used == 0
+    outs = [o async for o in engine.generate(req("x", [1] * 12, max_tokens=5))]
+    assert sum(len(o.new_token_ids) for o in outs) == 5
+    assert outs[-1].num_prompt_tokens == 12
+    await engine.stop()
+
+
+async def test_queue_times_are_never_negative() -> None:
+    finished = []
+    engine = LiveEngine(
+        small_config(speedup_ratio=20.0),
+        on_step=lambda r: finished.extend(r.finished),
+    )
+    engine.start()
+
+    async def one(i: int) -> None:
+        await asyncio.sleep(0.0005 * i)  # arrivals spread across passes
+        async for _ in engine.generate(req(f"q{i}", [i] * (4 + i), max_tokens=6)):
+            pass
+
+    await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(30))), timeout=30)
+    await engine.stop()
+    assert len(finished) == 30
+    for r in finished:
+        assert r.first_scheduled_time >= r.arrival_time
+        assert r.first_token_time > r.first_scheduled_time
