@@ -19,7 +19,7 @@ __all__ = ["main"]
 
 async def _demo(core: EngineCore, num_requests: int, concurrency: int) -> int:
     config = core.config
-    engine = LiveEngine(config, core=core)
+    engine = LiveEngine(core)
     engine.start()
     loop = asyncio.get_running_loop()
     t0 = loop.time()

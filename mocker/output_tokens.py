@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 __all__ = ["OutputTokenSampler"]
 
@@ -57,3 +57,13 @@ class OutputTokenSampler:
             return self.eos_token_id
         palette = self._palette
         return palette[(x >> 7) % len(palette)]
+
+    def token_avoiding(self, request_seed: int, index: int, banned: Collection[int]) -> int:
+        """A non-EOS token at `index` outside `banned` (vLLM masks stop tokens while
+        min_tokens is unmet); deterministic, by redrawing from shifted seeds."""
+        tok = self.eos_token_id
+        for attempt in range(1, 64):
+            tok = self.token(request_seed + (attempt << 40), index, False)
+            if tok not in banned:
+                break
+        return tok  # if the palette holds only banned tokens, there is nothing else to give

@@ -230,7 +230,7 @@ class EngineCore:
             k = num_tokens - request.num_prompt_tokens  # index of the token sampled now
             tok = token(request.token_seed, k, not sp.ignore_eos and k >= sp.min_tokens)
             if k < sp.min_tokens and tok in sp.stop_token_ids:
-                tok = self._unmasked_token(request, k)
+                tok = self.sampler.token_avoiding(request.token_seed, k, sp.stop_token_ids)
             request.append_output_token(tok)
             if request.first_token_time is None:
                 request.first_token_time = end
@@ -256,15 +256,6 @@ class EngineCore:
         if finished:
             self.scheduler.remove_finished()
         return outputs, finished
-
-    def _unmasked_token(self, request: Request, k: int) -> int:
-        """Like vLLM's min_tokens logits mask: no stop token before min_tokens outputs."""
-        stop_ids = request.sampling.stop_token_ids
-        for attempt in range(1, 64):
-            tok = self.sampler.token(request.token_seed + (attempt << 40), k, False)
-            if tok not in stop_ids:
-                return tok
-        return tok  # a palette made only of stop tokens: nothing else to give
 
     @staticmethod
     def _stop_status(request: Request, tok: int, num_out: int, eos: int) -> RequestStatus | None:

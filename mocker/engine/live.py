@@ -89,14 +89,13 @@ class LiveEngine:
 
     def __init__(
         self,
-        config: EngineConfig,
+        engine: EngineConfig | EngineCore,
         *,
-        core: EngineCore | None = None,
         clock: WallClock | None = None,
         on_step: Callable[[StepResult], None] | None = None,
         max_lag_s: float = 0.05,
     ) -> None:
-        self.core = core if core is not None else EngineCore(config)
+        self.core = engine if isinstance(engine, EngineCore) else EngineCore(engine)
         self.clock = clock if clock is not None else WallClock()
         self.on_step = on_step
         self.max_lag_s = max_lag_s
@@ -188,8 +187,7 @@ class LiveEngine:
                 continue
             stream = self._streams.get(item.request_id)
             if stream is None or stream.finished:
-                self._streams.pop(item.request_id, None)
-                continue  # aborted before it ever reached the engine
+                continue  # aborted before it reached the engine; its abort item follows
             core.add_request(item)  # validated at the door by check_request
             latest = item.arrival_time if latest is None else max(latest, item.arrival_time)
         return latest
@@ -244,8 +242,10 @@ class LiveEngine:
         if self.dead_error is None:
             self.dead_error = error
         streams, self._streams = self._streams, {}
-        failure = EngineDeadError(f"engine loop failed: {error!r}")
-        if isinstance(error, EngineDeadError):
-            failure = error
+        failure = (
+            error
+            if isinstance(error, EngineDeadError)
+            else EngineDeadError(f"engine loop failed: {error!r}")
+        )
         for stream in streams.values():
             stream.fail(failure)

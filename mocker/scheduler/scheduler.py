@@ -27,6 +27,16 @@ class SchedulerOutput:
     prefix_hits: int = 0
 
 
+def _is_decode(request: Request, num_new: int) -> bool:
+    """A pass computes one token of this request: the last one it sampled (before the pass)."""
+    num_tokens = len(request.all_token_ids)
+    return (
+        num_new == 1
+        and request.num_computed_tokens == num_tokens - 1
+        and num_tokens > request.num_prompt_tokens
+    )
+
+
 class Scheduler:
     """Decides each pass; allocates through the KV manager, never touches the pool directly."""
 
@@ -99,14 +109,14 @@ class Scheduler:
                 while not allocate(request, num_new):
                     victim = self._pick_victim()
                     index = running.index(victim)
-                    self._preempt(victim, out)
-                    if victim in scheduled:  # only with the 'oldest' victim choice
+                    if victim in scheduled:  # only when the victim runs before `request`
                         n = scheduled.pop(victim)
                         budget += n
-                        if n == 1 and victim.num_output_tokens:
+                        if _is_decode(victim, n):
                             decodes -= 1
                         else:
                             prefill -= n
+                    self._preempt(victim, out)
                     if victim is request:
                         break
                     if index < i:
@@ -115,11 +125,7 @@ class Scheduler:
                     continue  # it was its own victim; the next request is now at index i
             scheduled[request] = num_new
             budget -= num_new
-            if (
-                num_new == 1
-                and computed == num_tokens - 1
-                and num_tokens > request.num_prompt_tokens
-            ):
+            if _is_decode(request, num_new):
                 decodes += 1
             else:
                 prefill += num_new
