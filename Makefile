@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/mocker demo
+	$(BIN)/mocker serve --port 8000
 
 test: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,9 +1,10 @@
-"""Command line: `mocker demo` (a short live engine run); `serve` and `replay` come later."""
+"""Command line: `mocker serve` (the OpenAI-compatible server) and `mocker demo`."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import statistics
 import sys
 from collections.abc import Sequence
@@ -12,7 +13,17 @@ from mocker import __version__
 from mocker.config import ConfigError, EngineConfig
 from mocker.engine.core import EngineCore
 from mocker.engine.live import LiveEngine
+from mocker.options import (
+    ENGINE_OPTIONS,
+    SERVER_OPTIONS,
+    add_ignored_vllm_flags,
+    add_options,
+    engine_config_from,
+    resolve,
+    server_settings_from,
+)
 from mocker.request import EngineRequest, SamplingParams
+from mocker.tokenizer import TokenizerError, load_tokenizer
 
 __all__ = ["main"]
 
@@ -57,10 +68,68 @@ async def _demo(core: EngineCore, num_requests: int, concurrency: int) -> int:
     return 0
 
 
+def _serve(argv_args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from mocker.api.app import create_app
+
+    given = argparse.Namespace(
+        **{k: v for k, v in vars(argv_args).items() if k not in ("command", "model_tag", "config")}
+    )
+    values, warnings = resolve(given, ENGINE_OPTIONS + SERVER_OPTIONS, config_file=argv_args.config)
+    if argv_args.model_tag is not None:
+        values["model"] = argv_args.model_tag  # `vllm serve MODEL`: the positional wins
+    for warning in warnings:
+        print(f"mocker: warning: {warning}", file=sys.stderr)
+    config = engine_config_from(values)
+    settings = server_settings_from(values)
+    tokenizer = load_tokenizer(settings.tokenizer, settings.chat_template)
+    app = create_app(settings, config, tokenizer)
+    print(
+        f"mocker {__version__}: serving {', '.join(settings.served_model_names)} at "
+        f"http://{settings.host}:{settings.port}/v1 (metrics at /metrics)",
+        file=sys.stderr,
+        flush=True,
+    )
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level=settings.log_level,
+            access_log=settings.access_log,
+            timeout_graceful_shutdown=30,
+        )
+    )
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the
+    # handler that was installed before it: make that a no-op, so a stop exits 0, no traceback.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
+    server.run()
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mocker", description=__doc__)
     parser.add_argument("--version", action="version", version=f"mocker {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser(
+        "serve",
+        help="run the OpenAI-compatible server (a drop-in for `vllm serve`)",
+        description="Run the OpenAI-compatible server. Every setting can also come from an "
+        "environment variable (shown with each flag) or a YAML file given with --config; "
+        "a flag beats the environment, which beats the file.",
+    )
+    serve.add_argument(
+        "model_tag", nargs="?", default=None, metavar="MODEL", help="model name, as `vllm serve`"
+    )
+    serve.add_argument(
+        "--config", default=None, metavar="FILE", help="YAML file of settings (flag names as keys)"
+    )
+    add_options(serve, SERVER_OPTIONS, "server")
+    add_options(serve, ENGINE_OPTIONS, "engine (shared with mocker replay)")
+    add_ignored_vllm_flags(serve)
+
     demo = sub.add_parser("demo", help="run a short workload through the live engine")
     demo.add_argument("--num-requests", type=int, default=64, help="requests to send (64)")
     demo.add_argument("--concurrency", type=int, default=16, help="requests in flight (16)")
@@ -86,6 +155,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.command == "serve":
+            return _serve(args)
         core = EngineCore(
             EngineConfig(
                 speedup_ratio=args.speedup_ratio,
@@ -94,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 seed=args.seed,
             )
         )
-    except ConfigError as exc:
+    except (ConfigError, TokenizerError) as exc:
         print(f"mocker: {exc}", file=sys.stderr)
         return 2
     return asyncio.run(_demo(core, args.num_requests, args.concurrency))

@@ -1,8 +1,16 @@
 """The command line: the demo runs the live engine; bad settings exit 2 with a message."""
 
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
 import pytest
 
 from mocker.cli import main
+from tests.api.conftest import free_port
 
 
 def test_demo_runs_and_reports(capsys: pytest.CaptureFixture[str]) -> None:
@@ -18,3 +26,73 @@ def test_bad_setting_exits_2_naming_it(capsys: pytest.CaptureFixture[str]) -> No
     assert "speedup_ratio" in capsys.readouterr().err
     assert main(["demo", "--timing-profile", "/nonexistent.npz"]) == 2
     assert "timing_profile" in capsys.readouterr().err
+
+
+def test_serve_bad_settings_exit_2(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    assert main(["serve", "--max-num-seqs", "0"]) == 2
+    assert "max_num_seqs" in capsys.readouterr().err
+    assert main(["serve", "--tokenizer", str(tmp_path)]) == 2
+    assert "no tokenizer.json" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("max_num_seqs: lots\n")
+    assert main(["serve", "--config", str(bad)]) == 2
+    assert "max_num_seqs" in capsys.readouterr().err
+
+
+def test_serve_help_explains_every_flag() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "mocker", "serve", "--help"],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout  # fmt: skip
+    for flag in (
+        "--model",
+        "--served-model-name",
+        "--max-num-queued-reqs",
+        "--api-key",
+        "--no-enable-prefix-caching",
+        "--speedup-ratio",
+        "--timing-profile",
+        "MOCKER_MAX_NUM_SEQS",
+        "--gpu-memory-utilization",
+        "--config",
+    ):
+        assert flag in out, flag  # fmt: skip
+
+
+def test_mocker_serve_process_with_env_yaml_and_positional_model(tmp_path) -> None:
+    """`python -m mocker serve MODEL` as users run it: settings from a YAML file, the
+    environment and flags, vLLM flags warned about, a request served, SIGTERM ends it."""
+    port = free_port()
+    cfg = tmp_path / "mocker.yaml"
+    cfg.write_text("max_model_len: 2048\nspeedup-ratio: 100\nmax_num_seqs: 4\n")
+    env = {**os.environ, "MOCKER_SERVED_MODEL_NAME": "served-name", "MOCKER_MAX_NUM_SEQS": "8"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mocker", "serve", "org/model", "--config", str(cfg),
+         "--port", str(port), "--gpu-memory-utilization", "0.9",
+         "--disable-uvicorn-access-log"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
+            time.sleep(0.05)
+        card = httpx.get(base + "/v1/models").json()["data"][0]
+        assert card["id"] == "served-name" and card["root"] == "org/model"
+        assert card["max_model_len"] == 2048
+        r = httpx.post(base + "/v1/completions", json={"prompt": "hi", "max_tokens": 3})
+        assert r.json()["usage"]["completion_tokens"] == 3
+        assert 'num_gpu_blocks="16384"' in httpx.get(base + "/metrics").text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert "ignoring --gpu-memory-utilization" in err
+    assert f"http://127.0.0.1:{port}/v1" in err
+    assert "Traceback" not in err

@@ -126,22 +126,27 @@ class EngineCore:
 
     def abort_request(self, request_id: str, now: float) -> RequestOutput | None:
         """Abort wherever the request is; its blocks are freed at once. None if unknown."""
-        return self._finish_now(request_id, now, RequestStatus.FINISHED_ABORTED)
+        request = self.finish_request(request_id, now, RequestStatus.FINISHED_ABORTED)
+        return None if request is None else self._final_output(request, now)
 
     def stop_request(self, request_id: str, now: float) -> RequestOutput | None:
         """Finish with reason 'stop' (a stop string matched in the detokenized text)."""
-        return self._finish_now(request_id, now, RequestStatus.FINISHED_STOPPED)
+        request = self.finish_request(request_id, now, RequestStatus.FINISHED_STOPPED)
+        return None if request is None else self._final_output(request, now)
 
-    def _finish_now(
-        self, request_id: str, now: float, status: RequestStatus
-    ) -> RequestOutput | None:
+    def finish_request(self, request_id: str, now: float, status: RequestStatus) -> Request | None:
+        """End a request outside a pass (abort, stop string); returns it for observers."""
         request = self.requests.pop(request_id, None)
         if request is None:
             return None
         self.scheduler.finish(request, status)
         request.finished_time = now
+        return request
+
+    @staticmethod
+    def _final_output(request: Request, now: float) -> RequestOutput:
         return RequestOutput(
-            request_id=request_id,
+            request_id=request.request_id,
             new_token_ids=[],
             time=now,
             finished=True,

@@ -13,7 +13,7 @@ from mocker.clock import WallClock
 from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore, RequestRejected
 from mocker.engine.outputs import RequestOutput, StepResult
-from mocker.request import EngineRequest, FinishReason
+from mocker.request import EngineRequest, FinishReason, Request, RequestStatus
 
 __all__ = ["EngineDeadError", "LiveEngine", "RequestStream"]
 
@@ -93,13 +93,18 @@ class LiveEngine:
         *,
         clock: WallClock | None = None,
         on_step: Callable[[StepResult], None] | None = None,
+        on_finish: Callable[[Request], None] | None = None,
         max_lag_s: float = 0.05,
     ) -> None:
         self.core = engine if isinstance(engine, EngineCore) else EngineCore(engine)
         self.clock = clock if clock is not None else WallClock()
         self.on_step = on_step
+        # Requests that end outside a pass (abort, stop string); a pass's own finishes are in
+        # its StepResult.
+        self.on_finish = on_finish
         self.max_lag_s = max_lag_s
-        self._inbox: deque[EngineRequest | str] = deque()
+        self._inbox: deque[EngineRequest | tuple[str, RequestStatus]] = deque()
+        self._inbox_requests = 0  # EngineRequests in the inbox: waiting, not yet in the core
         self._wake = asyncio.Event()
         # Request id -> stream, from add_request until the engine is done with the id
         # (its final output delivered, or its abort applied), so an id is never reused
@@ -113,6 +118,15 @@ class LiveEngine:
     @property
     def is_dead(self) -> bool:
         return self.dead_error is not None
+
+    @property
+    def num_waiting(self) -> int:
+        """Waiting requests, including those accepted but not yet drained into the core."""
+        return self.core.num_waiting + self._inbox_requests
+
+    @property
+    def num_running(self) -> int:
+        return self.core.num_running
 
     @property
     def is_running(self) -> bool:
@@ -146,17 +160,25 @@ class LiveEngine:
         stream = RequestStream(spec.request_id)
         self._streams[spec.request_id] = stream
         self._inbox.append(spec)
+        self._inbox_requests += 1
         self._wake.set()
         return stream
 
     def abort(self, request_id: str) -> None:
         """Abort a request: its stream ends now with reason 'abort'; its blocks are freed
         when the loop next turns (before the next pass)."""
+        self._finish_early(request_id, RequestStatus.FINISHED_ABORTED, FinishReason.ABORT)
+
+    def stop_request(self, request_id: str) -> None:
+        """Finish a request with reason 'stop' (its consumer matched a stop string)."""
+        self._finish_early(request_id, RequestStatus.FINISHED_STOPPED, FinishReason.STOP)
+
+    def _finish_early(self, request_id: str, status: RequestStatus, reason: FinishReason) -> None:
         stream = self._streams.get(request_id)
         if stream is None or stream.finished:
             return
-        stream.put(RequestOutput(request_id, [], self.clock.now(), True, FinishReason.ABORT))
-        self._inbox.append(request_id)
+        stream.put(RequestOutput(request_id, [], self.clock.now(), True, reason))
+        self._inbox.append((request_id, status))
         self._wake.set()
 
     async def generate(self, spec: EngineRequest) -> AsyncIterator[RequestOutput]:
@@ -181,10 +203,14 @@ class LiveEngine:
         latest: float | None = None
         while inbox:
             item = inbox.popleft()
-            if isinstance(item, str):
-                core.abort_request(item, self.clock.now())
-                self._streams.pop(item, None)
+            if isinstance(item, tuple):
+                request_id, status = item
+                request = core.finish_request(request_id, self.clock.now(), status)
+                self._streams.pop(request_id, None)
+                if request is not None and self.on_finish is not None:
+                    self.on_finish(request)
                 continue
+            self._inbox_requests -= 1
             stream = self._streams.get(item.request_id)
             if stream is None or stream.finished:
                 continue  # aborted before it reached the engine; its abort item follows
@@ -229,19 +255,32 @@ class LiveEngine:
                 self.on_step(result)
 
     def _deliver(self, result: StepResult) -> None:
+        """Hand each stream its tokens. Outputs of requests that ended during the pass (abort,
+        stop string) are dropped from the result too, as vLLM's output processor drops them:
+        no client saw those tokens, so no observer counts them."""
         streams = self._streams
-        for out in result.outputs:
+        outputs = result.outputs
+        kept: list[RequestOutput] | None = None
+        for i, out in enumerate(outputs):
             stream = streams.get(out.request_id)
-            if stream is None:
+            if stream is None or stream.finished:
+                if kept is None:
+                    kept = outputs[:i]
                 continue
             stream.put(out)
             if out.finished:
                 del streams[out.request_id]
+            if kept is not None:
+                kept.append(out)
+        if kept is not None:
+            result.outputs = kept
 
     def _die(self, error: BaseException) -> None:
         if self.dead_error is None:
             self.dead_error = error
         streams, self._streams = self._streams, {}
+        self._inbox.clear()
+        self._inbox_requests = 0
         failure = (
             error
             if isinstance(error, EngineDeadError)

@@ -1,0 +1,209 @@
+"""The FastAPI application: vLLM's routes over one live engine, its metrics and its tokenizer."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Annotated
+
+import orjson
+from fastapi import APIRouter, Depends, FastAPI, Header
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.responses import Response
+
+from mocker import __version__
+from mocker.api.errors import OpenAIError, install_error_handlers
+from mocker.api.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ModelCard,
+    TokenizeRequest,
+)
+from mocker.api.serving import OpenAIServing
+from mocker.config import EngineConfig
+from mocker.engine.core import EngineCore
+from mocker.engine.live import LiveEngine
+from mocker.metrics import EngineMetrics, EngineSnapshot, MetricsCollector, build_registry
+from mocker.options import ServerSettings
+from mocker.tokenizer import ChatTemplateError, TextTokenizer
+
+__all__ = ["ServerState", "create_app", "engine_config_for"]
+
+
+def engine_config_for(config: EngineConfig, tokenizer: TextTokenizer) -> EngineConfig:
+    """The engine config with the tokenizer's vocabulary and EOS token."""
+    return config.with_changes(vocab_size=tokenizer.vocab_size, eos_token_id=tokenizer.eos_token_id)
+
+
+@dataclass(slots=True)
+class ServerState:
+    """What the routes share: the engine, its metrics, the tokenizer and the settings."""
+
+    settings: ServerSettings
+    config: EngineConfig
+    tokenizer: TextTokenizer
+    engine: LiveEngine
+    metrics: EngineMetrics
+    registry: CollectorRegistry
+    serving: OpenAIServing
+    created: int
+
+
+def _json(data: object, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+def build_state(
+    settings: ServerSettings, config: EngineConfig, tokenizer: TextTokenizer
+) -> ServerState:
+    config = engine_config_for(config, tokenizer)
+    core = EngineCore(config, output_palette=tokenizer.palette)
+    metrics = EngineMetrics(config, engine="0")
+    engine = LiveEngine(core, on_step=metrics.on_step, on_finish=metrics.on_finish)
+    metrics.snapshot = lambda: EngineSnapshot(
+        engine.num_running, engine.num_waiting, core.pool.usage
+    )
+    metrics.lookup = core.requests.get
+    collector = MetricsCollector(
+        [metrics], settings.model_name, legacy_names=settings.legacy_metric_names
+    )
+    return ServerState(
+        settings=settings,
+        config=config,
+        tokenizer=tokenizer,
+        engine=engine,
+        metrics=metrics,
+        registry=build_registry(collector),
+        serving=OpenAIServing(engine, tokenizer, settings, config),
+        created=int(time.time()),
+    )
+
+
+def create_app(settings: ServerSettings, config: EngineConfig, tokenizer: TextTokenizer) -> FastAPI:
+    state = build_state(settings, config, tokenizer)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.engine.start()
+        try:
+            yield
+        finally:
+            await state.engine.stop()
+
+    app = FastAPI(
+        title="mocker",
+        version=__version__,
+        description="An OpenAI-compatible mock of a vLLM inference engine (no GPU).",
+        lifespan=lifespan,
+    )
+    app.state.mocker = state
+    install_error_handlers(app)
+
+    def require_api_key(authorization: Annotated[str | None, Header()] = None) -> None:
+        key = settings.api_key
+        if key is None:
+            return
+        expected = f"Bearer {key}"
+        if authorization is None or not secrets.compare_digest(
+            authorization.encode(), expected.encode()
+        ):
+            raise OpenAIError(401, "Unauthorized: a valid API key is required (Bearer token).")
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
+
+    @v1.post("/completions")
+    async def completions(
+        body: CompletionRequest,
+        x_request_id: Annotated[str | None, Header()] = None,
+    ) -> Response:
+        return state.serving.completions(body, x_request_id or None)
+
+    @v1.post("/chat/completions")
+    async def chat_completions(
+        body: ChatCompletionRequest,
+        x_request_id: Annotated[str | None, Header()] = None,
+    ) -> Response:
+        return state.serving.chat(body, x_request_id or None)
+
+    @v1.get("/models")
+    async def models() -> Response:
+        cards = [
+            ModelCard(
+                id=name,
+                created=state.created,
+                root=settings.model,
+                max_model_len=state.config.max_model_len,
+            ).model_dump()
+            for name in settings.served_model_names
+        ]
+        return _json({"object": "list", "data": cards})
+
+    app.include_router(v1)
+
+    def health_response() -> Response:
+        if state.engine.is_dead:
+            return Response(status_code=503)
+        return Response(status_code=200)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return health_response()
+
+    @app.get("/ping")
+    async def ping() -> Response:
+        return health_response()
+
+    @app.post("/ping")
+    async def ping_post() -> Response:
+        return health_response()
+
+    @app.get("/version")
+    async def version() -> Response:
+        return _json({"version": __version__})
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> Response:
+        state.serving.check_model(body.model)
+        tok = state.tokenizer
+        if (body.prompt is None) == (body.messages is None):
+            raise OpenAIError(400, "Give exactly one of 'prompt' or 'messages'.", "prompt")
+        if body.messages is not None:
+            messages = [state.serving.message_dict(m, i) for i, m in enumerate(body.messages)]
+            try:
+                text = tok.render_chat(messages, add_generation_prompt=body.add_generation_prompt)
+            except ChatTemplateError as exc:
+                raise OpenAIError(400, str(exc), "messages") from None
+            ids = tok.encode(
+                text,
+                add_special_tokens=bool(body.add_special_tokens)
+                if body.add_special_tokens is not None
+                else tok.chat_template is None,
+            )
+        else:
+            add = True if body.add_special_tokens is None else body.add_special_tokens
+            ids = tok.encode(body.prompt or "", add_special_tokens=add)
+        strs = [tok.id_to_token(t) for t in ids] if body.return_token_strs else None
+        return _json(
+            {
+                "count": len(ids),
+                "max_model_len": state.config.max_model_len,
+                "tokens": ids,
+                "token_strs": strs,
+            }
+        )
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> Response:
+        state.serving.check_model(body.model)
+        state.serving.check_token_ids(body.tokens, "tokens")
+        return _json({"prompt": state.tokenizer.decode(body.tokens)})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,137 @@
+"""Pre-encoded JSON pieces for streamed chunks and responses: bytes joined, no per-token models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from mocker.api.errors import error_body
+
+__all__ = ["DONE", "ChunkWriter", "error_event", "usage_dict"]
+
+DONE = b"data: [DONE]\n\n"
+
+_FINISH = {None: b"null", "stop": b'"stop"', "length": b'"length"', "abort": b'"abort"'}
+
+
+def usage_dict(prompt: int, completion: int, cached: int | None = None) -> dict[str, Any]:
+    usage: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+    }
+    if cached is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    return usage
+
+
+class ChunkWriter:
+    """Builds the `data: {...}\\n\\n` lines of one streamed response.
+
+    Everything but the new text, the finish reason and the usage numbers is
+    encoded once per response; a chunk is a handful of byte concatenations.
+    """
+
+    __slots__ = ("_head", "_index_heads", "_tail", "chat", "continuous_usage", "include_usage")
+
+    def __init__(
+        self,
+        *,
+        chat: bool,
+        response_id: str,
+        created: int,
+        model: str,
+        include_usage: bool,
+        continuous_usage: bool,
+    ) -> None:
+        self.chat = chat
+        obj = b"chat.completion.chunk" if chat else b"text_completion"
+        self._head = (
+            b'data: {"id":'
+            + orjson.dumps(response_id)
+            + b',"object":"'
+            + obj
+            + b'","created":'
+            + str(created).encode()
+            + b',"model":'
+            + orjson.dumps(model)
+            + b',"choices":['
+        )
+        self._index_heads: dict[int, bytes] = {}
+        self._tail = (
+            b'"},"logprobs":null,"finish_reason":'
+            if chat
+            else b'","logprobs":null,"finish_reason":'
+        )
+        self.include_usage = include_usage
+        self.continuous_usage = include_usage and continuous_usage
+
+    def _index_head(self, index: int) -> bytes:
+        head = self._index_heads.get(index)
+        if head is None:
+            field = b',"delta":{"content":"' if self.chat else b',"text":"'
+            head = self._head + b'{"index":' + str(index).encode() + field
+            self._index_heads[index] = head
+        return head
+
+    def text(
+        self,
+        index: int,
+        escaped_text: bytes,
+        finish_reason: str | None = None,
+        stop_reason: str | int | None = None,
+        usage: tuple[int, int] | None = None,
+    ) -> bytes:
+        """One chunk carrying new text (already JSON-escaped) for choice `index`."""
+        sr = b"null" if stop_reason is None else orjson.dumps(stop_reason)
+        end = b"}]}\n\n"
+        if usage is not None and self.continuous_usage:
+            prompt, completion = usage
+            end = b"}]," + _usage_bytes(prompt, completion) + b"}\n\n"
+        return (
+            self._index_head(index)
+            + escaped_text
+            + self._tail
+            + _FINISH[finish_reason]
+            + b',"stop_reason":'
+            + sr
+            + end
+        )
+
+    def role(self, index: int) -> bytes:
+        """The first chat chunk of a choice: the assistant role and empty content."""
+        return (
+            self._head
+            + b'{"index":'
+            + str(index).encode()
+            + b',"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}'
+            + b"\n\n"
+        )
+
+    def usage(self, prompt: int, completion: int, cached: int) -> bytes:
+        """The last chunk when include_usage: no choices, the totals."""
+        return (
+            self._head
+            + b"],"
+            + b'"usage":'
+            + orjson.dumps(usage_dict(prompt, completion, cached))
+            + b"}\n\n"
+        )
+
+
+def _usage_bytes(prompt: int, completion: int) -> bytes:
+    return (
+        b'"usage":{"prompt_tokens":'
+        + str(prompt).encode()
+        + b',"total_tokens":'
+        + str(prompt + completion).encode()
+        + b',"completion_tokens":'
+        + str(completion).encode()
+        + b"}"
+    )
+
+
+def error_event(status: int, message: str) -> bytes:
+    """A mid-stream error in the OpenAI shape (the stream then ends with [DONE])."""
+    return b"data: " + orjson.dumps(error_body(status, message)) + b"\n\n"

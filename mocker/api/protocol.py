@@ -1,0 +1,118 @@
+"""OpenAI request bodies as pydantic models: validated once at the door; unknown fields kept."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "CompletionRequest",
+    "DetokenizeRequest",
+    "StreamOptions",
+    "TokenizeRequest",
+]
+
+NonNegInt = Annotated[int, Field(ge=0)]
+PositiveInt = Annotated[int, Field(ge=1)]
+TokenIds = Annotated[list[int], Field(min_length=1)]
+
+
+class _Open(BaseModel):
+    # vLLM accepts (and logs) fields it does not know; load generators send many.
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(_Open):
+    include_usage: bool | None = True
+    continuous_usage_stats: bool | None = False
+
+
+class _Sampling(_Open):
+    """Fields shared by both generation endpoints."""
+
+    model: str | None = None
+    max_tokens: PositiveInt | None = None
+    min_tokens: NonNegInt = 0
+    ignore_eos: bool = False
+    stop: str | list[str] | None = None
+    stop_token_ids: list[NonNegInt] | None = None
+    include_stop_str_in_output: bool = False
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    n: PositiveInt = 1
+    seed: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    user: str | None = None
+    # vLLM extensions
+    priority: int = 0
+    cache_salt: str | None = None
+    skip_special_tokens: bool = True
+
+
+class CompletionRequest(_Sampling):
+    """POST /v1/completions."""
+
+    prompt: str | list[str] | TokenIds | list[TokenIds]
+    max_tokens: PositiveInt | None = 16  # the OpenAI and vLLM default for completions
+    logprobs: NonNegInt | None = None
+    echo: bool = False
+    best_of: PositiveInt | None = None
+    suffix: str | None = None
+
+
+class ContentPart(_Open):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Open):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(_Sampling):
+    """POST /v1/chat/completions."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: PositiveInt | None = None
+    logprobs: bool | None = False
+    top_logprobs: NonNegInt | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class TokenizeRequest(_Open):
+    """POST /tokenize: a prompt, or chat messages."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Open):
+    """POST /detokenize."""
+
+    model: str | None = None
+    tokens: list[int]
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "vllm"
+    root: str
+    parent: str | None = None
+    max_model_len: int

@@ -1,0 +1,532 @@
+"""Completions and chat: request → engine requests → streamed chunks or one JSON response."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+from mocker.api.chunks import DONE, ChunkWriter, error_event, usage_dict
+from mocker.api.errors import OpenAIError, error_response
+from mocker.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from mocker.api.responses import DeferredResponse, EventStreamResponse
+from mocker.config import EngineConfig
+from mocker.engine.core import RequestRejected
+from mocker.engine.live import EngineDeadError, LiveEngine, RequestStream
+from mocker.engine.outputs import RequestOutput
+from mocker.options import ServerSettings
+from mocker.request import EngineRequest, FinishReason, SamplingParams
+from mocker.tokenizer import ChatTemplateError, TextTokenizer
+
+__all__ = ["OpenAIServing"]
+
+logger = logging.getLogger("mocker.requests")
+
+
+@dataclass(slots=True)
+class _Job:
+    """One engine request of an HTTP request (one choice), and what it has produced so far."""
+
+    index: int
+    request_id: str
+    stream: RequestStream
+    num_prompt_tokens: int
+    stop: tuple[str, ...] = ()
+    include_stop: bool = False
+    stop_token_ids: frozenset[int] = frozenset()
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""  # generated text so far (kept only when stop strings are in play)
+    sent: int = 0  # characters of `text` already handed out
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    done: bool = False
+
+
+class OpenAIServing:
+    """Turns validated OpenAI requests into engine requests and their outputs into responses."""
+
+    def __init__(
+        self,
+        engine: LiveEngine,
+        tokenizer: TextTokenizer,
+        settings: ServerSettings,
+        config: EngineConfig,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.config = config
+        self._escaped = tokenizer.escaped_piece
+
+    # -- shared checks ------------------------------------------------------------------------
+
+    def check_model(self, model: str | None) -> str:
+        """The served name to answer with; 404 for a model this server does not serve."""
+        names = self.settings.served_model_names
+        if model is None or model == "":
+            return names[0]
+        if model not in names and model != self.settings.model:
+            raise OpenAIError(404, f"The model `{model}` does not exist.", param="model")
+        return model if model in names else names[0]
+
+    def check_token_ids(self, ids: Sequence[int], param: str) -> None:
+        vocab = self.tokenizer.vocab_size
+        for t in ids:
+            if not 0 <= t < vocab:
+                raise OpenAIError(
+                    400, f"Token id {t} is out of vocabulary (vocab size {vocab}).", param=param
+                )
+
+    def _check_common(self, body: CompletionRequest | ChatCompletionRequest) -> None:
+        if body.n != 1:
+            raise OpenAIError(400, "n > 1 is not supported: request one choice (n = 1).", "n")
+        limit = self.settings.max_num_queued_reqs
+        if limit is not None and self.engine.num_waiting >= limit:
+            raise OpenAIError(
+                503,
+                f"The server is overloaded: {self.engine.num_waiting} requests are waiting "
+                f"(--max-num-queued-reqs {limit}). Retry later.",
+            )
+        if self.engine.is_dead:
+            raise OpenAIError(503, f"The engine is not running: {self.engine.dead_error}")
+
+    def _sampling(
+        self,
+        body: CompletionRequest | ChatCompletionRequest,
+        max_tokens: int | None,
+        num_prompt_tokens: int,
+    ) -> SamplingParams:
+        max_len = self.config.max_model_len
+        if num_prompt_tokens >= max_len:
+            raise OpenAIError(
+                400,
+                f"This model's maximum context length is {max_len} tokens. However, your "
+                f"prompt contains {num_prompt_tokens} input tokens, leaving no room for the "
+                "completion. Please reduce the length of the prompt.",
+                param="prompt" if isinstance(body, CompletionRequest) else "messages",
+            )
+        if max_tokens is not None and body.min_tokens > max_tokens:
+            raise OpenAIError(
+                400,
+                f"min_tokens ({body.min_tokens}) must be less than or equal to max_tokens "
+                f"({max_tokens}).",
+                param="min_tokens",
+            )
+        room = max_len - num_prompt_tokens
+        limit = room if max_tokens is None else min(max_tokens, room)
+        return SamplingParams(
+            max_tokens=limit,
+            min_tokens=min(body.min_tokens, limit),
+            ignore_eos=body.ignore_eos,
+            stop_token_ids=tuple(body.stop_token_ids or ()),
+        )
+
+    def _start(
+        self,
+        body: CompletionRequest | ChatCompletionRequest,
+        prompts: list[list[int]],
+        max_tokens: int | None,
+        request_id: str,
+    ) -> list[_Job]:
+        """Hand every prompt to the engine; all or nothing."""
+        stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+        stop = tuple(s for s in stop if s)
+        jobs: list[_Job] = []
+        try:
+            for i, prompt in enumerate(prompts):
+                sampling = self._sampling(body, max_tokens, len(prompt))
+                rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+                spec = EngineRequest(
+                    rid,
+                    prompt,
+                    sampling,
+                    priority=body.priority,
+                    cache_salt=body.cache_salt,
+                )
+                stream = self.engine.add_request(spec)
+                jobs.append(
+                    _Job(
+                        i,
+                        rid,
+                        stream,
+                        len(prompt),
+                        stop,
+                        body.include_stop_str_in_output,
+                        frozenset(sampling.stop_token_ids),
+                    )
+                )
+                if self.settings.log_requests:
+                    logger.info(
+                        "request %s: %d prompt tokens, max_tokens %s, stream %s",
+                        rid,
+                        len(prompt),
+                        sampling.max_tokens,
+                        bool(body.stream),
+                    )
+        except BaseException as exc:
+            for job in jobs:
+                self.engine.abort(job.request_id)
+            if isinstance(exc, RequestRejected):
+                raise OpenAIError(400, str(exc)) from None
+            if isinstance(exc, EngineDeadError):
+                raise OpenAIError(503, f"The engine is not running: {exc}") from None
+            raise
+        return jobs
+
+    # -- endpoints ----------------------------------------------------------------------------
+
+    def completions(self, body: CompletionRequest, request_id: str | None) -> Response:
+        model = self.check_model(body.model)
+        self._check_common(body)
+        if body.best_of not in (None, 1):
+            raise OpenAIError(400, "best_of > 1 is not supported.", "best_of")
+        if body.echo:
+            raise OpenAIError(400, "echo is not supported by this server.", "echo")
+        if body.suffix:
+            raise OpenAIError(400, "suffix is not supported by this server.", "suffix")
+        if body.logprobs is not None:
+            raise OpenAIError(
+                400, "logprobs are not supported by this mock server; omit 'logprobs'.",
+                "logprobs",
+            )  # fmt: skip
+        prompts = self._completion_prompts(body.prompt)
+        rid = request_id or uuid.uuid4().hex
+        jobs = self._start(body, prompts, body.max_tokens, rid)
+        return self._respond(body, jobs, model, f"cmpl-{rid}", chat=False, request_id=rid)
+
+    def chat(self, body: ChatCompletionRequest, request_id: str | None) -> Response:
+        model = self.check_model(body.model)
+        self._check_common(body)
+        if body.logprobs or body.top_logprobs:
+            raise OpenAIError(
+                400, "logprobs are not supported by this mock server; omit 'logprobs'.",
+                "logprobs",
+            )  # fmt: skip
+        messages = [self.message_dict(m, i) for i, m in enumerate(body.messages)]
+        try:
+            prompt = self.tokenizer.encode_chat(
+                messages,
+                add_generation_prompt=body.add_generation_prompt
+                and not body.continue_final_message,
+                template_kwargs=body.chat_template_kwargs,
+            )
+        except ChatTemplateError as exc:
+            raise OpenAIError(400, str(exc), "messages") from None
+        if not prompt:
+            raise OpenAIError(400, "The messages render to an empty prompt.", "messages")
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        rid = request_id or uuid.uuid4().hex
+        jobs = self._start(body, [prompt], max_tokens, rid)
+        return self._respond(body, jobs, model, f"chatcmpl-{rid}", chat=True, request_id=rid)
+
+    def _completion_prompts(self, prompt: Any) -> list[list[int]]:
+        if isinstance(prompt, str):
+            prompt = [prompt]
+        if not prompt:
+            raise OpenAIError(400, "The prompt must not be empty.", "prompt")
+        if isinstance(prompt[0], int):
+            prompt = [prompt]
+        out: list[list[int]] = []
+        for p in prompt:
+            if isinstance(p, str):
+                if not p:
+                    raise OpenAIError(400, "The prompt must not be empty.", "prompt")
+                ids = self.tokenizer.encode(p)
+                if not ids:
+                    raise OpenAIError(400, "The prompt encodes to no tokens.", "prompt")
+            else:
+                ids = list(p)  # token ids are used exactly as sent (no BOS added)
+                self.check_token_ids(ids, "prompt")
+            out.append(ids)
+        return out
+
+    @staticmethod
+    def message_dict(message: ChatMessage, i: int) -> dict[str, Any]:
+        content = message.content
+        if isinstance(content, list):
+            texts: list[str] = []
+            for part in content:
+                if part.type not in ("text", "input_text") or part.text is None:
+                    raise OpenAIError(
+                        400,
+                        f"messages[{i}]: content part type {part.type!r} is not supported "
+                        "(text parts only).",
+                        "messages",
+                    )
+                texts.append(part.text)
+            content = "\n".join(texts)
+        out = dict(message.model_extra or {})
+        out.update(role=message.role, content=content or "")
+        if message.name is not None:
+            out["name"] = message.name
+        return out
+
+    # -- responses ----------------------------------------------------------------------------
+
+    def _respond(
+        self,
+        body: CompletionRequest | ChatCompletionRequest,
+        jobs: list[_Job],
+        model: str,
+        response_id: str,
+        *,
+        chat: bool,
+        request_id: str,
+    ) -> Response:
+        created = int(time.time())
+        state = {"disconnected": False}
+
+        def on_disconnect() -> None:
+            state["disconnected"] = True
+            for job in jobs:
+                self.engine.abort(job.request_id)
+
+        headers = {"x-request-id": request_id}
+        if not body.stream:
+            return DeferredResponse(
+                lambda: self._full_response(jobs, model, response_id, created, chat, headers),
+                on_disconnect,
+            )
+        opts = body.stream_options
+        writer = ChunkWriter(
+            chat=chat,
+            response_id=response_id,
+            created=created,
+            model=model,
+            include_usage=bool(opts and opts.include_usage),
+            continuous_usage=bool(opts and opts.continuous_usage_stats),
+        )
+        chunks = (
+            self._stream_one(jobs[0], writer, state)
+            if len(jobs) == 1
+            else self._stream_many(jobs, writer, state)
+        )
+        return EventStreamResponse(chunks, on_disconnect, headers)
+
+    async def _stream_one(
+        self, job: _Job, writer: ChunkWriter, state: dict[str, bool]
+    ) -> AsyncIterator[bytes]:
+        """The hot path: one write per engine pass, bytes joined from pre-escaped pieces."""
+        stream = job.stream
+        escaped = self._escaped
+        plain = not job.stop
+        first = writer.role(job.index) if writer.chat else b""
+        try:
+            while True:
+                try:
+                    out = await stream.get()
+                except EngineDeadError as exc:
+                    yield error_event(503, f"The engine failed: {exc}")
+                    yield DONE
+                    return
+                if out.finish_reason is FinishReason.ABORT and not out.new_token_ids:
+                    if not state["disconnected"]:
+                        yield first + error_event(503, "The request was aborted.")
+                        yield DONE
+                    return
+                if plain:
+                    self._account(job, out)
+                    text = b"".join([escaped(t) for t in out.new_token_ids])
+                else:
+                    text = orjson.dumps(self._feed(job, out))[1:-1]
+                chunk = writer.text(
+                    job.index,
+                    text,
+                    job.finish_reason,
+                    job.stop_reason,
+                    (job.num_prompt_tokens, job.completion_tokens),
+                )
+                if job.done:
+                    if writer.include_usage:
+                        chunk += writer.usage(
+                            job.num_prompt_tokens, job.completion_tokens, job.cached_tokens
+                        )
+                    yield first + chunk + DONE
+                    return
+                yield first + chunk
+                first = b""
+        finally:
+            if not stream.finished:
+                self.engine.abort(job.request_id)
+
+    async def _stream_many(
+        self, jobs: list[_Job], writer: ChunkWriter, state: dict[str, bool]
+    ) -> AsyncIterator[bytes]:
+        """Several prompts in one request: their chunks interleave by choice index."""
+        queue: asyncio.Queue[tuple[_Job, RequestOutput | BaseException]] = asyncio.Queue()
+
+        async def pump(job: _Job) -> None:
+            while True:
+                try:
+                    out = await job.stream.get()
+                except BaseException as exc:
+                    queue.put_nowait((job, exc))
+                    return
+                queue.put_nowait((job, out))
+                if out.finished:
+                    return
+
+        loop = asyncio.get_running_loop()
+        pumps = [loop.create_task(pump(job)) for job in jobs]
+        open_jobs = len(jobs)
+        try:
+            while open_jobs:
+                job, item = await queue.get()
+                if isinstance(item, BaseException):
+                    yield error_event(503, f"The engine failed: {item}")
+                    yield DONE
+                    return
+                if item.finish_reason is FinishReason.ABORT and not item.new_token_ids:
+                    if not state["disconnected"]:
+                        yield error_event(503, "The request was aborted.")
+                        yield DONE
+                    return
+                if job.done:
+                    continue
+                first = writer.role(job.index) if writer.chat and not job.token_ids else b""
+                text = orjson.dumps(self._feed(job, item))[1:-1]
+                yield first + writer.text(
+                    job.index,
+                    text,
+                    job.finish_reason,
+                    job.stop_reason,
+                    (job.num_prompt_tokens, job.completion_tokens),
+                )
+                if job.done:
+                    open_jobs -= 1
+            if writer.include_usage:
+                yield writer.usage(*self._totals(jobs))
+            yield DONE
+        finally:
+            for task in pumps:
+                task.cancel()
+            for job in jobs:
+                if not job.stream.finished:
+                    self.engine.abort(job.request_id)
+
+    async def _full_response(
+        self,
+        jobs: list[_Job],
+        model: str,
+        response_id: str,
+        created: int,
+        chat: bool,
+        headers: dict[str, str],
+    ) -> Response:
+        texts: list[str] = []
+        try:
+            for job in jobs:
+                parts: list[str] = []
+                while not job.done:
+                    out = await job.stream.get()
+                    if out.finish_reason is FinishReason.ABORT and not out.new_token_ids:
+                        return error_response(503, "The request was aborted.")
+                    parts.append(self._feed(job, out))
+                texts.append("".join(parts))
+        except EngineDeadError as exc:
+            return error_response(503, f"The engine failed: {exc}")
+        finally:
+            for job in jobs:
+                if not job.stream.finished:
+                    self.engine.abort(job.request_id)
+        choices: list[dict[str, Any]] = []
+        for job, text in zip(jobs, texts, strict=True):
+            if chat:
+                choices.append(
+                    {
+                        "index": job.index,
+                        "message": {
+                            "role": "assistant",
+                            "content": text,
+                            "refusal": None,
+                            "tool_calls": [],
+                            "reasoning_content": None,
+                        },
+                        "logprobs": None,
+                        "finish_reason": job.finish_reason,
+                        "stop_reason": job.stop_reason,
+                    }
+                )
+            else:
+                choices.append(
+                    {
+                        "index": job.index,
+                        "text": text,
+                        "logprobs": None,
+                        "finish_reason": job.finish_reason,
+                        "stop_reason": job.stop_reason,
+                        "prompt_logprobs": None,
+                    }
+                )
+        body = {
+            "id": response_id,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": created,
+            "model": model,
+            "choices": choices,
+            "usage": usage_dict(*self._totals(jobs)),
+            "system_fingerprint": None,
+        }
+        return Response(orjson.dumps(body), media_type="application/json", headers=headers)
+
+    # -- per-output bookkeeping ---------------------------------------------------------------
+
+    @staticmethod
+    def _totals(jobs: list[_Job]) -> tuple[int, int, int]:
+        return (
+            sum(j.num_prompt_tokens for j in jobs),
+            sum(j.completion_tokens for j in jobs),
+            sum(j.cached_tokens for j in jobs),
+        )
+
+    def _account(self, job: _Job, out: RequestOutput) -> None:
+        """Token counts and finish state from one engine output (no text work)."""
+        ids = out.new_token_ids
+        job.completion_tokens += len(ids)
+        job.cached_tokens = out.num_cached_tokens
+        if out.finished:
+            job.done = True
+            reason = out.finish_reason
+            job.finish_reason = reason.value if reason is not None else None
+            if reason is FinishReason.STOP and ids and ids[-1] in job.stop_token_ids:
+                job.stop_reason = ids[-1]
+
+    def _feed(self, job: _Job, out: RequestOutput) -> str:
+        """New text to hand out for this output, honouring stop strings."""
+        self._account(job, out)
+        piece = self.tokenizer.piece
+        new = "".join([piece(t) for t in out.new_token_ids])
+        job.token_ids.extend(out.new_token_ids)
+        if not job.stop:
+            return new
+        start = max(0, len(job.text) - max(len(s) for s in job.stop) + 1)
+        job.text += new
+        hit: tuple[int, str] | None = None
+        for s in job.stop:
+            pos = job.text.find(s, start)
+            if pos >= 0 and (hit is None or pos < hit[0]):
+                hit = (pos, s)
+        if hit is not None:
+            pos, s = hit
+            job.text = job.text[: pos + len(s)] if job.include_stop else job.text[:pos]
+            if not job.done:
+                job.done = True
+                self.engine.stop_request(job.request_id)
+            job.finish_reason, job.stop_reason = "stop", s
+            emit_to = len(job.text)
+        elif job.done:
+            emit_to = len(job.text)
+        else:
+            # Hold back what could be the start of a stop string until it is decided.
+            emit_to = max(job.sent, len(job.text) - max(len(s) for s in job.stop) + 1)
+        text, job.sent = job.text[job.sent : emit_to], emit_to
+        return text

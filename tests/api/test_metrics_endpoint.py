@@ -1,0 +1,179 @@
+"""/metrics after a known workload: vLLM's names, labels and buckets, true values, promtool."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from mocker.metrics import (
+    ITERATION_TOKEN_BUCKETS,
+    ITL_BUCKETS,
+    PREEMPTION_BUCKETS,
+    REQUEST_TIME_BUCKETS,
+    TTFT_BUCKETS,
+    one_two_five_buckets,
+)
+from tests.api.conftest import AppClient, make_app
+
+EXPECTED_BUCKETS: dict[str, tuple[float, ...]] = {
+    "vllm:time_to_first_token_seconds": TTFT_BUCKETS,
+    "vllm:inter_token_latency_seconds": ITL_BUCKETS,
+    "vllm:request_time_per_output_token_seconds": ITL_BUCKETS,
+    **{
+        f"vllm:{name}_seconds": REQUEST_TIME_BUCKETS
+        for name in (
+            "e2e_request_latency",
+            "request_queue_time",
+            "request_inference_time",
+            "request_prefill_time",
+            "request_decode_time",
+        )
+    },
+    "vllm:request_prompt_tokens": tuple(one_two_five_buckets(4096)),
+    "vllm:request_generation_tokens": tuple(one_two_five_buckets(4096)),
+    "vllm:request_params_max_tokens": tuple(one_two_five_buckets(4096)),
+    "vllm:iteration_tokens_total": ITERATION_TOKEN_BUCKETS,
+    "vllm:request_num_preemptions": PREEMPTION_BUCKETS,
+}
+COUNTERS = (
+    "prefix_cache_queries", "prefix_cache_hits", "external_prefix_cache_queries",
+    "external_prefix_cache_hits", "num_preemptions", "prompt_tokens", "generation_tokens",
+    "prompt_tokens_cached", "prompt_tokens_by_source", "prompt_tokens_cached_by_source",
+    "request_success",
+)  # fmt: skip
+GAUGES = ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc")
+
+
+def _scrape(text: str) -> dict[str, Any]:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def _value(families: dict[str, Any], name: str, **labels: str) -> float:
+    """One sample's value; counters by their declared name (the sample has `_total`)."""
+    wanted = (name, name + "_total")
+    for family in families.values():
+        for s in family.samples:
+            if s.name in wanted and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    raise AssertionError(f"no sample {name}{labels}")
+
+
+async def _workload(c: AppClient) -> list[dict[str, Any]]:
+    shared = list(range(500, 564))  # 4 full blocks every request shares
+
+    async def one(i: int) -> dict[str, Any]:
+        r = await c.http.post(
+            "/v1/completions",
+            json={"prompt": [*shared, *range(1000 + 16 * i, 1016 + 16 * i)], "max_tokens": 120},
+        )
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    first = await one(99)  # warms the shared prefix
+    return [first, *await asyncio.gather(*(one(i) for i in range(8)))]
+
+
+async def test_metrics_are_vllms_and_true_after_hits_and_preemptions() -> None:
+    # 48 blocks of 16 tokens, 8 requests peaking at 13 blocks each: preemption is certain.
+    app = make_app(block_size=16, num_gpu_blocks=48, max_num_seqs=8)
+    async with AppClient(app) as c:
+        responses = await _workload(c)
+        text = (await c.http.get("/metrics")).text
+    fam = _scrape(text)
+    usage = [r["usage"] for r in responses]
+    completion = sum(u["completion_tokens"] for u in usage)
+    cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in usage)
+    assert cached > 0, "the workload must really hit the prefix cache"
+    assert _value(fam, "vllm:num_preemptions") > 0, "the workload must really preempt"
+    assert _value(fam, "vllm:generation_tokens") == completion == 9 * 120
+    assert _value(fam, "vllm:prefix_cache_hits") == cached
+    assert _value(fam, "vllm:prompt_tokens_cached") == cached
+    assert _value(fam, "vllm:prompt_tokens") == sum(u["prompt_tokens"] for u in usage)
+    assert _value(fam, "vllm:prefix_cache_queries") == sum(u["prompt_tokens"] for u in usage)
+    assert _value(fam, "vllm:prompt_tokens_by_source", source="local_cache_hit") == cached
+    assert _value(fam, "vllm:prompt_tokens_cached_by_source", source="device") == cached
+    assert _value(fam, "vllm:request_success", finished_reason="length") == 9
+    for gauge in GAUGES:  # idle again: nothing running, waiting or referenced
+        assert _value(fam, "vllm:" + gauge) == 0
+    assert _value(fam, "vllm:time_to_first_token_seconds_count") == 9
+    assert _value(fam, "vllm:request_num_preemptions_count") >= 1
+
+    for name in COUNTERS:
+        assert fam["vllm:" + name].type == "counter"
+    for name in GAUGES:
+        assert fam["vllm:" + name].type == "gauge"
+    for name, bounds in EXPECTED_BUCKETS.items():
+        assert fam[name].type == "histogram", name
+        les = [s.labels["le"] for s in fam[name].samples if s.name == name + "_bucket"]
+        assert les == [*(str(float(b)) for b in bounds), "+Inf"], name
+    for family in fam.values():
+        if family.name.startswith("vllm:") and family.name != "vllm:cache_config_info":
+            for s in family.samples:
+                assert s.labels.get("model_name") == "mocker" and s.labels.get("engine") == "0"
+    (info,) = fam["vllm:cache_config_info"].samples
+    assert info.value == 1 and info.labels["block_size"] == "16"
+    assert info.labels["num_gpu_blocks"] == "48" and info.labels["engine"] == "0"
+    assert info.labels["enable_prefix_caching"] == "True"
+
+
+async def test_legacy_names_are_opt_in() -> None:
+    async with AppClient(make_app()) as c:
+        assert "vllm:gpu_cache_usage_perc" not in (await c.http.get("/metrics")).text
+    from tests.api.conftest import settings
+
+    async with AppClient(make_app(settings(legacy_metric_names=True))) as c:
+        text = (await c.http.get("/metrics")).text
+    for name in (
+        "vllm:gpu_cache_usage_perc",
+        "vllm:gpu_prefix_cache_hits_total",
+        "vllm:time_per_output_token_seconds_bucket",
+        "vllm:num_requests_swapped",
+    ):
+        assert name in text  # fmt: skip
+
+
+def _promtool() -> str:
+    """promtool, installing Debian's prometheus package when apt can; else a loud skip."""
+    found = shutil.which("promtool")
+    if found:
+        return found
+    if shutil.which("apt-get") and os.geteuid() == 0:
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-qq"], env=env, check=False, timeout=600)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "prometheus"], env=env, check=False, timeout=900
+        )
+        found = shutil.which("promtool")
+        if found:
+            return found
+    pytest.skip("SKIPPED LOUDLY: promtool is not installed and apt-get could not install it")
+
+
+ALLOWED_LINT = (
+    "metric names should not contain ':'",
+    'vllm:iteration_tokens_total non-counter metrics should not have "_total" suffix',
+)
+
+
+async def test_promtool_finds_nothing_beyond_vllms_two_naming_rules() -> None:
+    promtool = _promtool()
+    app = make_app(block_size=16, num_gpu_blocks=48, max_num_seqs=8)
+    async with AppClient(app) as c:
+        await _workload(c)
+        text = (await c.http.get("/metrics")).text
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+    )
+    problems = [
+        line
+        for line in (result.stdout + result.stderr).splitlines()
+        if line.strip() and not any(allowed in line for allowed in ALLOWED_LINT)
+    ]
+    assert problems == [], problems
+    assert any("should not contain ':'" in line for line in result.stderr.splitlines())
