@@ -277,7 +277,8 @@ def add_options(parser: argparse.ArgumentParser, options: Sequence[Option], titl
     group = parser.add_argument_group(title)
     for opt in options:
         env_note = f" [env {opt.env}]"
-        default_note = "" if opt.default is None else f" (default: {_show(opt.default)})"
+        shown = opt.default is not None and opt.kind != "flag"
+        default_note = f" (default: {_show(opt.default)})" if shown else ""
         help_text = opt.help + default_note + env_note
         if opt.kind == "bool":
             group.add_argument(
@@ -304,7 +305,7 @@ def add_options(parser: argparse.ArgumentParser, options: Sequence[Option], titl
                 type=_argparse_type(opt),
                 choices=opt.choices,
                 default=argparse.SUPPRESS,
-                metavar=opt.metavar,
+                metavar=opt.metavar or ({"int": "N", "float": "X"}.get(opt.kind)),
                 help=help_text,
             )
 
@@ -316,11 +317,15 @@ def add_ignored_vllm_flags(parser: argparse.ArgumentParser) -> None:
     for dest, takes_value in IGNORED_VLLM_FLAGS.items():
         flag = "--" + dest.replace("_", "-")
         if takes_value:
-            group.add_argument(flag, dest="ignored__" + dest, default=argparse.SUPPRESS)
+            group.add_argument(
+                flag, dest="ignored__" + dest, default=argparse.SUPPRESS, metavar="VALUE",
+                help="ignored",
+            )  # fmt: skip
         else:
             group.add_argument(
-                flag, dest="ignored__" + dest, action="store_true", default=argparse.SUPPRESS
-            )
+                flag, dest="ignored__" + dest, action="store_true", default=argparse.SUPPRESS,
+                help="ignored",
+            )  # fmt: skip
 
 
 def _show(value: Any) -> str:

@@ -10,6 +10,7 @@ import pytest
 from mocker.engine.core import RequestRejected
 from mocker.engine.live import EngineDeadError, LiveEngine
 from mocker.engine.outputs import StepResult
+from mocker.request import FinishReason
 from tests.conftest import req, small_config
 
 
@@ -182,3 +183,44 @@ async def test_queue_times_are_never_negative() -> None:
     for r in finished:
         assert r.first_scheduled_time >= r.arrival_time
         assert r.first_token_time > r.first_scheduled_time
+
+
+async def test_stop_request_ends_with_stop_and_reports_the_finish() -> None:
+    finished = []
+    engine = LiveEngine(small_config(speedup_ratio=20.0), on_finish=finished.append)
+    engine.start()
+    stream = engine.add_request(req("s", [3] * 6, max_tokens=200))
+    first = await asyncio.wait_for(stream.get(), timeout=5)
+    assert first.new_token_ids and not first.finished
+    engine.stop_request("s")
+    last = await asyncio.wait_for(stream.get(), timeout=5)
+    assert last.finished and last.finish_reason is FinishReason.STOP
+    await _until(lambda: bool(finished))
+    assert finished[0].request_id == "s" and finished[0].finish_reason is FinishReason.STOP
+    assert engine.core.pool.num_used == 0 and engine.num_running == 0
+    await engine.stop()
+
+
+async def test_num_waiting_counts_requests_not_yet_drained() -> None:
+    engine = LiveEngine(small_config())
+    engine.add_request(req("a", [1] * 4))  # the loop has not started: still in the inbox
+    engine.add_request(req("b", [2] * 4))
+    assert engine.num_waiting == 2 and engine.core.num_waiting == 0
+    engine.start()
+    await _until(lambda: engine.num_waiting == 0 and not engine.core.requests)
+    await engine.stop()
+
+
+async def test_outputs_of_a_request_aborted_mid_pass_are_not_observed() -> None:
+    """A pass in flight when its request is aborted must not count that request's token:
+    the client never got it (vLLM's output processor drops it the same way)."""
+    seen: list[StepResult] = []
+    engine = LiveEngine(small_config(speedup_ratio=1.0), on_step=seen.append)
+    engine.start()
+    stream = engine.add_request(req("x", [5] * 6, max_tokens=100))
+    await asyncio.wait_for(stream.get(), timeout=5)
+    passes = len(seen)
+    engine.abort("x")  # the loop is asleep in the next pass, which includes "x"
+    await _until(lambda: len(seen) > passes or not engine.core.requests)
+    assert all(o.request_id != "x" for step in seen[passes:] for o in step.outputs)
+    await engine.stop()

@@ -1,0 +1,52 @@
+"""Pre-encoded chunks decode to exactly the JSON vLLM sends."""
+
+from __future__ import annotations
+
+import json
+
+import orjson
+
+from mocker.api.chunks import DONE, ChunkWriter, error_event, usage_dict
+
+
+def _decode(chunk: bytes) -> list[object]:
+    text = chunk.decode()
+    assert text.startswith("data: ") and text.endswith("\n\n")
+    return [json.loads(part.removeprefix("data: ")) for part in text.split("\n\n") if part]
+
+
+def test_completion_chunk_fields() -> None:
+    w = ChunkWriter(chat=False, response_id="cmpl-1", created=7, model='m"x',
+                    include_usage=True, continuous_usage=False)  # fmt: skip
+    text = orjson.dumps(' a "quoted"\nword')[1:-1]
+    (chunk,) = _decode(w.text(0, text))
+    assert chunk == {
+        "id": "cmpl-1", "object": "text_completion", "created": 7, "model": 'm"x',
+        "choices": [{"index": 0, "text": ' a "quoted"\nword', "logprobs": None,
+                     "finish_reason": None, "stop_reason": None}],
+    }  # fmt: skip
+    (last,) = _decode(w.text(2, b"", "stop", 42, usage=(3, 4)))
+    assert last["choices"][0]["finish_reason"] == "stop"
+    assert last["choices"][0]["stop_reason"] == 42 and last["choices"][0]["index"] == 2
+    assert "usage" not in last  # continuous usage is off
+
+
+def test_chat_role_usage_and_continuous_usage() -> None:
+    w = ChunkWriter(chat=True, response_id="chatcmpl-9", created=1, model="m",
+                    include_usage=True, continuous_usage=True)  # fmt: skip
+    (role,) = _decode(w.role(0))
+    assert role["object"] == "chat.completion.chunk"
+    assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    (chunk,) = _decode(w.text(0, b" hi", usage=(5, 1)))
+    assert chunk["choices"][0]["delta"] == {"content": " hi"}
+    assert chunk["usage"] == {"prompt_tokens": 5, "total_tokens": 6, "completion_tokens": 1}
+    (usage,) = _decode(w.usage(5, 2, 3))
+    assert usage["choices"] == [] and usage["usage"] == usage_dict(5, 2, 3)
+    assert usage["usage"]["prompt_tokens_details"] == {"cached_tokens": 3}
+
+
+def test_error_event_and_done() -> None:
+    (err,) = _decode(error_event(503, "gone"))
+    assert err == {"error": {"message": "gone", "type": "ServiceUnavailableError",
+                             "param": None, "code": 503}}  # fmt: skip
+    assert DONE == b"data: [DONE]\n\n"
