@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -13,6 +14,7 @@ import orjson
 from fastapi import APIRouter, Depends, FastAPI, Header
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from mocker import __version__
 from mocker.api.errors import OpenAIError, install_error_handlers
@@ -83,18 +85,37 @@ def build_state(
     )
 
 
+class _MockerApp(FastAPI):
+    """FastAPI that also hands responses the server's own `send` (scope["mocker.send"]).
+
+    Streamed body chunks go to it directly, past the per-message wrappers of the error
+    middlewares (they only track whether the response started, which the start message,
+    sent through them, already tells them): several microseconds less per token.
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope["mocker.send"] = send
+        await super().__call__(scope, receive, send)
+
+
 def create_app(settings: ServerSettings, config: EngineConfig, tokenizer: TextTokenizer) -> FastAPI:
     state = build_state(settings, config, tokenizer)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state.engine.start()
+        # Everything built so far lives as long as the server (KV blocks, tokenizer tables):
+        # keep it out of the cyclic GC's full collections, which otherwise walk those
+        # hundreds of thousands of objects and stall every stream for ~100 ms (vLLM does
+        # the same after start-up).
+        gc.collect()
+        gc.freeze()
         try:
             yield
         finally:
             await state.engine.stop()
 
-    app = FastAPI(
+    app = _MockerApp(
         title="mocker",
         version=__version__,
         description="An OpenAI-compatible mock of a vLLM inference engine (no GPU).",
@@ -103,7 +124,7 @@ def create_app(settings: ServerSettings, config: EngineConfig, tokenizer: TextTo
     app.state.mocker = state
     install_error_handlers(app)
 
-    def require_api_key(authorization: Annotated[str | None, Header()] = None) -> None:
+    async def require_api_key(authorization: Annotated[str | None, Header()] = None) -> None:
         key = settings.api_key
         if key is None:
             return

@@ -89,15 +89,10 @@ class ChunkWriter:
         if usage is not None and self.continuous_usage:
             prompt, completion = usage
             end = b"}]," + _usage_bytes(prompt, completion) + b"}\n\n"
-        return (
-            self._index_head(index)
-            + escaped_text
-            + self._tail
-            + _FINISH[finish_reason]
-            + b',"stop_reason":'
-            + sr
-            + end
-        )
+        return b"".join(
+            (self._index_head(index), escaped_text, self._tail, _FINISH[finish_reason],
+             b',"stop_reason":', sr, end)
+        )  # fmt: skip
 
     def role(self, index: int) -> bytes:
         """The first chat chunk of a choice: the assistant role and empty content."""

@@ -1,15 +1,17 @@
-"""ASGI responses that watch for a client disconnect while the engine works on the request."""
+"""ASGI responses fed by the engine loop, watching for a client disconnect meanwhile."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
-__all__ = ["DeferredResponse", "EventStreamResponse"]
+__all__ = ["DeferredResponse", "Emitter", "EventStreamResponse"]
 
 
 async def _watch(receive: Receive, on_disconnect: Callable[[], None]) -> None:
@@ -21,19 +23,99 @@ async def _watch(receive: Receive, on_disconnect: Callable[[], None]) -> None:
             return
 
 
-class EventStreamResponse(Response):
-    """Server-sent events from an async iterator of ready-made byte chunks.
+class Emitter:
+    """Writes body chunks of one response from plain (non-async) code, in order.
 
-    One `send` per chunk (the iterator yields one chunk per engine pass), and one
-    watcher task per request — nothing per token. A disconnect calls
-    `on_disconnect`, which aborts the engine request; the iterator then ends.
+    The engine loop calls `emit` for every stream it has output for. A server's
+    `send` normally completes without suspending (the transport buffers the
+    bytes), so it is driven to completion right here: no task and no wake-up
+    per chunk. Only when it must wait (flow control: a slow reader) does a task
+    take over that one stream, queueing its later chunks behind the blocked one.
+    """
+
+    __slots__ = ("_backlog", "_on_error", "_pending", "_send", "closed")
+
+    def __init__(self, send: Send, on_error: Callable[[], None]) -> None:
+        self._send = send
+        self._on_error = on_error
+        self._backlog: deque[Message] = deque()
+        self._pending: asyncio.Task[None] | None = None
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def emit(self, chunk: bytes, *, last: bool = False) -> None:
+        if self.closed.done():
+            return
+        message = {"type": "http.response.body", "body": chunk, "more_body": not last}
+        if self._pending is not None:
+            self._backlog.append(message)
+            return
+        coro = self._send(message)
+        try:
+            waiting_on = coro.send(None)
+        except StopIteration:
+            if last:
+                self.close()
+            return
+        except Exception:  # e.g. OSError: the client has gone (ASGI 2.4 servers)
+            self._fail()
+            return
+        self._pending = asyncio.get_running_loop().create_task(self._resume(coro, waiting_on, last))
+
+    def close(self) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def _fail(self) -> None:
+        self.close()
+        self._on_error()
+
+    async def _resume(self, coro: Coroutine[Any, Any, None], waiting_on: Any, last: bool) -> None:
+        """Finish a suspended send the way a Task would, then flush what queued behind it."""
+        try:
+            while True:
+                if isinstance(waiting_on, asyncio.Future):
+                    await asyncio.wait((waiting_on,))
+                else:
+                    await asyncio.sleep(0)
+                try:
+                    waiting_on = coro.send(None)
+                except StopIteration:
+                    break
+            while self._backlog:
+                message = self._backlog.popleft()
+                await self._send(message)
+                last = last or not message["more_body"]
+        except asyncio.CancelledError:
+            coro.close()
+            raise
+        except Exception:
+            self._fail()
+            return
+        finally:
+            self._pending = None
+        if last:
+            self.close()
+
+    async def drain(self) -> None:
+        """Wait until no write is in flight (before the response returns)."""
+        while self._pending is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._pending)
+
+
+class EventStreamResponse(Response):
+    """Server-sent events pushed by the engine loop through an `Emitter`.
+
+    `start(emitter)` attaches the request's outputs to the emitter; the response
+    task then just waits for the last chunk, with one watcher task per request
+    for the client going away (`on_disconnect` aborts the engine request).
     """
 
     media_type = "text/event-stream"
 
     def __init__(
         self,
-        chunks: AsyncIterator[bytes],
+        start: Callable[[Emitter], None],
         on_disconnect: Callable[[], None],
         headers: dict[str, str] | None = None,
     ) -> None:
@@ -41,25 +123,28 @@ class EventStreamResponse(Response):
         # No content-length: the body is open-ended (Response adds "0" for no content).
         self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
         self.raw_headers.append((b"cache-control", b"no-cache"))
-        self.chunks = chunks
+        self.start = start
         self.on_disconnect = on_disconnect
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Body chunks go to the server's own send when the app provides it (see app.py).
+        emitter = Emitter(scope.get("mocker.send", send), self.on_disconnect)
         watcher = asyncio.get_running_loop().create_task(_watch(receive, self.on_disconnect))
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            async for chunk in self.chunks:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            self.start(emitter)
+            await emitter.closed
+            await emitter.drain()
         except OSError:  # the server reports a closed connection on send (ASGI 2.4)
             self.on_disconnect()
         finally:
+            emitter.close()
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
-            aclose = getattr(self.chunks, "aclose", None)
-            if aclose is not None:
-                await aclose()  # runs the generator's cleanup (abort) if it did not finish
+            # Whatever ended the response (disconnect, cancellation, error), the engine
+            # request must not outlive it: on_disconnect aborts it (a no-op once finished).
+            self.on_disconnect()
 
 
 class DeferredResponse(Response):
@@ -83,5 +168,6 @@ class DeferredResponse(Response):
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+            self.on_disconnect()  # aborts the request unless it finished (e.g. cancelled)
         with contextlib.suppress(OSError):
             await response(scope, receive, send)

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +16,7 @@ from starlette.responses import Response
 from mocker.api.chunks import DONE, ChunkWriter, error_event, usage_dict
 from mocker.api.errors import OpenAIError, error_response
 from mocker.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
-from mocker.api.responses import DeferredResponse, EventStreamResponse
+from mocker.api.responses import DeferredResponse, Emitter, EventStreamResponse
 from mocker.config import EngineConfig
 from mocker.engine.core import RequestRejected
 from mocker.engine.live import EngineDeadError, LiveEngine, RequestStream
@@ -305,113 +305,67 @@ class OpenAIServing:
             include_usage=bool(opts and opts.include_usage),
             continuous_usage=bool(opts and opts.continuous_usage_stats),
         )
-        chunks = (
-            self._stream_one(jobs[0], writer, state)
-            if len(jobs) == 1
-            else self._stream_many(jobs, writer, state)
-        )
-        return EventStreamResponse(chunks, on_disconnect, headers)
 
-    async def _stream_one(
-        self, job: _Job, writer: ChunkWriter, state: dict[str, bool]
-    ) -> AsyncIterator[bytes]:
-        """The hot path: one write per engine pass, bytes joined from pre-escaped pieces."""
-        stream = job.stream
+        def start(emitter: Emitter) -> None:
+            self._push(jobs, writer, emitter, state)
+
+        return EventStreamResponse(start, on_disconnect, headers)
+
+    def _push(
+        self, jobs: list[_Job], writer: ChunkWriter, emitter: Emitter, state: dict[str, bool]
+    ) -> None:
+        """Attach each job's stream to the emitter: from now on the engine loop writes every
+        pass's tokens straight to the socket — bytes joined from pre-escaped pieces, one
+        write per pass per request, no task switch."""
         escaped = self._escaped
-        plain = not job.stop
-        first = writer.role(job.index) if writer.chat else b""
-        try:
-            while True:
-                try:
-                    out = await stream.get()
-                except EngineDeadError as exc:
-                    yield error_event(503, f"The engine failed: {exc}")
-                    yield DONE
+        open_jobs = [len(jobs)]
+
+        def listener_for(job: _Job) -> Callable[[RequestOutput | EngineDeadError], None]:
+            plain = not job.stop
+            first = [writer.role(job.index) if writer.chat else b""]
+
+            def on_output(out: RequestOutput | EngineDeadError) -> None:
+                if job.done or emitter.closed.done():
+                    return  # after a stop string matched, or the response has ended
+                if isinstance(out, EngineDeadError):
+                    job.done = True
+                    emitter.emit(error_event(503, f"The engine failed: {out}") + DONE, last=True)
                     return
                 if out.finish_reason is FinishReason.ABORT and not out.new_token_ids:
-                    if not state["disconnected"]:
-                        yield first + error_event(503, "The request was aborted.")
-                        yield DONE
+                    job.done = True
+                    if state["disconnected"]:
+                        emitter.close()
+                    else:  # aborted by the server (shutdown), not by the client
+                        emitter.emit(error_event(503, "The request was aborted.") + DONE, last=True)
                     return
                 if plain:
                     self._account(job, out)
                     text = b"".join([escaped(t) for t in out.new_token_ids])
                 else:
                     text = orjson.dumps(self._feed(job, out))[1:-1]
-                chunk = writer.text(
+                chunk = first[0] + writer.text(
                     job.index,
                     text,
                     job.finish_reason,
                     job.stop_reason,
                     (job.num_prompt_tokens, job.completion_tokens),
                 )
-                if job.done:
-                    if writer.include_usage:
-                        chunk += writer.usage(
-                            job.num_prompt_tokens, job.completion_tokens, job.cached_tokens
-                        )
-                    yield first + chunk + DONE
+                first[0] = b""
+                if not job.done:
+                    emitter.emit(chunk)
                     return
-                yield first + chunk
-                first = b""
-        finally:
-            if not stream.finished:
-                self.engine.abort(job.request_id)
+                open_jobs[0] -= 1
+                if open_jobs[0]:
+                    emitter.emit(chunk)
+                    return
+                if writer.include_usage:
+                    chunk += writer.usage(*self._totals(jobs))
+                emitter.emit(chunk + DONE, last=True)
 
-    async def _stream_many(
-        self, jobs: list[_Job], writer: ChunkWriter, state: dict[str, bool]
-    ) -> AsyncIterator[bytes]:
-        """Several prompts in one request: their chunks interleave by choice index."""
-        queue: asyncio.Queue[tuple[_Job, RequestOutput | BaseException]] = asyncio.Queue()
+            return on_output
 
-        async def pump(job: _Job) -> None:
-            while True:
-                try:
-                    out = await job.stream.get()
-                except BaseException as exc:
-                    queue.put_nowait((job, exc))
-                    return
-                queue.put_nowait((job, out))
-                if out.finished:
-                    return
-
-        loop = asyncio.get_running_loop()
-        pumps = [loop.create_task(pump(job)) for job in jobs]
-        open_jobs = len(jobs)
-        try:
-            while open_jobs:
-                job, item = await queue.get()
-                if isinstance(item, BaseException):
-                    yield error_event(503, f"The engine failed: {item}")
-                    yield DONE
-                    return
-                if item.finish_reason is FinishReason.ABORT and not item.new_token_ids:
-                    if not state["disconnected"]:
-                        yield error_event(503, "The request was aborted.")
-                        yield DONE
-                    return
-                if job.done:
-                    continue
-                first = writer.role(job.index) if writer.chat and not job.token_ids else b""
-                text = orjson.dumps(self._feed(job, item))[1:-1]
-                yield first + writer.text(
-                    job.index,
-                    text,
-                    job.finish_reason,
-                    job.stop_reason,
-                    (job.num_prompt_tokens, job.completion_tokens),
-                )
-                if job.done:
-                    open_jobs -= 1
-            if writer.include_usage:
-                yield writer.usage(*self._totals(jobs))
-            yield DONE
-        finally:
-            for task in pumps:
-                task.cancel()
-            for job in jobs:
-                if not job.stream.finished:
-                    self.engine.abort(job.request_id)
+        for job in jobs:
+            job.stream.listen(listener_for(job))
 
     async def _full_response(
         self,
@@ -422,24 +376,37 @@ class OpenAIServing:
         chat: bool,
         headers: dict[str, str],
     ) -> Response:
-        texts: list[str] = []
-        try:
-            for job in jobs:
-                parts: list[str] = []
-                while not job.done:
-                    out = await job.stream.get()
-                    if out.finish_reason is FinishReason.ABORT and not out.new_token_ids:
-                        return error_response(503, "The request was aborted.")
-                    parts.append(self._feed(job, out))
-                texts.append("".join(parts))
-        except EngineDeadError as exc:
-            return error_response(503, f"The engine failed: {exc}")
-        finally:
-            for job in jobs:
-                if not job.stream.finished:
-                    self.engine.abort(job.request_id)
+        loop = asyncio.get_running_loop()
+        texts: list[list[str]] = [[] for _ in jobs]
+        done: asyncio.Future[Response | None] = loop.create_future()
+        remaining = [len(jobs)]
+
+        def listener_for(job: _Job) -> Callable[[RequestOutput | EngineDeadError], None]:
+            def on_output(out: RequestOutput | EngineDeadError) -> None:
+                if job.done or done.done():
+                    return
+                if isinstance(out, EngineDeadError):
+                    done.set_result(error_response(503, f"The engine failed: {out}"))
+                    return
+                if out.finish_reason is FinishReason.ABORT and not out.new_token_ids:
+                    done.set_result(error_response(503, "The request was aborted."))
+                    return
+                texts[job.index].append(self._feed(job, out))
+                if job.done:
+                    remaining[0] -= 1
+                    if not remaining[0]:
+                        done.set_result(None)
+
+            return on_output
+
+        for job in jobs:
+            job.stream.listen(listener_for(job))
+        failure = await done
+        if failure is not None:
+            return failure
         choices: list[dict[str, Any]] = []
-        for job, text in zip(jobs, texts, strict=True):
+        for job in jobs:
+            text = "".join(texts[job.index])
             if chat:
                 choices.append(
                     {

@@ -25,20 +25,36 @@ class EngineDeadError(RuntimeError):
 
 
 class RequestStream:
-    """One request's outputs, merged until its consumer reads them (no per-token task)."""
+    """One request's outputs: merged until its consumer reads them with `get()`, or pushed to a
+    listener the moment the engine loop produces them (no task wake-up per output)."""
 
-    __slots__ = ("_error", "_event", "_pending", "finished", "request_id")
+    __slots__ = ("_error", "_event", "_listener", "_pending", "finished", "request_id")
 
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
         self._pending: RequestOutput | None = None
         self._event = asyncio.Event()
         self._error: BaseException | None = None
+        self._listener: Callable[[RequestOutput | EngineDeadError], None] | None = None
         self.finished = False
+
+    def listen(self, listener: Callable[[RequestOutput | EngineDeadError], None]) -> None:
+        """Push every output (or the engine's death) to `listener`, called on the engine loop;
+        what arrived before is handed over at once."""
+        self._listener = listener
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            listener(pending)
+        if self._error is not None:
+            listener(EngineDeadError(str(self._error)))
 
     def put(self, out: RequestOutput) -> None:
         if self.finished:
             return  # e.g. the last pass's output of a request aborted meanwhile
+        self.finished = out.finished
+        if self._listener is not None:
+            self._listener(out)
+            return
         pending = self._pending
         if pending is None:
             self._pending = out
@@ -54,7 +70,6 @@ class RequestStream:
                 out.num_prompt_tokens,
                 out.num_cached_tokens,
             )
-        self.finished = out.finished
         self._event.set()
 
     def fail(self, error: BaseException) -> None:
@@ -62,6 +77,9 @@ class RequestStream:
             return  # already fully delivered
         self._error = error
         self.finished = True
+        if self._listener is not None:
+            self._listener(EngineDeadError(str(error)))
+            return
         self._event.set()
 
     async def get(self) -> RequestOutput:

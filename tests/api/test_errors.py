@@ -131,10 +131,14 @@ async def test_queue_beyond_max_num_queued_reqs_is_503() -> None:
     app = make_app(settings(max_num_queued_reqs=1), max_num_seqs=1, speedup_ratio=1.0)
     async with AppClient(app) as c:
         long = {"prompt": [1, 2, 3], "max_tokens": 400}
+        engine = c.state.engine
         running = asyncio.ensure_future(c.http.post("/v1/completions", json=long))
+        async with asyncio.timeout(10):
+            while engine.num_running < 1:
+                await asyncio.sleep(0.005)
         waiting = asyncio.ensure_future(c.http.post("/v1/completions", json=long))
         async with asyncio.timeout(10):
-            while c.state.engine.num_waiting < 1:
+            while engine.num_waiting < 1:
                 await asyncio.sleep(0.005)
         r = await c.http.post("/v1/completions", json={"prompt": "x"})
         _assert_error(r, 503, "max-num-queued-reqs")
