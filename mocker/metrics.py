@@ -172,6 +172,8 @@ class EngineMetrics:
                 last[rid] = out.time
         self.generation_tokens += generated
         for request in result.finished:
+            # Its final output may have been dropped (the client left during the pass).
+            last.pop(request.request_id, None)
             self._finished(request)
 
     def on_finish(self, request: Request) -> None:

@@ -93,8 +93,12 @@ class Option:
         return value
 
     def parse_yaml(self, value: Any) -> Any:
-        if isinstance(value, str) or value is None:
-            return None if value is None else self.parse_text(value)
+        if value is None:
+            if self.default is not None:
+                raise ValueError("must not be null")
+            return None
+        if isinstance(value, str):
+            return self.parse_text(value)
         if self.kind == "names" and isinstance(value, list):
             return [str(v) for v in value]
         if self.kind in ("bool", "flag") and isinstance(value, bool):
@@ -267,6 +271,16 @@ IGNORED_VLLM_FLAGS: dict[str, bool] = {
     "enable_auto_tool_choice": False,
     "disable_frontend_multiprocessing": False,
     "disable_log_stats": False,
+    # Flags of later mocker features, or of vLLM deployments (llm-d manifests), accepted now.
+    "data_parallel_size": True,
+    "kv_events_config": True,
+    "kv_offloading_size": True,
+    "kv_transfer_config": True,
+    "prefix_caching_hash_algo": True,
+    "api_server_count": True,
+    "scheduling_policy": True,
+    "max_log_len": True,
+    "reasoning_parser": True,
 }
 
 ALL_OPTIONS: dict[str, Option] = {o.dest: o for o in ENGINE_OPTIONS + SERVER_OPTIONS}
@@ -406,7 +420,7 @@ def _read_yaml(path: str) -> dict[str, Any]:
 
 def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
     """The engine configuration from resolved option values (validated)."""
-    return EngineConfig(
+    config = EngineConfig(
         block_size=values["block_size"],
         num_gpu_blocks=values["num_gpu_blocks_override"],
         max_num_seqs=values["max_num_seqs"],
@@ -423,6 +437,16 @@ def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
         eos_probability=values["eos_probability"],
         **extra,
     )
+    kv_tokens = config.num_gpu_blocks * config.block_size
+    if kv_tokens < config.max_model_len:
+        # As vLLM refuses to start: a request using the whole context could never run.
+        raise ConfigError(
+            f"max_model_len ({config.max_model_len}) is larger than the KV cache holds "
+            f"({kv_tokens} tokens = num_gpu_blocks_override {config.num_gpu_blocks} × "
+            f"block_size {config.block_size}): lower --max-model-len or raise "
+            "--num-gpu-blocks-override"
+        )
+    return config
 
 
 @dataclass(frozen=True, slots=True)

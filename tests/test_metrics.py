@@ -81,3 +81,15 @@ def test_collector_renders_names_labels_and_live_gauges() -> None:
     assert "vllm:prompt_tokens_total{" in text and "_created" not in text
     assert 'vllm:iteration_tokens_total_bucket{engine="0",le="16384.0",model_name="m"}' in text
     assert 'block_size="4"' in text and 'num_gpu_blocks="64"' in text
+
+
+def test_a_dropped_final_output_leaves_no_per_request_state() -> None:
+    core = make_core()
+    metrics = EngineMetrics(core.config, lookup=core.requests.get)
+    core.add_request(req("r", [1] * 4, max_tokens=2))
+    metrics.on_step(core.step(0.0))
+    assert "r" in metrics._last_token_time
+    last = core.step(1.0)
+    last.outputs = []  # the live driver drops it when the client left during the pass
+    metrics.on_step(last)
+    assert metrics._last_token_time == {} and metrics.finished["length"] == 1

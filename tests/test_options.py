@@ -111,3 +111,22 @@ def test_every_option_has_help_env_and_flag() -> None:
     for opt in ALL:
         assert opt.help
         assert opt.flag in text and opt.env in text
+
+
+def test_yaml_null_and_small_kv_cache_are_start_up_errors(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("port: null\n")
+    with pytest.raises(ConfigError, match=r"'port' in .*must not be null"):
+        resolve(_parse([]), ALL, config_file=str(cfg), environ={})
+    cfg.write_text("api_key: null\n")  # settings without a default may be null
+    values, _ = resolve(_parse([]), ALL, config_file=str(cfg), environ={})
+    assert values["api_key"] is None
+    values, _ = resolve(_parse(["--num-gpu-blocks-override", "100"]), ALL, environ={})
+    with pytest.raises(ConfigError, match=r"max_model_len \(131072\) is larger than the KV"):
+        engine_config_from(values)
+
+
+def test_later_and_deployment_vllm_flags_are_accepted() -> None:
+    ns = _parse(["--kv-events-config", "{}", "--data-parallel-size", "2"])
+    _, warnings = resolve(ns, ALL, environ={})
+    assert len(warnings) == 2

@@ -81,14 +81,13 @@ class ChunkWriter:
         escaped_text: bytes,
         finish_reason: str | None = None,
         stop_reason: str | int | None = None,
-        usage: tuple[int, int] | None = None,
+        usage: tuple[int, int, int] | None = None,
     ) -> bytes:
         """One chunk carrying new text (already JSON-escaped) for choice `index`."""
         sr = b"null" if stop_reason is None else orjson.dumps(stop_reason)
         end = b"}]}\n\n"
         if usage is not None and self.continuous_usage:
-            prompt, completion = usage
-            end = b"}]," + _usage_bytes(prompt, completion) + b"}\n\n"
+            end = b"}]," + _usage_bytes(*usage) + b"}\n\n"
         return b"".join(
             (self._index_head(index), escaped_text, self._tail, _FINISH[finish_reason],
              b',"stop_reason":', sr, end)
@@ -115,16 +114,12 @@ class ChunkWriter:
         )
 
 
-def _usage_bytes(prompt: int, completion: int) -> bytes:
-    return (
-        b'"usage":{"prompt_tokens":'
-        + str(prompt).encode()
-        + b',"total_tokens":'
-        + str(prompt + completion).encode()
-        + b',"completion_tokens":'
-        + str(completion).encode()
-        + b"}"
-    )
+def _usage_bytes(prompt: int, completion: int, cached: int) -> bytes:
+    return b"".join(
+        (b'"usage":{"prompt_tokens":', str(prompt).encode(), b',"total_tokens":',
+         str(prompt + completion).encode(), b',"completion_tokens":', str(completion).encode(),
+         b',"prompt_tokens_details":{"cached_tokens":', str(cached).encode(), b"}}")
+    )  # fmt: skip
 
 
 def error_event(status: int, message: str) -> bytes:

@@ -50,8 +50,13 @@ def error_response(
     param: str | None = None,
     headers: dict[str, str] | None = None,
 ) -> Response:
+    try:
+        body = orjson.dumps(error_body(status, message, param))
+    except TypeError:  # e.g. a lone surrogate echoed from the request
+        safe = message.encode("utf-8", "replace").decode()
+        body = orjson.dumps(error_body(status, safe, None))
     return Response(
-        orjson.dumps(error_body(status, message, param)),
+        body,
         status_code=status,
         media_type="application/json",
         headers=headers,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "ChatCompletionRequest",
@@ -20,9 +20,36 @@ PositiveInt = Annotated[int, Field(ge=1)]
 TokenIds = Annotated[list[int], Field(min_length=1)]
 
 
+def _check_unicode(value: Any, where: str) -> None:
+    """Strings must be encodable (JSON allows lone surrogates like "\\ud800"; UTF-8 does not)."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise ValueError(
+                f"{where or 'a string'} is not valid Unicode (lone surrogate)"
+            ) from None
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _check_unicode(item, where)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_unicode(key, where)
+            _check_unicode(item, f"{where}.{key}" if where else str(key))
+
+
 class _Open(BaseModel):
     # vLLM accepts (and logs) fields it does not know; load generators send many.
     model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="after")
+    def _valid_unicode(self) -> _Open:
+        for name, value in self.__dict__.items():
+            if not isinstance(value, BaseModel):  # nested models check themselves
+                _check_unicode(value, name)
+        for name, value in (self.model_extra or {}).items():
+            _check_unicode(value, name)
+        return self
 
 
 class StreamOptions(_Open):

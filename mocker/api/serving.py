@@ -174,7 +174,7 @@ class OpenAIServing:
                     )
         except BaseException as exc:
             for job in jobs:
-                self.engine.abort(job.request_id)
+                self.engine.abort(job.request_id, job.stream)
             if isinstance(exc, RequestRejected):
                 raise OpenAIError(400, str(exc)) from None
             if isinstance(exc, EngineDeadError):
@@ -288,7 +288,7 @@ class OpenAIServing:
         def on_disconnect() -> None:
             state["disconnected"] = True
             for job in jobs:
-                self.engine.abort(job.request_id)
+                self.engine.abort(job.request_id, job.stream)
 
         headers = {"x-request-id": request_id}
         if not body.stream:
@@ -348,7 +348,7 @@ class OpenAIServing:
                     text,
                     job.finish_reason,
                     job.stop_reason,
-                    (job.num_prompt_tokens, job.completion_tokens),
+                    (job.num_prompt_tokens, job.completion_tokens, job.cached_tokens),
                 )
                 first[0] = b""
                 if not job.done:
@@ -487,7 +487,7 @@ class OpenAIServing:
             job.text = job.text[: pos + len(s)] if job.include_stop else job.text[:pos]
             if not job.done:
                 job.done = True
-                self.engine.stop_request(job.request_id)
+                self.engine.stop_request(job.request_id, job.stream)
             job.finish_reason, job.stop_reason = "stop", s
             emit_to = len(job.text)
         elif job.done:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from mocker.config import EngineConfig
 from mocker.engine.outputs import RequestOutput, StepResult, StepStats
 from mocker.kv.block_pool import BlockPool
-from mocker.kv.hashing import BlockHasher
+from mocker.kv.hashing import BlockHasher, extra_keys_bytes
 from mocker.kv.manager import KVCacheManager
 from mocker.output_tokens import OutputTokenSampler
 from mocker.request import EngineRequest, Request, RequestId, RequestStatus
@@ -103,6 +103,11 @@ class EngineCore:
             )
         if spec.request_id in self.requests:
             raise RequestRejected(f"request id {spec.request_id!r} is already in use")
+        try:  # hashed into block keys inside the loop: a bad string must fail here, not there
+            extra_keys_bytes(spec.lora_name, spec.cache_salt)
+            spec.request_id.encode()
+        except (UnicodeEncodeError, TypeError, AttributeError) as exc:
+            raise RequestRejected(f"invalid request id, lora_name or cache_salt: {exc}") from None
         return max_tokens
 
     def add_request(self, spec: EngineRequest) -> Request:

@@ -52,8 +52,13 @@ class RequestStream:
         if self.finished:
             return  # e.g. the last pass's output of a request aborted meanwhile
         self.finished = out.finished
-        if self._listener is not None:
-            self._listener(out)
+        listener = self._listener
+        if listener is not None:
+            try:
+                listener(out)
+            except Exception:  # a consumer bug must not take the engine loop down with it
+                logger.exception("output listener of request %s failed", self.request_id)
+                self.finished = True
             return
         pending = self._pending
         if pending is None:
@@ -182,18 +187,25 @@ class LiveEngine:
         self._wake.set()
         return stream
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str, stream: RequestStream | None = None) -> None:
         """Abort a request: its stream ends now with reason 'abort'; its blocks are freed
-        when the loop next turns (before the next pass)."""
-        self._finish_early(request_id, RequestStatus.FINISHED_ABORTED, FinishReason.ABORT)
+        when the loop next turns (before the next pass). With `stream`, only if the id still
+        belongs to that stream (not to a later request that reused the id)."""
+        self._finish_early(request_id, RequestStatus.FINISHED_ABORTED, FinishReason.ABORT, stream)
 
-    def stop_request(self, request_id: str) -> None:
+    def stop_request(self, request_id: str, stream: RequestStream | None = None) -> None:
         """Finish a request with reason 'stop' (its consumer matched a stop string)."""
-        self._finish_early(request_id, RequestStatus.FINISHED_STOPPED, FinishReason.STOP)
+        self._finish_early(request_id, RequestStatus.FINISHED_STOPPED, FinishReason.STOP, stream)
 
-    def _finish_early(self, request_id: str, status: RequestStatus, reason: FinishReason) -> None:
+    def _finish_early(
+        self,
+        request_id: str,
+        status: RequestStatus,
+        reason: FinishReason,
+        owner: RequestStream | None,
+    ) -> None:
         stream = self._streams.get(request_id)
-        if stream is None or stream.finished:
+        if stream is None or stream.finished or (owner is not None and stream is not owner):
             return
         stream.put(RequestOutput(request_id, [], self.clock.now(), True, reason))
         self._inbox.append((request_id, status))

@@ -129,6 +129,7 @@ async def test_continuous_usage_stats_on_every_chunk(client: AppClient) -> None:
     seen = [c["usage"]["completion_tokens"] for c in chunks]
     assert seen == sorted(seen) and seen[-1] == 4
     assert all(c["usage"]["prompt_tokens"] == 3 for c in chunks)
+    assert all(c["usage"]["prompt_tokens_details"] == {"cached_tokens": 0} for c in chunks)
 
 
 async def test_stream_without_usage_has_no_usage_chunk(client: AppClient) -> None:

@@ -25,7 +25,7 @@ def test_completion_chunk_fields() -> None:
         "choices": [{"index": 0, "text": ' a "quoted"\nword', "logprobs": None,
                      "finish_reason": None, "stop_reason": None}],
     }  # fmt: skip
-    (last,) = _decode(w.text(2, b"", "stop", 42, usage=(3, 4)))
+    (last,) = _decode(w.text(2, b"", "stop", 42, usage=(3, 4, 0)))
     assert last["choices"][0]["finish_reason"] == "stop"
     assert last["choices"][0]["stop_reason"] == 42 and last["choices"][0]["index"] == 2
     assert "usage" not in last  # continuous usage is off
@@ -37,9 +37,9 @@ def test_chat_role_usage_and_continuous_usage() -> None:
     (role,) = _decode(w.role(0))
     assert role["object"] == "chat.completion.chunk"
     assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    (chunk,) = _decode(w.text(0, b" hi", usage=(5, 1)))
+    (chunk,) = _decode(w.text(0, b" hi", usage=(5, 1, 2)))
     assert chunk["choices"][0]["delta"] == {"content": " hi"}
-    assert chunk["usage"] == {"prompt_tokens": 5, "total_tokens": 6, "completion_tokens": 1}
+    assert chunk["usage"] == usage_dict(5, 1, 2)
     (usage,) = _decode(w.usage(5, 2, 3))
     assert usage["choices"] == [] and usage["usage"] == usage_dict(5, 2, 3)
     assert usage["usage"]["prompt_tokens_details"] == {"cached_tokens": 3}

@@ -183,3 +183,24 @@ async def test_no_input_yields_a_500(client: AppClient, path: str) -> None:
         else:  # only /tokenize accepts some of these (its fields are optional)
             assert path == "/tokenize", body
     assert client.state.engine.core.pool.num_used == 0
+
+
+async def test_lone_surrogates_are_400_and_never_reach_the_engine(client: AppClient) -> None:
+    bodies = [
+        b'{"prompt": "hello", "cache_salt": "\\ud800"}',
+        b'{"prompt": "\\ud800"}',
+        b'{"prompt": "x", "model": "\\ud800"}',
+        b'{"prompt": "x", "stop": ["\\udc00"]}',
+        b'{"prompt": "x", "vendor": {"k": "\\ud800"}}',
+        b'{"messages": [{"role": "user", "content": "a\\udc00"}]}',
+    ]
+    for raw in bodies:
+        path = "/v1/chat/completions" if b"messages" in raw else "/v1/completions"
+        r = await client.http.post(path, content=raw, headers={"content-type": "application/json"})
+        _assert_error(r, 400, "not valid Unicode")
+    r = await client.http.post(
+        "/tokenize", content=b'{"prompt": "\\ud800"}', headers={"content-type": "application/json"}
+    )
+    _assert_error(r, 400, "not valid Unicode")
+    assert not client.state.engine.is_dead
+    assert (await client.http.post("/v1/completions", json={"prompt": "ok"})).status_code == 200

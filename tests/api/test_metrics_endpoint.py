@@ -35,9 +35,9 @@ EXPECTED_BUCKETS: dict[str, tuple[float, ...]] = {
             "request_decode_time",
         )
     },
-    "vllm:request_prompt_tokens": tuple(one_two_five_buckets(4096)),
-    "vllm:request_generation_tokens": tuple(one_two_five_buckets(4096)),
-    "vllm:request_params_max_tokens": tuple(one_two_five_buckets(4096)),
+    "vllm:request_prompt_tokens": tuple(one_two_five_buckets(512)),
+    "vllm:request_generation_tokens": tuple(one_two_five_buckets(512)),
+    "vllm:request_params_max_tokens": tuple(one_two_five_buckets(512)),
     "vllm:iteration_tokens_total": ITERATION_TOKEN_BUCKETS,
     "vllm:request_num_preemptions": PREEMPTION_BUCKETS,
 }
@@ -81,7 +81,7 @@ async def _workload(c: AppClient) -> list[dict[str, Any]]:
 
 async def test_metrics_are_vllms_and_true_after_hits_and_preemptions() -> None:
     # 48 blocks of 16 tokens, 8 requests peaking at 13 blocks each: preemption is certain.
-    app = make_app(block_size=16, num_gpu_blocks=48, max_num_seqs=8)
+    app = make_app(block_size=16, num_gpu_blocks=48, max_num_seqs=8, max_model_len=512)
     async with AppClient(app) as c:
         responses = await _workload(c)
         text = (await c.http.get("/metrics")).text
@@ -163,7 +163,7 @@ ALLOWED_LINT = (
 
 async def test_promtool_finds_nothing_beyond_vllms_two_naming_rules() -> None:
     promtool = _promtool()
-    app = make_app(block_size=16, num_gpu_blocks=48, max_num_seqs=8)
+    app = make_app(block_size=16, num_gpu_blocks=48, max_num_seqs=8, max_model_len=512)
     async with AppClient(app) as c:
         await _workload(c)
         text = (await c.http.get("/metrics")).text

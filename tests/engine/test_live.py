@@ -224,3 +224,34 @@ async def test_outputs_of_a_request_aborted_mid_pass_are_not_observed() -> None:
     await _until(lambda: len(seen) > passes or not engine.core.requests)
     assert all(o.request_id != "x" for step in seen[passes:] for o in step.outputs)
     await engine.stop()
+
+
+async def test_abort_with_a_stream_spares_a_later_request_reusing_the_id() -> None:
+    engine = LiveEngine(small_config(speedup_ratio=100.0))
+    engine.start()
+    old = engine.add_request(req("x", [1] * 4, max_tokens=2))
+    while not (await asyncio.wait_for(old.get(), timeout=5)).finished:
+        pass
+    new = engine.add_request(req("x", [2] * 4, max_tokens=3))
+    engine.abort("x", old)  # the old response cleaning up: must not touch the new request
+    outs = [await asyncio.wait_for(new.get(), timeout=5)]
+    while not outs[-1].finished:
+        outs.append(await asyncio.wait_for(new.get(), timeout=5))
+    assert outs[-1].finish_reason is FinishReason.LENGTH
+    assert sum(len(o.new_token_ids) for o in outs) == 3
+    await engine.stop()
+
+
+async def test_a_failing_listener_does_not_kill_the_engine() -> None:
+    engine = LiveEngine(small_config(speedup_ratio=100.0))
+    engine.start()
+
+    def broken(out: object) -> None:
+        raise ValueError("consumer bug")
+
+    engine.add_request(req("bad", [1] * 4, max_tokens=5)).listen(broken)
+    good = engine.add_request(req("good", [2] * 4, max_tokens=3))
+    while not (await asyncio.wait_for(good.get(), timeout=5)).finished:
+        pass
+    assert not engine.is_dead
+    await engine.stop()
