@@ -7,7 +7,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -43,7 +43,6 @@ class _Job:
     stop_token_ids: frozenset[int] = frozenset()
     completion_tokens: int = 0
     cached_tokens: int = 0
-    token_ids: list[int] = field(default_factory=list)
     text: str = ""  # generated text so far (kept only when stop strings are in play)
     sent: int = 0  # characters of `text` already handed out
     finish_reason: str | None = None
@@ -472,7 +471,6 @@ class OpenAIServing:
         self._account(job, out)
         piece = self.tokenizer.piece
         new = "".join([piece(t) for t in out.new_token_ids])
-        job.token_ids.extend(out.new_token_ids)
         if not job.stop:
             return new
         start = max(0, len(job.text) - max(len(s) for s in job.stop) + 1)

@@ -19,7 +19,7 @@ from mocker.metrics import (
     TTFT_BUCKETS,
     one_two_five_buckets,
 )
-from tests.api.conftest import AppClient, make_app
+from tests.api.conftest import AppClient, make_app, sse_events
 
 EXPECTED_BUCKETS: dict[str, tuple[float, ...]] = {
     "vllm:time_to_first_token_seconds": TTFT_BUCKETS,
@@ -177,3 +177,24 @@ async def test_promtool_finds_nothing_beyond_vllms_two_naming_rules() -> None:
     ]
     assert problems == [], problems
     assert any("should not contain ':'" in line for line in result.stderr.splitlines())
+
+
+async def test_identities_hold_with_stop_strings_and_batched_streams() -> None:
+    async with AppClient(make_app()) as c:
+        words = (await c.http.post(
+            "/v1/completions", json={"prompt": "s", "max_tokens": 6},
+            headers={"X-Request-Id": "w-0"},  # the id of choice 0 below: same tokens
+        )).json()["choices"][0]["text"].split(" ")[1:]  # fmt: skip
+        total = 6
+        for stream in (False, True):
+            r = await c.http.post(
+                "/v1/completions",
+                json={"prompt": ["s", "other prompt"], "max_tokens": 12, "stream": stream,
+                      "stop": [" " + words[2]], "stream_options": {"include_usage": True}},
+                headers={"X-Request-Id": "w"},
+            )  # fmt: skip
+            body = r.json() if not stream else [e for e in sse_events(r.text) if e != "[DONE]"][-1]
+            total += body["usage"]["completion_tokens"]
+        fam = _scrape((await c.http.get("/metrics")).text)
+    assert _value(fam, "vllm:generation_tokens") == total
+    assert _value(fam, "vllm:request_success", finished_reason="stop") >= 1
