@@ -437,6 +437,13 @@ async def run_itl(port: int, server_pid: int, n: int) -> dict[str, Any]:
 # -- the cases --------------------------------------------------------------------------------
 
 
+def collect_log_issues(name: str, server: Server, load: Load) -> None:
+    """Keep the stopped server's suspicious log lines with the load, and say so."""
+    load.log_issues = server.log_issues()
+    if load.log_issues:
+        log(f"  {name} log: {len(load.log_issues)} suspicious lines: {load.log_issues[0]}")
+
+
 def throughput(name: str, argv_for: Callable[[int], list[str]], n: int, logs: Path) -> Load:
     with running(name, argv_for, logs) as server:
         load = uvloop.run(
@@ -448,9 +455,7 @@ def throughput(name: str, argv_for: Callable[[int], list[str]], n: int, logs: Pa
         f"  window {load.window_s:.2f}s  tokens/chunk {load.tokens_per_chunk:.2f}"
         f" (max {load.max_chunk_tokens})  failed {load.failed}"
     )
-    load.log_issues = server.log_issues()
-    if load.log_issues:
-        log(f"  {name} log: {len(load.log_issues)} suspicious lines: {load.log_issues[0]}")
+    collect_log_issues(name, server, load)
     return load
 
 
@@ -469,9 +474,7 @@ def itl(n: int, logs: Path) -> dict[str, Any]:
         f"  server cpu {load.server_cpu:.2f}  tokens/chunk {load.tokens_per_chunk:.2f}"
         f" (max {load.max_chunk_tokens})  failed {load.failed}"
     )
-    load.log_issues = server.log_issues()
-    if load.log_issues:
-        log(f"  itl log: {len(load.log_issues)} suspicious lines: {load.log_issues[0]}")
+    collect_log_issues("itl", server, load)
     return result
 
 

@@ -15,7 +15,6 @@ import orjson
 from tokenizers import Tokenizer
 
 __all__ = [
-    "FALLBACK_CHAT_TEMPLATE_DOC",
     "ChatTemplateError",
     "TextTokenizer",
     "TokenizerError",
@@ -23,9 +22,6 @@ __all__ = [
     "load_tokenizer",
 ]
 
-FALLBACK_CHAT_TEMPLATE_DOC = (
-    "the text of every message, in order, joined by a blank line (no role markers)"
-)
 
 # Generated text is drawn from whole-word tokens: " " + 2-12 lowercase letters that encode
 # back to exactly that one token, so a client re-tokenizing the text counts what we sent.
