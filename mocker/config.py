@@ -13,6 +13,7 @@ __all__ = [
     "EngineConfig",
     "EvictionPolicyName",
     "ModelShape",
+    "OffloadPolicy",
     "PreemptionVictim",
 ]
 
@@ -35,6 +36,14 @@ class EvictionPolicyName(StrEnum):
     LINEAGE = "lineage"  # leaves first; never a block whose cached child remains
 
 
+class OffloadPolicy(StrEnum):
+    """When device KV blocks are copied to the host tier."""
+
+    EVICT = "evict"  # KVBM: a cached device block is copied when it is evicted
+    # vLLM's OffloadingConnector: new full prompt blocks are copied after their pass.
+    WRITE_THROUGH = "write-through"
+
+
 def _fail(name: str, value: Any, allowed: str) -> None:
     raise ConfigError(f"invalid {name}={value!r}: {allowed}")
 
@@ -44,6 +53,13 @@ def _int_in(name: str, value: Any, lo: int, hi: int | None = None) -> None:
         _fail(name, value, "must be an integer")
     if value < lo or (hi is not None and value > hi):
         _fail(name, value, f"must be in [{lo}, {hi if hi is not None else '∞'})")
+
+
+def _finite(name: str, value: Any, minimum: float | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        _fail(name, value, "must be a finite number")
+    if minimum is not None and value < minimum:
+        _fail(name, value, f"must be >= {minimum:g}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +115,17 @@ class EngineConfig:
     vocab_size: int = 129280
     eos_token_id: int = 1
     enable_kv_cache_events: bool = False
+    # Host (G2) tier: 0 blocks = no host tier.
+    num_host_blocks: int = 0
+    offload_policy: OffloadPolicy = OffloadPolicy.EVICT
+    # GB/s = 10^9 bytes per second; <= 0 means instant. Transfer durations are divided by
+    # the speedup ratio like every simulated duration.
+    host_d2h_bandwidth_gbps: float = 32.0
+    host_h2d_bandwidth_gbps: float = 32.0
+    offload_batch_size: int = 32  # blocks per device-to-host transfer
+    transfer_latency_ms: float = 0.0  # fixed cost added to every transfer
+    min_load_blocks: int = 1  # shorter host hits are recomputed
+    load_timeout_s: float = 10.0  # a longer load is cancelled and the request recomputes
 
     def __post_init__(self) -> None:
         bs = self.block_size
@@ -117,6 +144,16 @@ class EngineConfig:
                 _fail(name, getattr(self, name), "must be true or false")
         self._coerce_enum("preemption_victim", PreemptionVictim)
         self._coerce_enum("eviction_policy", EvictionPolicyName)
+        self._coerce_enum("offload_policy", OffloadPolicy)
+        _int_in("num_host_blocks", self.num_host_blocks, 0, 1 << 30)
+        _int_in("offload_batch_size", self.offload_batch_size, 1, 1 << 20)
+        _int_in("min_load_blocks", self.min_load_blocks, 1, 1 << 30)
+        for name in ("host_d2h_bandwidth_gbps", "host_h2d_bandwidth_gbps"):
+            _finite(name, getattr(self, name))
+        _finite("transfer_latency_ms", self.transfer_latency_ms, minimum=0.0)
+        _finite("load_timeout_s", self.load_timeout_s, minimum=0.0)
+        if self.load_timeout_s <= 0:
+            _fail("load_timeout_s", self.load_timeout_s, "must be > 0")
         if not isinstance(self.model, ModelShape):
             _fail("model", self.model, "must be a ModelShape")
         sr = self.speedup_ratio
@@ -126,6 +163,12 @@ class EngineConfig:
         if isinstance(ep, bool) or not isinstance(ep, int | float) or not (0.0 <= ep <= 1.0):
             _fail("eos_probability", ep, "must be in [0, 1]")
         # Combinations, checked as vLLM does at start-up.
+        if self.num_host_blocks and not self.enable_prefix_caching:
+            raise ConfigError(
+                f"a host tier (num_host_blocks={self.num_host_blocks}) needs prefix caching: "
+                "offloaded blocks are found again by their prefix hashes; drop "
+                "--no-enable-prefix-caching or the host tier"
+            )
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ConfigError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
@@ -150,6 +193,10 @@ class EngineConfig:
     @property
     def block_bytes(self) -> int:
         return self.block_size * self.model.kv_bytes_per_token
+
+    @property
+    def has_host_tier(self) -> bool:
+        return self.num_host_blocks > 0
 
     def with_changes(self, **changes: Any) -> EngineConfig:
         """A copy with some settings changed (validated again)."""

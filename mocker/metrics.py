@@ -25,6 +25,7 @@ from prometheus_client.utils import floatToGoString
 from mocker.config import EngineConfig
 from mocker.engine.outputs import RequestOutput, StepResult
 from mocker.request import FinishReason, Request
+from mocker.tiers.offload import TransferKind
 
 __all__ = [
     "BUCKETS",
@@ -44,6 +45,7 @@ REQUEST_TIME_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0
                         60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
+TRANSFER_SIZE_BUCKETS = (1e6, 5e6, 1e7, 2e7, 4e7, 6e7, 8e7, 1e8, 1.5e8, 2e8)
 
 BUCKETS = {
     "ttft": TTFT_BUCKETS,
@@ -51,6 +53,7 @@ BUCKETS = {
     "request_time": REQUEST_TIME_BUCKETS,
     "iteration_tokens": ITERATION_TOKEN_BUCKETS,
     "preemptions": PREEMPTION_BUCKETS,
+    "transfer_size": TRANSFER_SIZE_BUCKETS,
 }
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
@@ -104,6 +107,7 @@ class EngineSnapshot:
     num_running: int
     num_waiting: int
     kv_usage: float
+    host_usage: float = 0.0  # host tier: used / capacity
 
 
 @dataclass(slots=True)
@@ -117,11 +121,16 @@ class EngineMetrics:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     prompt_tokens_cached: int = 0
+    prompt_tokens_cached_host: int = 0
     prefix_queries: int = 0
     prefix_hits: int = 0
     external_prefix_queries: int = 0
     external_prefix_hits: int = 0
     num_preemptions: int = 0
+    offload_store_bytes: int = 0
+    offload_load_bytes: int = 0
+    offload_store_time: float = 0.0
+    offload_load_time: float = 0.0
     finished: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS, 0))
     _last_token_time: dict[str, float] = field(default_factory=dict)
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
@@ -134,6 +143,8 @@ class EngineMetrics:
     decode: Histogram = field(default_factory=lambda: Histogram(REQUEST_TIME_BUCKETS))
     iteration_tokens: Histogram = field(default_factory=lambda: Histogram(ITERATION_TOKEN_BUCKETS))
     request_preemptions: Histogram = field(default_factory=lambda: Histogram(PREEMPTION_BUCKETS))
+    offload_store_size: Histogram = field(default_factory=lambda: Histogram(TRANSFER_SIZE_BUCKETS))
+    offload_load_size: Histogram = field(default_factory=lambda: Histogram(TRANSFER_SIZE_BUCKETS))
     request_prompt_tokens: Histogram = field(init=False)
     request_generation_tokens: Histogram = field(init=False)
     request_max_tokens: Histogram = field(init=False)
@@ -148,9 +159,15 @@ class EngineMetrics:
 
     def on_step(self, result: StepResult) -> None:
         stats = result.stats
+        if result.transfers:
+            self._transfers(result)
+        if result.idle:
+            return  # no pass ran: only transfers to count
         self.iteration_tokens.observe(stats.num_scheduled_tokens)
         self.prefix_queries += stats.prefix_queries
         self.prefix_hits += stats.prefix_hits
+        self.external_prefix_queries += stats.external_prefix_queries
+        self.external_prefix_hits += stats.external_prefix_hits
         self.num_preemptions += stats.num_preemptions
         last = self._last_token_time
         itl = self.itl
@@ -176,6 +193,17 @@ class EngineMetrics:
             last.pop(request.request_id, None)
             self._finished(request)
 
+    def _transfers(self, result: StepResult) -> None:
+        for t in result.transfers:
+            if t.kind is TransferKind.STORE:
+                self.offload_store_bytes += t.nbytes
+                self.offload_store_time += t.duration
+                self.offload_store_size.observe(t.nbytes)
+            else:
+                self.offload_load_bytes += t.nbytes
+                self.offload_load_time += t.duration
+                self.offload_load_size.observe(t.nbytes)
+
     def on_finish(self, request: Request) -> None:
         """A request that ended outside a pass (abort, stop string)."""
         self._last_token_time.pop(request.request_id, None)
@@ -185,6 +213,7 @@ class EngineMetrics:
         cached = out.num_cached_tokens
         self.prompt_tokens += out.num_prompt_tokens
         self.prompt_tokens_cached += cached
+        self.prompt_tokens_cached_host += out.num_host_cached_tokens
         request = self.lookup(out.request_id) if self.lookup is not None else None
         if request is None:  # finished in this very pass
             request = next((r for r in result.finished if r.request_id == out.request_id), None)
@@ -268,6 +297,16 @@ _HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
         "vllm:request_num_preemptions",
         "request_preemptions",
         "Number of preemptions of each preempted request.",
+    ),
+    (
+        "vllm:kv_offload_store_size",
+        "offload_store_size",
+        "Bytes per KV offload store (device to host transfer).",
+    ),
+    (
+        "vllm:kv_offload_load_size",
+        "offload_load_size",
+        "Bytes per KV offload load (host to device transfer).",
     ),
 )
 
@@ -372,16 +411,38 @@ class MetricsCollector(Collector):
             labels=[*labels, "finished_reason"],
         )
         for m, lv in engines:
-            local_hit = m.prompt_tokens_cached - m.external_prefix_hits
+            host_hit = m.prompt_tokens_cached_host
+            local_hit = m.prompt_tokens_cached - host_hit
             by_source.add_metric([*lv, "local_compute"], m.prompt_tokens - m.prompt_tokens_cached)
             by_source.add_metric([*lv, "local_cache_hit"], local_hit)
-            by_source.add_metric([*lv, "external_kv_transfer"], m.external_prefix_hits)
+            by_source.add_metric([*lv, "external_kv_transfer"], host_hit)
             cached_by_source.add_metric([*lv, "device"], local_hit)
+            cached_by_source.add_metric([*lv, "host"], host_hit)
             for reason, n in m.finished.items():
                 success.add_metric([*lv, reason], n)
         yield by_source
         yield cached_by_source
         yield success
+        for name, attr, doc in (
+            ("vllm:kv_offload_store_bytes", "offload_store_bytes", "Bytes stored to the CPU tier."),
+            ("vllm:kv_offload_load_bytes", "offload_load_bytes", "Bytes loaded from the CPU tier."),
+            (
+                "vllm:kv_offload_store_time",
+                "offload_store_time",
+                "Seconds spent in KV offload stores.",
+            ),
+            (
+                "vllm:kv_offload_load_time",
+                "offload_load_time",
+                "Seconds spent in KV offload loads.",
+            ),
+        ):
+            yield counter(name, doc, attr)
+        yield gauge(
+            "vllm:kv_offload_cpu_cache_usage_perc",
+            "CPU (host tier) KV-cache usage. 1 means 100 percent usage.",
+            [s.host_usage for s in snaps],
+        )
         for name, attr, doc in _HISTOGRAMS:
             h = HistogramMetricFamily(name, doc, labels=labels)
             for m, lv in engines:
@@ -400,10 +461,14 @@ class MetricsCollector(Collector):
         )
         for m in self.engines:
             cfg = m.config
-            # vLLM renders every value with str(): True/False, None.
+            # vLLM renders every value with str(): True/False, None; the offloading size in GiB.
+            cpu_blocks, offload_gib = "None", "None"
+            if cfg.has_host_tier:
+                cpu_blocks = str(cfg.num_host_blocks)
+                offload_gib = str(cfg.num_host_blocks * cfg.block_bytes / 2**30)
             info.add_metric(
-                [str(cfg.block_size), "auto", str(cfg.enable_prefix_caching), "None",
-                 str(cfg.num_gpu_blocks), "None", m.engine],
+                [str(cfg.block_size), "auto", str(cfg.enable_prefix_caching), cpu_blocks,
+                 str(cfg.num_gpu_blocks), offload_gib, m.engine],
                 1.0,
             )  # fmt: skip
         return info
@@ -439,7 +504,7 @@ class MetricsCollector(Collector):
         )
         for (m, lv), s in zip(engines, snaps, strict=True):
             usage.add_metric(lv, s.kv_usage)
-            cpu.add_metric(lv, 0.0)
+            cpu.add_metric(lv, s.host_usage)
             swapped.add_metric(lv, 0)
             hit_rate.add_metric(lv, m.prefix_hits / m.prefix_queries if m.prefix_queries else 0.0)
             queries.add_metric(lv, m.prefix_queries)

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from mocker.config import MODEL_PRESETS, ConfigError, EngineConfig
+from mocker.config import MODEL_PRESETS, ConfigError, EngineConfig, OffloadPolicy
 
 __all__ = [
     "ENGINE_OPTIONS",
@@ -186,6 +186,66 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         _D.eos_probability,
         "float",
     ),
+    # Host (G2) tier.
+    Option(
+        "kv_offloading_size",
+        "GiB of host memory for offloaded KV blocks (host tier; blocks = bytes / block bytes)",
+        None,
+        "float",
+        metavar="GIB",
+    ),
+    Option(
+        "num_host_blocks",
+        "KV blocks in the host tier, instead of --kv-offloading-size (mocker)",
+        None,
+        "int",
+    ),
+    Option(
+        "offload_policy",
+        "evict: copy a cached block to host when the device evicts it (KVBM); write-through: "
+        "copy new full prompt blocks after their pass (vLLM OffloadingConnector) (mocker)",
+        _D.offload_policy.value,
+        "str",
+        choices=tuple(p.value for p in OffloadPolicy),
+    ),
+    Option(
+        "host_d2h_bandwidth_gbps",
+        "device-to-host bandwidth, GB/s (10^9 bytes/s); <= 0: instant (mocker)",
+        _D.host_d2h_bandwidth_gbps,
+        "float",
+    ),
+    Option(
+        "host_h2d_bandwidth_gbps",
+        "host-to-device bandwidth, GB/s (10^9 bytes/s); <= 0: instant (mocker)",
+        _D.host_h2d_bandwidth_gbps,
+        "float",
+    ),
+    Option(
+        "offload_batch_size",
+        "most blocks per device-to-host transfer (mocker)",
+        _D.offload_batch_size,
+        "int",
+    ),
+    Option(
+        "transfer_latency_ms",
+        "fixed latency added to every host-tier transfer, ms (mocker)",
+        _D.transfer_latency_ms,
+        "float",
+    ),
+    Option(
+        "min_load_blocks",
+        "shortest host hit worth loading; shorter ones are recomputed (mocker)",
+        _D.min_load_blocks,
+        "int",
+    ),
+    Option(
+        "load_timeout",
+        "seconds a host-to-device load may take before the request recomputes instead "
+        "(simulated: divided by the speedup ratio) (mocker)",
+        _D.load_timeout_s,
+        "float",
+        metavar="SECONDS",
+    ),
 )
 
 SERVER_OPTIONS: tuple[Option, ...] = (
@@ -274,7 +334,7 @@ IGNORED_VLLM_FLAGS: dict[str, bool] = {
     # Flags of later mocker features, or of vLLM deployments (llm-d manifests), accepted now.
     "data_parallel_size": True,
     "kv_events_config": True,
-    "kv_offloading_size": True,
+    "kv_offloading_backend": True,
     "kv_transfer_config": True,
     "prefix_caching_hash_algo": True,
     "api_server_count": True,
@@ -418,6 +478,29 @@ def _read_yaml(path: str) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
+def _num_host_blocks(values: Mapping[str, Any]) -> int:
+    """Host blocks from --num-host-blocks or --kv-offloading-size GiB (not both)."""
+    blocks, gib = values["num_host_blocks"], values["kv_offloading_size"]
+    if blocks is not None and gib is not None:
+        raise ConfigError(
+            "set either --num-host-blocks or --kv-offloading-size, not both: they size the same "
+            "host tier"
+        )
+    if gib is not None:
+        if gib < 0:
+            raise ConfigError(f"invalid kv_offloading_size={gib!r}: must be >= 0 GiB")
+        block_bytes = values["block_size"] * MODEL_PRESETS[values["model_shape"]].kv_bytes_per_token
+        blocks = int(gib * 2**30 // block_bytes)
+        if gib > 0 and blocks == 0:
+            raise ConfigError(
+                f"kv_offloading_size={gib!r} GiB holds no block of {block_bytes} bytes: raise it"
+            )
+        return blocks
+    if blocks is not None and blocks < 0:
+        raise ConfigError(f"invalid num_host_blocks={blocks!r}: must be >= 0")
+    return blocks or 0
+
+
 def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
     """The engine configuration from resolved option values (validated)."""
     config = EngineConfig(
@@ -435,6 +518,14 @@ def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
         preemption_victim=values["preemption_victim"],
         eviction_policy=values["eviction_policy"],
         eos_probability=values["eos_probability"],
+        num_host_blocks=_num_host_blocks(values),
+        offload_policy=values["offload_policy"],
+        host_d2h_bandwidth_gbps=values["host_d2h_bandwidth_gbps"],
+        host_h2d_bandwidth_gbps=values["host_h2d_bandwidth_gbps"],
+        offload_batch_size=values["offload_batch_size"],
+        transfer_latency_ms=values["transfer_latency_ms"],
+        min_load_blocks=values["min_load_blocks"],
+        load_timeout_s=values["load_timeout"],
         **extra,
     )
     kv_tokens = config.num_gpu_blocks * config.block_size

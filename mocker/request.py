@@ -98,6 +98,10 @@ class Request:
     num_cached_blocks: int = 0  # leading blocks registered in the prefix cache
     block_hashes: list[BlockHash] = field(default_factory=list)
     num_cached_tokens: int = -1  # prefix-hit tokens at first admission (-1: not yet admitted)
+    num_host_cached_tokens: int = 0  # of which loaded from the host tier
+    # Hits of the admission whose KV is loading from host (device, host), in tokens.
+    load_hits: tuple[int, int] = (0, 0)
+    skip_host_load: bool = False  # a load timed out: recompute from now on
     num_preemptions: int = 0
     first_scheduled_time: float | None = None
     first_token_time: float | None = None

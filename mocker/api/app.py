@@ -66,8 +66,12 @@ def build_state(
     core = EngineCore(config, output_palette=tokenizer.palette)
     metrics = EngineMetrics(config, engine="0")
     engine = LiveEngine(core, on_step=metrics.on_step, on_finish=metrics.on_finish)
+    host = core.host
     metrics.snapshot = lambda: EngineSnapshot(
-        engine.num_running, engine.num_waiting, core.pool.usage
+        engine.num_running,
+        engine.num_waiting,
+        core.pool.usage,
+        host.usage if host is not None else 0.0,
     )
     metrics.lookup = core.requests.get
     collector = MetricsCollector(

@@ -5,14 +5,17 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 
-from mocker.config import EngineConfig
+from mocker.config import EngineConfig, OffloadPolicy
 from mocker.engine.outputs import RequestOutput, StepResult, StepStats
 from mocker.kv.block_pool import BlockPool
+from mocker.kv.events import KVEvent
 from mocker.kv.hashing import BlockHasher, extra_keys_bytes
 from mocker.kv.manager import KVCacheManager
 from mocker.output_tokens import OutputTokenSampler
 from mocker.request import EngineRequest, Request, RequestId, RequestStatus
 from mocker.scheduler.scheduler import Scheduler, SchedulerOutput
+from mocker.tiers.host import HostTier
+from mocker.tiers.offload import Direction, OffloadManager, TransferRecord
 from mocker.timing import PassShape, TimingModel, load_timing_model, pass_duration_s
 
 __all__ = ["EngineCore", "RequestRejected"]
@@ -33,16 +36,31 @@ class EngineCore:
         output_palette: Sequence[int] | None = None,
     ) -> None:
         self.config = config
+        self.timing = timing if timing is not None else load_timing_model(config.timing_profile)
+        self.host: HostTier | None = None
+        if config.has_host_tier:
+            self.host = HostTier(
+                config.num_host_blocks,
+                config.block_size,
+                record_events=config.enable_kv_cache_events,
+            )
+        evict = self.host is not None and config.offload_policy is OffloadPolicy.EVICT
         self.pool = BlockPool(
             config.num_gpu_blocks,
             config.block_size,
             enable_caching=config.enable_prefix_caching,
             eviction_policy=config.eviction_policy,
             record_events=config.enable_kv_cache_events,
+            keep_tokens=self.host is not None,
+            host_holds=self.host.holds if evict and self.host is not None else None,
         )
-        self.kv = KVCacheManager(self.pool)
+        self.offload: OffloadManager | None = None
+        if self.host is not None:
+            self.offload = OffloadManager(config, self.pool, self.host, self.timing.prefill_ms)
+        self._write_through = self.offload is not None and not evict
+        self.kv = KVCacheManager(self.pool, self.offload)
         self.scheduler = Scheduler(config, self.kv)
-        self.timing = timing if timing is not None else load_timing_model(config.timing_profile)
+        self.time = 0.0  # the latest time the core was driven to
         self.hasher = BlockHasher(config.seed)
         self.sampler = OutputTokenSampler(
             output_palette if output_palette is not None else range(config.vocab_size),
@@ -144,6 +162,8 @@ class EngineCore:
         request = self.requests.pop(request_id, None)
         if request is None:
             return None
+        if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS and self.offload is not None:
+            self.offload.cancel_load(now, request)
         self.scheduler.finish(request, status)
         request.finished_time = now
         return request
@@ -158,6 +178,7 @@ class EngineCore:
             finish_reason=request.finish_reason,
             num_prompt_tokens=request.num_prompt_tokens,
             num_cached_tokens=max(request.num_cached_tokens, 0),
+            num_host_cached_tokens=request.num_host_cached_tokens,
         )
 
     # -- state --------------------------------------------------------------------------------
@@ -171,7 +192,15 @@ class EngineCore:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.scheduler.waiting)
+        return self.scheduler.num_waiting
+
+    def has_pending_transfers(self) -> bool:
+        """Host-tier transfers in flight: the core needs driving until they end."""
+        return self.offload is not None and self.offload.has_pending
+
+    def next_transfer_deadline(self, direction: Direction | None = None) -> float | None:
+        """When a transfer next ends or a load times out (None: nothing in flight)."""
+        return None if self.offload is None else self.offload.next_deadline(direction)
 
     def stall_error(self) -> RuntimeError:
         """What a driver raises when a pass scheduled nothing although requests remain (a bug:
@@ -182,13 +211,69 @@ class EngineCore:
 
     # -- the pass -----------------------------------------------------------------------------
 
+    def advance_transfers(self, now: float) -> StepResult:
+        """Apply the transfers due by `now` without running a pass (an idle result)."""
+        self.time = max(self.time, now)
+        records = self._poll_transfers(now)
+        return StepResult(now, now, [], self._stats(), [], self._take_events(), records)
+
+    def _poll_transfers(self, now: float) -> list[TransferRecord]:
+        offload = self.offload
+        if offload is None:
+            return []
+        loaded, timed_out = offload.poll(now)
+        for request in loaded:
+            self.kv.finish_load(request)
+            self.scheduler.resume(request)
+        for request in timed_out:
+            self.kv.free(request)  # its load was cancelled: recompute, never load again
+            request.skip_host_load = True
+            self.scheduler.requeue(request)
+        return offload.take_records()
+
+    def _take_events(self) -> list[KVEvent]:
+        events = self.pool.take_events()
+        if self.host is not None:
+            host_events = self.host.take_events()
+            if host_events:
+                events = events + host_events
+        return events
+
+    def _stats(
+        self, sched: SchedulerOutput | None = None, outputs: list[RequestOutput] | None = None
+    ) -> StepStats:
+        s = self.scheduler
+        if sched is None:
+            return StepStats(len(s.running), s.num_waiting, self.pool.usage, 0, 0, 0, 0, 0, 0)
+        return StepStats(
+            num_running=len(s.running),
+            num_waiting=s.num_waiting,
+            kv_usage=self.pool.usage,
+            num_scheduled_tokens=sched.num_prefill_tokens + sched.num_decodes,
+            prompt_tokens_computed=sched.num_prefill_tokens,
+            num_generated_tokens=sum(len(o.new_token_ids) for o in outputs or ()),
+            num_preemptions=len(sched.preempted),
+            prefix_queries=sched.prefix_queries,
+            prefix_hits=sched.prefix_hits,
+            external_prefix_queries=sched.external_queries,
+            external_prefix_hits=sched.external_hits,
+        )
+
     def step(self, now: float) -> StepResult:
         """Schedule one pass starting at `now`, advance every scheduled request to its end.
 
-        The returned result's `end` is when the pass's tokens exist; a driver
-        delivers them no earlier than that.
+        Transfers due by `now` are applied first. The returned result's `end` is when
+        the pass's tokens exist; a driver delivers them no earlier than that. A result
+        that is `idle` ran no pass (everything waits for transfers, or nothing is left).
         """
+        self.time = max(self.time, now)
+        records = self._poll_transfers(now)
         sched = self.scheduler.schedule()
+        offload = self.offload
+        if offload is not None:
+            for request, start, num_blocks in sched.loads:
+                offload.start_load(now, request, start, num_blocks)
+            offload.offload_evicted(now)
         prefill_tokens, num_decodes = sched.num_prefill_tokens, sched.num_decodes
         duration = pass_duration_s(
             self.timing,
@@ -205,18 +290,11 @@ class EngineCore:
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
         outputs, finished = self._advance(sched, end)
-        stats = StepStats(
-            num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting),
-            kv_usage=self.pool.usage,
-            num_scheduled_tokens=prefill_tokens + num_decodes,
-            prompt_tokens_computed=prefill_tokens,
-            num_generated_tokens=sum(len(o.new_token_ids) for o in outputs),
-            num_preemptions=len(sched.preempted),
-            prefix_queries=sched.prefix_queries,
-            prefix_hits=sched.prefix_hits,
-        )
-        return StepResult(now, end, outputs, stats, finished, self.pool.take_events())
+        if self._write_through:
+            assert offload is not None
+            offload.start_staged(end)  # copies of this pass's new prompt blocks
+        stats = self._stats(sched, outputs)
+        return StepResult(now, end, outputs, stats, finished, self._take_events(), records)
 
     def _advance(
         self, sched: SchedulerOutput, end: float
@@ -228,11 +306,19 @@ class EngineCore:
         bs = self.config.block_size
         token = self.sampler.token
         eos = self.sampler.eos_token_id
+        stage = self.offload.stage_stores if self._write_through and self.offload else None
         for request, n in sched.num_scheduled.items():
             computed = request.num_computed_tokens + n
             request.num_computed_tokens = computed
             if computed // bs > request.num_cached_blocks:
+                before = request.num_cached_blocks
                 kv.cache_blocks(request)
+                if stage is not None:
+                    # Write-through copies full prompt blocks; pinned now, before the
+                    # request can finish and free them.
+                    stop = min(request.num_cached_blocks, request.num_prompt_tokens // bs)
+                    if stop > before:
+                        stage(request.blocks[before:stop])
             num_tokens = len(request.all_token_ids)
             if computed < num_tokens:
                 continue  # a prefill chunk that does not reach the end of the prompt
@@ -253,6 +339,7 @@ class EngineCore:
                 None,
                 request.num_prompt_tokens,
                 request.num_cached_tokens,
+                request.num_host_cached_tokens,
             )
             if status is not None:
                 request.status = status

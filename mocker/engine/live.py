@@ -14,6 +14,7 @@ from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore, RequestRejected
 from mocker.engine.outputs import RequestOutput, StepResult
 from mocker.request import EngineRequest, FinishReason, Request, RequestStatus
+from mocker.tiers.offload import Direction
 
 __all__ = ["EngineDeadError", "LiveEngine", "RequestStream"]
 
@@ -22,6 +23,10 @@ logger = logging.getLogger(__name__)
 
 class EngineDeadError(RuntimeError):
     """The engine loop failed; no request can make progress."""
+
+
+# Posted to the inbox by a transfer worker: a transfer deadline has passed.
+_TRANSFERS_DUE = "transfers-due"
 
 
 class RequestStream:
@@ -74,6 +79,7 @@ class RequestStream:
                 out.finish_reason,
                 out.num_prompt_tokens,
                 out.num_cached_tokens,
+                out.num_host_cached_tokens,
             )
         self._event.set()
 
@@ -108,6 +114,11 @@ class LiveEngine:
     request its new tokens. Consecutive passes chain deadline to deadline, so
     sleep overshoot does not drift the simulated clock (unless the loop falls
     more than `max_lag_s` behind, when it resynchronises to the wall clock).
+
+    With a host tier, one transfer worker task per link direction sleeps until
+    that link's next deadline (re-armed whenever a transfer starts or ends) and
+    posts to the inbox; the loop then applies the completions. Only the loop
+    changes block and tier state.
     """
 
     def __init__(
@@ -126,7 +137,7 @@ class LiveEngine:
         # its StepResult.
         self.on_finish = on_finish
         self.max_lag_s = max_lag_s
-        self._inbox: deque[EngineRequest | tuple[str, RequestStatus]] = deque()
+        self._inbox: deque[EngineRequest | tuple[str, RequestStatus] | str] = deque()
         self._inbox_requests = 0  # EngineRequests in the inbox: waiting, not yet in the core
         self._wake = asyncio.Event()
         # Request id -> stream, from add_request until the engine is done with the id
@@ -134,6 +145,9 @@ class LiveEngine:
         # while the loop could still deliver an old output under it.
         self._streams: dict[str, RequestStream] = {}
         self._task: asyncio.Task[None] | None = None
+        self._workers: list[asyncio.Task[None]] = []
+        self._rearm = {d: asyncio.Event() for d in Direction}
+        self._transfer_version = -1
         self.dead_error: BaseException | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -159,16 +173,24 @@ class LiveEngine:
         if self.dead_error is not None:
             raise EngineDeadError(f"engine is dead: {self.dead_error}")
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-loop")
+            loop = asyncio.get_running_loop()
+            self._task = loop.create_task(self._run(), name="engine-loop")
+            if self.core.offload is not None:
+                self._workers = [
+                    loop.create_task(self._transfer_worker(d), name=f"transfer-{d.name.lower()}")
+                    for d in Direction
+                ]
 
     async def stop(self) -> None:
         """Cancel the loop; open streams end with an error and new requests are refused."""
         self._die(EngineDeadError("engine stopped"))
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        workers, self._workers = self._workers, []
+        for t in [task, *workers]:
+            if t is not None:
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
 
     # -- intake -------------------------------------------------------------------------------
 
@@ -226,13 +248,18 @@ class LiveEngine:
 
     # -- the loop -----------------------------------------------------------------------------
 
-    def _drain_inbox(self) -> float | None:
-        """Apply queued requests and aborts; returns the latest arrival time drained."""
+    def _drain_inbox(self) -> tuple[float | None, bool]:
+        """Apply queued requests and aborts; returns the latest arrival time drained, and
+        whether a transfer worker reported a deadline passed."""
         core = self.core
         inbox = self._inbox
         latest: float | None = None
+        transfers_due = False
         while inbox:
             item = inbox.popleft()
+            if isinstance(item, str):
+                transfers_due = True
+                continue
             if isinstance(item, tuple):
                 request_id, status = item
                 request = core.finish_request(request_id, self.clock.now(), status)
@@ -246,7 +273,7 @@ class LiveEngine:
                 continue  # aborted before it reached the engine; its abort item follows
             core.add_request(item)  # validated at the door by check_request
             latest = item.arrival_time if latest is None else max(latest, item.arrival_time)
-        return latest
+        return latest, transfers_due
 
     async def _run(self) -> None:
         try:
@@ -262,11 +289,13 @@ class LiveEngine:
         core, clock = self.core, self.clock
         prev_end: float | None = None
         while True:
-            latest_arrival = self._drain_inbox()
+            latest_arrival, transfers_due = self._drain_inbox()
+            if transfers_due:
+                # A deadline passed on the wall clock: apply it now, pass or no pass.
+                self._observe(core.advance_transfers(max(clock.now(), core.time)))
             if not core.has_unfinished_requests():
                 prev_end = None
-                self._wake.clear()
-                await self._wake.wait()
+                await self._idle()
                 continue
             now = clock.now()
             if prev_end is None or now - prev_end >= self.max_lag_s:
@@ -275,14 +304,62 @@ class LiveEngine:
                 # Chain from the previous deadline, but never before a request that is in
                 # this pass arrived (queue times stay non-negative).
                 start = prev_end if latest_arrival is None else max(prev_end, latest_arrival)
-            result = core.step(start)
+            result = core.step(max(start, core.time))
             if result.idle:
-                raise core.stall_error()
+                # Every request waits for a transfer (a load, or blocks being offloaded).
+                if not core.has_pending_transfers():
+                    raise core.stall_error()
+                self._observe(result)
+                prev_end = None
+                await self._idle()
+                continue
+            self._rearm_workers()
             await clock.sleep_until(result.end)
             prev_end = result.end
             self._deliver(result)
             if self.on_step is not None:
                 self.on_step(result)
+
+    async def _idle(self) -> None:
+        """Sleep until a request, an abort or a transfer worker wakes the loop."""
+        self._rearm_workers()
+        self._wake.clear()
+        await self._wake.wait()
+
+    def _observe(self, result: StepResult) -> None:
+        """A result without a pass: only its transfers and events are news."""
+        self._rearm_workers()
+        if self.on_step is not None and (result.transfers or result.kv_events):
+            self.on_step(result)
+
+    def _rearm_workers(self) -> None:
+        offload = self.core.offload
+        if offload is not None and offload.version != self._transfer_version:
+            self._transfer_version = offload.version
+            for event in self._rearm.values():
+                event.set()
+
+    async def _transfer_worker(self, direction: Direction) -> None:
+        """Sleep until the link's next deadline, then ask the loop to apply it. Re-armed
+        (woken to look again) whenever a transfer starts or ends."""
+        rearm = self._rearm[direction]
+        core, clock = self.core, self.clock
+        while True:
+            rearm.clear()
+            deadline = core.next_transfer_deadline(direction)
+            if deadline is None:
+                await rearm.wait()
+                continue
+            delay = deadline - clock.now()
+            if delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(rearm.wait(), delay)
+                continue  # re-armed, or time is up: look again (timers may fire early)
+            self._inbox.append(_TRANSFERS_DUE)
+            self._wake.set()
+            # The loop applies it at a time >= deadline, which changes the transfer set and
+            # re-arms this worker.
+            await rearm.wait()
 
     def _deliver(self, result: StepResult) -> None:
         """Hand each stream its tokens. Outputs of requests that ended during the pass (abort,

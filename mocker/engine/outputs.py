@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from mocker.kv.events import KVEvent
 from mocker.request import FinishReason, Request
+from mocker.tiers.offload import TransferRecord
 
 __all__ = ["RequestOutput", "StepResult", "StepStats"]
 
@@ -20,7 +21,8 @@ class RequestOutput:
     finished: bool = False
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
-    num_cached_tokens: int = 0
+    num_cached_tokens: int = 0  # prefix hits, device and host
+    num_host_cached_tokens: int = 0  # of which loaded from the host tier
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +38,8 @@ class StepStats:
     num_preemptions: int  # preemptions this pass
     prefix_queries: int  # prompt tokens of requests admitted for the first time
     prefix_hits: int  # of which found in the device prefix cache
+    external_prefix_queries: int = 0  # with a host tier: prompt tokens queried there
+    external_prefix_hits: int = 0  # of which loaded from it
 
 
 @dataclass(slots=True)
@@ -48,6 +52,8 @@ class StepResult:
     stats: StepStats
     finished: list[Request] = field(default_factory=list)
     kv_events: list[KVEvent] = field(default_factory=list)
+    # Host-tier transfers that ended since the previous result.
+    transfers: list[TransferRecord] = field(default_factory=list)
 
     @property
     def duration(self) -> float:
@@ -55,4 +61,5 @@ class StepResult:
 
     @property
     def idle(self) -> bool:
+        """No pass ran: nothing was schedulable (e.g. every request waits for a transfer)."""
         return self.stats.num_scheduled_tokens == 0

@@ -47,7 +47,10 @@ class VirtualDriver:
         *,
         run: VirtualRun | None = None,
     ) -> Iterator[StepResult]:
-        """Yield each pass's result, after the clock has moved to its end."""
+        """Yield each pass's result, after the clock has moved to its end; also the idle
+        results of instants when only host-tier transfers ended (they carry the transfers
+        and KV events). The run ends when every request has ended and every transfer has
+        drained."""
         run = run if run is not None else VirtualRun()
         timed: list[tuple[float, int, EngineRequest | Abort]] = [
             (r.arrival_time, 0, r) for r in requests
@@ -57,19 +60,36 @@ class VirtualDriver:
         timed.sort(key=lambda item: (item[0], item[1]))
         core, clock = self.core, self.clock
         i = 0
+        idle_at_same_time = 0
         while True:
             now = clock.now()
             while i < len(timed) and timed[i][0] <= now:
                 self._apply(timed[i][2], now, run)
                 i += 1
-            if core.has_unfinished_requests():
+            if core.has_unfinished_requests() or core.has_pending_transfers():
                 result = core.step(now)
-                if result.idle:
+                if not result.idle:
+                    idle_at_same_time = 0
+                    clock.advance_to(result.end)
+                    run.num_steps += 1
+                    run.finished.extend(result.finished)
+                    yield result
+                    continue
+                # Nothing can run now: jump to the next transfer deadline or arrival.
+                if result.transfers or result.kv_events:
+                    yield result
+                nexts = [t for t in (core.next_transfer_deadline(),) if t is not None]
+                if i < len(timed):
+                    nexts.append(timed[i][0])
+                if not nexts:
+                    if core.has_unfinished_requests():
+                        raise core.stall_error()
+                    continue
+                target = max(now, min(nexts))
+                idle_at_same_time = idle_at_same_time + 1 if target == now else 0
+                if idle_at_same_time > 100:  # every idle step at `now` applies what is due
                     raise core.stall_error()
-                clock.advance_to(result.end)
-                run.num_steps += 1
-                run.finished.extend(result.finished)
-                yield result
+                clock.advance_to(target)
             elif i < len(timed):
                 clock.advance_to(max(now, timed[i][0]))
             else:

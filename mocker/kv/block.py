@@ -23,6 +23,12 @@ class KVBlock:
     parent_hash: BlockHash | None = None
     # Cached blocks whose parent is this block; only the lineage policy reads it.
     num_cached_children: int = 0
+    # Offload on eviction: cached, and its hash is not (yet) on the host tier, so evicting
+    # it means copying it first.
+    dirty: bool = False
+    # Kept only with a host tier: what a host copy of this block records (its tokens, LoRA).
+    token_ids: tuple[int, ...] | None = None
+    lora_name: str | None = None
     # Intrusive free-list links, touched only by FreeBlockQueue.
     prev_free: KVBlock | None = None
     next_free: KVBlock | None = None

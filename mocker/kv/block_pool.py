@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from mocker.config import EvictionPolicyName
 from mocker.kv.block import BlockId, KVBlock
@@ -16,13 +16,20 @@ __all__ = ["BlockPool"]
 class BlockPool:
     """A fixed set of blocks. Knows nothing of requests or time.
 
-    Every block is in exactly one of three states:
+    Every block is in exactly one of four states:
 
         in use        ref_cnt > 0 (may be cached, i.e. findable by hash)
         cached-free   ref_cnt == 0 and findable by hash until it is reused
         free          ref_cnt == 0 and holding nothing
+        offloading    evicted, but its slot stays occupied until its copy to the
+                      host tier ends (offload on eviction only)
 
-    The eviction policy owns the order of the last two. A hash maps to at most
+    The eviction policy owns the order of the two free states. With offload on
+    eviction, a cached-free block whose hash the host tier does not hold is
+    *dirty*: it cannot be reused until it has been copied, so `num_reusable`
+    excludes it, and evicting it moves it to `offloading` (the offload manager
+    drains those with `take_evicting` and returns them with `finish_offload`).
+    A hash maps to at most
     one block: when a request computes a block whose hash is already cached
     (two requests prefilling the same prefix at once), the request adopts the
     cached block and its own copy is released, so the map, the events and
@@ -32,11 +39,17 @@ class BlockPool:
     __slots__ = (
         "_cached",
         "_events",
+        "_evicting",
+        "_host_holds",
         "_policy",
         "block_size",
         "blocks",
         "enable_caching",
+        "keep_tokens",
+        "num_dirty_free",
+        "num_in_flight",
         "num_used",
+        "offload_on_evict",
         "record_events",
     )
 
@@ -48,10 +61,18 @@ class BlockPool:
         enable_caching: bool = True,
         eviction_policy: EvictionPolicyName = EvictionPolicyName.LRU,
         record_events: bool = False,
+        keep_tokens: bool = False,
+        host_holds: Callable[[BlockHash], bool] | None = None,
     ) -> None:
+        """`keep_tokens`: cached blocks remember their tokens (a host tier copies them).
+        `host_holds`: given, evicting a cached block whose hash it does not hold means
+        offloading it first (KVBM's offload on eviction)."""
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.record_events = record_events
+        self.keep_tokens = keep_tokens or host_holds is not None
+        self.offload_on_evict = host_holds is not None
+        self._host_holds = host_holds
         self.blocks = [KVBlock(BlockId(i)) for i in range(num_blocks)]
         self._policy: EvictionPolicy = make_policy(eviction_policy)
         # Unhashed blocks are pushed to the head, so push in reverse to hand out 0, 1, 2, …
@@ -60,6 +81,9 @@ class BlockPool:
         self._cached: dict[BlockHash, KVBlock] = {}
         self._events: list[KVEvent] = []
         self.num_used = 0
+        self.num_dirty_free = 0  # free cached blocks that must be copied before reuse
+        self.num_in_flight = 0  # evicted blocks whose copy to host has not ended
+        self._evicting: list[KVBlock] = []
 
     # -- capacity -----------------------------------------------------------------------------
 
@@ -69,13 +93,19 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        """Blocks that can be handed out now (free or cached-free)."""
+        """Free and cached-free blocks (vLLM's free count)."""
         return len(self._policy)
 
     @property
+    def num_reusable(self) -> int:
+        """Blocks `get_new_blocks` can hand out now: free ones minus those awaiting a copy."""
+        return len(self._policy) - self.num_dirty_free
+
+    @property
     def usage(self) -> float:
-        """vLLM's kv_cache_usage_perc: cached blocks nobody references count as free."""
-        return self.num_used / len(self.blocks)
+        """vLLM's kv_cache_usage_perc: cached blocks nobody references count as free; a
+        slot being copied to the host tier is still occupied."""
+        return (self.num_used + self.num_in_flight) / len(self.blocks)
 
     @property
     def policy(self) -> EvictionPolicy:
@@ -109,6 +139,8 @@ class BlockPool:
             return
         cached = self._cached
         policy = self._policy
+        keep, holds = self.keep_tokens, self._host_holds
+        bs = self.block_size
         run_start = -1  # first index of the current run of newly stored blocks
         for i in range(start, end):
             block = blocks[i]
@@ -118,6 +150,11 @@ class BlockPool:
                 block.block_hash = block_hash
                 block.parent_hash = block_hashes[i - 1] if i > 0 else None
                 cached[block_hash] = block
+                if keep:
+                    block.token_ids = tuple(token_ids[i * bs : (i + 1) * bs])
+                    block.lora_name = lora_name
+                if holds is not None:
+                    block.dirty = not holds(block_hash)  # held blocks are referenced: no count
                 parent = cached.get(block.parent_hash) if i > 0 else None  # type: ignore[arg-type]
                 policy.on_cached(block, parent)
                 if run_start < 0:
@@ -164,22 +201,89 @@ class BlockPool:
         self._policy.on_uncached(block, parent)
         block.block_hash = None
         block.parent_hash = None
+        block.token_ids = None
         if self.record_events:
             self._events.append(BlockRemoved(block_hashes=(block_hash,)))
+
+    # -- offload on eviction ------------------------------------------------------------------
+
+    def _begin_offload(self, block: KVBlock) -> None:
+        """Evict a dirty free block: it leaves the prefix cache now (a copy in flight is
+        findable in no tier), but keeps its slot, hash and tokens until `finish_offload`."""
+        block_hash = block.block_hash
+        assert block_hash is not None and block.ref_cnt == 0
+        del self._cached[block_hash]
+        parent_hash = block.parent_hash
+        parent = self._cached.get(parent_hash) if parent_hash is not None else None
+        self._policy.on_uncached(block, parent)
+        block.dirty = False
+        self.num_in_flight += 1
+        self._evicting.append(block)
+        if self.record_events:
+            self._events.append(BlockRemoved(block_hashes=(block_hash,)))
+
+    def evict_dirty(self, n: int) -> int:
+        """Start evicting up to `n` dirty free blocks, in eviction order; returns how many.
+        Called when too few blocks are reusable: the copies make room once they end."""
+        if n <= 0 or not self.num_dirty_free:
+            return 0
+        chosen: list[KVBlock] = []
+        for block in self._policy.candidates():
+            if block.dirty:
+                chosen.append(block)
+                if len(chosen) == n:
+                    break
+        for block in chosen:
+            self._policy.remove(block)
+            self.num_dirty_free -= 1
+            self._begin_offload(block)
+        return len(chosen)
+
+    def take_evicting(self) -> list[KVBlock]:
+        """Blocks evicted since the last call that need a copy to the host tier."""
+        if not self._evicting:
+            return []
+        out, self._evicting = self._evicting, []
+        return out
+
+    def finish_offload(self, blocks: Iterable[KVBlock]) -> None:
+        """Copies ended (or were never possible): the slots are free and hold nothing."""
+        push = self._policy.push
+        for block in blocks:
+            block.block_hash = block.parent_hash = None
+            block.token_ids = None
+            self.num_in_flight -= 1
+            push(block)
+
+    def set_dirty(self, block_hash: BlockHash, dirty: bool) -> None:
+        """The host tier gained (False) or lost (True) this hash; a cached device block
+        with it now can (or can no longer) be evicted without a copy."""
+        block = self._cached.get(block_hash)
+        if block is None or block.dirty == dirty or not self.offload_on_evict:
+            return
+        block.dirty = dirty
+        if block.ref_cnt == 0:
+            self.num_dirty_free += 1 if dirty else -1
 
     # -- allocation ---------------------------------------------------------------------------
 
     def get_new_blocks(self, n: int) -> list[KVBlock]:
         """Take n blocks off the free side, evicting cached ones as the policy orders.
 
-        Callers check `num_free` first; running short here is a bug.
+        A dirty block whose turn comes is not handed out: its offload begins and the
+        next block is taken. Callers check `num_reusable` first; running short here is
+        a bug.
         """
-        if n > len(self._policy):
-            raise ValueError(f"cannot allocate {n} blocks, only {len(self._policy)} free")
+        if n > self.num_reusable:
+            raise ValueError(f"cannot allocate {n} blocks, only {self.num_reusable} reusable")
         out: list[KVBlock] = []
         pop = self._policy.pop
-        for _ in range(n):
+        while len(out) < n:
             block = pop()
+            if block.dirty:
+                self.num_dirty_free -= 1
+                self._begin_offload(block)
+                continue
             if block.block_hash is not None:
                 self._evict(block)
             block.ref_cnt = 1
@@ -194,6 +298,8 @@ class BlockPool:
             if block.ref_cnt == 0:
                 remove(block)
                 self.num_used += 1
+                if block.dirty:
+                    self.num_dirty_free -= 1
             block.ref_cnt += 1
 
     def free_blocks(self, ordered_blocks: Iterable[KVBlock]) -> None:
@@ -203,6 +309,8 @@ class BlockPool:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 self.num_used -= 1
+                if block.dirty:
+                    self.num_dirty_free += 1
                 push(block)
             elif block.ref_cnt < 0:
                 raise ValueError(f"{block!r} freed more often than referenced")
@@ -215,8 +323,11 @@ class BlockPool:
             self._policy.remove(block)
             self._policy.on_uncached(block, None)
             block.block_hash = block.parent_hash = None
+            block.token_ids = None
+            block.dirty = False
             self._policy.push(block)
         self._cached.clear()
+        self.num_dirty_free = 0
         if self.record_events:
             self._events.append(AllBlocksCleared())
         return True

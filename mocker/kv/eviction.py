@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 
 from mocker.config import EvictionPolicyName
 from mocker.kv.block import KVBlock
@@ -39,6 +40,10 @@ class EvictionPolicy(ABC):
     def pop(self) -> KVBlock:
         """The next free block to reuse."""
 
+    @abstractmethod
+    def candidates(self) -> Iterator[KVBlock]:
+        """Free blocks in the order `pop()` would take them (do not mutate while iterating)."""
+
     def on_cached(self, block: KVBlock, parent: KVBlock | None) -> None:  # noqa: B027
         """`block` became findable; `parent` is the cached block holding its parent hash."""
 
@@ -74,6 +79,9 @@ class LRUPolicy(EvictionPolicy):
         """Free blocks in reuse order (for tests and debugging)."""
         return list(self._queue)
 
+    def candidates(self) -> Iterator[KVBlock]:
+        return iter(self._queue)
+
 
 class LineagePolicy(LRUPolicy):
     """LRU among leaves: a cached block is never evicted while a cached child of it remains.
@@ -95,12 +103,15 @@ class LineagePolicy(LRUPolicy):
         queue = self._queue
         block = next((b for b in queue if not b.num_cached_children), None)
         if block is None:
-            # A free block with cached children has a free cached descendant (children of
-            # free blocks are free: a request holding a child holds its parent), so a
-            # leaf exists whenever the queue is non-empty.
-            raise IndexError("no free blocks" if not len(queue) else "lineage invariant broken")
+            # Usually a free block with cached children has a free cached descendant (a
+            # request holding a child holds its parent). Not when a child is held alone,
+            # as a write-through copy pins it: then fall back to plain LRU.
+            return queue.popleft()
         queue.remove(block)
         return block
+
+    def candidates(self) -> Iterator[KVBlock]:
+        return (b for b in self._queue if not b.num_cached_children)
 
     def on_cached(self, block: KVBlock, parent: KVBlock | None) -> None:
         if parent is not None:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from mocker.kv.block import KVBlock
 from mocker.kv.block_pool import BlockPool
 from mocker.request import Request
+
+if TYPE_CHECKING:
+    from mocker.tiers.offload import OffloadManager
 
 __all__ = ["KVCacheManager"]
 
@@ -14,10 +18,11 @@ __all__ = ["KVCacheManager"]
 class KVCacheManager:
     """The scheduler's only door to the block pool: it speaks in requests and tokens."""
 
-    __slots__ = ("block_size", "enable_caching", "pool")
+    __slots__ = ("block_size", "enable_caching", "offload", "pool")
 
-    def __init__(self, pool: BlockPool) -> None:
+    def __init__(self, pool: BlockPool, offload: OffloadManager | None = None) -> None:
         self.pool = pool
+        self.offload = offload
         self.block_size = pool.block_size
         self.enable_caching = pool.enable_caching
 
@@ -44,6 +49,20 @@ class KVCacheManager:
             hits.append(block)
         return hits
 
+    def host_hit_blocks(self, request: Request, num_device_blocks: int) -> int:
+        """Blocks to load from the host tier after a device hit of `num_device_blocks`: the
+        contiguous continuation found there, if loading it pays off (else 0: recompute)."""
+        offload = self.offload
+        if offload is None or request.skip_host_load:
+            return 0
+        max_blocks = (request.num_tokens - 1) // self.block_size  # as the device lookup
+        n = offload.host_match(request, num_device_blocks, max_blocks)
+        return n if n and offload.load_pays_off(n) else 0
+
+    @property
+    def transfers_pending(self) -> bool:
+        return self.offload is not None and self.offload.has_pending
+
     def allocate_slots(
         self,
         request: Request,
@@ -58,19 +77,36 @@ class KVCacheManager:
         held = request.blocks
         num_computed = request.num_computed_tokens + len(computed_blocks) * bs
         num_needed = -(-(num_computed + num_new_tokens) // bs) - len(held) - len(computed_blocks)
+        pool = self.pool
         if computed_blocks:
-            # Hits sitting on the free side stop being free when we take them.
-            revived = sum(1 for b in computed_blocks if b.ref_cnt == 0)
-            if num_needed + revived > self.pool.num_free:
+            # Hits sitting on the free side stop being free when we take them (a dirty hit
+            # was not reusable anyway, so it does not count against the reusable ones).
+            revived = sum(1 for b in computed_blocks if b.ref_cnt == 0 and not b.dirty)
+            if num_needed + revived > pool.num_reusable:
+                self._make_room(num_needed + revived)
                 return False
-            self.pool.touch(computed_blocks)
+            pool.touch(computed_blocks)
             held.extend(computed_blocks)
             request.num_cached_blocks = len(held)
         if num_needed > 0:
-            if num_needed > self.pool.num_free:
+            if num_needed > pool.num_reusable:
+                self._make_room(num_needed)
                 return False
-            held.extend(self.pool.get_new_blocks(num_needed))
+            held.extend(pool.get_new_blocks(num_needed))
         return True
+
+    def _make_room(self, num_blocks: int) -> None:
+        """Short of reusable blocks with offload on eviction: start copying enough dirty
+        ones (counting the copies already in flight) that they will be reusable soon."""
+        pool = self.pool
+        if pool.num_dirty_free:
+            pool.evict_dirty(num_blocks - pool.num_reusable - pool.num_in_flight)
+
+    @property
+    def awaiting_offload(self) -> bool:
+        """Blocks are being copied to host and will be reusable when the copies end: a
+        request short of blocks waits for them rather than preempting another."""
+        return self.pool.num_in_flight > 0
 
     def cache_blocks(self, request: Request) -> None:
         """Register the request's fully computed blocks in the prefix cache."""
@@ -87,6 +123,11 @@ class KVCacheManager:
                 request.lora_name,
             )
         request.num_cached_blocks = num_full
+
+    def finish_load(self, request: Request) -> None:
+        """Host KV landed in the request's reserved blocks: they are computed, and cached."""
+        request.num_computed_tokens = len(request.blocks) * self.block_size
+        self.cache_blocks(request)
 
     def free(self, request: Request) -> None:
         """Release every block; the tail goes first so a shared prefix outlives it."""

@@ -19,12 +19,17 @@ class SchedulerOutput:
     num_scheduled: dict[Request, int] = field(default_factory=dict)
     preempted: list[Request] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)
+    # Host-tier loads to start: (request, first block, number of blocks); the device slots
+    # are reserved and the request waits for its KV (WAITING_FOR_REMOTE_KVS).
+    loads: list[tuple[Request, int, int]] = field(default_factory=list)
     # Pass composition, for the timing model: a decode computes the last sampled token.
     num_prefill_tokens: int = 0
     num_decodes: int = 0
     # Prefix-cache accounting of the requests admitted in this pass (tokens).
     prefix_queries: int = 0
     prefix_hits: int = 0
+    external_queries: int = 0  # with a host tier: prompt tokens queried there
+    external_hits: int = 0  # of which loaded from it
 
 
 def _is_decode(request: Request, num_new: int) -> bool:
@@ -43,11 +48,14 @@ class Scheduler:
     __slots__ = (
         "_block_size",
         "_chunked",
+        "_host_tier",
         "_max_seqs",
         "_token_budget",
         "_victim",
         "kv",
+        "loading",
         "num_preemptions",
+        "ready",
         "running",
         "waiting",
     )
@@ -56,6 +64,11 @@ class Scheduler:
         self.kv = kv
         self.running: list[Request] = []
         self.waiting = WaitingQueue()
+        # Host tier: requests waiting for their KV to load, and those whose KV has landed,
+        # which resume ahead of fresh admissions.
+        self.loading: set[Request] = set()
+        self.ready: list[Request] = []
+        self._host_tier = kv.offload is not None
         self.num_preemptions = 0
         self._token_budget = config.max_num_batched_tokens
         self._max_seqs = config.max_num_seqs
@@ -70,13 +83,34 @@ class Scheduler:
         self.waiting.push(request)
 
     def finish(self, request: Request, status: RequestStatus) -> None:
-        """End a request wherever it is and free its blocks at once."""
+        """End a request wherever it is and free its blocks at once (a load it waits for
+        must have been cancelled first)."""
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
-        else:
-            self.waiting.remove(request)
+        elif request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+            self.loading.discard(request)
+        elif not self.waiting.remove(request) and request in self.ready:
+            self.ready.remove(request)
         request.status = status
         self.kv.free(request)
+
+    def resume(self, request: Request) -> None:
+        """Its KV loaded: it computes the rest of its prompt before fresh admissions."""
+        self.loading.discard(request)
+        request.status = RequestStatus.WAITING
+        self.ready.append(request)
+
+    def requeue(self, request: Request) -> None:
+        """Its load was dropped (timeout) and its blocks freed: it waits again, in front."""
+        self.loading.discard(request)
+        request.status = RequestStatus.WAITING
+        request.num_computed_tokens = 0
+        self.waiting.push_front(request)
+
+    @property
+    def num_waiting(self) -> int:
+        """As vLLM counts: requests waiting for KV to load are waiting too."""
+        return len(self.waiting) + len(self.loading) + len(self.ready)
 
     def remove_finished(self) -> None:
         """Drop finished requests from the running list (once per pass, O(running))."""
@@ -86,18 +120,37 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self._schedule_running(self._token_budget, out)
-        # As vLLM: a pass that had to preempt admits nobody new.
-        if not out.preempted:
+        budget, stalled = self._schedule_running(self._token_budget, out)
+        # As vLLM: a pass that had to preempt admits nobody new (unless nothing is left to
+        # run). Nor does one in which a running request waits for blocks being offloaded:
+        # they are its when they land.
+        if not stalled and (not out.preempted or not out.num_scheduled):
+            budget = self._schedule_ready(budget, out)
+            self._schedule_waiting(budget, out)
+        while not out.num_scheduled and not self.running and not out.loads and self._unblock():
+            budget = self._schedule_ready(budget, out)
             self._schedule_waiting(budget, out)
         return out
 
-    def _schedule_running(self, budget: int, out: SchedulerOutput) -> int:
+    def _unblock(self) -> bool:
+        """Requests with loaded KV hold blocks while they wait to resume. If none can resume
+        and nothing runs or is in flight to free blocks, the newest gives its blocks back
+        (they stay cached on the device) and waits again, so the others can go on."""
+        if not self.ready or self.kv.transfers_pending or self.kv.awaiting_offload:
+            return False
+        request = self.ready.pop()
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        self.waiting.push_front(request)
+        return True
+
+    def _schedule_running(self, budget: int, out: SchedulerOutput) -> tuple[int, bool]:
         running = self.running
         scheduled = out.num_scheduled
         allocate = self.kv.allocate_slots
         bs = self._block_size
         prefill = decodes = 0
+        stalled = False
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
@@ -106,7 +159,13 @@ class Scheduler:
             num_new = min(num_tokens - computed, budget)
             # Most decode steps stay inside the last block: skip the allocator then.
             if computed + num_new > len(request.blocks) * bs:
+                room = True
                 while not allocate(request, num_new):
+                    if self.kv.awaiting_offload:
+                        # Blocks are on their way back from host copies: wait for them
+                        # rather than preempt (no capacity exists before a copy ends).
+                        room = False
+                        break
                     victim = self._pick_victim()
                     index = running.index(victim)
                     if victim in scheduled:  # only when the victim runs before `request`
@@ -123,6 +182,10 @@ class Scheduler:
                         i -= 1
                 if request.status != RequestStatus.RUNNING:
                     continue  # it was its own victim; the next request is now at index i
+                if not room:
+                    stalled = True
+                    i += 1
+                    continue  # it sits this pass out
             scheduled[request] = num_new
             budget -= num_new
             if _is_decode(request, num_new):
@@ -132,7 +195,7 @@ class Scheduler:
             i += 1
         out.num_prefill_tokens += prefill
         out.num_decodes += decodes
-        return budget
+        return budget, stalled
 
     def _pick_victim(self) -> Request:
         """The lowest-priority running request (highest value, as vLLM's priority policy);
@@ -154,6 +217,44 @@ class Scheduler:
         self.waiting.push_front(request)
         out.preempted.append(request)
 
+    def _admit(self, request: Request, num_new: int, out: SchedulerOutput) -> None:
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        out.admitted.append(request)
+        out.num_scheduled[request] = num_new
+        out.num_prefill_tokens += num_new
+
+    def _count_prefix(self, request: Request, device: int, host: int, out: SchedulerOutput) -> None:
+        """Prefix-cache accounting, once per request: at its first admission."""
+        if request.num_cached_tokens >= 0:
+            return
+        request.num_cached_tokens = device + host
+        request.num_host_cached_tokens = host
+        out.prefix_queries += request.num_tokens
+        out.prefix_hits += device
+        if self._host_tier:
+            out.external_queries += request.num_tokens
+            out.external_hits += host
+
+    def _schedule_ready(self, budget: int, out: SchedulerOutput) -> int:
+        """Resume requests whose KV loaded, in the order their loads ended."""
+        ready = self.ready
+        while ready and budget > 0 and len(self.running) < self._max_seqs:
+            request = ready[0]
+            num_new = request.num_tokens - request.num_computed_tokens
+            if num_new > budget:
+                if not self._chunked:
+                    break
+                num_new = budget
+            if not self.kv.allocate_slots(request, num_new):
+                break
+            ready.pop(0)
+            device, host = request.load_hits
+            self._count_prefix(request, device, host, out)
+            self._admit(request, num_new, out)
+            budget -= num_new
+        return budget
+
     def _schedule_waiting(self, budget: int, out: SchedulerOutput) -> None:
         waiting = self.waiting
         kv = self.kv
@@ -163,6 +264,18 @@ class Scheduler:
             assert request is not None
             hits = kv.get_computed_blocks(request)
             num_hit = len(hits) * bs
+            num_host = kv.host_hit_blocks(request, len(hits)) if self._host_tier else 0
+            if num_host:
+                # Reserve device slots for the host blocks and park the request until its
+                # KV has loaded; it needs no budget until then.
+                if not kv.allocate_slots(request, num_host * bs, hits):
+                    break
+                waiting.pop()
+                request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+                request.load_hits = (num_hit, num_host * bs)
+                self.loading.add(request)
+                out.loads.append((request, len(hits), num_host))
+                continue
             num_new = request.num_tokens - num_hit
             if num_new > budget:
                 if not self._chunked:
@@ -171,14 +284,7 @@ class Scheduler:
             if not kv.allocate_slots(request, num_new, hits):
                 break
             waiting.pop()
-            if request.num_cached_tokens < 0:
-                request.num_cached_tokens = num_hit
-                out.prefix_queries += request.num_tokens
-                out.prefix_hits += num_hit
+            self._count_prefix(request, num_hit, 0, out)
             request.num_computed_tokens = num_hit
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            out.admitted.append(request)
-            out.num_scheduled[request] = num_new
-            out.num_prefill_tokens += num_new
+            self._admit(request, num_new, out)
             budget -= num_new

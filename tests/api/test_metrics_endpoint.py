@@ -16,6 +16,7 @@ from mocker.metrics import (
     ITL_BUCKETS,
     PREEMPTION_BUCKETS,
     REQUEST_TIME_BUCKETS,
+    TRANSFER_SIZE_BUCKETS,
     TTFT_BUCKETS,
     one_two_five_buckets,
 )
@@ -40,14 +41,18 @@ EXPECTED_BUCKETS: dict[str, tuple[float, ...]] = {
     "vllm:request_params_max_tokens": tuple(one_two_five_buckets(512)),
     "vllm:iteration_tokens_total": ITERATION_TOKEN_BUCKETS,
     "vllm:request_num_preemptions": PREEMPTION_BUCKETS,
+    "vllm:kv_offload_store_size": TRANSFER_SIZE_BUCKETS,
+    "vllm:kv_offload_load_size": TRANSFER_SIZE_BUCKETS,
 }
 COUNTERS = (
     "prefix_cache_queries", "prefix_cache_hits", "external_prefix_cache_queries",
     "external_prefix_cache_hits", "num_preemptions", "prompt_tokens", "generation_tokens",
     "prompt_tokens_cached", "prompt_tokens_by_source", "prompt_tokens_cached_by_source",
-    "request_success",
+    "request_success", "kv_offload_store_bytes", "kv_offload_load_bytes",
+    "kv_offload_store_time", "kv_offload_load_time",
 )  # fmt: skip
-GAUGES = ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc")
+GAUGES = ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
+          "kv_offload_cpu_cache_usage_perc")  # fmt: skip
 
 
 def _scrape(text: str) -> dict[str, Any]:
@@ -111,7 +116,7 @@ async def test_metrics_are_vllms_and_true_after_hits_and_preemptions() -> None:
     for name, bounds in EXPECTED_BUCKETS.items():
         assert fam[name].type == "histogram", name
         les = [s.labels["le"] for s in fam[name].samples if s.name == name + "_bucket"]
-        assert les == [*(str(float(b)) for b in bounds), "+Inf"], name
+        assert [float(le) for le in les] == [*map(float, bounds), float("inf")], name
     for family in fam.values():
         if family.name.startswith("vllm:") and family.name != "vllm:cache_config_info":
             for s in family.samples:

@@ -255,3 +255,78 @@ async def test_a_failing_listener_does_not_kill_the_engine() -> None:
         pass
     assert not engine.is_dead
     await engine.stop()
+
+
+def _host_config(**overrides):  # type: ignore[no-untyped-def]
+    settings = {
+        "num_gpu_blocks": 16,
+        "max_num_batched_tokens": 512,
+        "max_model_len": 64,
+        "num_host_blocks": 64,
+        "host_d2h_bandwidth_gbps": 1.0,
+        "host_h2d_bandwidth_gbps": 1.0,
+        "speedup_ratio": 20.0,
+    }
+    return small_config(**(settings | overrides))
+
+
+async def _run_one(engine: LiveEngine, rid: str, prompt: list[int]) -> list:  # type: ignore[type-arg]
+    return [out async for out in engine.generate(req(rid, prompt, max_tokens=1, ignore_eos=True))]
+
+
+async def test_transfer_workers_drive_a_load_while_the_loop_idles() -> None:
+    steps: list[StepResult] = []
+    engine = LiveEngine(_host_config(offload_policy="write-through"), on_step=steps.append)
+    engine.start()
+    prompts = [[1000 * (k + 1) + j for j in range(32)] for k in range(3)]
+    for k, prompt in enumerate(prompts):  # 3 × 8 blocks through a 16-block pool
+        await _run_one(engine, f"r{k}", prompt)
+        await _until(lambda: not engine.core.has_pending_transfers())
+    outs = await asyncio.wait_for(_run_one(engine, "again", prompts[0]), timeout=10)
+    # Its KV came from host: the loop slept while only the load was in flight, and the
+    # transfer worker woke it when the load's deadline passed.
+    assert outs[-1].finished and outs[-1].num_host_cached_tokens == 28
+    assert outs[-1].num_cached_tokens == 28
+    loads = [t for s in steps for t in s.transfers if t.kind == 1]
+    assert [t.num_blocks for t in loads] == [7]
+    await _until(lambda: not engine.core.has_pending_transfers())
+    assert engine.core.pool.num_used == 0
+    await engine.stop()
+
+
+async def test_stores_finish_after_the_last_request_without_new_work() -> None:
+    steps: list[StepResult] = []
+    engine = LiveEngine(_host_config(offload_policy="write-through"), on_step=steps.append)
+    engine.start()
+    await _run_one(engine, "a", list(range(100, 132)))
+    # The request is done but its blocks are pinned until their copies end.
+    assert engine.core.pool.num_used == 8 and engine.core.has_pending_transfers()
+    await _until(lambda: not engine.core.has_pending_transfers())
+    assert engine.core.pool.num_used == 0
+    assert engine.core.host is not None and engine.core.host.num_resident == 8
+    assert sum(t.num_blocks for s in steps for t in s.transfers) == 8
+    await engine.stop()
+
+
+async def test_abort_during_a_live_load_frees_everything() -> None:
+    # 7 blocks at 0.25 GB/s: a 14.7 ms load (it pays off against a 16.9 ms prefill), in
+    # real time, so the abort lands while it is in flight.
+    engine = LiveEngine(
+        _host_config(
+            offload_policy="write-through", host_h2d_bandwidth_gbps=0.25, speedup_ratio=1.0
+        )
+    )
+    engine.start()
+    prompts = [[1000 * (k + 1) + j for j in range(32)] for k in range(3)]
+    for k, prompt in enumerate(prompts):
+        await _run_one(engine, f"r{k}", prompt)
+    await _until(lambda: not engine.core.has_pending_transfers())
+    stream = engine.add_request(req("again", prompts[0], max_tokens=1))
+    await _until(lambda: engine.core.offload is not None and engine.core.offload.num_loading == 1)
+    engine.abort("again", stream)
+    out = await stream.get()
+    assert out.finished and out.finish_reason == FinishReason.ABORT
+    await _until(lambda: not engine.core.has_pending_transfers() and not engine.core.requests)
+    assert engine.core.pool.num_used == 0
+    assert engine.core.host is not None and engine.core.host.num_pinned() == 0
+    await engine.stop()

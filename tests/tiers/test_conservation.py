@@ -1,0 +1,142 @@
+"""Conservation of blocks across the device pool, the host tier and transfers in flight,
+checked after every step of random workloads with aborts, preemptions and load timeouts."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mocker.config import EngineConfig
+from mocker.engine.core import EngineCore
+from mocker.engine.virtual import Abort, VirtualDriver, VirtualRun
+from mocker.request import EngineRequest, RequestStatus, SamplingParams
+
+
+def check_invariants(core: EngineCore) -> None:
+    pool, host, offload = core.pool, core.host, core.offload
+    assert host is not None and offload is not None
+    # Device: free + used + in flight = the pool; the counters match a recount.
+    free = pool.policy.order()  # type: ignore[attr-defined]
+    assert len(free) == pool.num_free
+    assert sum(1 for b in pool.blocks if b.ref_cnt > 0) == pool.num_used
+    assert pool.num_free + pool.num_used + pool.num_in_flight == pool.num_blocks
+    assert sum(1 for b in free if b.dirty) == pool.num_dirty_free
+    assert all(b.ref_cnt == 0 for b in free)
+    cached = pool.cached_hashes()
+    storing = offload.storing_blocks()
+    if pool.offload_on_evict:
+        assert len(storing) == pool.num_in_flight
+        for block in storing:  # evicted: slot held, findable nowhere on the device
+            assert block.ref_cnt == 0 and block.prev_free is None
+            assert cached.get(block.block_hash) != block.block_id  # type: ignore[arg-type]
+    else:
+        assert pool.num_in_flight == 0
+        assert all(b.ref_cnt > 0 and b.prev_free is None for b in storing)  # pinned
+    # Host: resident + incoming = used <= capacity.
+    assert host.num_resident + host.num_incoming == host.num_used <= host.capacity
+    # Loads: device slots referenced (never on the free side), host blocks pinned.
+    pins: Counter[int] = Counter()
+    for request, hashes in offload.loading_blocks():
+        assert request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+        assert request in core.scheduler.loading
+        assert all(b.ref_cnt > 0 and b.prev_free is None for b in request.blocks)
+        for h in hashes:
+            assert h in host
+            pins[h] += 1
+    assert sum(pins.values()) == sum(b.pins for b in host._resident.values())
+    assert len(core.scheduler.loading) == offload.num_loading
+    # Every live request's blocks are referenced.
+    for request in core.requests.values():
+        assert all(b.ref_cnt > 0 for b in request.blocks)
+
+
+def assert_drained(core: EngineCore) -> None:
+    assert not core.requests and not core.has_pending_transfers()
+    assert core.pool.num_used == 0 and core.pool.num_in_flight == 0
+    assert core.pool.num_free == core.pool.num_blocks
+    assert core.host is not None and core.host.num_incoming == 0 and core.host.num_pinned() == 0
+    assert core.offload is not None and len(core.offload.d2h) == len(core.offload.h2d) == 0
+
+
+@dataclass
+class Seen:
+    """What happened across workloads, so the property is known to have been exercised."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+
+
+def random_workload(seed: int, seen: Seen) -> None:
+    rng = random.Random(seed)
+    block_size = 4
+    max_seqs = rng.randint(2, 8)
+    config = EngineConfig(
+        block_size=block_size,
+        num_gpu_blocks=rng.randint(20, 48),
+        max_num_seqs=max_seqs,
+        max_num_batched_tokens=rng.choice([max(max_seqs, 24), 64, 128]),
+        max_model_len=64,
+        num_host_blocks=rng.choice([8, 24, 64, 256]),
+        offload_policy=rng.choice(["evict", "write-through"]),
+        eviction_policy=rng.choice(["lru", "lineage"]),
+        host_d2h_bandwidth_gbps=rng.choice([0.0, 0.05, 1.0, 32.0]),
+        host_h2d_bandwidth_gbps=rng.choice([0.0, 0.05, 1.0, 32.0]),
+        offload_batch_size=rng.choice([1, 3, 32]),
+        transfer_latency_ms=rng.choice([0.0, 0.5]),
+        min_load_blocks=rng.randint(1, 3),
+        load_timeout_s=rng.choice([10.0, 0.004, 0.0005]),
+        enable_kv_cache_events=rng.random() < 0.5,
+        seed=seed,
+    )
+    core = EngineCore(config)
+    prefixes = [[rng.randrange(10, 5000) for _ in range(24)] for _ in range(4)]
+    requests: list[EngineRequest] = []
+    aborts: list[Abort] = []
+    t = 0.0
+    for i in range(rng.randint(20, 50)):
+        t += rng.expovariate(60.0)
+        shared = rng.choice(prefixes)[: rng.choice([0, 8, 16, 24])]
+        suffix = [rng.randrange(10, 5000) for _ in range(rng.randint(1, 16))]
+        max_tokens = rng.randint(1, 12)
+        requests.append(
+            EngineRequest(
+                f"r{i}",
+                shared + suffix,
+                SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                arrival_time=t,
+            )
+        )
+        if rng.random() < 0.15:
+            aborts.append(Abort(t + rng.uniform(0.0, 0.05), f"r{i}"))
+    run = VirtualRun()
+    for result in VirtualDriver(core).steps(requests, aborts, run=run):
+        check_invariants(core)
+        seen.counts["idle"] += result.idle
+    assert_drained(core)
+    assert core.offload is not None
+    seen.counts["loaded_blocks"] += core.offload.loaded_blocks
+    seen.counts["stored_blocks"] += core.offload.stored_blocks
+    seen.counts["preemptions"] += core.scheduler.num_preemptions
+    seen.counts["aborted"] += len(run.aborted)
+    seen.counts["timeouts"] += sum(r.skip_host_load for r in run.finished)
+    assert core.host is not None
+    seen.counts["host_full"] += core.host.num_used == core.host.capacity
+    assert len(run.finished) + len(run.aborted) + len(run.rejected) == len(requests)
+
+
+def test_conservation_over_seeded_workloads() -> None:
+    seen = Seen()
+    for seed in range(60):
+        random_workload(seed, seen)
+    # The property was exercised: hits, copies, preemptions, aborts, timeouts, idle waits.
+    for what in ("loaded_blocks", "stored_blocks", "preemptions", "aborted", "timeouts", "idle"):
+        assert seen.counts[what] > 0, what
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(1000, 2**31))
+def test_conservation_property(seed: int) -> None:
+    random_workload(seed, Seen())

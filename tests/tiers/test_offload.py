@@ -1,0 +1,273 @@
+"""Host-tier offload on the virtual clock: both policies, batching, onboarding, timeouts, aborts.
+
+Expected times are computed here from REFERENCE.md's formulas and the block bytes, never
+by calling the code under test.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from mocker.config import EngineConfig
+from mocker.engine.core import EngineCore
+from mocker.engine.virtual import Abort, VirtualDriver, VirtualRun
+from mocker.kv.events import BlockRemoved, BlockStored
+from mocker.request import EngineRequest, RequestStatus, SamplingParams
+from mocker.tiers.offload import TransferKind
+
+BLOCK_BYTES = 4 * 32 * 2 * 8 * 128 * 2  # block_size 4 × Llama-3-8B's 131072 B/token
+BLOCK_S = BLOCK_BYTES / 1e9  # seconds per block at 1 GB/s
+
+
+def prefill_ms(t: int) -> float:
+    return 4.209989e-7 * t * t + 1.518344e-2 * t + 16.50142 if t else 0.0
+
+
+def host_config(**overrides: Any) -> EngineConfig:
+    base: dict[str, Any] = {
+        "block_size": 4,
+        "num_gpu_blocks": 16,
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 512,
+        "max_model_len": 64,
+        "num_host_blocks": 64,
+        "host_d2h_bandwidth_gbps": 1.0,
+        "host_h2d_bandwidth_gbps": 1.0,
+        "enable_kv_cache_events": True,
+    }
+    base.update(overrides)
+    return EngineConfig(**base)
+
+
+def prompt(k: int, n: int = 32) -> list[int]:
+    return [1000 * (k + 1) + j for j in range(n)]
+
+
+def one(rid: str, tokens: list[int], at: float, max_tokens: int = 1) -> EngineRequest:
+    return EngineRequest(rid, tokens, SamplingParams(max_tokens=max_tokens, ignore_eos=True), at)
+
+
+def run(core: EngineCore, requests: list[EngineRequest], aborts: list[Abort] = ()) -> VirtualRun:
+    result = VirtualRun()
+    for _ in VirtualDriver(core).steps(requests, list(aborts), run=result):
+        pass
+    return result
+
+
+def finished(result: VirtualRun) -> dict[str, Any]:
+    return {r.request_id: r for r in result.finished}
+
+
+def assert_quiescent(core: EngineCore) -> None:
+    assert core.pool.num_used == 0
+    assert core.pool.num_in_flight == 0
+    assert core.pool.num_free == core.pool.num_blocks
+    assert core.host is not None and core.host.num_incoming == 0
+    assert core.host.num_pinned() == 0
+    assert core.offload is not None and not core.offload.has_pending
+    assert len(core.offload.d2h) == 0 and len(core.offload.h2d) == 0
+
+
+# -- evict policy ------------------------------------------------------------------------------
+
+
+def test_evict_keeps_the_device_slot_until_its_copy_ends() -> None:
+    core = EngineCore(host_config(num_gpu_blocks=8))
+    # A: 28 tokens = 7 full blocks, cached and then free but dirty (not on host).
+    # B needs 7 blocks; one is free, so 6 of A's must be copied out first.
+    result = run(core, [one("a", prompt(0, 28), 0.0), one("b", prompt(1, 28), 1.0)])
+    b = finished(result)["b"]
+    assert b.first_scheduled_time == pytest.approx(1.0 + 6 * BLOCK_S)
+    assert b.first_token_time == pytest.approx(1.0 + 6 * BLOCK_S + prefill_ms(28) / 1000)
+    assert core.offload is not None and core.offload.stored_blocks == 6
+    assert core.host is not None and core.host.num_resident == 6
+    assert_quiescent(core)
+
+
+def test_evict_while_copying_counts_the_slot_as_used() -> None:
+    core = EngineCore(host_config(num_gpu_blocks=8))
+    core.add_request(one("a", prompt(0, 28), 0.0))
+    end = core.step(0.0).end
+    core.add_request(one("b", prompt(1, 28), end))
+    result = core.step(end)
+    assert result.idle  # b waits for the copies
+    assert core.pool.num_in_flight == 6 and core.pool.num_used == 0
+    assert core.pool.usage == pytest.approx(6 / 8)
+    removed = [e for e in result.kv_events if isinstance(e, BlockRemoved)]
+    assert sum(len(e.block_hashes) for e in removed) == 6
+    assert all(e.medium == "GPU" for e in removed)
+    deadline = core.next_transfer_deadline()
+    assert deadline == pytest.approx(end + 6 * BLOCK_S)
+    assert core.host is not None and core.host.num_resident == 0  # nothing visible yet
+    landed = core.step(deadline)
+    stored = [e for e in landed.kv_events if isinstance(e, BlockStored) and e.medium == "CPU"]
+    assert sum(len(e.block_hashes) for e in stored) == 6
+    assert core.host.num_resident == 6
+    # b runs once the slots are free: its whole prompt, in the pass that starts then.
+    assert landed.stats.num_scheduled_tokens == 28 and landed.start == deadline
+    [record] = landed.transfers
+    assert record.kind is TransferKind.STORE and record.nbytes == 6 * BLOCK_BYTES
+    assert record.duration == pytest.approx(6 * BLOCK_S)
+
+
+def test_blocks_already_on_host_are_not_copied_again() -> None:
+    core = EngineCore(host_config())
+    reqs = []
+    t = 0.0
+    for _ in range(3):  # three rounds over four 8-block prompts: 2× the device pool
+        for k in range(4):
+            reqs.append(one(f"r{t}", prompt(k), t))
+            t += 1.0
+    result = run(core, reqs)
+    assert len(result.finished) == 12
+    assert core.offload is not None
+    # Every distinct full block is copied to host at most once.
+    assert core.offload.stored_blocks <= 4 * 8
+    assert core.offload.loaded_blocks > 0
+    assert_quiescent(core)
+
+
+def test_evictions_are_copied_in_batches_of_offload_batch_size() -> None:
+    core = EngineCore(host_config(num_gpu_blocks=80, num_host_blocks=200, max_model_len=512))
+    core.add_request(one("a", prompt(0, 280), 0.0))  # 70 cached blocks
+    end = core.step(0.0).end
+    core.add_request(one("b", prompt(1, 280), end))  # 10 free: 60 must be copied out
+    core.step(end)
+    assert core.offload is not None
+    sizes = sorted(len(s.blocks) for s in core.offload._stores.values())
+    assert sizes == [28, 32]
+    # Both share the link: the 28-block one ends first, then the other at 60 blocks' time.
+    done = core.step(core.next_transfer_deadline()).transfers  # type: ignore[arg-type]
+    assert [t.num_blocks for t in done] == [28]
+    assert done[0].end == pytest.approx(end + 2 * 28 * BLOCK_S)
+
+
+# -- write-through -----------------------------------------------------------------------------
+
+
+def test_write_through_holds_a_finished_request_until_its_stores_end() -> None:
+    core = EngineCore(host_config(offload_policy="write-through"))
+    core.add_request(one("a", prompt(0, 30), 0.0))  # 7 full prompt blocks, 2 tokens spare
+    result = core.step(0.0)
+    assert result.finished and result.finished[0].request_id == "a"
+    assert core.pool.num_used == 7  # pinned by the stores, though the request is gone
+    assert core.host is not None and core.host.num_incoming == 7
+    assert core.host.num_resident == 0  # not visible until the copy ends
+    deadline = core.next_transfer_deadline()
+    assert deadline == pytest.approx(result.end + 7 * BLOCK_S)
+    idle = core.advance_transfers(deadline)  # type: ignore[arg-type]
+    assert core.host.num_resident == 7 and core.pool.num_used == 0
+    assert [t.num_blocks for t in idle.transfers] == [7]
+    assert_quiescent(core)
+
+
+def test_write_through_copies_only_full_prompt_blocks() -> None:
+    core = EngineCore(host_config(offload_policy="write-through"))
+    # 10 prompt tokens (2 full blocks) + 14 generated tokens fill 6 blocks in all.
+    run(core, [one("a", prompt(0, 10), 0.0, max_tokens=15)])
+    assert core.offload is not None and core.offload.stored_blocks == 2
+
+
+def test_eviction_is_free_under_write_through() -> None:
+    core = EngineCore(host_config(num_gpu_blocks=8, offload_policy="write-through"))
+    result = run(core, [one("a", prompt(0, 28), 0.0), one("b", prompt(1, 28), 1.0)])
+    b = finished(result)["b"]
+    assert b.first_scheduled_time == 1.0  # a's blocks are on host: no copy before reuse
+
+
+# -- onboarding --------------------------------------------------------------------------------
+
+
+def evicted_then_again(**overrides: Any) -> tuple[EngineCore, VirtualRun, list[RequestStatus]]:
+    """a (8 blocks), b, c push a out of the 16-block device pool; then a comes back."""
+    core = EngineCore(host_config(offload_policy="write-through", **overrides))
+    reqs = [one("a", prompt(0), 0.0), one("b", prompt(1), 1.0), one("c", prompt(2), 2.0)]
+    reqs.append(one("a2", prompt(0), 3.0))
+    statuses: list[RequestStatus] = []
+    result = VirtualRun()
+    for _ in VirtualDriver(core).steps(reqs, run=result):
+        if "a2" in core.requests:
+            statuses.append(core.requests["a2"].status)
+    return core, result, statuses
+
+
+def test_host_hit_loads_parks_the_request_and_resumes_it() -> None:
+    core, result, statuses = evicted_then_again()
+    a2 = finished(result)["a2"]
+    # No device hit; 7 blocks on host (the lookup stops one token short of the prompt).
+    assert a2.num_cached_tokens == 28 and a2.num_host_cached_tokens == 28
+    assert RequestStatus.WAITING_FOR_REMOTE_KVS in statuses
+    ttft = 7 * BLOCK_S + prefill_ms(4) / 1000
+    assert a2.first_token_time - a2.arrival_time == pytest.approx(ttft)
+    assert core.offload is not None and core.offload.loaded_blocks == 7
+    assert_quiescent(core)
+
+
+def test_device_hit_then_host_continuation() -> None:
+    core = EngineCore(host_config(offload_policy="write-through"))
+    # a caches 8 blocks; b and c (sharing a's first 2 blocks) evict a's other blocks.
+    shared = prompt(0)[:8]
+    reqs = [
+        one("a", prompt(0), 0.0),
+        one("b", shared + prompt(1)[:24], 1.0),
+        one("c", prompt(2), 2.0),
+        one("a2", prompt(0), 3.0),
+    ]
+    a2 = finished(run(core, reqs))["a2"]
+    assert a2.num_cached_tokens == 28
+    assert 0 < a2.num_host_cached_tokens < 28  # part device hit, the rest loaded from host
+
+
+def test_short_host_hits_are_recomputed() -> None:
+    core, result, _ = evicted_then_again(min_load_blocks=8)
+    a2 = finished(result)["a2"]
+    assert a2.num_host_cached_tokens == 0 and a2.num_cached_tokens == 0
+    assert core.offload is not None and core.offload.loaded_blocks == 0
+
+
+def test_loads_slower_than_prefill_are_recomputed() -> None:
+    # 7 blocks at 0.0002 GB/s take ~18 s, far above prefill(28) ≈ 17 ms.
+    core, result, _ = evicted_then_again(host_h2d_bandwidth_gbps=0.0002)
+    assert finished(result)["a2"].num_host_cached_tokens == 0
+    assert core.offload is not None and core.offload.loaded_blocks == 0
+
+
+def test_a_load_past_its_timeout_recomputes_and_leaks_nothing() -> None:
+    # The load pays off on paper (3.7 ms < 16.6 ms) but a 1 ms timeout cuts it short.
+    core, result, statuses = evicted_then_again(load_timeout_s=0.001)
+    a2 = finished(result)["a2"]
+    assert RequestStatus.WAITING_FOR_REMOTE_KVS in statuses
+    assert a2.num_host_cached_tokens == 0 and a2.num_cached_tokens == 0
+    # Waited the timeout, then computed the whole prompt.
+    assert a2.first_token_time - a2.arrival_time == pytest.approx(0.001 + prefill_ms(32) / 1000)
+    assert core.offload is not None and core.offload.loaded_blocks == 0
+    assert_quiescent(core)
+
+
+def test_abort_during_a_load_releases_everything() -> None:
+    core = EngineCore(host_config(offload_policy="write-through"))
+    reqs = [one("a", prompt(0), 0.0), one("b", prompt(1), 1.0), one("c", prompt(2), 2.0)]
+    reqs.append(one("a2", prompt(0), 3.0))
+    result = run(core, reqs, [Abort(3.0 + BLOCK_S, "a2")])  # mid-load
+    assert [o.request_id for o in result.aborted] == ["a2"]
+    assert "a2" not in finished(result)
+    assert core.offload is not None and core.offload.loaded_blocks == 0
+    assert_quiescent(core)
+
+
+def test_instant_links_still_go_through_the_transfer_path() -> None:
+    core, result, _ = evicted_then_again(host_d2h_bandwidth_gbps=0, host_h2d_bandwidth_gbps=0)
+    a2 = finished(result)["a2"]
+    assert a2.num_host_cached_tokens == 28
+    assert core.offload is not None and core.offload.loaded_blocks == 7
+    assert a2.first_token_time - a2.arrival_time == pytest.approx(prefill_ms(4) / 1000)
+    assert_quiescent(core)
+
+
+def test_speedup_divides_transfer_times() -> None:
+    _, result, _ = evicted_then_again(speedup_ratio=10.0)
+    a2 = finished(result)["a2"]
+    ttft = (7 * BLOCK_S + prefill_ms(4) / 1000) / 10
+    assert a2.first_token_time - a2.arrival_time == pytest.approx(ttft)
