@@ -13,7 +13,27 @@ from hypothesis import strategies as st
 from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore
 from mocker.engine.virtual import Abort, VirtualDriver, VirtualRun
+from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from mocker.request import EngineRequest, RequestStatus, SamplingParams
+
+
+class Indexer:
+    """What a router learns from the KV events: the cached hashes per medium."""
+
+    def __init__(self) -> None:
+        self.media: dict[str, set[int]] = {"GPU": set(), "CPU": set()}
+
+    def apply(self, events: list[KVEvent]) -> None:
+        for e in events:
+            if isinstance(e, BlockStored):
+                stored = self.media[e.medium]
+                assert not stored & set(e.block_hashes), "stored twice without a removal"
+                stored.update(e.block_hashes)
+            elif isinstance(e, BlockRemoved):
+                assert set(e.block_hashes) <= self.media[e.medium], "removed but never stored"
+                self.media[e.medium].difference_update(e.block_hashes)
+            elif isinstance(e, AllBlocksCleared):
+                self.media["GPU"].clear()
 
 
 def check_invariants(core: EngineCore) -> None:
@@ -112,9 +132,17 @@ def random_workload(seed: int, seen: Seen) -> None:
         if rng.random() < 0.15:
             aborts.append(Abort(t + rng.uniform(0.0, 0.05), f"r{i}"))
     run = VirtualRun()
+    indexer = Indexer()
     for result in VirtualDriver(core).steps(requests, aborts, run=run):
         check_invariants(core)
         seen.counts["idle"] += result.idle
+        if config.enable_kv_cache_events:
+            # The events are true: applied in order, they give each tier's cached set.
+            indexer.apply(result.kv_events)
+            assert indexer.media["GPU"] == set(core.pool.cached_hashes())
+            assert core.host is not None
+            assert indexer.media["CPU"] == core.host.resident_hashes()
+            seen.counts["events"] += len(result.kv_events)
     assert_drained(core)
     assert core.offload is not None
     seen.counts["loaded_blocks"] += core.offload.loaded_blocks
@@ -129,14 +157,16 @@ def random_workload(seed: int, seen: Seen) -> None:
 
 def test_conservation_over_seeded_workloads() -> None:
     seen = Seen()
-    for seed in range(60):
+    for seed in range(100):
         random_workload(seed, seen)
-    # The property was exercised: hits, copies, preemptions, aborts, timeouts, idle waits.
-    for what in ("loaded_blocks", "stored_blocks", "preemptions", "aborted", "timeouts", "idle"):
+    # The property was exercised: hits, copies, preemptions, aborts, timeouts, idle waits,
+    # a full host tier, events.
+    for what in ("loaded_blocks", "stored_blocks", "preemptions", "aborted", "timeouts", "idle",
+                 "host_full", "events"):  # fmt: skip
         assert seen.counts[what] > 0, what
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(seed=st.integers(1000, 2**31))
 def test_conservation_property(seed: int) -> None:
     random_workload(seed, Seen())
