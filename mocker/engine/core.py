@@ -58,6 +58,13 @@ class EngineCore:
         if self.host is not None:
             self.offload = OffloadManager(config, self.pool, self.host, self.timing.prefill_ms)
         self._write_through = self.offload is not None and not evict
+        # Offload on eviction copies in the background, as KVBM does, to keep about one
+        # pass's worth of blocks reusable (or on their way): admissions then rarely wait
+        # for a copy. Capped at 1/8 of the pool, so the device cache stays mostly intact.
+        self._evict_ahead = 0
+        if evict:
+            pass_blocks = -(-config.max_num_batched_tokens // config.block_size)
+            self._evict_ahead = min(pass_blocks, config.num_gpu_blocks // 8)
         self.kv = KVCacheManager(self.pool, self.offload)
         self.scheduler = Scheduler(config, self.kv)
         self.time = 0.0  # the latest time the core was driven to
@@ -290,11 +297,22 @@ class EngineCore:
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
         outputs, finished = self._advance(sched, end)
-        if self._write_through:
-            assert offload is not None
-            offload.start_staged(end)  # copies of this pass's new prompt blocks
+        if offload is not None:
+            if self._write_through:
+                offload.start_staged(end)  # copies of this pass's new prompt blocks
+            elif self._evict_ahead:
+                self._evict_in_background(offload, end)
         stats = self._stats(sched, outputs)
         return StepResult(now, end, outputs, stats, finished, self._take_events(), records)
+
+    def _evict_in_background(self, offload: OffloadManager, end: float) -> None:
+        """Start copying the least recently used dirty blocks while reusable ones (counting
+        copies in flight) are fewer than the evict-ahead mark."""
+        pool = self.pool
+        short = self._evict_ahead - pool.num_reusable - pool.num_in_flight
+        if short > 0 and pool.num_dirty_free:
+            pool.evict_dirty(short)
+            offload.offload_evicted(end)
 
     def _advance(
         self, sched: SchedulerOutput, end: float

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NewType
 
@@ -26,9 +27,16 @@ class KVBlock:
     # Offload on eviction: cached, and its hash is not (yet) on the host tier, so evicting
     # it means copying it first.
     dirty: bool = False
-    # Kept only with a host tier: what a host copy of this block records (its tokens, LoRA).
-    token_ids: tuple[int, ...] | None = None
+    # Kept only with a host tier: what a host copy of this block records, its tokens (the
+    # request's token list, append-only, and where this block starts in it) and LoRA.
+    token_src: Sequence[int] | None = None
+    token_start: int = 0
     lora_name: str | None = None
+
+    def token_ids(self, block_size: int) -> tuple[int, ...]:
+        src = self.token_src
+        start = self.token_start
+        return () if src is None else tuple(src[start : start + block_size])
     # Intrusive free-list links, touched only by FreeBlockQueue.
     prev_free: KVBlock | None = None
     next_free: KVBlock | None = None

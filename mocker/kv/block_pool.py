@@ -151,7 +151,8 @@ class BlockPool:
                 block.parent_hash = block_hashes[i - 1] if i > 0 else None
                 cached[block_hash] = block
                 if keep:
-                    block.token_ids = tuple(token_ids[i * bs : (i + 1) * bs])
+                    block.token_src = token_ids
+                    block.token_start = i * bs
                     block.lora_name = lora_name
                 if holds is not None:
                     block.dirty = not holds(block_hash)  # held blocks are referenced: no count
@@ -201,7 +202,7 @@ class BlockPool:
         self._policy.on_uncached(block, parent)
         block.block_hash = None
         block.parent_hash = None
-        block.token_ids = None
+        block.token_src = None
         if self.record_events:
             self._events.append(BlockRemoved(block_hashes=(block_hash,)))
 
@@ -251,7 +252,7 @@ class BlockPool:
         push = self._policy.push
         for block in blocks:
             block.block_hash = block.parent_hash = None
-            block.token_ids = None
+            block.token_src = None
             self.num_in_flight -= 1
             push(block)
 
@@ -323,7 +324,7 @@ class BlockPool:
             self._policy.remove(block)
             self._policy.on_uncached(block, None)
             block.block_hash = block.parent_hash = None
-            block.token_ids = None
+            block.token_src = None
             block.dirty = False
             self._policy.push(block)
         self._cached.clear()

@@ -176,9 +176,10 @@ class OffloadManager:
     def _reserve(self, block: KVBlock, block_hash: BlockHash) -> bool:
         """Claim a host slot for a copy of `block`; evicted host hashes make any device
         block with them dirty again (offload on eviction)."""
-        evicted = self.host.reserve(
-            HostBlock(block_hash, block.parent_hash, block.token_ids or (), block.lora_name)
-        )
+        # The tokens are only needed for the Stored event when the copy lands.
+        tokens = block.token_ids(self.block_size) if self.host.record_events else ()
+        host_block = HostBlock(block_hash, block.parent_hash, tokens, block.lora_name)
+        evicted = self.host.reserve(host_block)
         if evicted is None:
             return False
         for gone in evicted:
@@ -278,9 +279,10 @@ class OffloadManager:
     def poll(self, now: float) -> tuple[list[Request], list[Request]]:
         """Apply everything due by `now`, in time order: finished stores and loads, and
         load timeouts. Returns (requests whose KV loaded, requests whose load timed out)."""
-        for tid, end in self.d2h.advance_to(now):
-            self._finish_store(self._stores.pop(tid), end)
-            self.version += 1
+        if self._stores:
+            for tid, end in self.d2h.advance_to(now):
+                self._finish_store(self._stores.pop(tid), end)
+                self.version += 1
         loaded: list[Request] = []
         timed_out: list[Request] = []
         if not self._loads:
