@@ -117,6 +117,7 @@ class EngineConfig:
     enable_kv_cache_events: bool = False
     # Host (G2) tier: 0 blocks = no host tier.
     num_host_blocks: int = 0
+    kv_offloading_size: float | None = None  # GiB, when the host tier was sized that way
     offload_policy: OffloadPolicy = OffloadPolicy.EVICT
     # GB/s = 10^9 bytes per second; <= 0 means instant. Transfer durations are divided by
     # the speedup ratio like every simulated duration.
@@ -125,7 +126,7 @@ class EngineConfig:
     offload_batch_size: int = 32  # blocks per device-to-host transfer
     transfer_latency_ms: float = 0.0  # fixed cost added to every transfer
     min_load_blocks: int = 1  # shorter host hits are recomputed
-    load_timeout_s: float = 10.0  # a longer load is cancelled and the request recomputes
+    load_timeout: float = 10.0  # a longer load is cancelled and the request recomputes
 
     def __post_init__(self) -> None:
         bs = self.block_size
@@ -151,9 +152,11 @@ class EngineConfig:
         for name in ("host_d2h_bandwidth_gbps", "host_h2d_bandwidth_gbps"):
             _finite(name, getattr(self, name))
         _finite("transfer_latency_ms", self.transfer_latency_ms, minimum=0.0)
-        _finite("load_timeout_s", self.load_timeout_s, minimum=0.0)
-        if self.load_timeout_s <= 0:
-            _fail("load_timeout_s", self.load_timeout_s, "must be > 0")
+        if self.kv_offloading_size is not None:
+            _finite("kv_offloading_size", self.kv_offloading_size, minimum=0.0)
+        _finite("load_timeout", self.load_timeout, minimum=0.0)
+        if self.load_timeout <= 0:
+            _fail("load_timeout", self.load_timeout, "must be > 0")
         if not isinstance(self.model, ModelShape):
             _fail("model", self.model, "must be a ModelShape")
         sr = self.speedup_ratio

@@ -161,14 +161,15 @@ class EngineMetrics:
         stats = result.stats
         if result.transfers:
             self._transfers(result)
-        if result.idle:
-            return  # no pass ran: only transfers to count
-        self.iteration_tokens.observe(stats.num_scheduled_tokens)
+        # A pass can preempt (or count hits of a load that ended) and still compute nothing.
+        self.num_preemptions += stats.num_preemptions
         self.prefix_queries += stats.prefix_queries
         self.prefix_hits += stats.prefix_hits
         self.external_prefix_queries += stats.external_prefix_queries
         self.external_prefix_hits += stats.external_prefix_hits
-        self.num_preemptions += stats.num_preemptions
+        if result.idle:
+            return
+        self.iteration_tokens.observe(stats.num_scheduled_tokens)
         last = self._last_token_time
         itl = self.itl
         generated = 0
@@ -461,11 +462,9 @@ class MetricsCollector(Collector):
         )
         for m in self.engines:
             cfg = m.config
-            # vLLM renders every value with str(): True/False, None; the offloading size in GiB.
-            cpu_blocks, offload_gib = "None", "None"
-            if cfg.has_host_tier:
-                cpu_blocks = str(cfg.num_host_blocks)
-                offload_gib = str(cfg.num_host_blocks * cfg.block_bytes / 2**30)
+            # vLLM renders every value with str(): True/False, None.
+            cpu_blocks = str(cfg.num_host_blocks) if cfg.has_host_tier else "None"
+            offload_gib = str(cfg.kv_offloading_size)  # as given (None with --num-host-blocks)
             info.add_metric(
                 [str(cfg.block_size), "auto", str(cfg.enable_prefix_caching), cpu_blocks,
                  str(cfg.num_gpu_blocks), offload_gib, m.engine],

@@ -242,7 +242,7 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         "load_timeout",
         "seconds a host-to-device load may take before the request recomputes instead "
         "(simulated: divided by the speedup ratio) (mocker)",
-        _D.load_timeout_s,
+        _D.load_timeout,
         "float",
         metavar="SECONDS",
     ),
@@ -519,13 +519,14 @@ def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
         eviction_policy=values["eviction_policy"],
         eos_probability=values["eos_probability"],
         num_host_blocks=_num_host_blocks(values),
+        kv_offloading_size=values["kv_offloading_size"],
         offload_policy=values["offload_policy"],
         host_d2h_bandwidth_gbps=values["host_d2h_bandwidth_gbps"],
         host_h2d_bandwidth_gbps=values["host_h2d_bandwidth_gbps"],
         offload_batch_size=values["offload_batch_size"],
         transfer_latency_ms=values["transfer_latency_ms"],
         min_load_blocks=values["min_load_blocks"],
-        load_timeout_s=values["load_timeout"],
+        load_timeout=values["load_timeout"],
         **extra,
     )
     kv_tokens = config.num_gpu_blocks * config.block_size

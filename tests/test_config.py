@@ -60,7 +60,7 @@ def test_strings_coerce_to_enums() -> None:
         ({"offload_policy": "lazy"}, "evict, write-through"),
         ({"offload_batch_size": 0}, "offload_batch_size"),
         ({"min_load_blocks": 0}, "min_load_blocks"),
-        ({"load_timeout_s": 0.0}, "load_timeout_s"),
+        ({"load_timeout": 0.0}, "load_timeout"),
         ({"transfer_latency_ms": -1.0}, "transfer_latency_ms"),
         ({"host_d2h_bandwidth_gbps": float("nan")}, "host_d2h_bandwidth_gbps"),
     ],

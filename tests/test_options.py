@@ -132,6 +132,7 @@ def test_host_tier_flags() -> None:
     config = engine_config_from(values)
     # 4 GiB of 2 MiB blocks (block_size 16 × Llama-3-8B's 128 KiB per token).
     assert config.num_host_blocks == 2048 and config.offload_policy == "evict"
+    assert config.kv_offloading_size == 4.0  # reported in vllm:cache_config_info
     argv = [*small, "--num-host-blocks", "100", "--offload-policy", "write-through",
             "--host-d2h-bandwidth-gbps", "8", "--host-h2d-bandwidth-gbps", "0",
             "--offload-batch-size", "4", "--transfer-latency-ms", "0.5",
@@ -141,7 +142,7 @@ def test_host_tier_flags() -> None:
     assert (config.num_host_blocks, config.offload_policy) == (100, "write-through")
     assert (config.host_d2h_bandwidth_gbps, config.host_h2d_bandwidth_gbps) == (8.0, 0.0)
     assert (config.offload_batch_size, config.transfer_latency_ms) == (4, 0.5)
-    assert (config.min_load_blocks, config.load_timeout_s) == (2, 3.0)
+    assert (config.min_load_blocks, config.load_timeout) == (2, 3.0)
     values, _ = resolve(_parse(small), ALL, environ={"MOCKER_NUM_HOST_BLOCKS": "7"})
     assert engine_config_from(values).num_host_blocks == 7
     assert engine_config_from(resolve(_parse(small), ALL, environ={})[0]).num_host_blocks == 0

@@ -336,7 +336,7 @@ class EngineCore:
                     # request can finish and free them.
                     stop = min(request.num_cached_blocks, request.num_prompt_tokens // bs)
                     if stop > before:
-                        stage(request.blocks[before:stop])
+                        stage(request, request.blocks[before:stop])
             num_tokens = len(request.all_token_ids)
             if computed < num_tokens:
                 continue  # a prefill chunk that does not reach the end of the prompt
@@ -362,7 +362,7 @@ class EngineCore:
             if status is not None:
                 request.status = status
                 request.finished_time = end
-                kv.free(request)
+                kv.free_finished(request)
                 del self.requests[request.request_id]
                 out.finished = True
                 out.finish_reason = request.finish_reason

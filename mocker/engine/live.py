@@ -327,9 +327,9 @@ class LiveEngine:
         await self._wake.wait()
 
     def _observe(self, result: StepResult) -> None:
-        """A result without a pass: only its transfers and events are news."""
+        """A result without a pass: news only if it carries transfers, events or counts."""
         self._rearm_workers()
-        if self.on_step is not None and (result.transfers or result.kv_events):
+        if self.on_step is not None and result.newsworthy:
             self.on_step(result)
 
     def _rearm_workers(self) -> None:
@@ -385,6 +385,8 @@ class LiveEngine:
     def _die(self, error: BaseException) -> None:
         if self.dead_error is None:
             self.dead_error = error
+        for worker in self._workers:
+            worker.cancel()  # nothing left to wake
         streams, self._streams = self._streams, {}
         self._inbox.clear()
         self._inbox_requests = 0

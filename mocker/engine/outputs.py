@@ -63,3 +63,9 @@ class StepResult:
     def idle(self) -> bool:
         """No pass ran: nothing was schedulable (e.g. every request waits for a transfer)."""
         return self.stats.num_scheduled_tokens == 0
+
+    @property
+    def newsworthy(self) -> bool:
+        """An idle result still carries something observers count."""
+        s = self.stats
+        return bool(self.transfers or self.kv_events or s.num_preemptions or s.prefix_queries)

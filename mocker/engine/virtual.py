@@ -76,7 +76,7 @@ class VirtualDriver:
                     yield result
                     continue
                 # Nothing can run now: jump to the next transfer deadline or arrival.
-                if result.transfers or result.kv_events:
+                if result.newsworthy:
                     yield result
                 nexts = [t for t in (core.next_transfer_deadline(),) if t is not None]
                 if i < len(timed):

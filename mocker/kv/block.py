@@ -37,6 +37,7 @@ class KVBlock:
         src = self.token_src
         start = self.token_start
         return () if src is None else tuple(src[start : start + block_size])
+
     # Intrusive free-list links, touched only by FreeBlockQueue.
     prev_free: KVBlock | None = None
     next_free: KVBlock | None = None

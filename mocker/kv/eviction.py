@@ -44,6 +44,10 @@ class EvictionPolicy(ABC):
     def candidates(self) -> Iterator[KVBlock]:
         """Free blocks in the order `pop()` would take them (do not mutate while iterating)."""
 
+    @abstractmethod
+    def __iter__(self) -> Iterator[KVBlock]:
+        """Every free block, least recently used first (`candidates` may skip some)."""
+
     def on_cached(self, block: KVBlock, parent: KVBlock | None) -> None:  # noqa: B027
         """`block` became findable; `parent` is the cached block holding its parent hash."""
 
@@ -80,6 +84,9 @@ class LRUPolicy(EvictionPolicy):
         return list(self._queue)
 
     def candidates(self) -> Iterator[KVBlock]:
+        return iter(self._queue)
+
+    def __iter__(self) -> Iterator[KVBlock]:
         return iter(self._queue)
 
 

@@ -129,6 +129,14 @@ class KVCacheManager:
         request.num_computed_tokens = len(request.blocks) * self.block_size
         self.cache_blocks(request)
 
+    def free_finished(self, request: Request) -> None:
+        """Release a finished request's blocks: now, or (write-through) when the copies of
+        its blocks to host have ended."""
+        if self.offload is not None and self.offload.hold_if_storing(request):
+            request.num_cached_blocks = 0
+            return
+        self.free(request)
+
     def free(self, request: Request) -> None:
         """Release every block; the tail goes first so a shared prefix outlives it."""
         if request.blocks:

@@ -47,6 +47,7 @@ class Scheduler:
 
     __slots__ = (
         "_block_size",
+        "_carry",
         "_chunked",
         "_host_tier",
         "_max_seqs",
@@ -69,6 +70,8 @@ class Scheduler:
         self.loading: set[Request] = set()
         self.ready: list[Request] = []
         self._host_tier = kv.offload is not None
+        # Prefix counts of loads that ended between passes, reported by the next pass.
+        self._carry = SchedulerOutput()
         self.num_preemptions = 0
         self._token_budget = config.max_num_batched_tokens
         self._max_seqs = config.max_num_seqs
@@ -92,13 +95,16 @@ class Scheduler:
         elif not self.waiting.remove(request) and request in self.ready:
             self.ready.remove(request)
         request.status = status
-        self.kv.free(request)
+        self.kv.free_finished(request)
 
     def resume(self, request: Request) -> None:
-        """Its KV loaded: it computes the rest of its prompt before fresh admissions."""
+        """Its KV loaded: it computes the rest of its prompt before fresh admissions. Its
+        hits count now (whatever happens to the loaded blocks before it resumes)."""
         self.loading.discard(request)
         request.status = RequestStatus.WAITING
         self.ready.append(request)
+        device, host = request.load_hits
+        self._count_prefix(request, device, host, self._carry)
 
     def requeue(self, request: Request) -> None:
         """Its load was dropped (timeout) and its blocks freed: it waits again, in front."""
@@ -119,7 +125,11 @@ class Scheduler:
     # -- the pass -----------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
+        out, carry = SchedulerOutput(), self._carry
+        if carry.prefix_queries:
+            out.prefix_queries, out.prefix_hits = carry.prefix_queries, carry.prefix_hits
+            out.external_queries, out.external_hits = carry.external_queries, carry.external_hits
+            self._carry = SchedulerOutput()
         budget, stalled = self._schedule_running(self._token_budget, out)
         # As vLLM: a pass that had to preempt admits nobody new (unless nothing is left to
         # run). Nor does one in which a running request waits for blocks being offloaded:
@@ -249,8 +259,6 @@ class Scheduler:
             if not self.kv.allocate_slots(request, num_new):
                 break
             ready.pop(0)
-            device, host = request.load_hits
-            self._count_prefix(request, device, host, out)
             self._admit(request, num_new, out)
             budget -= num_new
         return budget

@@ -105,12 +105,14 @@ class HostTier:
         return evicted
 
     def commit(self, hashes: Iterable[BlockHash]) -> None:
-        """Copies finished: the blocks become resident (most recently used) and visible."""
-        landed: list[HostBlock] = []
-        for block_hash in hashes:
-            block = self._incoming.pop(block_hash)
-            self._resident[block_hash] = block
-            landed.append(block)
+        """Copies finished: the blocks become resident (most recently used) and visible.
+
+        Within the batch a parent becomes more recent than its children, as vLLM's host
+        LRU touches a chain in reverse, so a chain is evicted leaf first."""
+        landed = [self._incoming.pop(h) for h in hashes]
+        resident = self._resident
+        for block in _children_first(landed):
+            resident[block.block_hash] = block
         if self.record_events and landed:
             self._record_stored(landed)
 
@@ -141,12 +143,13 @@ class HostTier:
 
     # -- loads --------------------------------------------------------------------------------
 
-    def pin(self, hashes: Iterable[BlockHash]) -> None:
-        """A load starts reading these blocks: they stay resident until unpinned."""
+    def pin(self, hashes: Sequence[BlockHash]) -> None:
+        """A load starts reading these blocks (in chain order): they stay resident until
+        unpinned."""
         resident = self._resident
-        for block_hash in hashes:
-            resident[block_hash].pins += 1
-            resident.move_to_end(block_hash)  # a hit makes it the most recently used
+        for block_hash in reversed(hashes):  # a hit makes them the most recently used,
+            resident[block_hash].pins += 1  # the chain's root most of all
+            resident.move_to_end(block_hash)
 
     def unpin(self, hashes: Iterable[BlockHash]) -> None:
         resident = self._resident
@@ -168,3 +171,26 @@ class HostTier:
             return []
         events, self._events = self._events, []
         return events
+
+
+def _children_first(blocks: list[HostBlock]) -> list[HostBlock]:
+    """The blocks ordered so that every block comes after its descendants in the list."""
+    in_batch = {b.block_hash for b in blocks}
+    children: dict[BlockHash, list[HostBlock]] = {}
+    roots: list[HostBlock] = []
+    for block in blocks:
+        parent = block.parent_hash
+        if parent is not None and parent in in_batch and parent != block.block_hash:
+            children.setdefault(parent, []).append(block)
+        else:
+            roots.append(block)
+    out: list[HostBlock] = []
+    stack: list[tuple[HostBlock, bool]] = [(r, False) for r in reversed(roots)]
+    while stack:  # iterative post-order: chains can be thousands of blocks long
+        block, expanded = stack.pop()
+        if expanded:
+            out.append(block)
+            continue
+        stack.append((block, True))
+        stack.extend((c, False) for c in children.get(block.block_hash, ()))
+    return out

@@ -90,10 +90,13 @@ class Link:
         best = self._delayed[0][0] if self._delayed else None
         head = self._head()
         if head is not None:
-            finish = self._time + (head - self._service) * len(self._active) / self.bandwidth
-            finish += self.latency
+            finish = self._bytes_done_at(head) + self.latency
             best = finish if best is None else min(best, finish)
         return best
+
+    def _bytes_done_at(self, target: float) -> float:
+        # Never before the link's time: rounding may leave the service a hair past a target.
+        return self._time + max(0.0, target - self._service) * len(self._active) / self.bandwidth
 
     def _head(self) -> float | None:
         heap, active = self._heap, self._active
@@ -104,21 +107,26 @@ class Link:
     def _progress(self, now: float) -> None:
         """Advance the shared service to `now`; transfers whose bytes are through move to the
         finish heap, due after their latency. Time never goes back."""
-        if now <= self._time:
+        if now < self._time:
             return
         active = self._active
         while active:
             head = self._head()
             assert head is not None
-            finish = self._time + (head - self._service) * len(active) / self.bandwidth
+            finish = self._bytes_done_at(head)
             if finish > now:
                 break
             # Bytes done: time and service move to this instant exactly (no drift).
-            self._time = max(self._time, finish)
+            self._time = finish
             self._service = head
             _, tid = heapq.heappop(self._heap)
             del active[tid]
             heapq.heappush(self._delayed, (finish + self.latency, tid))
         if active:
             self._service += (now - self._time) * self.bandwidth / len(active)
+        else:
+            # Idle: restart the service count, so it never grows large enough to lose
+            # precision over a long uptime (stale heap entries go with it).
+            self._service = 0.0
+            self._heap.clear()
         self._time = now

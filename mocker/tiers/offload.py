@@ -55,6 +55,7 @@ class _Store:
     blocks: list[KVBlock]
     hashes: list[BlockHash]
     start: float
+    owners: list[Request] | None = None  # write-through: the request of each block
 
 
 @dataclass(slots=True, eq=False)
@@ -101,12 +102,16 @@ class OffloadManager:
         self._h2d_model = Link(config.host_h2d_bandwidth_gbps * 1e9, latency_s)
         self.d2h = Link(config.host_d2h_bandwidth_gbps * 1e9 * speedup, latency_s / speedup)
         self.h2d = Link(config.host_h2d_bandwidth_gbps * 1e9 * speedup, latency_s / speedup)
-        self._load_timeout = config.load_timeout_s / speedup
+        self._load_timeout = config.load_timeout / speedup
         self._stores: dict[TransferId, _Store] = {}
         self._loads: dict[TransferId, _Load] = {}
         self._load_of: dict[Request, _Load] = {}
         self._timeouts: list[tuple[float, TransferId]] = []  # lazily pruned
-        self._staged: list[tuple[KVBlock, BlockHash]] = []  # write-through, pinned
+        self._staged: list[tuple[KVBlock, BlockHash, Request]] = []  # write-through, pinned
+        # Write-through, as vLLM's delay_free: a request's copies in flight, and the block
+        # tables of finished requests held until their last copy ends.
+        self._storing: dict[Request, int] = {}
+        self._held: dict[Request, list[KVBlock]] = {}
         self._records: list[TransferRecord] = []
         # Bumped whenever a transfer starts, ends or is cancelled: the live driver re-arms
         # its transfer workers when it changes.
@@ -134,6 +139,11 @@ class OffloadManager:
     @property
     def has_pending(self) -> bool:
         return bool(self._stores or self._loads or self._staged)
+
+    @property
+    def num_held_blocks(self) -> int:
+        """Blocks of finished requests held until their copies end (for checks)."""
+        return sum(len(blocks) for blocks in self._held.values())
 
     @property
     def num_loading(self) -> int:
@@ -204,7 +214,7 @@ class OffloadManager:
             self.pool.finish_offload(dropped)
         self._start_stores(now, batch)
 
-    def stage_stores(self, blocks: Sequence[KVBlock]) -> None:
+    def stage_stores(self, request: Request, blocks: Sequence[KVBlock]) -> None:
         """Write-through: pin newly cached prompt blocks now (before their request may free
         them); `start_staged` copies them once their pass has ended."""
         pinned: list[KVBlock] = []
@@ -215,16 +225,33 @@ class OffloadManager:
             if not self._reserve(block, block_hash):
                 break  # every host block is pinned by loads: skip the rest too
             pinned.append(block)
-            self._staged.append((block, block_hash))
-        self.pool.touch(pinned)
+            self._staged.append((block, block_hash, request))
+        if pinned:
+            self.pool.touch(pinned)
+            self._storing[request] = self._storing.get(request, 0) + len(pinned)
+
+    def hold_if_storing(self, request: Request) -> bool:
+        """A request finished while copies of its blocks are in flight: hold its whole block
+        table until the last one ends (vLLM's delay_free). False: free it now."""
+        if request not in self._storing:
+            return False
+        self._held[request] = request.blocks
+        request.blocks = []
+        return True
 
     def start_staged(self, now: float) -> None:
         if self._staged:
             staged, self._staged = self._staged, []
-            self._start_stores(now, [b for b, _ in staged], [h for _, h in staged])
+            self._start_stores(
+                now, [s[0] for s in staged], [s[1] for s in staged], [s[2] for s in staged]
+            )
 
     def _start_stores(
-        self, now: float, blocks: list[KVBlock], hashes: list[BlockHash] | None = None
+        self,
+        now: float,
+        blocks: list[KVBlock],
+        hashes: list[BlockHash] | None = None,
+        owners: list[Request] | None = None,
     ) -> None:
         if hashes is None:
             hashes = [b.block_hash for b in blocks]  # type: ignore[misc]
@@ -232,7 +259,8 @@ class OffloadManager:
         for lo in range(0, len(blocks), size):
             chunk = blocks[lo : lo + size]
             tid = self.d2h.start(now, len(chunk) * self.block_bytes)
-            self._stores[tid] = _Store(chunk, hashes[lo : lo + size], now)
+            chunk_owners = owners[lo : lo + size] if owners is not None else None
+            self._stores[tid] = _Store(chunk, hashes[lo : lo + size], now, chunk_owners)
             self.version += 1
 
     def _finish_store(self, store: _Store, end: float) -> None:
@@ -242,6 +270,14 @@ class OffloadManager:
         else:
             # Unpin tail first, as a request frees its blocks, so a chain is evicted leaf first.
             self.pool.free_blocks(reversed(store.blocks))
+            storing = self._storing
+            for owner in store.owners or ():
+                storing[owner] -= 1
+                if not storing[owner]:
+                    del storing[owner]
+                    held = self._held.pop(owner, None)
+                    if held:
+                        self.pool.free_blocks(reversed(held))
         n = len(store.blocks)
         self.stored_blocks += n
         self._records.append(
@@ -306,7 +342,10 @@ class OffloadManager:
                 continue
             if link_next is None or link_next > now:
                 break
-            for tid, end in self.h2d.advance_to(link_next):
+            finished = self.h2d.advance_to(link_next)
+            if not finished:
+                break  # a backstop: the link always finishes what its deadline promised
+            for tid, end in finished:
                 load = self._loads.pop(tid)
                 del self._load_of[load.request]
                 self.host.unpin(load.hashes)

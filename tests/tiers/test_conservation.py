@@ -14,6 +14,7 @@ from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore
 from mocker.engine.virtual import Abort, VirtualDriver, VirtualRun
 from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from mocker.metrics import EngineMetrics
 from mocker.request import EngineRequest, RequestStatus, SamplingParams
 
 
@@ -80,6 +81,7 @@ def assert_drained(core: EngineCore) -> None:
     assert core.pool.num_free == core.pool.num_blocks
     assert core.host is not None and core.host.num_incoming == 0 and core.host.num_pinned() == 0
     assert core.offload is not None and len(core.offload.d2h) == len(core.offload.h2d) == 0
+    assert core.offload.num_held_blocks == 0
 
 
 @dataclass
@@ -107,7 +109,7 @@ def random_workload(seed: int, seen: Seen) -> None:
         offload_batch_size=rng.choice([1, 3, 32]),
         transfer_latency_ms=rng.choice([0.0, 0.5]),
         min_load_blocks=rng.randint(1, 3),
-        load_timeout_s=rng.choice([10.0, 0.004, 0.0005]),
+        load_timeout=rng.choice([10.0, 0.004, 0.0005]),
         enable_kv_cache_events=rng.random() < 0.5,
         seed=seed,
     )
@@ -133,7 +135,9 @@ def random_workload(seed: int, seen: Seen) -> None:
             aborts.append(Abort(t + rng.uniform(0.0, 0.05), f"r{i}"))
     run = VirtualRun()
     indexer = Indexer()
+    metrics = EngineMetrics(config, lookup=core.requests.get)
     for result in VirtualDriver(core).steps(requests, aborts, run=run):
+        metrics.on_step(result)
         check_invariants(core)
         seen.counts["idle"] += result.idle
         if config.enable_kv_cache_events:
@@ -144,6 +148,11 @@ def random_workload(seed: int, seen: Seen) -> None:
             assert indexer.media["CPU"] == core.host.resident_hashes()
             seen.counts["events"] += len(result.kv_events)
     assert_drained(core)
+    # Counts reach the metrics even from passes that computed nothing.
+    assert metrics.num_preemptions == core.scheduler.num_preemptions
+    host_hits = sum(r.num_host_cached_tokens for r in run.finished)
+    host_hits += sum(o.num_host_cached_tokens for o in run.aborted)
+    assert metrics.external_prefix_hits == host_hits
     assert core.offload is not None
     seen.counts["loaded_blocks"] += core.offload.loaded_blocks
     seen.counts["stored_blocks"] += core.offload.stored_blocks

@@ -79,3 +79,18 @@ def test_unpin_more_than_pinned_is_a_bug() -> None:
     host.commit([BlockHash(1)])
     with pytest.raises(ValueError, match="unpinned more often"):
         host.unpin([BlockHash(1)])
+
+
+@pytest.mark.parametrize("order", [(1, 2, 3), (3, 2, 1)])
+def test_a_chain_is_evicted_leaf_first_after_a_store_or_a_load(order: tuple[int, ...]) -> None:
+    host = HostTier(3, 2)
+    for h in order:  # 1 <- 2 <- 3, committed in either order
+        host.reserve(blk(h, h - 1 if h > 1 else None))
+    host.commit([BlockHash(h) for h in order])
+    assert host.reserve(blk(9)) == [BlockHash(3)]  # the leaf, never the root
+    host.commit([BlockHash(9)])
+    host.pin([BlockHash(1), BlockHash(2)])  # a load reads the chain root first
+    host.unpin([BlockHash(1), BlockHash(2)])
+    assert host.reserve(blk(10)) == [BlockHash(9)]
+    assert host.reserve(blk(11)) == [BlockHash(2)]  # then the chain, leaf first
+    assert host.reserve(blk(12)) == [BlockHash(1)]

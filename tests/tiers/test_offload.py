@@ -154,7 +154,9 @@ def test_write_through_holds_a_finished_request_until_its_stores_end() -> None:
     core.add_request(one("a", prompt(0, 30), 0.0))  # 7 full prompt blocks, 2 tokens spare
     result = core.step(0.0)
     assert result.finished and result.finished[0].request_id == "a"
-    assert core.pool.num_used == 7  # pinned by the stores, though the request is gone
+    # Its whole block table (7 full blocks + the partial one) is held, as vLLM's delay_free,
+    # though the request is gone.
+    assert core.pool.num_used == 8
     assert core.host is not None and core.host.num_incoming == 7
     assert core.host.num_resident == 0  # not visible until the copy ends
     deadline = core.next_transfer_deadline()
@@ -238,7 +240,7 @@ def test_loads_slower_than_prefill_are_recomputed() -> None:
 
 def test_a_load_past_its_timeout_recomputes_and_leaks_nothing() -> None:
     # The load pays off on paper (3.7 ms < 16.6 ms) but a 1 ms timeout cuts it short.
-    core, result, statuses = evicted_then_again(load_timeout_s=0.001)
+    core, result, statuses = evicted_then_again(load_timeout=0.001)
     a2 = finished(result)["a2"]
     assert RequestStatus.WAITING_FOR_REMOTE_KVS in statuses
     assert a2.num_host_cached_tokens == 0 and a2.num_cached_tokens == 0
@@ -273,3 +275,13 @@ def test_speedup_divides_transfer_times() -> None:
     a2 = finished(result)["a2"]
     ttft = (7 * BLOCK_S + prefill_ms(4) / 1000) / 10
     assert a2.first_token_time - a2.arrival_time == pytest.approx(ttft)
+
+
+def test_write_through_releases_a_finished_request_tail_first() -> None:
+    core = EngineCore(host_config(offload_policy="write-through"))
+    core.add_request(one("a", prompt(0, 30), 0.0))
+    [a] = core.step(0.0).finished
+    core.advance_transfers(core.next_transfer_deadline())  # type: ignore[arg-type]
+    cached_order = [b.block_hash for b in core.pool.policy.order() if b.block_hash is not None]  # type: ignore[attr-defined]
+    # Leaf first, as vLLM frees a request's table: the chain's root is evicted last.
+    assert cached_order == list(reversed(a.block_hashes[:7]))

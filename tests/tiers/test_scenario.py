@@ -86,34 +86,52 @@ def test_second_round_is_served_from_host(policy: str) -> None:
     for k in range(PROMPTS):
         expected = first if k < DEVICE_BLOCKS // (PROMPT // BLOCK) else steady_first
         assert ttft(f"round0-{k}") == pytest.approx(expected, rel=1e-9)
-    # Round 2: the device holds none of it; 63 blocks load from host, 16 tokens compute.
+    # Round 2: 63 blocks are found (the lookup stops one token short), 16 tokens computed.
+    # With write-through the device holds none of a prompt by then (plain LRU), so all 63
+    # load from host. With `evict`, eviction takes clean blocks (already on host) before
+    # dirty ones, so the last round-1 prompts, never copied, are still on the device for
+    # the last round-2 requests; only the rest of the hit loads.
     second = copy_s(LOADED) + prefill_ms(PROMPT - LOADED * BLOCK) / 1000
-    for k in range(1, PROMPTS):  # (the first of round 2 may wait for evict copies too)
+    host_hits = device_hits = 0
+    for k in range(PROMPTS):
         r = finished[f"round1-{k}"]
-        assert r.num_cached_tokens == r.num_host_cached_tokens == LOADED * BLOCK
-        assert ttft(f"round1-{k}") == pytest.approx(second, rel=1e-9)
-    drop = ttft(f"round0-{PROMPTS - 1}") - ttft(f"round1-{PROMPTS - 1}")
+        assert r.num_cached_tokens == LOADED * BLOCK
+        loaded = r.num_host_cached_tokens
+        host_hits, device_hits = host_hits + loaded, device_hits + r.num_cached_tokens - loaded
+        if policy == "write-through" or 1 <= k <= 12:
+            assert loaded == LOADED * BLOCK and ttft(f"round1-{k}") == pytest.approx(second)
+        if k >= 1:  # (the first of round 2 may wait for evict copies too)
+            expected = copy_s(loaded // BLOCK) + prefill_ms(PROMPT - LOADED * BLOCK) / 1000
+            assert ttft(f"round1-{k}") == pytest.approx(expected, rel=1e-9)
+    drop = ttft("round0-8") - ttft("round1-8")
     assert drop == pytest.approx(steady_first - second, rel=1e-9)
     assert drop > 0.010  # over 10 ms faster
+    assert host_hits >= 12 * LOADED * BLOCK
 
-    # Every distinct block reached host exactly once; each round-2 prompt loaded 63 blocks.
+    # Metrics and events add up with what the requests saw.
     total_blocks = PROMPTS * PROMPT // BLOCK
-    assert metrics.offload_store_bytes == total_blocks * BLOCK_BYTES
-    assert metrics.offload_load_bytes == PROMPTS * LOADED * BLOCK_BYTES
-    assert metrics.offload_load_size.count == PROMPTS
-    assert metrics.offload_load_time == pytest.approx(PROMPTS * copy_s(LOADED), rel=1e-9)
+    assert core.offload is not None
+    stored = core.offload.stored_blocks
+    assert stored == total_blocks or (policy == "evict" and stored >= total_blocks - 4 * 64)
+    assert metrics.offload_store_bytes == stored * BLOCK_BYTES
+    assert metrics.offload_load_bytes == host_hits // BLOCK * BLOCK_BYTES
+    assert metrics.offload_load_time == pytest.approx(copy_s(host_hits // BLOCK), rel=1e-9)
     assert metrics.external_prefix_queries == 2 * PROMPTS * PROMPT
-    assert metrics.external_prefix_hits == PROMPTS * LOADED * BLOCK
-    assert metrics.prefix_hits == 0
-    assert metrics.prompt_tokens_cached == metrics.prompt_tokens_cached_host
-    assert metrics.prompt_tokens_cached == PROMPTS * LOADED * BLOCK
-    # Events: each round stores every block on the device (64 per prompt, loaded or
-    # computed); all but the last 256 left it; host received each block once.
-    assert events["BlockStored", "GPU"] == 2 * total_blocks
-    assert events["BlockRemoved", "GPU"] == 2 * total_blocks - DEVICE_BLOCKS
-    assert events["BlockStored", "CPU"] == total_blocks
+    assert metrics.external_prefix_hits == metrics.prompt_tokens_cached_host == host_hits
+    assert metrics.prefix_hits == device_hits
+    assert metrics.prompt_tokens_cached == host_hits + device_hits
+    # Events: a block is stored on the device when computed or loaded (a device hit, or a
+    # last block still cached from round 1, is already there); it was removed unless still
+    # cached; host received each copy once.
+    gpu_stored = events["BlockStored", "GPU"]
+    if policy == "write-through":
+        assert gpu_stored == 2 * total_blocks
+    else:
+        assert 0 <= total_blocks + (PROMPTS * PROMPT - device_hits) // BLOCK - gpu_stored <= 3
+    assert events["BlockRemoved", "GPU"] == gpu_stored - len(core.pool.cached_hashes())
+    assert events["BlockStored", "CPU"] == stored
     assert events["BlockRemoved", "CPU"] == 0  # the host tier never filled
-    assert host.num_resident == total_blocks and host.usage == total_blocks / HOST_BLOCKS
+    assert host.num_resident == stored and host.usage == stored / HOST_BLOCKS
 
     text = generate_latest(build_registry(MetricsCollector([metrics], "m"), process=False))
     samples = {
@@ -121,12 +139,12 @@ def test_second_round_is_served_from_host(policy: str) -> None:
         for family in text_string_to_metric_families(text.decode())
         for sample in family.samples
     }
-    hits = PROMPTS * LOADED * BLOCK
-    assert samples["vllm:prompt_tokens_cached_by_source_total", "host"].value == hits
-    assert samples["vllm:prompt_tokens_cached_by_source_total", "device"].value == 0
-    assert samples["vllm:external_prefix_cache_hits_total", None].value == hits
-    assert samples["vllm:kv_offload_load_bytes_total", None].value == hits // BLOCK * BLOCK_BYTES
-    assert samples["vllm:kv_offload_store_bytes_total", None].value == total_blocks * BLOCK_BYTES
-    assert samples["vllm:kv_offload_cpu_cache_usage_perc", None].value == 0.5
+    assert samples["vllm:prompt_tokens_cached_by_source_total", "host"].value == host_hits
+    assert samples["vllm:prompt_tokens_cached_by_source_total", "device"].value == device_hits
+    assert samples["vllm:external_prefix_cache_hits_total", None].value == host_hits
+    load_bytes = host_hits // BLOCK * BLOCK_BYTES
+    assert samples["vllm:kv_offload_load_bytes_total", None].value == load_bytes
+    assert samples["vllm:kv_offload_store_bytes_total", None].value == stored * BLOCK_BYTES
+    assert samples["vllm:kv_offload_cpu_cache_usage_perc", None].value == stored / HOST_BLOCKS
     info = samples["vllm:cache_config_info", None].labels
-    assert info["num_cpu_blocks"] == str(HOST_BLOCKS) and info["kv_offloading_size"] == "4.0"
+    assert info["num_cpu_blocks"] == str(HOST_BLOCKS) and info["kv_offloading_size"] == "None"
