@@ -24,6 +24,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/engine_step.py
 	$(BIN)/python bench/serve_stream.py
+	$(BIN)/python bench/offload.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -228,23 +228,28 @@ class BlockPool:
         Called when too few blocks are reusable: the copies make room once they end."""
         if n <= 0 or not self.num_dirty_free:
             return 0
-        chosen = self._first_free(n, dirty=True)
+        chosen = self._first_dirty(n)
         for block in chosen:
             self._policy.remove(block)
             self.num_dirty_free -= 1
             self._begin_offload(block)
         return len(chosen)
 
-    def _first_free(self, n: int, *, dirty: bool) -> list[KVBlock]:
-        """The first n free blocks that are (or are not) dirty, in eviction order; if the
-        policy's own candidates run short (lineage skips parents), in plain LRU order."""
+    def _first_dirty(self, n: int) -> list[KVBlock]:
+        """The first n dirty free blocks in eviction order; if the policy's own candidates
+        run short (lineage skips parents), then in plain LRU order."""
         chosen: list[KVBlock] = []
-        for source in (self._policy.candidates(), iter(self._policy)):
-            for block in source:
-                if block.dirty is dirty and block not in chosen:
-                    chosen.append(block)
-                    if len(chosen) == n:
-                        return chosen
+        for block in self._policy.candidates():
+            if block.dirty:
+                chosen.append(block)
+                if len(chosen) == n:
+                    return chosen
+        taken = set(map(id, chosen))
+        for block in self._policy:
+            if block.dirty and id(block) not in taken:
+                chosen.append(block)
+                if len(chosen) == n:
+                    break
         return chosen
 
     def take_evicting(self) -> list[KVBlock]:
@@ -278,25 +283,26 @@ class BlockPool:
     def get_new_blocks(self, n: int) -> list[KVBlock]:
         """Take n blocks off the free side, evicting cached ones as the policy orders.
 
-        Dirty blocks are passed over (evicting them means copying them first; that is
-        `evict_dirty`'s job, when reusable blocks run short): the first n clean ones go.
-        Callers check `num_reusable` first; running short here is a bug.
+        A dirty block whose turn comes is evicted all the same, in LRU order, but not
+        handed out: its copy to host begins and the next block is taken. Callers check
+        `num_reusable` first; running short here is a bug.
         """
         if n > self.num_reusable:
             raise ValueError(f"cannot allocate {n} blocks, only {self.num_reusable} reusable")
-        if self.num_dirty_free:
-            blocks = self._first_free(n, dirty=False)
-            for block in blocks:
-                self._policy.remove(block)
-        else:
-            pop = self._policy.pop
-            blocks = [pop() for _ in range(n)]
-        for block in blocks:
+        out: list[KVBlock] = []
+        pop = self._policy.pop
+        while len(out) < n:
+            block = pop()
+            if block.dirty:
+                self.num_dirty_free -= 1
+                self._begin_offload(block)
+                continue
             if block.block_hash is not None:
                 self._evict(block)
             block.ref_cnt = 1
+            out.append(block)
         self.num_used += n
-        return blocks
+        return out
 
     def touch(self, blocks: Iterable[KVBlock]) -> None:
         """Add a reference to each block (prefix hit); a cached-free block leaves the free side."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from mocker.kv.events import BlockRemoved, BlockStored, KVEvent
 from mocker.kv.hashing import BlockHash
@@ -175,6 +176,11 @@ class HostTier:
 
 def _children_first(blocks: list[HostBlock]) -> list[HostBlock]:
     """The blocks ordered so that every block comes after its descendants in the list."""
+    pairs = list(pairwise(blocks))
+    if all(a.parent_hash == b.block_hash for a, b in pairs):
+        return blocks  # one chain, leaf first (an evict batch)
+    if all(b.parent_hash == a.block_hash for a, b in pairs):
+        return blocks[::-1]  # one chain, root first (a write-through batch)
     in_batch = {b.block_hash for b in blocks}
     children: dict[BlockHash, list[HostBlock]] = {}
     roots: list[HostBlock] = []
