@@ -27,15 +27,11 @@ figures across runs.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import json
 import os
 import random
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,17 +47,21 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from harness import (
+    CLIENT_CPU,
+    HOST,
+    SERVER_CPU,
+    cpu_seconds,
+    log,
+    running,
+)
+
 from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore
 from mocker.engine.outputs import StepResult
 from mocker.engine.virtual import VirtualDriver, VirtualRun
 from mocker.request import EngineRequest, Request, SamplingParams
 from mocker.tiers.offload import TransferKind
-
-ROOT = Path(__file__).resolve().parent.parent
-HOST = "127.0.0.1"
-SERVER_CPU = 1
-CLIENT_CPU = 0
 
 # -- the scenario (shared by all three parts) --
 BLOCK_SIZE = 16  # 2 MiB per block with the default llama-3-8b shape
@@ -90,14 +90,7 @@ LIVE_CONCURRENCY = 16
 LIVE_REPS = 8  # servers per config, alternating which starts
 SETTLE_S = 0.3  # before a /metrics scrape: let stores in flight end and counters update
 
-STARTUP_TIMEOUT_S = 60.0
 REQUEST_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 15.0
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def percentile(samples: list[float], q: float) -> float | None:
@@ -114,23 +107,6 @@ def rounded(value: float | None, digits: int = 3) -> float | None:
 
 def ratio(a: float | None, b: float | None, digits: int = 3) -> float | None:
     return None if a is None or b is None or b == 0 else round(a / b, digits)
-
-
-def free_port() -> int:
-    # Bind-and-release: a tiny race with other processes, acceptable on a bench machine.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of the whole process (all threads), from /proc/PID/stat."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat.rsplit(")", 1)[1].split()  # the command name may contain spaces
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-# -- the working set --------------------------------------------------------------------------
 
 
 def working_set() -> list[list[int]]:
@@ -416,79 +392,6 @@ def mocker_argv(port: int, host_blocks: int) -> list[str]:
     if host_blocks:
         argv += ["--num-host-blocks", str(host_blocks)]
     return argv
-
-
-@dataclass(slots=True)
-class Server:
-    """A started server process and where its output goes."""
-
-    name: str
-    port: int
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-
-    def log_tail(self, lines: int = 20) -> str:
-        text = self.log_path.read_text(errors="replace")
-        return "\n".join(text.splitlines()[-lines:])
-
-    def log_issues(self) -> list[str]:
-        """Lines of the server log that look like trouble (tracebacks, errors, warnings)."""
-        marks = ("Traceback", "Error", "ERROR", "WARNING", "Exception", "exception")
-        text = self.log_path.read_text(errors="replace")
-        return [line for line in text.splitlines() if any(m in line for m in marks)]
-
-
-def wait_healthy(server: Server) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    url = f"http://{HOST}:{server.port}/health"
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"{server.name} exited at start-up:\n{server.log_tail()}")
-        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as response:
-            if response.status == 200:
-                return
-        time.sleep(0.2)
-    raise RuntimeError(f"{server.name} not healthy after {STARTUP_TIMEOUT_S:.0f}s")
-
-
-def stop(server: Server) -> None:
-    """SIGINT (as Ctrl-C), then SIGKILL after STOP_TIMEOUT_S; only our own child, by PID."""
-    proc = server.proc
-    if proc.poll() is not None:
-        log(f"  {server.name} had already exited with code {proc.returncode}")
-        return
-    began = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(STOP_TIMEOUT_S)
-        how = f"exit code {proc.returncode}"
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(STOP_TIMEOUT_S)
-        how = f"SIGKILL, still up {STOP_TIMEOUT_S:.0f}s after SIGINT"
-    log(f"  {server.name} stopped in {time.monotonic() - began:.2f}s: {how}")
-
-
-@contextlib.contextmanager
-def running(name: str, argv_for: Callable[[int], list[str]], log_dir: Path) -> Iterator[Server]:
-    """A fresh server on core 1 and a free port, healthy on entry, always stopped on exit."""
-    port = free_port()
-    log_path = log_dir / f"{name}-{port}.log"
-    with log_path.open("wb") as log_file:
-        # taskset execs the command, so proc.pid is the server's own pid (for /proc stat).
-        proc = subprocess.Popen(
-            ["taskset", "-c", str(SERVER_CPU), *argv_for(port)],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            cwd=ROOT,
-        )
-    server = Server(name, port, proc, log_path)
-    try:
-        wait_healthy(server)
-        yield server
-    finally:
-        stop(server)
 
 
 def scrape(port: int) -> str:
