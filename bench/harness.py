@@ -27,6 +27,18 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def percentile(samples: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..1); None when there are no samples."""
+    if not samples:
+        return None
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def rounded(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
 def free_port() -> int:
     # Bind-and-release: a tiny race with other processes, acceptable on a bench machine.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

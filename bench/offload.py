@@ -53,6 +53,8 @@ from harness import (
     SERVER_CPU,
     cpu_seconds,
     log,
+    percentile,
+    rounded,
     running,
 )
 
@@ -91,18 +93,6 @@ LIVE_REPS = 8  # servers per config, alternating which starts
 SETTLE_S = 0.3  # before a /metrics scrape: let stores in flight end and counters update
 
 REQUEST_TIMEOUT_S = 60.0
-
-
-def percentile(samples: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0..1); None when there are no samples."""
-    if not samples:
-        return None
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def rounded(value: float | None, digits: int = 3) -> float | None:
-    return None if value is None else round(value, digits)
 
 
 def ratio(a: float | None, b: float | None, digits: int = 3) -> float | None:

@@ -27,6 +27,8 @@ from harness import (
     Server,
     cpu_seconds,
     log,
+    percentile,
+    rounded,
     running,
 )
 
@@ -60,18 +62,6 @@ def model_decode_ms(kv_usage: float, speedup: float) -> float:
     """The engine's modelled decode pass time at this KV usage (its polynomial)."""
     u = kv_usage
     return (-25.74 * u * u + 54.01 * u + 5.74) / speedup
-
-
-def percentile(samples: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0..1); None when there are no samples."""
-    if not samples:
-        return None
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def rounded(value: float | None, digits: int = 3) -> float | None:
-    return None if value is None else round(value, digits)
 
 
 def mocker_argv(port: int, speedup: float) -> list[str]:
