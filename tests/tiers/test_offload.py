@@ -16,6 +16,7 @@ from mocker.engine.virtual import Abort, VirtualDriver, VirtualRun
 from mocker.kv.events import BlockRemoved, BlockStored
 from mocker.request import EngineRequest, RequestStatus, SamplingParams
 from mocker.tiers.offload import TransferKind
+from tests.conftest import small_config
 
 BLOCK_BYTES = 4 * 32 * 2 * 8 * 128 * 2  # block_size 4 × Llama-3-8B's 131072 B/token
 BLOCK_S = BLOCK_BYTES / 1e9  # seconds per block at 1 GB/s
@@ -26,19 +27,16 @@ def prefill_ms(t: int) -> float:
 
 
 def host_config(**overrides: Any) -> EngineConfig:
-    base: dict[str, Any] = {
-        "block_size": 4,
-        "num_gpu_blocks": 16,
-        "max_num_seqs": 8,
+    host = {
         "max_num_batched_tokens": 512,
         "max_model_len": 64,
+        "num_gpu_blocks": 16,
         "num_host_blocks": 64,
         "host_d2h_bandwidth_gbps": 1.0,
         "host_h2d_bandwidth_gbps": 1.0,
         "enable_kv_cache_events": True,
     }
-    base.update(overrides)
-    return EngineConfig(**base)
+    return small_config(**(host | overrides))
 
 
 def prompt(k: int, n: int = 32) -> list[int]:
