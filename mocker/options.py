@@ -6,13 +6,14 @@ import argparse
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from mocker.config import MODEL_PRESETS, ConfigError, EngineConfig, OffloadPolicy
+from mocker.kvevents.config import EventFormat, KVEventsConfig
 
 __all__ = [
     "ENGINE_OPTIONS",
@@ -66,7 +67,7 @@ class Option:
     dest: str
     help: str
     default: Any = None
-    kind: str = "str"  # str | int | float | bool | flag | names
+    kind: str = "str"  # str | int | float | bool | flag | names | json
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
 
@@ -87,6 +88,7 @@ class Option:
             "bool": _bool,
             "flag": _bool,
             "names": _names,
+            "json": str,  # parsed (with errors naming its keys) by whoever owns the setting
         }
         value = converter[self.kind](text)
         self._check_choice(value)
@@ -99,6 +101,8 @@ class Option:
             return None
         if isinstance(value, str):
             return self.parse_text(value)
+        if self.kind == "json" and isinstance(value, dict):
+            return value
         if self.kind == "names" and isinstance(value, list):
             return [str(v) for v in value]
         if self.kind in ("bool", "flag") and isinstance(value, bool):
@@ -297,6 +301,24 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         "flag",
     ),
     Option(
+        "kv_events_config",
+        "vLLM's KV-event config as JSON, e.g. '{\"enable_kv_cache_events\": true, "
+        '"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", '
+        '"topic": "kv@{host}:{port}@{model}"}\'; the topic\'s {host} is $POD_IP or this '
+        "server's address, {port} its HTTP port, {model} the served model name",
+        None,
+        "json",
+        metavar="JSON",
+    ),
+    Option(
+        "kv_events_format",
+        'KV events as msgpack maps with a "type" key (vLLM >= mid-2026) or as the older '
+        "positional arrays (mocker)",
+        "map",
+        "str",
+        choices=tuple(f.value for f in EventFormat),
+    ),
+    Option(
         "legacy_metric_names",
         "also export V0-era metric names (vllm:gpu_cache_usage_perc, …) for older routers",
         False,
@@ -333,7 +355,6 @@ IGNORED_VLLM_FLAGS: dict[str, bool] = {
     "disable_log_stats": False,
     # Flags of later mocker features, or of vLLM deployments (llm-d manifests), accepted now.
     "data_parallel_size": True,
-    "kv_events_config": True,
     "kv_offloading_backend": True,
     "kv_transfer_config": True,
     "prefix_caching_hash_algo": True,
@@ -557,6 +578,8 @@ class ServerSettings:
     access_log: bool = True
     log_level: str = "info"
     legacy_metric_names: bool = False
+    kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
+    kv_events_format: EventFormat = EventFormat.MAP
 
     @property
     def model_name(self) -> str:
@@ -587,4 +610,6 @@ def server_settings_from(values: Mapping[str, Any]) -> ServerSettings:
         access_log=not values["disable_uvicorn_access_log"],
         log_level=values["uvicorn_log_level"],
         legacy_metric_names=values["legacy_metric_names"],
+        kv_events=KVEventsConfig.parse(values["kv_events_config"]),
+        kv_events_format=EventFormat(values["kv_events_format"]),
     )

@@ -39,6 +39,23 @@ def test_serve_bad_settings_exit_2(capsys: pytest.CaptureFixture[str], tmp_path)
     assert "max_num_seqs" in capsys.readouterr().err
 
 
+def test_serve_bad_kv_events_config_exits_2_naming_the_key(
+    capsys: pytest.CaptureFixture[str], tmp_path
+) -> None:
+    assert main(["serve", "--kv-events-config", '{"enable_kv_cache_events": tru}']) == 2
+    assert "kv_events_config: not valid JSON" in capsys.readouterr().err
+    assert main(["serve", "--kv-events-config", '{"hwm": "many"}']) == 2
+    assert "kv_events_config.hwm='many'" in capsys.readouterr().err
+    assert main(["serve", "--kv-events-config", '{"enable_kv_cache_events": 1}']) == 2
+    assert "kv_events_config.enable_kv_cache_events" in capsys.readouterr().err
+    assert main(["serve", "--kv-events-config", '{"topic": "kv@{pod_ip}"}']) == 2
+    assert "unknown placeholder {pod_ip}" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"  # in a YAML file the config may be a mapping
+    bad.write_text("kv_events_config:\n  enable_kv_cache_events: true\n  endpoit: tcp://*:1\n")
+    assert main(["serve", "--config", str(bad)]) == 2
+    assert "unknown key 'endpoit'" in capsys.readouterr().err
+
+
 def test_serve_help_explains_every_flag() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "mocker", "serve", "--help"],
@@ -55,6 +72,8 @@ def test_serve_help_explains_every_flag() -> None:
         "MOCKER_MAX_NUM_SEQS",
         "--gpu-memory-utilization",
         "--config",
+        "--kv-events-config",
+        "--kv-events-format",
     ):
         assert flag in out, flag  # fmt: skip
 

@@ -167,6 +167,23 @@ def test_host_tier_mistakes_fail_at_start_up(argv: list[str], message: str) -> N
 
 
 def test_later_and_deployment_vllm_flags_are_accepted() -> None:
-    ns = _parse(["--kv-events-config", "{}", "--data-parallel-size", "2"])
+    ns = _parse(["--kv-transfer-config", "{}", "--data-parallel-size", "2"])
     _, warnings = resolve(ns, ALL, environ={})
     assert len(warnings) == 2
+
+
+def test_kv_events_config_from_flag_env_and_yaml(tmp_path) -> None:
+    text = '{"enable_kv_cache_events": true, "endpoint": "tcp://*:6000"}'
+    values, warnings = resolve(_parse(["--kv-events-config", text]), ALL, environ={})
+    assert warnings == []
+    settings = server_settings_from(values)
+    assert settings.kv_events.active and settings.kv_events.endpoint == "tcp://*:6000"
+    assert settings.kv_events_format == "map"
+    env = {"MOCKER_KV_EVENTS_CONFIG": text, "MOCKER_KV_EVENTS_FORMAT": "array"}
+    settings = server_settings_from(resolve(_parse([]), ALL, environ=env)[0])
+    assert settings.kv_events.endpoint == "tcp://*:6000" and settings.kv_events_format == "array"
+    cfg = tmp_path / "m.yaml"
+    cfg.write_text("kv-events-config:\n  enable_kv_cache_events: true\n  topic: kv\n")
+    values, _ = resolve(_parse([]), ALL, config_file=str(cfg), environ={})
+    assert server_settings_from(values).kv_events.topic == "kv"
+    assert not server_settings_from(resolve(_parse([]), ALL, environ={})[0]).kv_events.active

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated
@@ -28,7 +29,10 @@ from mocker.api.protocol import (
 from mocker.api.serving import OpenAIServing
 from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore
-from mocker.engine.live import LiveEngine
+from mocker.engine.live import EngineDeadError, LiveEngine
+from mocker.engine.outputs import StepResult
+from mocker.kvevents.config import advertised_host, connectable
+from mocker.kvevents.publisher import ZmqEventPublisher
 from mocker.metrics import EngineMetrics, EngineSnapshot, MetricsCollector, build_registry
 from mocker.options import ServerSettings
 from mocker.tokenizer import ChatTemplateError, TextTokenizer
@@ -53,6 +57,7 @@ class ServerState:
     registry: CollectorRegistry
     serving: OpenAIServing
     created: int
+    publisher: ZmqEventPublisher | None = None
 
 
 def _json(data: object, status: int = 200) -> Response:
@@ -63,9 +68,20 @@ def build_state(
     settings: ServerSettings, config: EngineConfig, tokenizer: TextTokenizer
 ) -> ServerState:
     config = engine_config_for(config, tokenizer)
+    events = settings.kv_events
+    if events.active and not config.enable_kv_cache_events:
+        config = config.with_changes(enable_kv_cache_events=True)
     core = EngineCore(config, output_palette=tokenizer.palette)
     metrics = EngineMetrics(config, engine="0")
-    engine = LiveEngine(core, on_step=metrics.on_step, on_finish=metrics.on_finish)
+    publisher = None
+    on_step = metrics.on_step
+    if events.active:
+        topic = events.topic_for(
+            host=advertised_host(settings.host), port=settings.port, model=settings.model_name
+        )
+        publisher = ZmqEventPublisher(events, topic=topic, rank=0, fmt=settings.kv_events_format)
+        on_step = _publishing(metrics.on_step, publisher)
+    engine = LiveEngine(core, on_step=on_step, on_finish=metrics.on_finish)
     host = core.host
     metrics.snapshot = lambda: EngineSnapshot(
         engine.num_running,
@@ -86,7 +102,53 @@ def build_state(
         registry=build_registry(collector),
         serving=OpenAIServing(engine, tokenizer, settings, config),
         created=int(time.time()),
+        publisher=publisher,
     )
+
+
+def _publishing(
+    observe: Callable[[StepResult], None], publisher: ZmqEventPublisher
+) -> Callable[[StepResult], None]:
+    """The step observer that also publishes each step's KV events as one batch."""
+    publish = publisher.publish
+
+    def on_step(result: StepResult) -> None:
+        observe(result)
+        if result.kv_events:
+            publish(result.kv_events)
+
+    return on_step
+
+
+def kv_event_sources(state: ServerState) -> dict[str, object]:
+    """Where a consumer subscribes to this server's KV events (GET /kv_event_sources)."""
+    settings, publisher = state.settings, state.publisher
+    body: dict[str, object] = {
+        "enabled": publisher is not None,
+        "publisher": settings.kv_events.publisher if publisher is not None else "null",
+        "format": settings.kv_events_format.value,
+        "model": settings.model_name,
+        "block_size": state.config.block_size,
+        "sources": [],
+    }
+    if publisher is not None:
+        host = advertised_host(settings.host)
+        replay = publisher.replay_endpoint
+        body["sources"] = [
+            {
+                "data_parallel_rank": publisher.rank,
+                "endpoint": publisher.endpoint,
+                # bind: subscribe by connecting to `connect`; connect: the engine dials the
+                # consumer's own bound socket at `endpoint`.
+                "mode": "bind" if publisher.binds else "connect",
+                "connect": connectable(publisher.endpoint, host) if publisher.binds else None,
+                "replay_endpoint": replay,
+                "replay_connect": connectable(replay, host) if replay is not None else None,
+                "topic": publisher.topic,
+                "next_seq": publisher.next_seq,
+            }
+        ]
+    return body
 
 
 class _MockerApp(FastAPI):
@@ -118,6 +180,8 @@ def create_app(settings: ServerSettings, config: EngineConfig, tokenizer: TextTo
             yield
         finally:
             await state.engine.stop()
+            if state.publisher is not None:
+                await asyncio.to_thread(state.publisher.close)
 
     app = _MockerApp(
         title="mocker",
@@ -226,6 +290,18 @@ def create_app(settings: ServerSettings, config: EngineConfig, tokenizer: TextTo
         state.serving.check_model(body.model)
         state.serving.check_token_ids(body.tokens, "tokens")
         return _json({"prompt": state.tokenizer.decode(body.tokens)})
+
+    @app.get("/kv_event_sources")
+    async def event_sources() -> Response:
+        return _json(kv_event_sources(state))
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> Response:
+        try:
+            cleared = await state.engine.reset_prefix_cache()
+        except EngineDeadError as exc:
+            raise OpenAIError(503, f"The engine is not running: {exc}") from None
+        return _json({"cleared_blocks": cleared})
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -224,6 +224,18 @@ class EngineCore:
         records = self._poll_transfers(now)
         return StepResult(now, now, [], self._stats(), [], self._take_events(), records)
 
+    def reset_prefix_cache(self, now: float) -> tuple[int, StepResult]:
+        """Clear the device prefix cache of blocks nobody references (POST
+        /reset_prefix_cache); returns the number cleared and an idle result carrying the
+        events: AllBlocksCleared, then BlockStored for what every tier still holds."""
+        self.time = max(self.time, now)
+        pending = self._take_events()  # recorded before the reset: they go out first
+        cleared = self.pool.reset_prefix_cache()
+        if self.host is not None:
+            self.host.announce()
+        events = pending + self._take_events()
+        return cleared, StepResult(now, now, [], self._stats(), [], events, [])
+
     def _poll_transfers(self, now: float) -> list[TransferRecord]:
         offload = self.offload
         if offload is None:

@@ -28,6 +28,10 @@ class EngineDeadError(RuntimeError):
 # Posted to the inbox by a transfer worker: a transfer deadline has passed.
 _TRANSFERS_DUE = "transfers-due"
 
+# A request, an early finish (id, status), _TRANSFERS_DUE, or a prefix-cache reset
+# awaiting the number of blocks it cleared.
+_InboxItem = EngineRequest | tuple[str, RequestStatus] | str | asyncio.Future[int]
+
 
 class RequestStream:
     """One request's outputs: merged until its consumer reads them with `get()`, or pushed to a
@@ -137,7 +141,7 @@ class LiveEngine:
         # its StepResult.
         self.on_finish = on_finish
         self.max_lag_s = max_lag_s
-        self._inbox: deque[EngineRequest | tuple[str, RequestStatus] | str] = deque()
+        self._inbox: deque[_InboxItem] = deque()
         self._inbox_requests = 0  # EngineRequests in the inbox: waiting, not yet in the core
         self._wake = asyncio.Event()
         # Request id -> stream, from add_request until the engine is done with the id
@@ -233,6 +237,16 @@ class LiveEngine:
         self._inbox.append((request_id, status))
         self._wake.set()
 
+    async def reset_prefix_cache(self) -> int:
+        """Clear the device prefix cache of unreferenced blocks, between two passes (so its
+        events follow the last pass's); returns the number of blocks cleared."""
+        if self.dead_error is not None:
+            raise EngineDeadError(f"engine is dead: {self.dead_error}")
+        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._inbox.append(done)
+        self._wake.set()
+        return await done
+
     async def generate(self, spec: EngineRequest) -> AsyncIterator[RequestOutput]:
         """Outputs of one request until it finishes; aborts it if the consumer goes away."""
         stream = self.add_request(spec)
@@ -259,6 +273,12 @@ class LiveEngine:
             item = inbox.popleft()
             if isinstance(item, str):
                 transfers_due = True
+                continue
+            if isinstance(item, asyncio.Future):
+                cleared, result = core.reset_prefix_cache(max(self.clock.now(), core.time))
+                self._observe(result)
+                if not item.done():
+                    item.set_result(cleared)
                 continue
             if isinstance(item, tuple):
                 request_id, status = item
@@ -388,6 +408,9 @@ class LiveEngine:
         for worker in self._workers:
             worker.cancel()  # nothing left to wake
         streams, self._streams = self._streams, {}
+        for item in self._inbox:
+            if isinstance(item, asyncio.Future) and not item.done():
+                item.set_exception(EngineDeadError(f"engine is dead: {error}"))
         self._inbox.clear()
         self._inbox_requests = 0
         failure = (

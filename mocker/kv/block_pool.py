@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from mocker.config import EvictionPolicyName
 from mocker.kv.block import BlockId, KVBlock
-from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, parents_first
 from mocker.kv.eviction import EvictionPolicy, make_policy
 from mocker.kv.hashing import BlockHash
 
@@ -70,7 +70,9 @@ class BlockPool:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.record_events = record_events
-        self.keep_tokens = keep_tokens or host_holds is not None
+        # A host copy records its block's tokens; so does a BlockStored re-announced after
+        # a reset.
+        self.keep_tokens = keep_tokens or record_events or host_holds is not None
         self.offload_on_evict = host_holds is not None
         self._host_holds = host_holds
         self.blocks = [KVBlock(BlockId(i)) for i in range(num_blocks)]
@@ -328,22 +330,61 @@ class BlockPool:
             elif block.ref_cnt < 0:
                 raise ValueError(f"{block!r} freed more often than referenced")
 
-    def reset_prefix_cache(self) -> bool:
-        """Forget every cached hash, as vLLM does only when no block is in use."""
-        if self.num_used:
-            return False
-        for block in list(self._cached.values()):
-            self._policy.remove(block)
-            self._policy.on_uncached(block, None)
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block nobody references; returns how many were forgotten.
+
+        (vLLM refuses while any block is in use; here a reset under load clears what it
+        can.) Referenced cached blocks stay findable, and so do the cached ancestors they
+        hang from (a write-through copy pins a block without its parent), so AllBlocksCleared
+        is followed by their BlockStored again, parents first: a consumer applying the
+        stream still ends with exactly this cache, chain by chain."""
+        cached, policy = self._cached, self._policy
+        keep: set[BlockHash] = set()
+        for block in cached.values():
+            if not block.ref_cnt:
+                continue
+            h: BlockHash | None = block.block_hash
+            while h is not None and h not in keep and (kept_block := cached.get(h)) is not None:
+                keep.add(h)
+                h = kept_block.parent_hash
+        cleared = 0
+        for block_hash, block in list(cached.items()):
+            if block_hash in keep:
+                continue
+            policy.remove(block)
+            policy.on_uncached(block, None)
+            del cached[block_hash]
             block.block_hash = block.parent_hash = None
             block.token_src = None
-            block.dirty = False
-            self._policy.push(block)
-        self._cached.clear()
-        self.num_dirty_free = 0
+            if block.dirty:
+                block.dirty = False
+                self.num_dirty_free -= 1
+            policy.push(block)  # now holding nothing: reused first
+            cleared += 1
+        kept = parents_first(
+            cached.values(),
+            lambda b: b.block_hash,  # type: ignore[arg-type, return-value]
+            lambda b: b.parent_hash,
+        )
+        for block in kept:  # recount cache lineage among the survivors
+            block.num_cached_children = 0
+        for block in kept:
+            parent_hash = block.parent_hash
+            policy.on_cached(block, None if parent_hash is None else cached.get(parent_hash))
         if self.record_events:
             self._events.append(AllBlocksCleared())
-        return True
+            bs = self.block_size
+            self._events.extend(
+                BlockStored(
+                    block_hashes=(b.block_hash,),  # type: ignore[arg-type]
+                    parent_block_hash=b.parent_hash,
+                    token_ids=b.token_ids(bs),
+                    block_size=bs,
+                    lora_name=b.lora_name,
+                )
+                for b in kept
+            )
+        return cleared
 
     # -- events -------------------------------------------------------------------------------
 

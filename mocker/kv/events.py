@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from mocker.kv.hashing import BlockHash
 
-__all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "KVEvent"]
+__all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "KVEvent", "parents_first"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,3 +39,25 @@ class AllBlocksCleared:
 
 
 KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+def parents_first(
+    items: Iterable[T],
+    block_hash: Callable[[T], BlockHash],
+    parent_hash: Callable[[T], BlockHash | None],
+) -> list[T]:
+    """The items ordered so that a parent comes before its children (depth within the set),
+    as a consumer that keys a block by its parent needs them announced."""
+    by_hash = {block_hash(item): item for item in items}
+    depth: dict[BlockHash, int] = {}
+    for start in by_hash:
+        path: list[BlockHash] = []
+        h: BlockHash | None = start
+        while h is not None and h in by_hash and h not in depth:
+            path.append(h)
+            h = parent_hash(by_hash[h])
+        d = depth[h] + 1 if h is not None and h in depth else 0
+        for h in reversed(path):  # walked leaf to root: assign root first
+            depth[h] = d
+            d += 1
+    return sorted(by_hash.values(), key=lambda item: depth[block_hash(item)])

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
-from mocker.kv.events import BlockRemoved, BlockStored, KVEvent
+from mocker.kv.events import BlockRemoved, BlockStored, KVEvent, parents_first
 from mocker.kv.hashing import BlockHash
 
 __all__ = ["HostBlock", "HostTier"]
@@ -166,6 +166,15 @@ class HostTier:
         del self._resident[block_hash]
         if self.record_events:
             self._events.append(BlockRemoved(block_hashes=(block_hash,), medium=MEDIUM))
+
+    def announce(self) -> None:
+        """Record a BlockStored for every resident block, parents first (after a consumer
+        was told AllBlocksCleared while this tier kept its blocks)."""
+        if self.record_events and self._resident:
+            for block in parents_first(
+                self._resident.values(), lambda b: b.block_hash, lambda b: b.parent_hash
+            ):
+                self._emit_run([block])
 
     def take_events(self) -> list[KVEvent]:
         if not self._events:

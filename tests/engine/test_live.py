@@ -12,6 +12,7 @@ from mocker.engine.live import EngineDeadError, LiveEngine
 from mocker.engine.outputs import StepResult
 from mocker.request import FinishReason
 from tests.conftest import req, small_config
+from tests.kv_index import EventIndex
 
 
 async def _until(predicate, timeout: float = 5.0) -> None:
@@ -330,3 +331,27 @@ async def test_abort_during_a_live_load_frees_everything() -> None:
     assert engine.core.pool.num_used == 0
     assert engine.core.host is not None and engine.core.host.num_pinned() == 0
     await engine.stop()
+
+
+async def test_reset_under_load_is_applied_between_passes_and_stays_true() -> None:
+    # Every step's events, applied in the order the loop hands them out, equal the cache:
+    # the reset's AllBlocksCleared never overtakes a pass's events already taken.
+    config = small_config(speedup_ratio=50.0, enable_kv_cache_events=True)
+    index = EventIndex(config.block_size)
+    engine = LiveEngine(config, on_step=lambda r: index.apply(r.kv_events))
+    engine.start()
+    finished = [req("done", list(range(100, 140)), max_tokens=2)]
+    async for _ in engine.generate(finished[0]):
+        pass
+    running = engine.add_request(req("running", list(range(500, 540)), max_tokens=40))
+    await _until(lambda: engine.core.pool.num_used > 0)
+    cleared = await engine.reset_prefix_cache()
+    assert cleared > 0  # the finished request's blocks; the running one's stay
+    assert index.hashes("GPU") == set(engine.core.pool.cached_hashes()) != set()
+    while not (await running.get()).finished:
+        pass
+    assert index.hashes("GPU") == set(engine.core.pool.cached_hashes())
+    assert index.counts["AllBlocksCleared"] == 1
+    await engine.stop()
+    with pytest.raises(EngineDeadError):
+        await engine.reset_prefix_cache()

@@ -2,6 +2,7 @@
 
 import pytest
 
+from mocker.config import EvictionPolicyName
 from mocker.kv.block_pool import BlockPool
 from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
 from mocker.kv.eviction import LRUPolicy
@@ -118,16 +119,40 @@ def test_caching_disabled_keeps_nothing() -> None:
     assert pool.lookup(1) is None and pool.take_events() == []
 
 
-def test_reset_prefix_cache_only_when_idle() -> None:
+def test_reset_prefix_cache_clears_everything_when_idle() -> None:
     pool = _pool()
     a = pool.get_new_blocks(2)
     _cache(pool, a, [1, 2])
-    assert pool.reset_prefix_cache() is False
     pool.free_blocks(reversed(a))
     pool.take_events()
-    assert pool.reset_prefix_cache() is True
+    assert pool.reset_prefix_cache() == 2
     assert pool.cached_hashes() == {} and pool.num_free == 6
     assert pool.take_events() == [AllBlocksCleared()]
+    # Cleared blocks hold nothing: they are handed out before any cached block.
+    assert [b.block_id for b in pool.get_new_blocks(2)] == [1, 0]
+
+
+def test_reset_prefix_cache_keeps_referenced_chains_and_reannounces_them() -> None:
+    pool = _pool(8, eviction_policy=EvictionPolicyName.LINEAGE)
+    a = pool.get_new_blocks(3)  # a chain 1 <- 2 <- 3, tokens 0..5
+    _cache(pool, a, [1, 2, 3])
+    b = pool.get_new_blocks(1)  # a separate, finished chain: 9
+    _cache(pool, b, [9], tokens=[40, 41])
+    pool.free_blocks(b)
+    pool.free_blocks(reversed(a[1:]))  # only block 1 stays referenced ...
+    pool.touch([a[2]])  # ... and 3, held alone (as a write-through copy holds a block)
+    pool.take_events()
+    assert pool.reset_prefix_cache() == 1  # only 9: 2 is the parent of the held block 3
+    assert set(pool.cached_hashes()) == {1, 2, 3}
+    assert pool.take_events() == [
+        AllBlocksCleared(),
+        BlockStored(block_hashes=(1,), parent_block_hash=None, token_ids=(0, 1), block_size=BS),
+        BlockStored(block_hashes=(2,), parent_block_hash=1, token_ids=(2, 3), block_size=BS),
+        BlockStored(block_hashes=(3,), parent_block_hash=2, token_ids=(4, 5), block_size=BS),
+    ]
+    # Lineage counts were recounted among the survivors: 2 keeps its cached child 3.
+    assert [a[0].num_cached_children, a[1].num_cached_children] == [1, 1]
+    assert a[2].num_cached_children == 0
 
 
 def test_usage_counts_only_referenced_blocks() -> None:

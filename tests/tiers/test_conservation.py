@@ -13,28 +13,9 @@ from hypothesis import strategies as st
 from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore
 from mocker.engine.virtual import Abort, VirtualDriver, VirtualRun
-from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from mocker.metrics import EngineMetrics
 from mocker.request import EngineRequest, RequestStatus, SamplingParams
-
-
-class Indexer:
-    """What a router learns from the KV events: the cached hashes per medium."""
-
-    def __init__(self) -> None:
-        self.media: dict[str, set[int]] = {"GPU": set(), "CPU": set()}
-
-    def apply(self, events: list[KVEvent]) -> None:
-        for e in events:
-            if isinstance(e, BlockStored):
-                stored = self.media[e.medium]
-                assert not stored & set(e.block_hashes), "stored twice without a removal"
-                stored.update(e.block_hashes)
-            elif isinstance(e, BlockRemoved):
-                assert set(e.block_hashes) <= self.media[e.medium], "removed but never stored"
-                self.media[e.medium].difference_update(e.block_hashes)
-            elif isinstance(e, AllBlocksCleared):
-                self.media["GPU"].clear()
+from tests.kv_index import EventIndex
 
 
 def check_invariants(core: EngineCore) -> None:
@@ -134,7 +115,7 @@ def random_workload(seed: int, seen: Seen) -> None:
         if rng.random() < 0.15:
             aborts.append(Abort(t + rng.uniform(0.0, 0.05), f"r{i}"))
     run = VirtualRun()
-    indexer = Indexer()
+    indexer = EventIndex(block_size)
     metrics = EngineMetrics(config, lookup=core.requests.get)
     for result in VirtualDriver(core).steps(requests, aborts, run=run):
         metrics.on_step(result)
@@ -143,9 +124,9 @@ def random_workload(seed: int, seen: Seen) -> None:
         if config.enable_kv_cache_events:
             # The events are true: applied in order, they give each tier's cached set.
             indexer.apply(result.kv_events)
-            assert indexer.media["GPU"] == set(core.pool.cached_hashes())
+            assert indexer.hashes("GPU") == set(core.pool.cached_hashes())
             assert core.host is not None
-            assert indexer.media["CPU"] == core.host.resident_hashes()
+            assert indexer.hashes("CPU") == core.host.resident_hashes()
             seen.counts["events"] += len(result.kv_events)
     assert_drained(core)
     # Counts reach the metrics even from passes that computed nothing.

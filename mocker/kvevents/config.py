@@ -1,0 +1,194 @@
+"""`--kv-events-config`: vLLM's KVEventsConfig keys and defaults, endpoints and the topic."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from enum import StrEnum
+from typing import Any
+
+from mocker.config import ConfigError
+
+__all__ = [
+    "EventFormat",
+    "KVEventsConfig",
+    "advertised_host",
+    "binds",
+    "connectable",
+    "offset_endpoint",
+]
+
+_WILDCARD_HOSTS = ("", "0.0.0.0", "::", "*", "[::]")
+TOPIC_PLACEHOLDERS = ("host", "port", "model")
+
+
+class EventFormat(StrEnum):
+    """How each event is laid out in the msgpack payload."""
+
+    MAP = "map"  # vLLM >= mid-2026: a map with "type" = the event's class name
+    ARRAY = "array"  # the older positional layout: ["BlockStored", field, field, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class KVEventsConfig:
+    """vLLM's KVEventsConfig, key for key, with its defaults."""
+
+    enable_kv_cache_events: bool = False
+    publisher: str = "zmq"  # "zmq" or "null" (vLLM's two publishers)
+    endpoint: str = "tcp://*:5557"
+    replay_endpoint: str | None = None
+    buffer_steps: int = 10_000
+    hwm: int = 100_000
+    max_queue_size: int = 100_000
+    topic: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enable_kv_cache_events, bool):
+            _bad("enable_kv_cache_events", self.enable_kv_cache_events, "must be true or false")
+        if self.publisher not in ("zmq", "null"):
+            _bad("publisher", self.publisher, 'must be "zmq" or "null"')
+        _check_endpoint("endpoint", self.endpoint)
+        if self.replay_endpoint is not None:
+            _check_endpoint("replay_endpoint", self.replay_endpoint)
+        for name, lo in (("buffer_steps", 1), ("hwm", 0), ("max_queue_size", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+                _bad(name, value, f"must be an integer >= {lo}")
+        if not isinstance(self.topic, str):
+            _bad("topic", self.topic, "must be a string")
+        try:
+            names = {f for _, f, _, _ in string.Formatter().parse(self.topic) if f is not None}
+        except ValueError as exc:
+            _bad("topic", self.topic, f"is not a valid template ({exc}; write {{{{ for a brace)")
+        unknown = sorted(names - set(TOPIC_PLACEHOLDERS))
+        if unknown:
+            _bad(
+                "topic",
+                self.topic,
+                f"unknown placeholder {{{unknown[0]}}}: use "
+                + ", ".join("{" + p + "}" for p in TOPIC_PLACEHOLDERS),
+            )
+
+    @property
+    def active(self) -> bool:
+        """Events are recorded and published."""
+        return self.enable_kv_cache_events and self.publisher == "zmq"
+
+    @classmethod
+    def parse(cls, value: str | Mapping[str, Any] | None) -> KVEventsConfig:
+        """From the flag's JSON text (or a YAML mapping); errors name the offending key."""
+        if value is None:
+            return cls()
+        if isinstance(value, str):
+            if not value.strip():
+                return cls()
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(
+                    f"invalid kv_events_config: not valid JSON ({exc.msg} at line {exc.lineno} "
+                    f"column {exc.colno}); expected an object such as "
+                    '\'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557"}\''
+                ) from None
+        if not isinstance(value, Mapping):
+            raise ConfigError(
+                f"invalid kv_events_config={value!r}: must be a JSON object of setting: value"
+            )
+        known = [f.name for f in fields(cls)]
+        for key in value:
+            if key not in known:
+                raise ConfigError(
+                    f"invalid kv_events_config: unknown key {key!r} (known keys: "
+                    + ", ".join(known)
+                    + ")"
+                )
+        return cls(**dict(value))
+
+    def endpoint_for(self, rank: int) -> str:
+        """The PUB endpoint of data-parallel rank `rank` (port + rank, as vLLM)."""
+        return offset_endpoint(self.endpoint, rank)
+
+    def replay_endpoint_for(self, rank: int) -> str | None:
+        if self.replay_endpoint is None:
+            return None
+        return offset_endpoint(self.replay_endpoint, rank)
+
+    def topic_for(self, *, host: str, port: int, model: str) -> str:
+        """The topic with {host}, {port} and {model} filled in (llm-d wants
+        "kv@{host}:{port}@{model}")."""
+        return self.topic.format(host=host, port=port, model=model)
+
+
+def _bad(key: str, value: Any, why: str) -> None:
+    raise ConfigError(f"invalid kv_events_config.{key}={value!r}: {why}")
+
+
+def _check_endpoint(key: str, endpoint: Any) -> None:
+    if not isinstance(endpoint, str) or "://" not in endpoint:
+        _bad(key, endpoint, 'must be a ZMQ endpoint such as "tcp://*:5557" or "ipc:///tmp/kv"')
+    scheme = endpoint.split("://", 1)[0]
+    if scheme not in ("tcp", "ipc", "inproc"):
+        _bad(key, endpoint, "the transport must be tcp, ipc or inproc")
+    if scheme == "tcp":
+        _, _, port = endpoint.rpartition(":")
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            _bad(key, endpoint, "a tcp endpoint needs a port in [1, 65535]")
+
+
+def offset_endpoint(endpoint: str, rank: int) -> str:
+    """vLLM's rule: data-parallel rank r publishes on port + r (inproc: a `_dp{r}` suffix,
+    ipc: the same suffix, since a path has no port)."""
+    if rank == 0:
+        return endpoint
+    if endpoint.startswith("tcp://"):
+        base, _, port = endpoint.rpartition(":")
+        new_port = int(port) + rank
+        if new_port > 65535:
+            raise ConfigError(
+                f"invalid kv_events_config.endpoint={endpoint!r}: data-parallel rank {rank} "
+                f"would publish on port {new_port}"
+            )
+        return f"{base}:{new_port}"
+    return f"{endpoint}_dp{rank}"
+
+
+def binds(endpoint: str) -> bool:
+    """vLLM's rule: a wildcard (`*` or `::`), ipc or inproc endpoint is bound; any other is
+    connected to (the consumer binds it, as llm-d's indexer does)."""
+    return (
+        "*" in endpoint
+        or "::" in endpoint
+        or endpoint.startswith("ipc://")
+        or endpoint.startswith("inproc://")
+    )
+
+
+def connectable(endpoint: str, host: str) -> str:
+    """A bound endpoint as another machine dials it: a wildcard tcp host becomes `host`."""
+    if not endpoint.startswith("tcp://"):
+        return endpoint
+    address, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+    if address in _WILDCARD_HOSTS:
+        address = f"[{host}]" if ":" in host else host
+    return f"tcp://{address}:{port}"
+
+
+def advertised_host(bind_host: str) -> str:
+    """The address other machines reach this server at: $POD_IP (Kubernetes downward API),
+    else the bound address, else (bound to every interface) this host's primary address."""
+    pod_ip = os.environ.get("POD_IP", "").strip()
+    if pod_ip:
+        return pod_ip
+    if bind_host not in _WILDCARD_HOSTS:
+        return bind_host
+    try:
+        # No packet is sent: connecting a UDP socket only picks the outgoing interface.
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("10.255.255.255", 1))
+            return str(probe.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"

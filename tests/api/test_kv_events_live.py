@@ -1,0 +1,201 @@
+"""KV events from `mocker serve` as a router sees them: a real uvicorn, the `openai` client, real
+ZMQ sockets. A router index built from the live stream predicts every `cached_tokens`; a late
+joiner converges through replay; a prefix-cache reset is announced and true."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from mocker.kvevents.config import KVEventsConfig
+from tests.api.conftest import ServerThread, free_port, make_app, settings
+from tests.kv_index import EventIndex
+from tests.kvevents.consumer import Received, Subscriber, replay
+
+BLOCK = 16
+
+
+class Follower:
+    """A router's consumer: applies batches strictly in sequence order, from live SUB
+    messages, or from replay for any it missed (the PUB drops what it sent before the
+    subscription arrived)."""
+
+    def __init__(self, sub: Subscriber, replay_url: str) -> None:
+        self.sub = sub
+        self.replay_url = replay_url
+        self.index = EventIndex(BLOCK)
+        self.applied = -1
+        self.replayed = 0  # replay requests made
+        self._fetched: dict[int, Received] = {}  # replayed batches not applied yet
+
+    def catch_up(self, last_seq: int) -> None:
+        """Apply every batch up to and including `last_seq`."""
+        start = time.monotonic()
+        deadline = start + 10
+        while self.applied < last_seq:
+            live = {m.seq: m for m in self.sub.messages() if m.seq > self.applied}
+            nxt = live.get(self.applied + 1) or self._fetched.pop(self.applied + 1, None)
+            if nxt is None and (live or time.monotonic() - start > 0.5):
+                # A gap (or nothing for a while): the batch went out before we subscribed.
+                self._fetched = {m.seq: m for m in replay(self.replay_url, self.applied + 1)}
+                self.replayed += 1
+                nxt = self._fetched.pop(self.applied + 1, None)
+            if nxt is None:
+                assert time.monotonic() < deadline, f"batch {self.applied + 1} never arrived"
+                time.sleep(0.005)
+                continue
+            self._apply(nxt)
+
+    def _apply(self, m: Received) -> None:
+        assert m.seq == self.applied + 1
+        assert m.batch.data_parallel_rank == 0
+        self.index.apply(m.batch.events)
+        self.applied = m.seq
+
+
+@pytest.fixture(scope="module")
+def events_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerThread, str]]:
+    # Bound on an ipc path (local, and bound by vLLM's rule, so several subscribers can join);
+    # the replay ROUTER on loopback TCP. A small pool, so prompts evict each other.
+    folder = tmp_path_factory.mktemp("kv")
+    replay_url = f"tcp://127.0.0.1:{free_port()}"
+    config = KVEventsConfig(
+        enable_kv_cache_events=True,
+        endpoint=f"ipc://{folder}/events",
+        replay_endpoint=replay_url,
+        topic="kv@{host}:{port}@{model}",
+    )
+    app = make_app(
+        settings(kv_events=config, port=8123, served_model_names=("routed",)),
+        block_size=BLOCK,
+        num_gpu_blocks=96,
+        max_model_len=1024,
+        speedup_ratio=200.0,
+    )
+    with ServerThread(app) as srv:
+        yield srv, replay_url
+
+
+def sources(url: str) -> dict:
+    return httpx.get(url + "/kv_event_sources", timeout=10).json()
+
+
+def last_seq(url: str) -> int:
+    return sources(url)["sources"][0]["next_seq"] - 1
+
+
+def engine_cache(srv: ServerThread) -> set[int]:
+    # Read while the engine is idle (every request above has completed).
+    return set(srv.app.state.mocker.engine.core.pool.cached_hashes())
+
+
+def test_kv_event_sources_says_where_to_connect(events_server: tuple[ServerThread, str]) -> None:
+    srv, replay_url = events_server
+    body = sources(srv.url)
+    assert body["enabled"] is True and body["format"] == "map"
+    assert body["model"] == "routed" and body["block_size"] == BLOCK
+    (source,) = body["sources"]
+    assert source["mode"] == "bind" and source["connect"] == source["endpoint"]
+    assert source["endpoint"].startswith("ipc://")
+    assert source["replay_endpoint"] == source["replay_connect"] == replay_url
+    assert source["topic"] == "kv@127.0.0.1:8123@routed"  # llm-d's kv@<ip>:<port>@<model>
+    assert source["data_parallel_rank"] == 0 and source["next_seq"] >= 1
+
+
+def test_router_index_predicts_cached_tokens(events_server: tuple[ServerThread, str]) -> None:
+    srv, replay_url = events_server
+    endpoint = sources(srv.url)["sources"][0]["connect"]
+    sub = Subscriber(endpoint)
+    follower = Follower(sub, replay_url)
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    rng = random.Random(7)
+    prefixes = [[rng.randrange(100, 90000) for _ in range(rng.choice([40, 200, 333]))]
+                for _ in range(5)]  # fmt: skip
+    outcomes = {"full": 0, "partial": 0, "miss": 0}
+    try:
+        for i in range(60):
+            prompt = rng.choice(prefixes)[: rng.randint(1, 333)]
+            prompt = prompt + [rng.randrange(100, 90000) for _ in range(rng.randint(0, 40))]
+            if not prompt:
+                continue
+            follower.catch_up(last_seq(srv.url))
+            predicted = follower.index.predict_cached_tokens(prompt)
+            completion = client.completions.create(
+                model="routed", prompt=prompt, max_tokens=rng.randint(1, 40)
+            )
+            usage = completion.usage
+            assert usage is not None and usage.prompt_tokens_details is not None
+            assert usage.prompt_tokens_details.cached_tokens == predicted, (i, len(prompt))
+            full = (len(prompt) - 1) // BLOCK * BLOCK
+            outcomes["full" if predicted == full > 0 else "partial" if predicted else "miss"] += 1
+        follower.catch_up(last_seq(srv.url))
+        assert follower.index.hashes("GPU") == engine_cache(srv)
+    finally:
+        sub.close()
+    # Hits of every kind happened, and the pool (96 blocks) evicted.
+    assert all(outcomes.values()), outcomes
+    assert follower.index.counts["BlockRemoved"] > 0
+
+
+def test_late_joiner_converges_through_replay(events_server: tuple[ServerThread, str]) -> None:
+    srv, replay_url = events_server
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    for n in (50, 120):
+        client.completions.create(model="routed", prompt=list(range(1000, 1000 + n)), max_tokens=20)
+    # Joins late: subscribe first, then replay from 0, then live batches after the replay.
+    endpoint = sources(srv.url)["sources"][0]["connect"]
+    sub = Subscriber(endpoint)
+    try:
+        replayed = replay(replay_url, 0)  # returns only once the end marker arrived
+        assert [m.seq for m in replayed] == list(range(len(replayed)))  # from 0, no gaps
+        assert type(replayed[0].batch.events[0]).__name__ == "AllBlocksCleared"
+        late = Follower(sub, replay_url)
+        for m in replayed:
+            late._apply(m)
+        client.completions.create(model="routed", prompt=list(range(5000, 5100)), max_tokens=5)
+        late.catch_up(last_seq(srv.url))
+        assert late.index.hashes("GPU") == engine_cache(srv)
+        assert late.index.hashes("GPU")  # something is cached to agree on
+    finally:
+        sub.close()
+
+
+def test_reset_prefix_cache_is_announced(events_server: tuple[ServerThread, str]) -> None:
+    srv, replay_url = events_server
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    prompt = list(range(7000, 7100))
+    client.completions.create(model="routed", prompt=prompt, max_tokens=2)
+    follower = Follower(Subscriber(sources(srv.url)["sources"][0]["connect"]), replay_url)
+    try:
+        follower.catch_up(last_seq(srv.url))  # all of it, through replay
+        assert follower.index.predict_cached_tokens(prompt) == 96
+        r = httpx.post(srv.url + "/reset_prefix_cache", timeout=10)
+        assert r.status_code == 200 and r.json()["cleared_blocks"] > 0
+        follower.catch_up(last_seq(srv.url))
+        assert follower.index.counts["AllBlocksCleared"] >= 2  # start-up, then the reset
+        assert follower.index.hashes("GPU") == engine_cache(srv) == set()
+        again = client.completions.create(model="routed", prompt=prompt, max_tokens=2)
+        assert again.usage.prompt_tokens_details.cached_tokens == 0  # type: ignore[union-attr]
+    finally:
+        follower.sub.close()
+
+
+def test_without_events_sources_say_so_and_reset_still_works(server: ServerThread) -> None:
+    body = sources(server.url)
+    assert body["enabled"] is False and body["sources"] == []
+    r = httpx.post(server.url + "/reset_prefix_cache", timeout=10)
+    assert r.status_code == 200 and "cleared_blocks" in r.json()
+
+
+def test_events_disabled_publishes_nothing_and_binds_nothing(tmp_path: Path) -> None:
+    config = KVEventsConfig(enable_kv_cache_events=False, endpoint=f"ipc://{tmp_path}/never")
+    app = make_app(settings(kv_events=config))
+    state = app.state.mocker
+    assert state.publisher is None and not state.config.enable_kv_cache_events
+    assert not (tmp_path / "never").exists()

@@ -1,0 +1,100 @@
+"""--kv-events-config: vLLM's keys and defaults, errors naming the key, endpoints and topics."""
+
+from __future__ import annotations
+
+import pytest
+
+from mocker.config import ConfigError
+from mocker.kvevents.config import (
+    KVEventsConfig,
+    advertised_host,
+    binds,
+    connectable,
+    offset_endpoint,
+)
+
+
+def test_defaults_are_vllms() -> None:
+    config = KVEventsConfig.parse(None)
+    assert config == KVEventsConfig.parse("") == KVEventsConfig.parse("{}")
+    assert config.enable_kv_cache_events is False and not config.active
+    assert config.publisher == "zmq"
+    assert config.endpoint == "tcp://*:5557"
+    assert config.replay_endpoint is None
+    assert (config.buffer_steps, config.hwm, config.max_queue_size) == (10_000, 100_000, 100_000)
+    assert config.topic == ""
+
+
+def test_parse_json_and_mapping() -> None:
+    text = (
+        '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://indexer:5557",'
+        ' "replay_endpoint": "tcp://*:5558", "buffer_steps": 50, "hwm": 7, "topic": "kv"}'
+    )
+    config = KVEventsConfig.parse(text)
+    assert config.active and config.endpoint == "tcp://indexer:5557"
+    assert (config.replay_endpoint, config.buffer_steps, config.hwm) == ("tcp://*:5558", 50, 7)
+    assert KVEventsConfig.parse({"enable_kv_cache_events": True, "topic": "kv"}).topic == "kv"
+    null = KVEventsConfig.parse('{"enable_kv_cache_events": true, "publisher": "null"}')
+    assert not null.active  # vLLM's NullEventPublisher: nothing is published
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ('{"enable_kv_cache_events": true,', "not valid JSON"),
+        ("[1, 2]", "must be a JSON object"),
+        ('{"endpont": "tcp://*:1"}', "unknown key 'endpont'"),
+        ('{"enable_kv_cache_events": "yes"}', "kv_events_config.enable_kv_cache_events"),
+        ('{"publisher": "kafka"}', "kv_events_config.publisher"),
+        ('{"endpoint": "localhost:5557"}', "kv_events_config.endpoint"),
+        ('{"endpoint": "tcp://*:99999"}', "kv_events_config.endpoint"),
+        ('{"endpoint": "udp://*:5557"}', "kv_events_config.endpoint"),
+        ('{"replay_endpoint": 5558}', "kv_events_config.replay_endpoint"),
+        ('{"buffer_steps": 0}', "kv_events_config.buffer_steps"),
+        ('{"hwm": "lots"}', "kv_events_config.hwm"),
+        ('{"max_queue_size": true}', "kv_events_config.max_queue_size"),
+        ('{"topic": 3}', "kv_events_config.topic"),
+        ('{"topic": "kv@{pod}"}', "unknown placeholder {pod}"),
+        ('{"topic": "kv@{host"}', "kv_events_config.topic"),
+    ],
+)
+def test_bad_config_names_the_key(text: str, named: str) -> None:
+    with pytest.raises(ConfigError, match="kv_events_config") as info:
+        KVEventsConfig.parse(text)
+    assert named in str(info.value)
+
+
+def test_bind_or_connect_as_vllm() -> None:
+    assert binds("tcp://*:5557") and binds("tcp://[::]:5557")
+    assert binds("ipc:///tmp/kv") and binds("inproc://kv")
+    assert not binds("tcp://indexer:5557") and not binds("tcp://10.0.0.1:5557")
+
+
+def test_data_parallel_rank_offsets_the_port() -> None:
+    config = KVEventsConfig(endpoint="tcp://*:5557", replay_endpoint="tcp://*:6000")
+    assert config.endpoint_for(0) == "tcp://*:5557"
+    assert config.endpoint_for(3) == "tcp://*:5560"
+    assert config.replay_endpoint_for(2) == "tcp://*:6002"
+    assert KVEventsConfig().replay_endpoint_for(2) is None
+    assert offset_endpoint("ipc:///tmp/kv", 1) == "ipc:///tmp/kv_dp1"
+    with pytest.raises(ConfigError, match="port 65536"):
+        offset_endpoint("tcp://*:65535", 1)
+
+
+def test_topic_placeholders_give_llm_d_topic(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = KVEventsConfig(topic="kv@{host}:{port}@{model}")
+    monkeypatch.setenv("POD_IP", "10.1.2.3")
+    host = advertised_host("0.0.0.0")
+    assert config.topic_for(host=host, port=8000, model="llama") == "kv@10.1.2.3:8000@llama"
+    assert KVEventsConfig(topic="{{x}}").topic_for(host="h", port=1, model="m") == "{x}"
+    monkeypatch.delenv("POD_IP")
+    assert advertised_host("127.0.0.1") == "127.0.0.1"
+    assert advertised_host("0.0.0.0") not in ("", "0.0.0.0")
+
+
+def test_connectable_fills_wildcard_host() -> None:
+    assert connectable("tcp://*:5557", "10.0.0.7") == "tcp://10.0.0.7:5557"
+    assert connectable("tcp://0.0.0.0:5557", "10.0.0.7") == "tcp://10.0.0.7:5557"
+    assert connectable("tcp://[::]:5557", "fe80::1") == "tcp://[fe80::1]:5557"
+    assert connectable("tcp://1.2.3.4:5557", "10.0.0.7") == "tcp://1.2.3.4:5557"
+    assert connectable("ipc:///tmp/kv", "10.0.0.7") == "ipc:///tmp/kv"

@@ -1,0 +1,208 @@
+"""The ZMQ publisher over real sockets: framing, gap-free sequence, replay, bind/connect, ranks."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from mocker.config import ConfigError
+from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
+from mocker.kvevents.config import EventFormat, KVEventsConfig
+from mocker.kvevents.publisher import ZmqEventPublisher
+from tests.api.conftest import free_port
+from tests.kvevents.consumer import Subscriber, replay
+
+STORED = BlockStored(
+    block_hashes=(2**63 + 5, 11),
+    parent_block_hash=2**64 - 2,
+    token_ids=(10, 11, 12, 13),
+    block_size=2,
+    lora_name="adapter",
+)
+REMOVED = BlockRemoved(block_hashes=(11,), medium="CPU")
+
+
+@pytest.fixture
+def publishers() -> Iterator[list[ZmqEventPublisher]]:
+    made: list[ZmqEventPublisher] = []
+    yield made
+    for publisher in made:
+        publisher.close()
+
+
+def connected(publisher: ZmqEventPublisher, sub: Subscriber) -> int:
+    """Publish AllBlocksCleared probes until the subscription has reached the PUB socket
+    (a PUB drops what it sends before then); returns the first sequence number received."""
+    deadline = time.monotonic() + 10
+    while not sub.messages():
+        assert time.monotonic() < deadline, "subscriber never connected"
+        seq = publisher.publish([AllBlocksCleared()])
+        time.sleep(0.01)
+    sub.wait_for_seq(seq)
+    return sub.messages()[0].seq
+
+
+@pytest.mark.parametrize("fmt", list(EventFormat))
+def test_connect_mode_frames_every_field(
+    fmt: EventFormat, publishers: list[ZmqEventPublisher]
+) -> None:
+    # llm-d's layout: the indexer binds, the engine connects (no wildcard in the endpoint).
+    port = free_port()
+    sub = Subscriber(f"tcp://127.0.0.1:{port}", bind=True, array_like=fmt is EventFormat.ARRAY)
+    try:
+        config = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://127.0.0.1:{port}")
+        publisher = ZmqEventPublisher(config, topic="kv@10.0.0.1:8000@m", fmt=fmt)
+        publishers.append(publisher)
+        assert not publisher.binds
+        first = connected(publisher, sub)
+        seq = publisher.publish([STORED, REMOVED], ts=1234.5)
+        got = sub.wait_for_seq(seq)
+        assert [m.seq for m in got] == list(range(first, seq + 1))  # gap-free
+        last = got[-1]
+        assert last.topic == b"kv@10.0.0.1:8000@m"
+        assert last.batch.ts == 1234.5 and last.batch.data_parallel_rank == 0
+        stored, removed = last.batch.events
+        assert type(stored).__name__ == "BlockStored"
+        assert stored.block_hashes == [2**63 + 5, 11]
+        assert stored.parent_block_hash == 2**64 - 2
+        assert stored.token_ids == [10, 11, 12, 13] and stored.block_size == 2
+        assert stored.lora_id is None and stored.medium == "GPU"
+        assert stored.lora_name == "adapter" and stored.extra_keys is None
+        assert type(removed).__name__ == "BlockRemoved"
+        assert removed.block_hashes == [11] and removed.medium == "CPU"
+    finally:
+        sub.close()
+
+
+def test_bind_mode_and_data_parallel_rank(
+    tmp_path: Path, publishers: list[ZmqEventPublisher]
+) -> None:
+    base = f"ipc://{tmp_path}/kv"
+    config = KVEventsConfig(enable_kv_cache_events=True, endpoint=base)
+    publisher = ZmqEventPublisher(config, rank=2)
+    publishers.append(publisher)
+    assert publisher.binds and publisher.endpoint == base + "_dp2"
+    sub = Subscriber(publisher.endpoint)
+    try:
+        connected(publisher, sub)
+        seq = publisher.publish([REMOVED])
+        batch = sub.wait_for_seq(seq)[-1].batch
+        assert batch.data_parallel_rank == 2 and batch.events[0].block_hashes == [11]
+    finally:
+        sub.close()
+
+
+def test_tcp_rank_offsets_the_port(publishers: list[ZmqEventPublisher]) -> None:
+    port = free_port()
+    config = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://127.0.0.1:{port - 1}")
+    sub = Subscriber(f"tcp://127.0.0.1:{port}", bind=True)  # rank 1 dials port + 1
+    try:
+        publisher = ZmqEventPublisher(config, rank=1)
+        publishers.append(publisher)
+        connected(publisher, sub)
+        assert sub.messages()[0].batch.data_parallel_rank == 1
+    finally:
+        sub.close()
+
+
+def test_replay_serves_the_buffer_with_end_marker(publishers: list[ZmqEventPublisher]) -> None:
+    port = free_port()
+    config = KVEventsConfig(
+        enable_kv_cache_events=True,
+        endpoint=f"tcp://127.0.0.1:{free_port()}",  # nobody listens: replay still works
+        replay_endpoint=f"tcp://127.0.0.1:{port}",  # always bound, no wildcard needed
+        buffer_steps=6,
+    )
+    publisher = ZmqEventPublisher(config, topic="t")
+    publishers.append(publisher)
+    url = f"tcp://127.0.0.1:{port}"
+    first = replay(url, 0)
+    assert [m.seq for m in first] == [0]
+    assert [type(e).__name__ for e in first[0].batch.events] == ["AllBlocksCleared"]
+    assert first[0].topic == b"t"
+    for i in range(9):
+        publisher.publish([BlockRemoved(block_hashes=(i,))])
+    deadline = time.monotonic() + 10
+    while [m.seq for m in replay(url, 0)] != [4, 5, 6, 7, 8, 9]:  # the last buffer_steps
+        assert time.monotonic() < deadline
+    later = replay(url, 8)
+    assert [m.seq for m in later] == [8, 9]
+    assert later[0].batch.events[0].block_hashes == [7]
+    assert replay(url, 100) == []  # nothing that new: just the end marker
+
+
+def test_malformed_replay_request_still_gets_the_end_marker(
+    publishers: list[ZmqEventPublisher],
+) -> None:
+    port = free_port()
+    config = KVEventsConfig(replay_endpoint=f"tcp://127.0.0.1:{port}", endpoint="inproc://x")
+    publishers.append(ZmqEventPublisher(config))
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.RCVTIMEO, 10_000)
+    try:
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+        dealer.send_multipart([b"", b"\x01\x02"])  # a start sequence must be 8 bytes
+        assert dealer.recv_multipart() == [b"", b"", b"\xff" * 8, b""]
+    finally:
+        dealer.close(linger=0)
+        ctx.term()
+
+
+def test_full_queue_waits_instead_of_dropping(publishers: list[ZmqEventPublisher]) -> None:
+    port = free_port()
+    sub = Subscriber(f"tcp://127.0.0.1:{port}", bind=True)
+    try:
+        config = KVEventsConfig(endpoint=f"tcp://127.0.0.1:{port}", max_queue_size=1)
+        publisher = ZmqEventPublisher(config)
+        publishers.append(publisher)
+        first = connected(publisher, sub)
+        for i in range(300):
+            last = publisher.publish([BlockRemoved(block_hashes=(i,))])
+        assert [m.seq for m in sub.wait_for_seq(last)] == list(range(first, last + 1))
+    finally:
+        sub.close()
+
+
+def test_a_stalled_subscriber_never_blocks_the_engine(publishers: list[ZmqEventPublisher]) -> None:
+    # A subscriber that reads nothing: past the high-water mark ZMQ drops for it.
+    port = free_port()
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.RCVHWM, 1)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.bind(f"tcp://127.0.0.1:{port}")
+    try:
+        config = KVEventsConfig(endpoint=f"tcp://127.0.0.1:{port}", hwm=4)
+        publisher = ZmqEventPublisher(config)
+        publishers.append(publisher)
+        for i in range(20_000):
+            publisher.publish([BlockRemoved(block_hashes=(i,))])
+        publisher.close(timeout=10)
+        assert publisher.next_seq == 20_001
+        assert not publisher._thread.is_alive()  # drained and stopped
+    finally:
+        sub.close(linger=0)
+        ctx.term()
+
+
+def test_bind_failure_is_a_config_error_naming_the_key() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = KVEventsConfig(replay_endpoint=f"tcp://127.0.0.1:{port}", endpoint="inproc://y")
+        with pytest.raises(ConfigError, match=r"kv_events_config\.replay_endpoint.*in use"):
+            ZmqEventPublisher(config)
+
+
+def test_publish_after_close_is_an_error() -> None:
+    publisher = ZmqEventPublisher(KVEventsConfig(endpoint="inproc://z"))
+    publisher.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        publisher.publish([AllBlocksCleared()])

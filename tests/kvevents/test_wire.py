@@ -1,0 +1,86 @@
+"""The msgpack payload: `[ts, events, rank]`, events as vLLM's tagged maps or positional arrays."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
+from mocker.kvevents.config import EventFormat
+from mocker.kvevents.wire import END_SEQ, BatchEncoder, seq_bytes
+from tests.kvevents.consumer import decoder
+
+BIG = 2**64 - 1  # hashes are uint64: the top bit set must survive
+EVENTS = [
+    AllBlocksCleared(),
+    BlockStored(
+        block_hashes=(BIG, 7),
+        parent_block_hash=None,
+        token_ids=(1, 2, 3, 4),
+        block_size=2,
+    ),
+    BlockStored(
+        block_hashes=(9,),
+        parent_block_hash=7,
+        token_ids=(5, 6),
+        block_size=2,
+        lora_name="sql-lora",
+        medium="CPU",
+    ),
+    BlockRemoved(block_hashes=(BIG,)),
+    BlockRemoved(block_hashes=(9,), medium="CPU"),
+]
+
+
+def test_map_form_raw_layout() -> None:
+    payload = BatchEncoder(EventFormat.MAP, rank=3).encode(12.5, EVENTS)
+    ts, events, rank = msgspec.msgpack.decode(payload)
+    assert (ts, rank) == (12.5, 3)
+    assert events[0] == {"type": "AllBlocksCleared"}
+    # The tag first, then every field in vLLM's order; the nullable ones present as null.
+    assert list(events[1]) == [
+        "type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
+        "medium", "lora_name",
+    ]  # fmt: skip
+    assert events[1]["parent_block_hash"] is None and events[1]["lora_id"] is None
+    assert events[1]["lora_name"] is None
+    assert events[3] == {"type": "BlockRemoved", "block_hashes": [BIG], "medium": "GPU"}
+    assert b"\xcf" + BIG.to_bytes(8, "big") in payload  # msgpack uint64
+
+
+def test_array_form_raw_layout() -> None:
+    payload = BatchEncoder(EventFormat.ARRAY).encode(1.0, EVENTS)
+    _, events, rank = msgspec.msgpack.decode(payload)
+    assert rank == 0
+    assert events[0] == ["AllBlocksCleared"]
+    assert events[1] == ["BlockStored", [BIG, 7], None, [1, 2, 3, 4], 2, None, "GPU", None]
+    assert events[2] == ["BlockStored", [9], 7, [5, 6], 2, None, "CPU", "sql-lora"]
+    assert events[4] == ["BlockRemoved", [9], "CPU"]
+
+
+@pytest.mark.parametrize("fmt", list(EventFormat))
+def test_decodes_with_reference_structs(fmt: EventFormat) -> None:
+    array_like = fmt is EventFormat.ARRAY
+    batch = decoder(array_like).decode(BatchEncoder(fmt, rank=1).encode(3.25, EVENTS))
+    assert batch.ts == 3.25 and batch.data_parallel_rank == 1
+    kinds = [type(e).__name__ for e in batch.events]
+    assert kinds == ["AllBlocksCleared", "BlockStored", "BlockStored", "BlockRemoved",
+                     "BlockRemoved"]  # fmt: skip
+    stored = batch.events[2]
+    assert stored.block_hashes == [9] and stored.parent_block_hash == 7
+    assert stored.token_ids == [5, 6] and stored.block_size == 2
+    assert stored.lora_id is None and stored.medium == "CPU" and stored.lora_name == "sql-lora"
+    assert stored.extra_keys is None
+    assert batch.events[1].block_hashes == [BIG, 7]
+    assert batch.events[3].block_hashes == [BIG] and batch.events[3].medium == "GPU"
+
+
+def test_a_decoder_for_the_other_layout_rejects_it() -> None:
+    payload = BatchEncoder(EventFormat.MAP).encode(1.0, EVENTS)
+    with pytest.raises(msgspec.ValidationError):
+        decoder(array_like=True).decode(payload)
+
+
+def test_sequence_frames() -> None:
+    assert seq_bytes(0) == bytes(8) and seq_bytes(258) == b"\x00" * 6 + b"\x01\x02"
+    assert END_SEQ == b"\xff" * 8
