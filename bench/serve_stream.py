@@ -1,4 +1,5 @@
-"""Streaming cost of `mocker serve` vs a bare SSE floor at 100/500/1000 streams, and its ITL."""
+"""Streaming cost of `mocker serve` vs a bare SSE floor at 100/500/1000 streams, its ITL, and the
+cost of publishing KV events (the same load with a ZMQ subscriber counting every event)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import contextlib
 import json
 import os
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +28,7 @@ from harness import (
     SERVER_CPU,
     Server,
     cpu_seconds,
+    free_port,
     log,
     percentile,
     rounded,
@@ -75,6 +78,12 @@ def mocker_argv(port: int, speedup: float) -> list[str]:
         "--disable-uvicorn-access-log",
         "--uvicorn-log-level", "warning",
     ]  # fmt: skip
+
+
+def events_argv(port: int, speedup: float, sub_port: int) -> list[str]:
+    """mocker publishing KV events to a subscriber bound on loopback (the engine connects)."""
+    config = {"enable_kv_cache_events": True, "endpoint": f"tcp://{HOST}:{sub_port}"}
+    return [*mocker_argv(port, speedup), "--kv-events-config", json.dumps(config)]
 
 
 def baseline_argv(port: int) -> list[str]:
@@ -353,6 +362,90 @@ def throughput(name: str, argv_for: Callable[[int], list[str]], n: int, logs: Pa
     return load
 
 
+@contextlib.contextmanager
+def kv_subscriber(port: int) -> Any:
+    """bench/kv_subscriber.py on the client's core (inherited affinity); yields a dict that is
+    filled with its counts once it has stopped."""
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "bench" / "kv_subscriber.py"), str(port)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    counts: dict[str, Any] = {}
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        yield counts
+    finally:
+        out, _ = proc.communicate(input="", timeout=30)  # stdin EOF: print the counts, exit
+        lines = out.strip().splitlines()
+        if lines:
+            counts.update(json.loads(lines[-1]))
+
+
+def throughput_with_events(n: int, logs: Path) -> tuple[Load, dict[str, Any]]:
+    sub_port = free_port()
+    with kv_subscriber(sub_port) as counts:
+        load = throughput("events", lambda p: events_argv(p, TPUT_SPEEDUP, sub_port), n, logs)
+    if not counts.get("batches"):
+        raise RuntimeError(f"the subscriber received no KV events: {counts}")
+    log(
+        f"  events   N={n:4d}: {counts['events'] / load.window_s:9.0f} events/s"
+        f"  {counts['batches'] / load.window_s:7.0f} batches/s"
+        f"  {counts['stored_blocks']} blocks stored, sequence gaps {counts['gaps']}"
+    )
+    return load, counts
+
+
+CEILING_BATCHES = 20_000
+CEILING_EVENTS_PER_BATCH = 50  # one 16-token block each, as a pass of 50 requests stores
+
+
+def publisher_ceiling() -> dict[str, Any]:
+    """The publisher alone, on the server's core: batches published back to back to a
+    subscriber on the client's core. Gives the engine-side cost of one publish() and the
+    events per second that reach a subscriber intact."""
+    from mocker.kv.events import BlockStored
+    from mocker.kvevents.config import KVEventsConfig
+    from mocker.kvevents.publisher import ZmqEventPublisher
+
+    sub_port = free_port()
+    batch = [
+        BlockStored((2**63 + i,), 2**62 + i, tuple(range(i, i + 16)), 16)
+        for i in range(CEILING_EVENTS_PER_BATCH)
+    ]
+    config = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://{HOST}:{sub_port}")
+    with kv_subscriber(sub_port) as counts:
+        os.sched_setaffinity(0, {SERVER_CPU})  # the publisher thread inherits this core
+        try:
+            publisher = ZmqEventPublisher(config)
+            deadline = time.monotonic() + 10
+            while publisher.next_seq < 50 and time.monotonic() < deadline:
+                publisher.publish([])  # let the subscription reach the PUB socket first
+                time.sleep(0.01)
+            start = time.perf_counter()
+            for _ in range(CEILING_BATCHES):
+                publisher.publish(batch)
+            publish_s = time.perf_counter() - start
+            publisher.close(timeout=60)
+        finally:
+            os.sched_setaffinity(0, {CLIENT_CPU})
+        time.sleep(0.5)  # the subscriber drains its socket before it is told to stop
+    received = counts["events"]
+    span = max(1e-9, counts["last_at"] - counts["first_at"])
+    result = {
+        "publish_us": round(publish_s / CEILING_BATCHES * 1e6, 2),
+        "events_sent": CEILING_BATCHES * CEILING_EVENTS_PER_BATCH,
+        "events_received": received,
+        "events_per_s": round(received / span),
+        "sequence_gaps": counts["gaps"],
+    }
+    log(
+        f"publisher alone: {result['publish_us']} us per publish() of {len(batch)} events;"
+        f" {result['events_per_s']} events/s received, {received}/{result['events_sent']}"
+        f" events, {counts['gaps']} gaps"
+    )
+    return result
+
+
 def itl(n: int, logs: Path) -> dict[str, Any]:
     with running("mocker-itl", lambda p: mocker_argv(p, ITL_SPEEDUP), logs) as server:
         result = uvloop.run(run_itl(server.port, server.proc.pid, n))
@@ -387,6 +480,7 @@ def row_for(n: int, logs: Path) -> dict[str, Any]:
     mocker = attempt(
         row, "mocker", lambda: throughput("mocker", lambda p: mocker_argv(p, TPUT_SPEEDUP), n, logs)
     )
+    events = attempt(row, "events", lambda: throughput_with_events(n, logs))
     base = attempt(row, "baseline", lambda: throughput("baseline", baseline_argv, n, logs))
     fidelity = attempt(row, "itl", lambda: itl(n, logs))
     if mocker is not None:
@@ -421,6 +515,20 @@ def row_for(n: int, logs: Path) -> dict[str, Any]:
         row["ratio"] = round(mocker.tokens_per_s / base.tokens_per_s, 3)
         # Mocker may merge several tokens into one chunk when streams lag; the floor never does.
         row["chunk_ratio"] = round(mocker.chunks_per_s / base.chunks_per_s, 3)
+    if events is not None:
+        ev_load, counts = events
+        row.update(
+            events_tokens_per_s=round(ev_load.tokens_per_s),
+            events_server_cpu=round(ev_load.server_cpu, 3),
+            events_failed_streams=ev_load.failed,
+            kv_events_per_s=round(counts["events"] / ev_load.window_s),
+            kv_batches_per_s=round(counts["batches"] / ev_load.window_s),
+            kv_stored_blocks=counts["stored_blocks"],
+            kv_sequence_gaps=counts["gaps"],
+        )
+        if mocker is not None:
+            # Streaming throughput kept while publishing (target >= 0.9).
+            row["events_ratio"] = round(ev_load.tokens_per_s / mocker.tokens_per_s, 3)
     if fidelity is not None:
         load = fidelity["load"]
         row.update(
@@ -455,10 +563,14 @@ def main() -> int:
     for n in STREAM_COUNTS:
         log(f"N = {n} streams")
         rows.append(row_for(n, logs))
+    ceiling = publisher_ceiling()
     wall = time.perf_counter() - started
     log(f"done in {wall:.1f}s")
+    ratios = [r["events_ratio"] for r in rows if "events_ratio" in r]
     summary = {
         "runs": rows,
+        "events_ratio_median": rounded(percentile(ratios, 0.5)) if ratios else None,
+        "publisher_ceiling": ceiling,
         "throughput_speedup": TPUT_SPEEDUP,
         "throughput_max_tokens": TPUT_MAX_TOKENS,
         "itl_speedup": ITL_SPEEDUP,

@@ -16,7 +16,7 @@ class Known:
 
     parent: int | None
     tokens: tuple[int, ...]
-    key: bytes  # the router's own key for it (see EventIndex)
+    key: bytes | None  # the router's own key for it (see EventIndex); None: an orphan
 
 
 def router_key(parent_key: bytes | None, tokens: Sequence[int]) -> bytes:
@@ -32,6 +32,12 @@ class EventIndex:
     stream never contradicts itself: no block stored twice or removed unseen, `token_ids`
     exactly `block_size` per hash, and a device block's parent cached on the device.
 
+    Like a router, it keys a block by its parent's key and its tokens, and forgets a key
+    once the block is stored nowhere. A block whose parent is stored nowhere cannot be
+    keyed: an *orphan*. Never on the device when a block is computed or loaded; on the host
+    tier it happens (a block is offloaded after its parent left the host, as with vLLM's
+    offloading), and after a clear for re-announced blocks whose parent had been evicted.
+
     Works on the engine's event dataclasses and on events decoded from the wire alike
     (dispatch by class name, fields by attribute).
     """
@@ -40,8 +46,9 @@ class EventIndex:
         self.block_size = block_size
         self.media: dict[str, dict[int, Known]] = {m: {} for m in MEDIA}
         self.keys: dict[str, set[bytes]] = {m: set() for m in MEDIA}
-        self.key_of: dict[int, bytes] = {}  # engine hash -> router key, learned once
+        self.key_of: dict[int, bytes | None] = {}  # engine hash -> router key, while stored
         self.counts: dict[str, int] = {"BlockStored": 0, "BlockRemoved": 0, "AllBlocksCleared": 0}
+        self.orphans: dict[str, int] = {m: 0 for m in MEDIA}
 
     def apply(self, events: Iterable[Any]) -> None:
         after_clear = False  # the rest of a batch that cleared re-announces what remains
@@ -54,11 +61,14 @@ class EventIndex:
                 blocks, keys = self.media[event.medium], self.keys[event.medium]
                 for h in event.block_hashes:
                     assert h in blocks, f"{event.medium} block {h} removed but never stored"
-                    keys.discard(blocks.pop(h).key)
+                    keys.discard(blocks.pop(h).key)  # type: ignore[arg-type]
+                    if not any(h in self.media[m] for m in MEDIA):
+                        del self.key_of[h]
             elif kind == "AllBlocksCleared":
                 for medium in MEDIA:
                     self.media[medium].clear()
                     self.keys[medium].clear()
+                self.key_of.clear()
                 after_clear = True
             else:
                 raise AssertionError(f"unknown event {event!r}")
@@ -74,15 +84,22 @@ class EventIndex:
             # parent cached on the device. (Not so for a re-announced block: LRU may have
             # evicted the parent of a block a write-through copy held.)
             assert parent in blocks, f"GPU block stored under uncached parent {parent}"
+        orphan = parent is not None and self.key_of.get(parent) is None
+        if orphan:
+            assert medium != "GPU" or reannounced, f"GPU block under unknown parent {parent}"
         parent_key = None if parent is None else self.key_of.get(parent)
-        assert parent is None or parent_key is not None, f"parent {parent} never announced"
         for i, h in enumerate(event.block_hashes):
             assert h not in blocks, f"{medium} block {h} stored twice without a removal"
             tokens = tuple(event.token_ids[i * bs : (i + 1) * bs])
-            key = router_key(parent_key, tokens)
+            key = None if orphan else router_key(parent_key, tokens)
             blocks[h] = Known(parent, tokens, key)
-            self.keys[medium].add(key)
-            self.key_of[h] = key
+            if key is None:
+                self.orphans[medium] += 1
+            else:
+                self.keys[medium].add(key)
+            self.key_of.setdefault(h, key)
+            if self.key_of[h] is None:
+                self.key_of[h] = key
             parent, parent_key = h, key
 
     def hashes(self, medium: str = "GPU") -> set[int]:

@@ -275,10 +275,7 @@ class LiveEngine:
                 transfers_due = True
                 continue
             if isinstance(item, asyncio.Future):
-                cleared, result = core.reset_prefix_cache(max(self.clock.now(), core.time))
-                self._observe(result)
-                if not item.done():
-                    item.set_result(cleared)
+                self._reset_prefix_cache(item)
                 continue
             if isinstance(item, tuple):
                 request_id, status = item
@@ -294,6 +291,19 @@ class LiveEngine:
             core.add_request(item)  # validated at the door by check_request
             latest = item.arrival_time if latest is None else max(latest, item.arrival_time)
         return latest, transfers_due
+
+    def _reset_prefix_cache(self, done: asyncio.Future[int]) -> None:
+        core = self.core
+        try:
+            cleared, result = core.reset_prefix_cache(max(self.clock.now(), core.time))
+            self._observe(result)
+        except BaseException as exc:
+            # The loop dies of this; the caller must not wait for an answer that never comes.
+            if not done.done():
+                done.set_exception(EngineDeadError(f"prefix cache reset failed: {exc!r}"))
+            raise
+        if not done.done():
+            done.set_result(cleared)
 
     async def _run(self) -> None:
         try:

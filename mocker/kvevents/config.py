@@ -54,10 +54,14 @@ class KVEventsConfig:
         _check_endpoint("endpoint", self.endpoint)
         if self.replay_endpoint is not None:
             _check_endpoint("replay_endpoint", self.replay_endpoint)
-        for name, lo in (("buffer_steps", 1), ("hwm", 0), ("max_queue_size", 1)):
+        for name, lo, hi in (
+            ("buffer_steps", 1, 100_000_000),  # replayed batches are kept in memory
+            ("hwm", 0, 2**31 - 1),  # a ZMQ socket option (0: no limit)
+            ("max_queue_size", 1, 100_000_000),
+        ):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-                _bad(name, value, f"must be an integer >= {lo}")
+            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+                _bad(name, value, f"must be an integer in [{lo}, {hi}]")
         if not isinstance(self.topic, str):
             _bad("topic", self.topic, "must be a string")
         try:
@@ -72,6 +76,10 @@ class KVEventsConfig:
                 f"unknown placeholder {{{unknown[0]}}}: use "
                 + ", ".join("{" + p + "}" for p in TOPIC_PLACEHOLDERS),
             )
+        try:  # conversions and format specs ({host!x}, {host:d}) fail only when filled in
+            self.topic_for(host="10.0.0.1", port=8000, model="model")
+        except (ValueError, KeyError, IndexError, AttributeError, TypeError) as exc:
+            _bad("topic", self.topic, f"cannot be filled in ({exc})")
 
     @property
     def active(self) -> bool:

@@ -334,24 +334,49 @@ async def test_abort_during_a_live_load_frees_everything() -> None:
 
 
 async def test_reset_under_load_is_applied_between_passes_and_stays_true() -> None:
-    # Every step's events, applied in the order the loop hands them out, equal the cache:
-    # the reset's AllBlocksCleared never overtakes a pass's events already taken.
-    config = small_config(speedup_ratio=50.0, enable_kv_cache_events=True)
+    # Every result's events, applied in the order the loop hands them out, equal the cache
+    # at that moment: the reset's AllBlocksCleared never overtakes a pass's events.
+    config = small_config(speedup_ratio=5.0, enable_kv_cache_events=True)
     index = EventIndex(config.block_size)
-    engine = LiveEngine(config, on_step=lambda r: index.apply(r.kv_events))
+    mismatches: list[int] = []
+    kept_at_reset: list[int] = []
+
+    def on_step(result: StepResult) -> None:
+        index.apply(result.kv_events)
+        cached = set(engine.core.pool.cached_hashes())
+        if index.hashes("GPU") != cached:
+            mismatches.append(len(mismatches))
+        if any(type(e).__name__ == "AllBlocksCleared" for e in result.kv_events):
+            kept_at_reset.append(len(cached))
+
+    engine = LiveEngine(config, on_step=on_step)
     engine.start()
-    finished = [req("done", list(range(100, 140)), max_tokens=2)]
-    async for _ in engine.generate(finished[0]):
+    async for _ in engine.generate(req("done", list(range(100, 140)), max_tokens=2)):
         pass
-    running = engine.add_request(req("running", list(range(500, 540)), max_tokens=40))
+    # Long enough (about 200 passes, 0.2 s) to be certainly running at the reset.
+    running = req("running", list(range(500, 540)), max_tokens=200)
+    stream = engine.add_request(running)
     await _until(lambda: engine.core.pool.num_used > 0)
     cleared = await engine.reset_prefix_cache()
-    assert cleared > 0  # the finished request's blocks; the running one's stay
-    assert index.hashes("GPU") == set(engine.core.pool.cached_hashes()) != set()
-    while not (await running.get()).finished:
-        pass
-    assert index.hashes("GPU") == set(engine.core.pool.cached_hashes())
-    assert index.counts["AllBlocksCleared"] == 1
+    assert cleared > 0  # the finished request's blocks
+    engine.abort("running", stream)
+    await _until(lambda: engine.core.pool.num_used == 0)
+    assert kept_at_reset and kept_at_reset[0] > 0  # the running request's blocks stayed
+    assert index.counts["AllBlocksCleared"] == 1 and not mismatches
     await engine.stop()
     with pytest.raises(EngineDeadError):
         await engine.reset_prefix_cache()
+
+
+async def test_a_failing_reset_fails_its_caller_instead_of_hanging() -> None:
+    engine = LiveEngine(small_config(speedup_ratio=100.0))
+
+    def broken(now: float) -> tuple[int, StepResult]:
+        raise RuntimeError("simulated reset bug")
+
+    engine.core.reset_prefix_cache = broken  # type: ignore[method-assign]
+    engine.start()
+    with pytest.raises(EngineDeadError, match="simulated reset bug"):
+        await asyncio.wait_for(engine.reset_prefix_cache(), timeout=10)
+    assert engine.is_dead
+    await engine.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,18 +36,6 @@ def publishers() -> Iterator[list[ZmqEventPublisher]]:
         publisher.close()
 
 
-def connected(publisher: ZmqEventPublisher, sub: Subscriber) -> int:
-    """Publish AllBlocksCleared probes until the subscription has reached the PUB socket
-    (a PUB drops what it sends before then); returns the first sequence number received."""
-    deadline = time.monotonic() + 10
-    while not sub.messages():
-        assert time.monotonic() < deadline, "subscriber never connected"
-        seq = publisher.publish([AllBlocksCleared()])
-        time.sleep(0.01)
-    sub.wait_for_seq(seq)
-    return sub.messages()[0].seq
-
-
 @pytest.mark.parametrize("fmt", list(EventFormat))
 def test_connect_mode_frames_every_field(
     fmt: EventFormat, publishers: list[ZmqEventPublisher]
@@ -59,10 +48,11 @@ def test_connect_mode_frames_every_field(
         publisher = ZmqEventPublisher(config, topic="kv@10.0.0.1:8000@m", fmt=fmt)
         publishers.append(publisher)
         assert not publisher.binds
-        first = connected(publisher, sub)
         seq = publisher.publish([STORED, REMOVED], ts=1234.5)
         got = sub.wait_for_seq(seq)
-        assert [m.seq for m in got] == list(range(first, seq + 1))  # gap-free
+        # The start-up batch waited for the subscription instead of being dropped.
+        assert [m.seq for m in got] == [0, 1]
+        assert [type(e).__name__ for e in got[0].batch.events] == ["AllBlocksCleared"]
         last = got[-1]
         assert last.topic == b"kv@10.0.0.1:8000@m"
         assert last.batch.ts == 1234.5 and last.batch.data_parallel_rank == 0
@@ -89,9 +79,10 @@ def test_bind_mode_and_data_parallel_rank(
     assert publisher.binds and publisher.endpoint == base + "_dp2"
     sub = Subscriber(publisher.endpoint)
     try:
-        connected(publisher, sub)
         seq = publisher.publish([REMOVED])
-        batch = sub.wait_for_seq(seq)[-1].batch
+        got = sub.wait_for_seq(seq)
+        assert [m.seq for m in got] == [0, 1]  # the start-up batch waited for us
+        batch = got[-1].batch
         assert batch.data_parallel_rank == 2 and batch.events[0].block_hashes == [11]
     finally:
         sub.close()
@@ -104,8 +95,7 @@ def test_tcp_rank_offsets_the_port(publishers: list[ZmqEventPublisher]) -> None:
     try:
         publisher = ZmqEventPublisher(config, rank=1)
         publishers.append(publisher)
-        connected(publisher, sub)
-        assert sub.messages()[0].batch.data_parallel_rank == 1
+        assert sub.wait_for_seq(0)[0].batch.data_parallel_rank == 1
     finally:
         sub.close()
 
@@ -118,10 +108,12 @@ def test_replay_serves_the_buffer_with_end_marker(publishers: list[ZmqEventPubli
         replay_endpoint=f"tcp://127.0.0.1:{port}",  # always bound, no wildcard needed
         buffer_steps=6,
     )
-    publisher = ZmqEventPublisher(config, topic="t")
+    publisher = ZmqEventPublisher(config, topic="t", first_subscriber_wait_s=0.05)
     publishers.append(publisher)
     url = f"tcp://127.0.0.1:{port}"
-    first = replay(url, 0)
+    deadline = time.monotonic() + 10
+    while not (first := replay(url, 0)):  # sent once nobody subscribed within the wait
+        assert time.monotonic() < deadline
     assert [m.seq for m in first] == [0]
     assert [type(e).__name__ for e in first[0].batch.events] == ["AllBlocksCleared"]
     assert first[0].topic == b"t"
@@ -134,6 +126,43 @@ def test_replay_serves_the_buffer_with_end_marker(publishers: list[ZmqEventPubli
     assert [m.seq for m in later] == [8, 9]
     assert later[0].batch.events[0].block_hashes == [7]
     assert replay(url, 100) == []  # nothing that new: just the end marker
+
+
+def test_replays_run_beside_live_publishing(publishers: list[ZmqEventPublisher]) -> None:
+    port, replay_port = free_port(), free_port()
+    sub = Subscriber(f"tcp://127.0.0.1:{port}", bind=True)
+    config = KVEventsConfig(
+        endpoint=f"tcp://127.0.0.1:{port}",
+        replay_endpoint=f"tcp://127.0.0.1:{replay_port}",
+        buffer_steps=3000,
+        max_queue_size=8,
+    )
+    try:
+        publisher = ZmqEventPublisher(config)
+        publishers.append(publisher)
+        for i in range(3000):
+            publisher.publish([BlockRemoved(block_hashes=(i,))])
+        sub.wait_for_seq(3000)
+        results: list[list[int]] = []
+
+        def hammer() -> None:
+            for _ in range(5):
+                results.append([m.seq for m in replay(f"tcp://127.0.0.1:{replay_port}", 0)])
+
+        threads = [threading.Thread(target=hammer) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for i in range(600):  # a queue of 8 batches: replays must not hold the sender up
+            last = publisher.publish([BlockRemoved(block_hashes=(i,))])
+        for t in threads:
+            t.join(60)
+        assert [m.seq for m in sub.wait_for_seq(last)] == list(range(last + 1))
+        # Each replay is a contiguous run of the buffer, ending at or after 3000.
+        assert len(results) == 15
+        for seqs in results:
+            assert len(seqs) == 3000 and seqs == list(range(seqs[0], seqs[0] + 3000))
+    finally:
+        sub.close()
 
 
 def test_malformed_replay_request_still_gets_the_end_marker(
@@ -161,10 +190,9 @@ def test_full_queue_waits_instead_of_dropping(publishers: list[ZmqEventPublisher
         config = KVEventsConfig(endpoint=f"tcp://127.0.0.1:{port}", max_queue_size=1)
         publisher = ZmqEventPublisher(config)
         publishers.append(publisher)
-        first = connected(publisher, sub)
-        for i in range(300):
+        for i in range(300):  # most wait: the first batch holds the queue until we subscribe
             last = publisher.publish([BlockRemoved(block_hashes=(i,))])
-        assert [m.seq for m in sub.wait_for_seq(last)] == list(range(first, last + 1))
+        assert [m.seq for m in sub.wait_for_seq(last)] == list(range(last + 1))
     finally:
         sub.close()
 
@@ -179,13 +207,13 @@ def test_a_stalled_subscriber_never_blocks_the_engine(publishers: list[ZmqEventP
     sub.bind(f"tcp://127.0.0.1:{port}")
     try:
         config = KVEventsConfig(endpoint=f"tcp://127.0.0.1:{port}", hwm=4)
-        publisher = ZmqEventPublisher(config)
+        publisher = ZmqEventPublisher(config, first_subscriber_wait_s=0.05)
         publishers.append(publisher)
         for i in range(20_000):
             publisher.publish([BlockRemoved(block_hashes=(i,))])
         publisher.close(timeout=10)
-        assert publisher.next_seq == 20_001
-        assert not publisher._thread.is_alive()  # drained and stopped
+        assert not publisher._sender.is_alive()  # drained and stopped ...
+        assert publisher._buffer[-1][0] == 20_000  # ... having sent every batch
     finally:
         sub.close(linger=0)
         ctx.term()
@@ -199,6 +227,24 @@ def test_bind_failure_is_a_config_error_naming_the_key() -> None:
         config = KVEventsConfig(replay_endpoint=f"tcp://127.0.0.1:{port}", endpoint="inproc://y")
         with pytest.raises(ConfigError, match=r"kv_events_config\.replay_endpoint.*in use"):
             ZmqEventPublisher(config)
+
+
+def test_close_during_the_first_subscriber_wait_is_prompt() -> None:
+    publisher = ZmqEventPublisher(KVEventsConfig(endpoint="inproc://w"))  # nobody subscribes
+    started = time.monotonic()
+    publisher.close()
+    assert time.monotonic() - started < 2.0  # not the full start-up wait
+    assert not publisher._sender.is_alive()
+
+
+def test_ipv6_wildcard_endpoint_binds(publishers: list[ZmqEventPublisher]) -> None:
+    config = KVEventsConfig(endpoint=f"tcp://[::1]:{free_port()}")  # `::` in it: bound
+    try:
+        publisher = ZmqEventPublisher(config, first_subscriber_wait_s=0.0)
+    except ConfigError as exc:
+        pytest.skip(f"no IPv6 loopback on this machine: {exc}")
+    publishers.append(publisher)
+    assert publisher.binds
 
 
 def test_publish_after_close_is_an_error() -> None:
