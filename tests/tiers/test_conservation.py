@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 
 from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore
-from mocker.engine.virtual import Abort, VirtualDriver, VirtualRun
+from mocker.engine.virtual import VirtualDriver, VirtualRun
 from mocker.metrics import EngineMetrics
-from mocker.request import EngineRequest, RequestStatus, SamplingParams
+from mocker.request import RequestStatus
+from tests.conftest import random_geometry, random_requests
 from tests.kv_index import EventIndex
 
 
@@ -75,13 +76,8 @@ class Seen:
 def random_workload(seed: int, seen: Seen) -> None:
     rng = random.Random(seed)
     block_size = 4
-    max_seqs = rng.randint(2, 8)
     config = EngineConfig(
-        block_size=block_size,
-        num_gpu_blocks=rng.randint(20, 48),
-        max_num_seqs=max_seqs,
-        max_num_batched_tokens=rng.choice([max(max_seqs, 24), 64, 128]),
-        max_model_len=64,
+        **random_geometry(rng, block_size),
         num_host_blocks=rng.choice([8, 24, 64, 256]),
         offload_policy=rng.choice(["evict", "write-through"]),
         eviction_policy=rng.choice(["lru", "lineage"]),
@@ -95,25 +91,7 @@ def random_workload(seed: int, seen: Seen) -> None:
         seed=seed,
     )
     core = EngineCore(config)
-    prefixes = [[rng.randrange(10, 5000) for _ in range(24)] for _ in range(4)]
-    requests: list[EngineRequest] = []
-    aborts: list[Abort] = []
-    t = 0.0
-    for i in range(rng.randint(20, 50)):
-        t += rng.expovariate(60.0)
-        shared = rng.choice(prefixes)[: rng.choice([0, 8, 16, 24])]
-        suffix = [rng.randrange(10, 5000) for _ in range(rng.randint(1, 16))]
-        max_tokens = rng.randint(1, 12)
-        requests.append(
-            EngineRequest(
-                f"r{i}",
-                shared + suffix,
-                SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-                arrival_time=t,
-            )
-        )
-        if rng.random() < 0.15:
-            aborts.append(Abort(t + rng.uniform(0.0, 0.05), f"r{i}"))
+    requests, aborts = random_requests(rng)
     run = VirtualRun()
     indexer = EventIndex(block_size)
     metrics = EngineMetrics(config, lookup=core.requests.get)
