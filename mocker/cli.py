@@ -1,4 +1,4 @@
-"""Command line: `mocker serve` (the OpenAI-compatible server) and `mocker demo`."""
+"""Command line: `mocker serve` (the OpenAI-compatible server), `mocker replay`, `mocker demo`."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ from mocker.options import (
     resolve,
     server_settings_from,
 )
+from mocker.replay.command import add_replay_parser, run_replay
+from mocker.replay.trace import TraceError
 from mocker.request import EngineRequest, SamplingParams
 from mocker.tokenizer import TokenizerError, load_tokenizer
 
@@ -130,6 +132,8 @@ def _parser() -> argparse.ArgumentParser:
     add_options(serve, ENGINE_OPTIONS, "engine (shared with mocker replay)")
     add_ignored_vllm_flags(serve)
 
+    add_replay_parser(sub)
+
     demo = sub.add_parser("demo", help="run a short workload through the live engine")
     demo.add_argument("--num-requests", type=int, default=64, help="requests to send (64)")
     demo.add_argument("--concurrency", type=int, default=16, help="requests in flight (16)")
@@ -157,6 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return _serve(args)
+        if args.command == "replay":
+            return run_replay(args)
         core = EngineCore(
             EngineConfig(
                 speedup_ratio=args.speedup_ratio,
@@ -165,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 seed=args.seed,
             )
         )
-    except (ConfigError, TokenizerError) as exc:
+    except (ConfigError, TokenizerError, TraceError) as exc:
         print(f"mocker: {exc}", file=sys.stderr)
         return 2
     return asyncio.run(_demo(core, args.num_requests, args.concurrency))

@@ -76,6 +76,9 @@ class EngineRequest:
     priority: int = 0  # lower runs first, as in vLLM's priority scheduling
     lora_name: str | None = None
     cache_salt: str | None = None
+    # Replay: hashes of the prompt's leading full blocks, computed ahead by the engine's own
+    # hasher (shared prefixes are hashed once per trace, not once per request).
+    block_hashes: Sequence[BlockHash] | None = None
 
 
 @dataclass(slots=True, eq=False)

@@ -149,6 +149,8 @@ class EngineCore:
             token_seed=self.sampler.request_seed(spec.request_id),
         )
         if self.config.enable_prefix_caching:
+            if spec.block_hashes is not None:
+                request.block_hashes = list(spec.block_hashes)
             request.enable_hashing(self.hasher, self.config.block_size, spec.cache_salt)
         self.requests[spec.request_id] = request
         self.scheduler.add(request)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from operator import attrgetter
 
 from mocker.config import EvictionPolicyName
 from mocker.kv.block import BlockId, KVBlock
@@ -11,6 +12,8 @@ from mocker.kv.eviction import EvictionPolicy, make_policy
 from mocker.kv.hashing import BlockHash
 
 __all__ = ["BlockPool"]
+
+_REF_CNT = attrgetter("ref_cnt")
 
 
 class BlockPool:
@@ -117,6 +120,22 @@ class BlockPool:
 
     def lookup(self, block_hash: BlockHash) -> KVBlock | None:
         return self._cached.get(block_hash)
+
+    def lookup_prefix(self, block_hashes: Sequence[BlockHash]) -> list[KVBlock]:
+        """The cached blocks of the longest prefix of `block_hashes` found in the cache."""
+        # One C-level pass (map + index) instead of a Python loop: a long prompt waiting for
+        # room is looked up again every pass, and its prefix can be hundreds of blocks.
+        found = list(map(self._cached.get, block_hashes))
+        if None in found:
+            del found[found.index(None) :]
+        return found  # type: ignore[return-value]
+
+    def num_reviving(self, blocks: Sequence[KVBlock]) -> int:
+        """How many of these cached blocks are free and reusable: taking them as prefix hits
+        takes them off the free side."""
+        if not self.num_dirty_free:  # no dirty block anywhere: count the free ones at C speed
+            return list(map(_REF_CNT, blocks)).count(0)
+        return sum(1 for b in blocks if b.ref_cnt == 0 and not b.dirty)
 
     def cached_hashes(self) -> dict[BlockHash, BlockId]:
         """A copy of the hash → block map (for tests and consistency checks)."""

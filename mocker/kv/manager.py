@@ -39,15 +39,7 @@ class KVCacheManager:
         if not self.enable_caching:
             return []
         max_blocks = (request.num_tokens - 1) // self.block_size
-        hashes = request.block_hashes
-        lookup = self.pool.lookup
-        hits: list[KVBlock] = []
-        for i in range(min(max_blocks, len(hashes))):
-            block = lookup(hashes[i])
-            if block is None:
-                break
-            hits.append(block)
-        return hits
+        return self.pool.lookup_prefix(request.block_hashes[:max_blocks])
 
     def host_hit_blocks(self, request: Request, num_device_blocks: int) -> int:
         """Blocks to load from the host tier after a device hit of `num_device_blocks`: the
@@ -81,7 +73,7 @@ class KVCacheManager:
         if computed_blocks:
             # Hits sitting on the free side stop being free when we take them (a dirty hit
             # was not reusable anyway, so it does not count against the reusable ones).
-            revived = sum(1 for b in computed_blocks if b.ref_cnt == 0 and not b.dirty)
+            revived = pool.num_reviving(computed_blocks)
             if num_needed + revived > pool.num_reusable:
                 self._make_room(num_needed + revived)
                 return False

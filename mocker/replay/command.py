@@ -1,0 +1,177 @@
+"""`mocker replay`: flags, the progress bar, and the run from trace to report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from mocker.config import ConfigError
+from mocker.options import ENGINE_OPTIONS, add_options, engine_config_from, resolve
+from mocker.replay.report import summarize, table, write_outputs
+from mocker.replay.router import RoutingPolicy
+from mocker.replay.runner import replay
+from mocker.replay.trace import (
+    SyntheticSpec,
+    load_trace,
+    scale_trace,
+    synthetic_trace,
+)
+
+__all__ = ["add_replay_parser", "run_replay"]
+
+
+def add_replay_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "replay",
+        help="run a recorded or generated trace through the engine on a virtual clock",
+        description="Replay a trace (Mooncake JSONL, or JSONL/CSV rows of arrival, input and "
+        "output tokens) through the same engine core `mocker serve` runs, far faster than "
+        "real time, and write per-request rows, a summary and plots.",
+    )
+    p.add_argument("trace", nargs="?", default=None, metavar="TRACE", help="trace file")
+    p.add_argument(
+        "--output-dir",
+        default="replay-out",
+        metavar="DIR",
+        help="where requests.jsonl, summary.json and the plots go (replay-out)",
+    )
+    p.add_argument(
+        "--trace-block-size",
+        type=int,
+        default=512,
+        metavar="N",
+        help="tokens per Mooncake hash id (512)",
+    )
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="multiply arrival gaps by X (0.5: twice the load)",
+    )
+    p.add_argument(
+        "--max-requests",
+        type=int,
+        default=None,
+        metavar="N",
+        help="replay only the first N requests",
+    )
+    p.add_argument(
+        "--skip-bad-lines",
+        action="store_true",
+        help="report malformed trace lines and go on (default: stop at the first)",
+    )
+    p.add_argument(
+        "--num-engines", type=int, default=1, metavar="K", help="engine cores behind a router (1)"
+    )
+    p.add_argument(
+        "--router",
+        default=RoutingPolicy.ROUND_ROBIN.value,
+        choices=[r.value for r in RoutingPolicy],
+        help="routing policy across engines (round-robin)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar and no table")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    g = p.add_argument_group("synthetic workload (instead of TRACE)")
+    g.add_argument("--synthetic", action="store_true", help="generate the trace")
+    g.add_argument("--num-requests", type=int, default=1000, help="requests (1000)")
+    g.add_argument("--rate", type=float, default=10.0, help="Poisson arrivals per second (10)")
+    g.add_argument("--input-len", type=int, default=1024, help="mean prompt tokens (1024)")
+    g.add_argument("--output-len", type=int, default=128, help="mean output tokens (128)")
+    g.add_argument(
+        "--length-distribution",
+        default="fixed",
+        choices=("fixed", "uniform", "exponential"),
+        help="(fixed)",
+    )
+    g.add_argument(
+        "--shared-prefix-fraction",
+        type=float,
+        default=0.0,
+        help="fraction of each prompt taken from a shared prefix (0)",
+    )
+    g.add_argument("--num-prefixes", type=int, default=4, help="distinct shared prefixes (4)")
+    add_options(p, ENGINE_OPTIONS, "engine (as mocker serve)")  # fmt: skip
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.synthetic == (args.trace is not None):
+        raise ConfigError("give a TRACE file or --synthetic (one of them)")
+    for name, lo in (("trace_block_size", 1), ("num_engines", 1), ("num_requests", 1),
+                     ("input_len", 1), ("output_len", 1), ("num_prefixes", 1)):  # fmt: skip
+        if getattr(args, name) < lo:
+            raise ConfigError(f"invalid {name}={getattr(args, name)!r}: must be >= {lo}")
+    if args.max_requests is not None and args.max_requests < 1:
+        raise ConfigError(f"invalid max_requests={args.max_requests!r}: must be >= 1")
+    if not args.time_scale > 0:
+        raise ConfigError(f"invalid time_scale={args.time_scale!r}: must be > 0")
+    if not args.rate > 0:
+        raise ConfigError(f"invalid rate={args.rate!r}: must be > 0")
+    if not 0.0 <= args.shared_prefix_fraction <= 1.0:
+        raise ConfigError("invalid shared_prefix_fraction: must be in [0, 1]")
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    _check(args)
+    engine_names = {o.dest for o in ENGINE_OPTIONS}
+    given = argparse.Namespace(**{k: v for k, v in vars(args).items() if k in engine_names})
+    values, _ = resolve(given, ENGINE_OPTIONS)
+    config = engine_config_from(values)
+    if config.block_size > args.trace_block_size or args.trace_block_size % config.block_size:
+        raise ConfigError(
+            f"--trace-block-size ({args.trace_block_size}) must be a multiple of --block-size "
+            f"({config.block_size})"
+        )
+    if args.synthetic:
+        spec = SyntheticSpec(
+            num_requests=args.num_requests,
+            rate=args.rate,
+            input_length=args.input_len,
+            output_length=args.output_len,
+            distribution=args.length_distribution,
+            shared_prefix_fraction=args.shared_prefix_fraction,
+            num_prefixes=args.num_prefixes,
+            seed=config.seed,
+        )
+        trace = synthetic_trace(spec, args.trace_block_size)
+    else:
+        trace, skipped = load_trace(
+            args.trace,
+            trace_block_size=args.trace_block_size,
+            skip_bad_lines=args.skip_bad_lines,
+            max_requests=args.max_requests,
+        )
+        for problem in skipped:
+            print(f"mocker: skipped {problem}", file=sys.stderr)
+    if args.time_scale != 1.0:
+        trace = scale_trace(trace, args.time_scale)
+    show = not args.quiet and sys.stderr.isatty()
+    if show:
+        from rich.progress import Progress
+
+        with Progress(transient=True) as bar:
+            task = bar.add_task("replaying", total=len(trace))
+            result = replay(
+                trace,
+                config,
+                num_engines=args.num_engines,
+                router=args.router,
+                trace_block_size=args.trace_block_size,
+                progress=lambda done: bar.update(task, completed=done),
+            )
+    else:
+        result = replay(
+            trace,
+            config,
+            num_engines=args.num_engines,
+            router=args.router,
+            trace_block_size=args.trace_block_size,
+        )
+    summary = summarize(result)
+    out_dir = Path(args.output_dir)
+    written = write_outputs(result, summary, out_dir, plots=not args.no_plots)
+    if not args.quiet:
+        print(table(summary))
+        print("wrote " + ", ".join(str(p) for p in written))
+    return 0

@@ -1,0 +1,190 @@
+"""Replay a trace through K engine cores on one virtual clock, recording every request."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from mocker.config import EngineConfig
+from mocker.engine.core import EngineCore, RequestRejected
+from mocker.replay.prompts import PromptBuilder
+from mocker.replay.router import RoutingPolicy, make_router
+from mocker.replay.trace import TraceRequest
+from mocker.request import EngineRequest, Request, SamplingParams
+
+__all__ = ["EngineSample", "ReplayResult", "RequestRecord", "replay"]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One row of requests.jsonl (times in seconds of simulated time)."""
+
+    id: str
+    line: int
+    engine: int
+    status: str  # "finished", or "rejected: <why>"
+    arrival: float
+    input_tokens: int
+    output_tokens: int
+    admit: float | None = None
+    first_token: float | None = None
+    finish: float | None = None
+    ttft: float | None = None
+    mean_itl: float | None = None
+    e2e: float | None = None
+    cached_tokens_device: int = 0
+    cached_tokens_host: int = 0
+    preemptions: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSample:
+    time: float
+    engine: int
+    kv_usage: float
+    host_usage: float
+    running: int
+    waiting: int
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    records: list[RequestRecord] = field(default_factory=list)
+    samples: list[EngineSample] = field(default_factory=list)
+    cores: list[EngineCore] = field(default_factory=list)
+    sim_duration: float = 0.0
+    wall_s: float = 0.0
+    num_steps: int = 0
+
+
+def _record(request: Request, engine: int, line: int) -> RequestRecord:
+    n_out = request.num_output_tokens
+    first, done = request.first_token_time, request.finished_time
+    itl = None
+    if first is not None and done is not None and n_out > 1:
+        itl = (done - first) / (n_out - 1)
+    host = request.num_host_cached_tokens
+    return RequestRecord(
+        id=request.request_id,
+        line=line,
+        engine=engine,
+        status="finished",
+        arrival=request.arrival_time,
+        input_tokens=request.num_prompt_tokens,
+        output_tokens=n_out,
+        admit=request.first_scheduled_time,
+        first_token=first,
+        finish=done,
+        ttft=None if first is None else first - request.arrival_time,
+        mean_itl=itl,
+        e2e=None if done is None else done - request.arrival_time,
+        cached_tokens_device=max(0, request.num_cached_tokens) - host,
+        cached_tokens_host=host,
+        preemptions=request.num_preemptions,
+    )
+
+
+def replay(
+    trace: Sequence[TraceRequest],
+    config: EngineConfig,
+    *,
+    num_engines: int = 1,
+    router: RoutingPolicy | str = RoutingPolicy.ROUND_ROBIN,
+    trace_block_size: int = 512,
+    num_samples: int = 2000,
+    progress: Callable[[int], None] | None = None,
+) -> ReplayResult:
+    """Run `trace` (sorted by arrival) to completion. Arrivals are applied at the start of
+    the first pass of their engine at or after their time, exactly as the single-engine
+    virtual driver does; the engine with the earliest pending pass steps next."""
+    started = time.perf_counter()
+    cores = [EngineCore(config) for _ in range(num_engines)]
+    clocks = [0.0] * num_engines
+    pick = make_router(router).pick
+    builder = PromptBuilder(
+        cores[0].hasher, config.block_size, trace_block_size, config.vocab_size, config.seed
+    )
+    result = ReplayResult(cores=cores)
+    lines: dict[str, tuple[int, int]] = {}  # request id -> (trace line, engine)
+    span = trace[-1].arrival if trace else 0.0
+    sample_every = max(span / max(1, num_samples), 1e-9)
+    next_sample = [0.0] * num_engines
+    i, n = 0, len(trace)
+    finished_count = 0
+    while True:
+        busy = [k for k in range(num_engines) if cores[k].has_unfinished_requests()
+                or cores[k].has_pending_transfers()]  # fmt: skip
+        k = min(busy, key=lambda e: (clocks[e], e)) if busy else -1
+        if i < n and (k < 0 or trace[i].arrival <= clocks[k]):
+            item = trace[i]
+            rid = f"r{i}"
+            tokens = builder.tokens(item)
+            hashes = builder.block_hashes(item, tokens) if config.enable_prefix_caching else []
+            target = pick(cores, hashes)
+            core = cores[target]
+            if not (core.has_unfinished_requests() or core.has_pending_transfers()):
+                clocks[target] = max(clocks[target], item.arrival)
+            spec = EngineRequest(
+                rid,
+                tokens,
+                SamplingParams(max_tokens=item.output_length, ignore_eos=True),
+                arrival_time=item.arrival,
+                block_hashes=hashes,
+            )
+            lines[rid] = (item.line, target)
+            try:
+                core.add_request(spec)
+            except RequestRejected as exc:
+                result.records.append(
+                    RequestRecord(
+                        id=rid,
+                        line=item.line,
+                        engine=target,
+                        status=f"rejected: {exc}",
+                        arrival=item.arrival,
+                        input_tokens=item.input_length,
+                        output_tokens=0,
+                    )
+                )
+                finished_count += 1
+            i += 1
+            continue
+        if k < 0:
+            break
+        core = cores[k]
+        now = clocks[k]
+        step = core.step(now)
+        if step.idle:
+            deadline = core.next_transfer_deadline()
+            targets = [t for t in (deadline, trace[i].arrival if i < n else None) if t is not None]
+            if not targets:
+                raise core.stall_error()
+            clocks[k] = max(now, min(targets))
+            continue
+        result.num_steps += 1
+        clocks[k] = step.end
+        for request in step.finished:
+            line, engine = lines.pop(request.request_id)
+            result.records.append(_record(request, engine, line))
+            finished_count += 1
+        if step.end >= next_sample[k]:
+            next_sample[k] = step.end + sample_every
+            result.samples.append(
+                EngineSample(
+                    step.end,
+                    k,
+                    core.pool.usage,
+                    core.host.usage if core.host is not None else 0.0,
+                    core.num_running,
+                    core.num_waiting,
+                )
+            )
+        if progress is not None and step.finished:
+            progress(finished_count)
+    if progress is not None:
+        progress(finished_count)
+    result.records.sort(key=lambda r: int(r.id[1:]))
+    result.sim_duration = max(clocks, default=0.0)
+    result.wall_s = time.perf_counter() - started
+    return result

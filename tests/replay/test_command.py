@@ -1,0 +1,101 @@
+"""`mocker replay` end to end: outputs, table, bad input, exit codes, byte-identical reruns."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mocker.cli import main
+
+
+def trace_file(tmp_path: Path, extra: list[str] = ()) -> Path:  # type: ignore[assignment]
+    rows = [
+        json.dumps(
+            {
+                "timestamp": i * 200,
+                "input_length": 300 + 7 * i,
+                "output_length": 5 + i,
+                "hash_ids": [0, i % 3 + 1, 100 + i],
+            }
+        )
+        for i in range(12)
+    ]
+    path = tmp_path / "trace.jsonl"
+    path.write_text("\n".join([*rows, *extra]) + "\n")
+    return path
+
+
+def args(trace: Path, out: Path, *more: str) -> list[str]:
+    return ["replay", str(trace), "--output-dir", str(out), "--trace-block-size", "128",
+            "--max-model-len", "4096", *more]  # fmt: skip
+
+
+def test_replay_writes_rows_summary_and_plots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    assert main(args(trace_file(tmp_path), out, "--num-engines", "2", "--router", "kv-aware")) == 0
+    rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert len(rows) == 12 and all(r["status"] == "finished" for r in rows)
+    assert {r["engine"] for r in rows} <= {0, 1}
+    for key in ("arrival", "admit", "first_token", "finish", "ttft", "mean_itl",
+                "cached_tokens_device", "cached_tokens_host", "preemptions"):  # fmt: skip
+        assert key in rows[0]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["finished"] == 12 and summary["engines"] == 2
+    assert summary["prefix_hit_rate"]["device"] > 0  # hash id 0 is shared by all
+    for key in ("ttft_s", "itl_s", "e2e_s"):
+        assert set(summary[key]) == {"mean", "p50", "p90", "p99"}
+    assert summary["sim_duration_s"] > 0 and summary["speedup_over_real_time"] > 0
+    assert (out / "ttft_cdf.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "engines.png").read_bytes()[:4] == b"\x89PNG"
+    printed = capsys.readouterr().out
+    assert "TTFT" in printed and "prefix hits" in printed  # the table
+
+
+def test_same_trace_and_seed_give_identical_rows(tmp_path: Path) -> None:
+    trace = trace_file(tmp_path)
+    for name in ("a", "b"):
+        assert main(args(trace, tmp_path / name, "--quiet", "--no-plots", "--seed", "3")) == 0
+    first = (tmp_path / "a" / "requests.jsonl").read_bytes()
+    assert first == (tmp_path / "b" / "requests.jsonl").read_bytes()
+
+
+def test_bad_line_stops_with_its_number_or_is_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = trace_file(tmp_path, extra=['{"timestamp": 5, "input_length": "many"}'])
+    assert main(args(trace, tmp_path / "o", "--quiet")) == 2
+    err = capsys.readouterr().err
+    assert "trace.jsonl:13:" in err and "--skip-bad-lines" in err and "Traceback" not in err
+    assert main(args(trace, tmp_path / "o", "--quiet", "--skip-bad-lines")) == 0
+    assert "skipped" in capsys.readouterr().err
+    assert len((tmp_path / "o" / "requests.jsonl").read_text().splitlines()) == 12
+
+
+def test_rejected_requests_are_rows_and_the_run_exits_0(tmp_path: Path) -> None:
+    trace = trace_file(tmp_path, extra=[json.dumps(
+        {"timestamp": 9999, "input_length": 5000, "output_length": 1,
+         "hash_ids": list(range(500, 540))})])  # fmt: skip
+    out = tmp_path / "o"
+    assert main(args(trace, out, "--quiet", "--no-plots")) == 0
+    rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert rows[-1]["status"].startswith("rejected: ")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rejected"] == 1 and summary["finished"] == 12
+
+
+def test_synthetic_and_setting_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "s"
+    assert main(["replay", "--synthetic", "--num-requests", "30", "--rate", "50",
+                 "--input-len", "256", "--output-len", "8", "--shared-prefix-fraction", "0.5",
+                 "--output-dir", str(out), "--quiet", "--no-plots"]) == 0  # fmt: skip
+    assert json.loads((out / "summary.json").read_text())["finished"] == 30
+    assert main(["replay", "--output-dir", str(out)]) == 2
+    assert "TRACE file or --synthetic" in capsys.readouterr().err
+    assert main(["replay", "--synthetic", "--time-scale", "0"]) == 2
+    assert "time_scale" in capsys.readouterr().err
+    assert main(["replay", "--synthetic", "--block-size", "48"]) == 2
+    assert "block_size" in capsys.readouterr().err
