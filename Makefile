@@ -25,6 +25,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/engine_step.py
 	$(BIN)/python bench/serve_stream.py
 	$(BIN)/python bench/offload.py
+	$(BIN)/python bench/replay_speed.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,70 @@
+"""How fast `mocker replay` runs the Mooncake conversation trace (12,031 requests) on one core."""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harness import ROOT, SERVER_CPU, log
+
+# Run from the repo root with no arguments: `.venv/bin/python bench/replay_speed.py`.
+# The replay runs in a child pinned to one core (the server core of the other benchmarks);
+# progress goes to stderr, the last stdout line is one JSON object. The trace is read from
+# ../shared and never copied into the project.
+TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
+# Eight engines with the default 16,384-block pools: one engine cannot keep up with this
+# hour of traffic (its queue, not the replayer, would then set the pace).
+ENGINES = 8
+TIMEOUT_S = 540
+
+
+def main() -> int:
+    if not TRACE.is_file():
+        log(f"no trace at {TRACE}")
+        return 1
+    out = Path(tempfile.mkdtemp(prefix="replay_speed-"))
+    argv = [
+        "taskset", "-c", str(SERVER_CPU),
+        sys.executable, "-m", "mocker", "replay", str(TRACE),
+        "--output-dir", str(out), "--quiet", "--no-plots",
+        "--num-engines", str(ENGINES), "--router", "kv-aware",
+    ]  # fmt: skip
+    log(f"replaying {TRACE.name} on cpu {SERVER_CPU} with {ENGINES} engines; outputs in {out}")
+    started = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(argv, check=True, timeout=TIMEOUT_S, cwd=ROOT)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    summary = json.loads((out / "summary.json").read_text())
+    requests = summary["requests"]
+    result = {
+        "requests": requests,
+        "finished": summary["finished"],
+        "rejected": summary["rejected"],
+        "engines": ENGINES,
+        "wall_s": round(wall, 2),
+        "replay_wall_s": summary["wall_s"],  # the engine loop alone, inside the process
+        "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2),
+        "requests_per_s": round(requests / wall, 1),
+        "sim_duration_s": summary["sim_duration_s"],
+        "speedup_over_real_time": round(summary["sim_duration_s"] / wall, 1),
+        "peak_rss_mb": round(after.ru_maxrss / 1024, 1),
+        "prefix_hit_rate_device": summary["prefix_hit_rate"]["device"],
+        "ttft_p50_s": summary["ttft_s"]["p50"],
+        "target": "whole trace < 30 s on one core (>= 400 requests/s)",
+    }
+    log(
+        f"{requests} requests in {wall:.1f} s: {result['requests_per_s']} requests/s, "
+        f"{result['speedup_over_real_time']}x real time, peak RSS {result['peak_rss_mb']} MB"
+    )
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
