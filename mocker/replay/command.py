@@ -148,9 +148,11 @@ def run_replay(args: argparse.Namespace) -> int:
         trace = scale_trace(trace, args.time_scale)
     show = not args.quiet and sys.stderr.isatty()
     if show:
+        from rich.console import Console
         from rich.progress import Progress
 
-        with Progress(transient=True) as bar:
+        # On stderr, like every other message, so stdout keeps only the table.
+        with Progress(console=Console(stderr=True), transient=True) as bar:
             task = bar.add_task("replaying", total=len(trace))
             result = replay(
                 trace,

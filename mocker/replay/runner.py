@@ -136,6 +136,7 @@ def replay(
             try:
                 core.add_request(spec)
             except RequestRejected as exc:
+                del lines[rid]
                 result.records.append(
                     RequestRecord(
                         id=rid,
