@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 from pathlib import Path
 
 from mocker.config import ConfigError
@@ -147,6 +148,14 @@ def run_replay(args: argparse.Namespace) -> int:
     if args.time_scale != 1.0:
         trace = scale_trace(trace, args.time_scale)
     show = not args.quiet and sys.stderr.isatty()
+    run = partial(
+        replay,
+        trace,
+        config,
+        num_engines=args.num_engines,
+        router=args.router,
+        trace_block_size=args.trace_block_size,
+    )
     if show:
         from rich.console import Console
         from rich.progress import Progress
@@ -154,22 +163,9 @@ def run_replay(args: argparse.Namespace) -> int:
         # On stderr, like every other message, so stdout keeps only the table.
         with Progress(console=Console(stderr=True), transient=True) as bar:
             task = bar.add_task("replaying", total=len(trace))
-            result = replay(
-                trace,
-                config,
-                num_engines=args.num_engines,
-                router=args.router,
-                trace_block_size=args.trace_block_size,
-                progress=lambda done: bar.update(task, completed=done),
-            )
+            result = run(progress=lambda done: bar.update(task, completed=done))
     else:
-        result = replay(
-            trace,
-            config,
-            num_engines=args.num_engines,
-            router=args.router,
-            trace_block_size=args.trace_block_size,
-        )
+        result = run()
     summary = summarize(result)
     out_dir = Path(args.output_dir)
     written = write_outputs(result, summary, out_dir, plots=not args.no_plots)
