@@ -23,6 +23,31 @@ ENGINES = 8
 TIMEOUT_S = 540
 
 
+# The in-run baseline: the same engine stepped pass by pass (EngineCore.step for every pass,
+# as the live server runs it) against the default, which takes runs of pure decode passes
+# at once, on the trace's first BASELINE_REQUESTS requests, each in its own pinned child.
+BASELINE_REQUESTS = 2000
+_TIMED = """
+import sys, time
+from mocker.config import EngineConfig
+from mocker.replay.runner import replay
+from mocker.replay.trace import load_trace
+trace, _ = load_trace(sys.argv[1], max_requests=int(sys.argv[2]))
+started = time.perf_counter()
+result = replay(trace, EngineConfig(), num_engines=int(sys.argv[3]), router="kv-aware",
+                fast=sys.argv[4] == "fast")
+print(time.perf_counter() - started, result.num_steps, sum(r.ttft for r in result.records))
+"""
+
+
+def _timed(mode: str) -> tuple[float, int, float]:
+    argv = ["taskset", "-c", str(SERVER_CPU), sys.executable, "-c", _TIMED,
+            str(TRACE), str(BASELINE_REQUESTS), str(ENGINES), mode]  # fmt: skip
+    out = subprocess.run(argv, check=True, timeout=TIMEOUT_S, cwd=ROOT, capture_output=True)
+    wall, steps, ttft_sum = out.stdout.split()
+    return float(wall), int(steps), float(ttft_sum)
+
+
 def main() -> int:
     if not TRACE.is_file():
         log(f"no trace at {TRACE}")
@@ -41,6 +66,11 @@ def main() -> int:
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     summary = json.loads((out / "summary.json").read_text())
+    log(f"baseline: the first {BASELINE_REQUESTS} requests pass by pass, then with decode runs")
+    slow, fast = _timed("step"), _timed("fast")
+    if slow[1:] != fast[1:]:  # the same passes and timings, or the comparison means nothing
+        log(f"pass-by-pass and decode runs disagree: {slow} vs {fast}")
+        return 1
     requests = summary["requests"]
     result = {
         "requests": requests,
@@ -56,6 +86,10 @@ def main() -> int:
         "peak_rss_mb": round(after.ru_maxrss / 1024, 1),
         "prefix_hit_rate_device": summary["prefix_hit_rate"]["device"],
         "ttft_p50_s": summary["ttft_s"]["p50"],
+        "baseline_requests": BASELINE_REQUESTS,
+        "baseline_step_by_step_s": round(slow[0], 2),
+        "baseline_decode_runs_s": round(fast[0], 2),
+        "decode_runs_speedup": round(slow[0] / fast[0], 2),
         "target": "whole trace < 30 s on one core (>= 400 requests/s)",
     }
     log(

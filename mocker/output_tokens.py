@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Collection, Sequence
 
+import numpy as np
+
 __all__ = ["OutputTokenSampler"]
 
 _MASK64 = (1 << 64) - 1
@@ -26,7 +28,7 @@ class OutputTokenSampler:
     replay with the same seed reproduces every output.
     """
 
-    __slots__ = ("_eos_threshold", "_palette", "_seed", "eos_token_id")
+    __slots__ = ("_eos_threshold", "_palette", "_palette_array", "_seed", "eos_token_id")
 
     def __init__(
         self, palette: Sequence[int], eos_token_id: int, eos_probability: float, seed: int
@@ -34,10 +36,16 @@ class OutputTokenSampler:
         self._palette = [t for t in palette if t != eos_token_id]
         if not self._palette:
             raise ValueError("the output token palette needs a token other than EOS")
+        self._palette_array = np.asarray(self._palette, dtype=np.int64)
         self.eos_token_id = eos_token_id
         self._seed = seed
         # Compare 53-bit uniforms as integers: u < p  ⇔  bits < p·2^53.
         self._eos_threshold = int(eos_probability * (1 << 53))
+
+    @property
+    def can_end_early(self) -> bool:
+        """Whether EOS can ever be drawn (a request may then stop before max_tokens)."""
+        return self._eos_threshold > 0
 
     def request_seed(self, request_id: str) -> int:
         digest = hashlib.blake2b(
@@ -57,6 +65,18 @@ class OutputTokenSampler:
             return self.eos_token_id
         palette = self._palette
         return palette[(x >> 7) % len(palette)]
+
+    def tokens(self, request_seed: int, start: int, count: int) -> list[int]:
+        """Tokens at output positions start .. start+count-1 where EOS is not allowed: the
+        same as `token(request_seed, k, False)` for each, computed as one array."""
+        with np.errstate(over="ignore"):
+            x = np.arange(start, start + count, dtype=np.uint64)
+            x += np.uint64((request_seed + 0x9E3779B97F4A7C15) & _MASK64)
+            x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+            x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+        index = (x >> np.uint64(7)) % np.uint64(len(self._palette))
+        return self._palette_array[index].tolist()
 
     def token_avoiding(self, request_seed: int, index: int, banned: Collection[int]) -> int:
         """A non-EOS token at `index` outside `banned` (vLLM masks stop tokens while

@@ -76,8 +76,8 @@ class EngineRequest:
     priority: int = 0  # lower runs first, as in vLLM's priority scheduling
     lora_name: str | None = None
     cache_salt: str | None = None
-    # Replay: hashes of the prompt's leading full blocks, computed ahead by the engine's own
-    # hasher (shared prefixes are hashed once per trace, not once per request).
+    # Replay: hashes of the prompt's leading full blocks, given by the driver (derived from
+    # the trace's hash ids); the engine hashes only the blocks after them.
     block_hashes: Sequence[BlockHash] | None = None
 
 
@@ -146,6 +146,17 @@ class Request:
     @property
     def finish_reason(self) -> FinishReason | None:
         return FINISH_REASON_OF_STATUS.get(self.status)
+
+    def append_output_tokens(self, token_ids: list[int]) -> None:
+        """Several tokens at once (the hashes of the blocks they fill, as one by one)."""
+        tokens = self.all_token_ids
+        before = len(tokens)
+        tokens.extend(token_ids)
+        hasher = self._hasher
+        if hasher is not None and len(tokens) // self._block_size > before // self._block_size:
+            hasher.extend(
+                self.block_hashes, tokens, self._block_size, self._extra, self._first_extra
+            )
 
     def append_output_token(self, token_id: int) -> None:
         tokens = self.all_token_ids

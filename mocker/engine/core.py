@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from mocker.config import EngineConfig, OffloadPolicy
 from mocker.engine.outputs import RequestOutput, StepResult, StepStats
@@ -18,11 +19,20 @@ from mocker.tiers.host import HostTier
 from mocker.tiers.offload import Direction, OffloadManager, TransferRecord
 from mocker.timing import PassShape, TimingModel, load_timing_model, pass_duration_s
 
-__all__ = ["EngineCore", "RequestRejected"]
+__all__ = ["DecodeRun", "EngineCore", "RequestRejected"]
 
 
 class RequestRejected(ValueError):
     """A request the engine can never serve; the message says why (a client error)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRun:
+    """Passes run by `EngineCore.run_decodes`: when the last ended, how many, who finished."""
+
+    end: float
+    passes: int
+    finished: list[Request]
 
 
 class EngineCore:
@@ -336,7 +346,6 @@ class EngineCore:
         finished: list[Request] = []
         kv = self.kv
         bs = self.config.block_size
-        token = self.sampler.token
         eos = self.sampler.eos_token_id
         stage = self.offload.stage_stores if self._write_through and self.offload else None
         for request, n in sched.num_scheduled.items():
@@ -354,11 +363,8 @@ class EngineCore:
             num_tokens = len(request.all_token_ids)
             if computed < num_tokens:
                 continue  # a prefill chunk that does not reach the end of the prompt
-            sp = request.sampling
             k = num_tokens - request.num_prompt_tokens  # index of the token sampled now
-            tok = token(request.token_seed, k, not sp.ignore_eos and k >= sp.min_tokens)
-            if k < sp.min_tokens and tok in sp.stop_token_ids:
-                tok = self.sampler.token_avoiding(request.token_seed, k, sp.stop_token_ids)
+            tok = self._sample(request, k)
             request.append_output_token(tok)
             if request.first_token_time is None:
                 request.first_token_time = end
@@ -374,10 +380,7 @@ class EngineCore:
                 request.num_host_cached_tokens,
             )
             if status is not None:
-                request.status = status
-                request.finished_time = end
-                kv.free_finished(request)
-                del self.requests[request.request_id]
+                self._finish(request, status, end)
                 out.finished = True
                 out.finish_reason = request.finish_reason
                 finished.append(request)
@@ -385,6 +388,91 @@ class EngineCore:
         if finished:
             self.scheduler.remove_finished()
         return outputs, finished
+
+    def _sample(self, request: Request, k: int) -> int:
+        """Output token k of the request (EOS and stop ids masked while min_tokens is unmet)."""
+        sp = request.sampling
+        tok = self.sampler.token(request.token_seed, k, not sp.ignore_eos and k >= sp.min_tokens)
+        if k < sp.min_tokens and tok in sp.stop_token_ids:
+            tok = self.sampler.token_avoiding(request.token_seed, k, sp.stop_token_ids)
+        return tok
+
+    def _finish(self, request: Request, status: RequestStatus, end: float) -> None:
+        request.status = status
+        request.finished_time = end
+        self.kv.free_finished(request)
+        del self.requests[request.request_id]
+
+    def run_decodes(self, now: float, stop_at: float) -> DecodeRun | None:
+        """Run consecutive passes from `now` while each is every running request decoding one
+        token, for drivers that need no per-pass output (replay). None if the next pass is
+        not such a pass; then `step()` runs it.
+
+        The passes are the ones `step()` would run, with the same timings and the same pool
+        operations in the same order, minus the outputs, stats and events: blocks are
+        handed out pass by pass in running order, then each request takes its tokens at
+        once. The run ends after the first pass in which a request finishes, that ends at
+        or after `stop_at`, or before a pass that would have to preempt. Only for requests
+        that end at max_tokens (no EOS drawn, no stop ids), whose finishing pass is known.
+        """
+        if self.offload is not None or self.pool.record_events:
+            return None
+        batch = self.scheduler.decode_batch()
+        if batch is None:
+            return None
+        sampler = self.sampler
+        for request in batch:
+            sp = request.sampling
+            if sp.stop_token_ids or (sampler.can_end_early and not sp.ignore_eos):
+                return None
+        bs = self.config.block_size
+        max_passes = min(r.max_tokens - r.num_output_tokens for r in batch)
+        # Passes at which each request needs a new block (its next position starts one).
+        allocs: dict[int, list[Request]] = {}
+        for request in batch:
+            first = len(request.blocks) * bs - request.num_computed_tokens + 1
+            for p in range(max(first, 1), max_passes + 1, bs):
+                allocs.setdefault(p, []).append(request)
+        kv = self.kv
+        reusable, used = kv.num_reusable, kv.num_used
+        num_decodes, speedup = len(batch), self.config.speedup_ratio
+        shape_used, duration = -1, 0.0
+        passes, start, end = 0, now, now
+        for p in range(1, max_passes + 1):
+            need = allocs.get(p)
+            if need:
+                if len(need) > reusable:
+                    break  # schedule() would preempt here
+                reusable -= len(need)
+                used += len(need)
+            if used != shape_used:  # a pass's time depends only on this and the batch
+                shape_used = used
+                shape = PassShape(0, num_decodes, used * bs, self._total_kv_tokens)
+                duration = pass_duration_s(self.timing, shape, speedup)
+            start, end, passes = end, end + duration, p
+            if end >= stop_at:
+                break
+        if not passes:
+            return None
+        self.time = max(self.time, start)
+        for p in sorted(allocs):
+            if p > passes:
+                break
+            for request in allocs[p]:
+                kv.append_blocks(request, 1)
+        finished: list[Request] = []
+        for request in batch:
+            request.append_output_tokens(
+                sampler.tokens(request.token_seed, request.num_output_tokens, passes)
+            )
+            request.num_computed_tokens += passes
+            kv.cache_blocks(request)
+            if request.num_output_tokens >= request.max_tokens:
+                self._finish(request, RequestStatus.FINISHED_LENGTH_CAPPED, end)
+                finished.append(request)
+        if finished:
+            self.scheduler.remove_finished()
+        return DecodeRun(end, passes, finished)
 
     @staticmethod
     def _stop_status(request: Request, tok: int, num_out: int, eos: int) -> RequestStatus | None:

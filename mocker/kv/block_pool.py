@@ -161,6 +161,7 @@ class BlockPool:
         cached = self._cached
         policy = self._policy
         keep, holds = self.keep_tokens, self._host_holds
+        lineage = policy.tracks_lineage
         bs = self.block_size
         run_start = -1  # first index of the current run of newly stored blocks
         for i in range(start, end):
@@ -177,8 +178,9 @@ class BlockPool:
                     block.lora_name = lora_name
                 if holds is not None:
                     block.dirty = not holds(block_hash)  # held blocks are referenced: no count
-                parent = cached.get(block.parent_hash) if i > 0 else None  # type: ignore[arg-type]
-                policy.on_cached(block, parent)
+                if lineage:
+                    parent = cached.get(block.parent_hash) if i > 0 else None  # type: ignore[arg-type]
+                    policy.on_cached(block, parent)
                 if run_start < 0:
                     run_start = i
                 continue
@@ -218,9 +220,10 @@ class BlockPool:
         block_hash = block.block_hash
         assert block_hash is not None
         del self._cached[block_hash]
-        parent_hash = block.parent_hash
-        parent = self._cached.get(parent_hash) if parent_hash is not None else None
-        self._policy.on_uncached(block, parent)
+        if self._policy.tracks_lineage:
+            parent_hash = block.parent_hash
+            parent = self._cached.get(parent_hash) if parent_hash is not None else None
+            self._policy.on_uncached(block, parent)
         block.block_hash = None
         block.parent_hash = None
         block.token_src = None
@@ -310,7 +313,15 @@ class BlockPool:
         """
         if n > self.num_reusable:
             raise ValueError(f"cannot allocate {n} blocks, only {self.num_reusable} reusable")
-        out: list[KVBlock] = []
+        if not self.num_dirty_free:  # nothing to skip: take them in one go
+            out = self._policy.pop_many(n)
+            for block in out:
+                if block.block_hash is not None:
+                    self._evict(block)
+                block.ref_cnt = 1
+            self.num_used += n
+            return out
+        out = []
         pop = self._policy.pop
         while len(out) < n:
             block = pop()
@@ -338,16 +349,18 @@ class BlockPool:
 
     def free_blocks(self, ordered_blocks: Iterable[KVBlock]) -> None:
         """Drop one reference from each block; pass blocks in the order they should be reused."""
-        push = self._policy.push
+        freed: list[KVBlock] = []
         for block in ordered_blocks:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                self.num_used -= 1
                 if block.dirty:
                     self.num_dirty_free += 1
-                push(block)
+                freed.append(block)
             elif block.ref_cnt < 0:
+                block.ref_cnt = 0
                 raise ValueError(f"{block!r} freed more often than referenced")
+        self.num_used -= len(freed)
+        self._policy.push_many(freed)
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached block nobody references; returns how many were forgotten.

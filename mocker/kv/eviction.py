@@ -48,6 +48,18 @@ class EvictionPolicy(ABC):
     def __iter__(self) -> Iterator[KVBlock]:
         """Every free block, least recently used first (`candidates` may skip some)."""
 
+    # Whether the on_* hooks do anything: the pool skips finding parents when they do not.
+    tracks_lineage = True
+
+    def pop_many(self, n: int) -> list[KVBlock]:
+        """The next n blocks to reuse, as n calls of `pop()` would give them."""
+        return [self.pop() for _ in range(n)]
+
+    def push_many(self, blocks: list[KVBlock]) -> None:
+        """`push` each, in order."""
+        for block in blocks:
+            self.push(block)
+
     def on_cached(self, block: KVBlock, parent: KVBlock | None) -> None:  # noqa: B027
         """`block` became findable; `parent` is the cached block holding its parent hash."""
 
@@ -59,6 +71,7 @@ class LRUPolicy(EvictionPolicy):
     """vLLM's order: one queue; unhashed blocks go to the head, cached ones to the tail."""
 
     __slots__ = ("_queue",)
+    tracks_lineage = False
 
     def __init__(self) -> None:
         self._queue = FreeBlockQueue()
@@ -78,6 +91,17 @@ class LRUPolicy(EvictionPolicy):
 
     def pop(self) -> KVBlock:
         return self._queue.popleft()
+
+    def pop_many(self, n: int) -> list[KVBlock]:
+        return self._queue.popleft_many(n)
+
+    def push_many(self, blocks: list[KVBlock]) -> None:
+        queue = self._queue
+        for block in blocks:
+            if block.block_hash is None:
+                queue.appendleft(block)
+            else:
+                queue.append(block)
 
     def order(self) -> list[KVBlock]:
         """Free blocks in reuse order (for tests and debugging)."""
@@ -105,6 +129,7 @@ class LineagePolicy(LRUPolicy):
     """
 
     __slots__ = ()
+    tracks_lineage = True
 
     def pop(self) -> KVBlock:
         queue = self._queue
@@ -116,6 +141,9 @@ class LineagePolicy(LRUPolicy):
             return queue.popleft()
         queue.remove(block)
         return block
+
+    def pop_many(self, n: int) -> list[KVBlock]:
+        return [self.pop() for _ in range(n)]
 
     def candidates(self) -> Iterator[KVBlock]:
         return (b for b in self._queue if not b.num_cached_children)

@@ -87,6 +87,19 @@ class KVCacheManager:
             held.extend(pool.get_new_blocks(num_needed))
         return True
 
+    @property
+    def num_reusable(self) -> int:
+        """Blocks that can be handed out now."""
+        return self.pool.num_reusable
+
+    @property
+    def num_used(self) -> int:
+        return self.pool.num_used
+
+    def append_blocks(self, request: Request, num_blocks: int) -> None:
+        """Give a decoding request `num_blocks` more blocks (the caller checked the room)."""
+        request.blocks.extend(self.pool.get_new_blocks(num_blocks))
+
     def _make_room(self, num_blocks: int) -> None:
         """Short of reusable blocks with offload on eviction: start copying enough dirty
         ones (counting the copies already in flight) that they will be reusable soon."""

@@ -1,85 +1,95 @@
-"""Prompt tokens for trace requests: one deterministic token block per hash id, hashed once."""
+"""Prompts for trace requests: engine block hashes derived from hash ids, no token lists."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from mocker.kv.hashing import BlockHash, BlockHasher
+from mocker.kv.hashing import BlockHash
 from mocker.replay.trace import TraceRequest
 
-__all__ = ["PromptBuilder"]
+__all__ = ["FILLER_TOKEN", "PromptBuilder"]
 
-_MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
+_MASK = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+# Prompt token ids inside blocks whose hashes are given (see PromptBuilder).
+FILLER_TOKEN = 2
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: distinct inputs give unrelated outputs."""
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+def _mix(x: int) -> int:
+    """splitmix64: distinct inputs give unrelated 64-bit outputs."""
+    x = (x + _GOLDEN) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def _mix_array(x: np.ndarray) -> np.ndarray:
+    """`_mix` over a uint64 array (wrapping arithmetic is exactly the masked one)."""
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(_GOLDEN)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return x ^ (x >> np.uint64(31))
 
 
 class PromptBuilder:
-    """Token ids and engine block hashes for trace requests.
+    """Token ids and engine block hashes for trace requests (REFERENCE §7: hash id h stands
+    for `trace_block_size` tokens of content h; equal ids at equal prefixes are equal KV).
 
-    Hash id h's block is `trace_block_size` tokens drawn from (seed, h, position), so equal
-    ids give equal blocks and distinct ids differ in every engine block (a collision of 16
-    random tokens is out of reach). A request's prompt is its blocks in order, cut to its
-    input length. The engine hashes of a full trace block depend only on its parent's hash
-    and its id, so they are computed once per (parent, id) and reused by every request that
-    shares the prefix: the trace's prefix reuse makes hashing nearly free.
+    A block's identity is what precedes it and what it holds. Here that is fully given by the
+    request's hash ids up to and including the one the block falls in, plus its position
+    inside that trace block. So each engine block's hash is a 64-bit mix of (key of the id
+    prefix, position), where the prefix key chains the ids: two requests share an engine
+    block exactly when a content hash of synthesized tokens would say they do, without
+    making or hashing the tokens. Every full engine block of the prompt gets its hash here
+    (trace blocks are multiples of engine blocks, so the last, partial trace block's full
+    engine blocks too); the engine hashes only blocks that output tokens fill.
+
+    The engine reads prompt token ids only to hash blocks it has no hash for and to publish
+    KV events, which replay does not. So the ids inside hashed blocks are a filler token,
+    and only the trailing partial engine block carries ids synthesized from (seed, hash
+    id, position): the engine hashes it, with the output, once it fills.
     """
 
-    __slots__ = (
-        "_hasher", "_memo", "_offsets", "_per", "_seed", "block_size", "trace_block_size", "vocab",
-    )  # fmt: skip
+    __slots__ = ("_per", "_seed", "block_size", "trace_block_size", "vocab")
 
-    def __init__(
-        self, hasher: BlockHasher, block_size: int, trace_block_size: int, vocab: int, seed: int
-    ) -> None:
+    def __init__(self, block_size: int, trace_block_size: int, vocab: int, seed: int) -> None:
         if trace_block_size % block_size:
             raise ValueError(
                 f"--trace-block-size ({trace_block_size}) must be a multiple of the engine's "
                 f"block size ({block_size})"
             )
-        self._hasher = hasher
         self.block_size = block_size
         self.trace_block_size = trace_block_size
         self.vocab = vocab
-        self._seed = np.uint64(seed & 0xFFFFFFFF) << np.uint64(32)
-        self._offsets = np.arange(trace_block_size, dtype=np.uint64)
+        self._seed = _mix(seed & _MASK)
         self._per = trace_block_size // block_size
-        self._memo: dict[tuple[BlockHash | None, int], tuple[BlockHash, ...]] = {}
 
-    def tokens(self, request: TraceRequest) -> list[int]:
-        ids = np.asarray(request.hash_ids, dtype=np.uint64)
-        # Per (id, position) one 64-bit draw; ids above 2^40 stay distinct (the seed sits in
-        # the top bits only after mixing).
-        starts = ids[:, None] * np.uint64(self.trace_block_size)
-        keys = (starts + self._offsets[None, :]) ^ self._seed
-        draws = _mix(keys & _MASK).ravel()[: request.input_length]
+    def prompt(self, request: TraceRequest) -> tuple[list[int], list[BlockHash]]:
+        """(prompt token ids, hashes of its full engine blocks)."""
+        n, bs, tbs = request.input_length, self.block_size, self.trace_block_size
+        num_full = n // bs
+        ids = request.hash_ids[: -(-n // tbs)]
+        keys = []
+        key = self._seed
+        for h in ids[: -(-num_full // self._per)]:
+            key = _mix(key ^ (h & _MASK))
+            keys.append(key)
+        hashes: list[BlockHash] = []
+        if num_full:
+            per = np.arange(self._per, dtype=np.uint64) * np.uint64(_GOLDEN)
+            grid = np.asarray(keys, dtype=np.uint64)[:, None] ^ per[None, :]
+            hashes = _mix_array(grid.ravel()[:num_full]).tolist()
+        tokens = [FILLER_TOKEN] * (num_full * bs)
+        tail = n - num_full * bs
+        if tail:
+            # The last partial engine block: its ids are hashed by the engine once it fills.
+            last = ids[-1] & _MASK
+            lo = num_full * bs - (len(ids) - 1) * tbs  # its first position in that trace block
+            tokens.extend(self._token(last, pos) for pos in range(lo, lo + tail))
+        return tokens, hashes
+
+    def _token(self, hash_id: int, position: int) -> int:
         # Token ids 2..vocab-1 (0 and 1 are often special).
-        return (draws % np.uint64(self.vocab - 2) + np.uint64(2)).astype(np.int64).tolist()
-
-    def block_hashes(self, request: TraceRequest, tokens: list[int]) -> list[BlockHash]:
-        """Engine block hashes of the request's full trace blocks (the tail is left to the
-        engine, which hashes blocks as they fill)."""
-        full = request.input_length // self.trace_block_size
-        out: list[BlockHash] = []
-        parent: BlockHash | None = None
-        memo, hasher, bs, tbs = self._memo, self._hasher, self.block_size, self.trace_block_size
-        for i, h in enumerate(request.hash_ids[:full]):
-            key = (parent, h)
-            run = memo.get(key)
-            if run is None:
-                run_list: list[BlockHash] = []
-                prev = parent
-                base = i * tbs
-                for j in range(self._per):
-                    lo = base + j * bs
-                    prev = hasher.hash_block(prev, tokens[lo : lo + bs])
-                    run_list.append(prev)
-                run = memo[key] = tuple(run_list)
-            out.extend(run)
-            parent = run[-1]
-        return out
+        draw = _mix(self._seed ^ _mix(hash_id) ^ (position * _GOLDEN & _MASK))
+        return 2 + draw % (self.vocab - 2)

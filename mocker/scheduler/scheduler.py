@@ -142,6 +142,30 @@ class Scheduler:
             self._schedule_waiting(budget, out)
         return out
 
+    def decode_batch(self) -> list[Request] | None:
+        """The running requests, if the next pass can only be each of them decoding one
+        token: nothing waits to be admitted or resumed, and every one is past its prompt.
+        None otherwise. (Whether the pool has room for their next blocks is the caller's
+        to check: without it, `schedule()` preempts.)"""
+        running = self.running
+        if (
+            not running
+            or self.waiting
+            or self.ready
+            or self.loading
+            or self._carry.prefix_queries
+            or len(running) > self._token_budget
+        ):
+            return None
+        for request in running:
+            num_tokens = len(request.all_token_ids)
+            if (
+                request.num_computed_tokens != num_tokens - 1
+                or num_tokens <= request.num_prompt_tokens
+            ):
+                return None
+        return running
+
     def _unblock(self) -> bool:
         """Requests with loaded KV hold blocks while they wait to resume. If none can resume
         and nothing runs or is in flight to free blocks, the newest gives its blocks back

@@ -110,16 +110,12 @@ def test_one_engine_matches_the_virtual_driver() -> None:
     core = EngineCore(cfg)
     from mocker.replay.prompts import PromptBuilder
 
-    builder = PromptBuilder(core.hasher, BS, TBS, cfg.vocab_size, cfg.seed)
-    specs = [
-        EngineRequest(
-            f"r{i}",
-            builder.tokens(t),
-            SamplingParams(max_tokens=t.output_length, ignore_eos=True),
-            arrival_time=t.arrival,
-        )
-        for i, t in enumerate(trace)
-    ]
+    builder = PromptBuilder(BS, TBS, cfg.vocab_size, cfg.seed)
+    specs = []
+    for i, t in enumerate(trace):
+        tokens, hashes = builder.prompt(t)
+        params = SamplingParams(max_tokens=t.output_length, ignore_eos=True)
+        specs.append(EngineRequest(f"r{i}", tokens, params, t.arrival, block_hashes=hashes))
     done = {r.request_id: r for r in VirtualDriver(core).run(specs).finished}
     for rec in records:
         req = done[rec.id]
@@ -141,3 +137,49 @@ def test_kv_aware_routing_beats_round_robin_on_prefix_hits() -> None:
     assert kv > ll
     engines = {r.engine for r in run(trace, config(), num_engines=4, router="kv-aware").records}
     assert len(engines) > 1  # ties still spread load
+
+
+@pytest.mark.parametrize(
+    ("engines", "router", "changes"),
+    [
+        (1, "round-robin", {"num_gpu_blocks": 40, "max_model_len": 640}),  # preemption
+        (3, "kv-aware", {"num_gpu_blocks": 96}),
+        (2, "least-loaded", {"enable_chunked_prefill": False, "max_num_seqs": 4}),
+        (2, "kv-aware", {"eviction_policy": "lineage", "num_gpu_blocks": 64}),
+        (
+            2,
+            "round-robin",
+            {"enable_prefix_caching": False, "max_num_batched_tokens": 128, "max_num_seqs": 8},
+        ),
+    ],
+)
+def test_decode_runs_change_nothing(
+    engines: int, router: str, changes: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs of decode passes taken at once give what pass-by-pass stepping gives: every row,
+    every sample, the pass count, even the pool's block order at the end."""
+    trace = synthetic_trace(SyntheticSpec(num_requests=80, rate=20.0, input_length=160,
+                                          output_length=60, distribution="uniform",
+                                          shared_prefix_fraction=0.5, seed=11), TBS)  # fmt: skip
+    runs: list[int] = []
+    original = EngineCore.run_decodes
+
+    def counted(self: EngineCore, now: float, stop_at: float):  # type: ignore[no-untyped-def]
+        out = original(self, now, stop_at)
+        if out is not None:
+            runs.append(out.passes)
+        return out
+
+    monkeypatch.setattr(EngineCore, "run_decodes", counted)
+    cfg = config(**changes)
+    fast = run(trace, cfg, num_engines=engines, router=router, num_samples=50)
+    slow = run(trace, cfg, num_engines=engines, router=router, num_samples=50, fast=False)
+    assert len(runs) > 10 and sum(runs) > 2 * len(runs)  # the fast path did the decoding
+    assert fast.records == slow.records
+    assert fast.samples == slow.samples
+    assert (fast.num_steps, fast.sim_duration) == (slow.num_steps, slow.sim_duration)
+    if "num_gpu_blocks" in changes and engines == 1:
+        assert sum(r.preemptions for r in fast.records) > 0
+    for a, b in zip(fast.cores, slow.cores, strict=True):
+        assert [blk.block_id for blk in a.pool.policy] == [blk.block_id for blk in b.pool.policy]
+        assert a.pool.cached_hashes() == b.pool.cached_hashes()
