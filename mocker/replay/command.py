@@ -77,7 +77,15 @@ def add_replay_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     g = p.add_argument_group("synthetic workload (instead of TRACE)")
     g.add_argument("--synthetic", action="store_true", help="generate the trace")
     g.add_argument("--num-requests", type=int, default=1000, help="requests (1000)")
-    g.add_argument("--rate", type=float, default=10.0, help="Poisson arrivals per second (10)")
+    g.add_argument("--rate", type=float, default=None, help="Poisson arrivals per second (10)")
+    g.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        metavar="N",
+        help="closed loop instead of --rate: N users, each sending its next request when its "
+        "previous one ends (also with a TRACE file: its arrival times are then ignored)",
+    )
     g.add_argument("--input-len", type=int, default=1024, help="mean prompt tokens (1024)")
     g.add_argument("--output-len", type=int, default=128, help="mean output tokens (128)")
     g.add_argument(
@@ -107,8 +115,12 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError(f"invalid max_requests={args.max_requests!r}: must be >= 1")
     if not args.time_scale > 0:
         raise ConfigError(f"invalid time_scale={args.time_scale!r}: must be > 0")
-    if not args.rate > 0:
+    if args.rate is not None and args.concurrency is not None:
+        raise ConfigError("give --rate or --concurrency, not both")
+    if args.rate is not None and not args.rate > 0:
         raise ConfigError(f"invalid rate={args.rate!r}: must be > 0")
+    if args.concurrency is not None and args.concurrency < 1:
+        raise ConfigError(f"invalid concurrency={args.concurrency!r}: must be >= 1")
     if not 0.0 <= args.shared_prefix_fraction <= 1.0:
         raise ConfigError("invalid shared_prefix_fraction: must be in [0, 1]")
 
@@ -127,7 +139,7 @@ def run_replay(args: argparse.Namespace) -> int:
     if args.synthetic:
         spec = SyntheticSpec(
             num_requests=args.num_requests,
-            rate=args.rate,
+            rate=10.0 if args.rate is None else args.rate,
             input_length=args.input_len,
             output_length=args.output_len,
             distribution=args.length_distribution,
@@ -155,6 +167,7 @@ def run_replay(args: argparse.Namespace) -> int:
         num_engines=args.num_engines,
         router=args.router,
         trace_block_size=args.trace_block_size,
+        concurrency=args.concurrency,
     )
     if show:
         from rich.console import Console

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore, RequestRejected
@@ -97,11 +98,16 @@ def replay(
     num_samples: int = 2000,
     progress: Callable[[int], None] | None = None,
     fast: bool = True,
+    concurrency: int | None = None,
 ) -> ReplayResult:
     """Run `trace` (sorted by arrival) to completion. Arrivals are applied at the start of
     the first pass of their engine at or after their time, exactly as the single-engine
     virtual driver does; the engine with the earliest pending pass steps next. `fast=False`
-    runs every pass through `EngineCore.step` (the results are the same; tests compare)."""
+    runs every pass through `EngineCore.step` (the results are the same; tests compare).
+
+    `concurrency` C runs a closed loop instead: the trace's arrival times are ignored, C
+    users send its requests in order, each sending its next one the moment its previous one
+    finishes (or is rejected), from time 0."""
     started = time.perf_counter()
     cores = [EngineCore(config) for _ in range(num_engines)]
     clocks = [0.0] * num_engines
@@ -109,19 +115,33 @@ def replay(
     builder = PromptBuilder(config.block_size, trace_block_size, config.vocab_size, config.seed)
     result = ReplayResult(cores=cores)
     lines: dict[str, tuple[int, int]] = {}  # request id -> (trace line, engine)
-    span = trace[-1].arrival if trace else 0.0
-    sample_every = max(span / max(1, num_samples), 1e-9)
+    # Closed loop: when each idle user sends next (a heap; C zeros at the start).
+    free_users: list[float] | None = None
+    if concurrency is not None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        free_users = [0.0] * concurrency
+        # The span is unknown ahead: sample finely, halving the samples as they pile up.
+        sample_every = 1e-3
+    else:
+        span = trace[-1].arrival if trace else 0.0
+        sample_every = max(span / max(1, num_samples), 1e-9)
     next_sample = [0.0] * num_engines
     i, n = 0, len(trace)
     finished_count = 0
 
     def _collect(finished: list[Request], end: float) -> None:
         """After a pass of engine k ending at `end`: rows of finished requests, a sample."""
-        nonlocal finished_count
+        nonlocal finished_count, sample_every
         for request in finished:
             line, engine = lines.pop(request.request_id)
             result.records.append(_record(request, engine, line))
             finished_count += 1
+            if free_users is not None:
+                heapq.heappush(free_users, request.finished_time)
+        if free_users is not None and len(result.samples) >= 2 * num_samples:
+            del result.samples[1::2]
+            sample_every *= 2
         if end >= next_sample[k]:
             next_sample[k] = end + sample_every
             core = cores[k]
@@ -142,8 +162,19 @@ def replay(
         busy = [k for k in range(num_engines) if cores[k].has_unfinished_requests()
                 or cores[k].has_pending_transfers()]  # fmt: skip
         k = min(busy, key=lambda e: (clocks[e], e)) if busy else -1
-        if i < n and (k < 0 or trace[i].arrival <= clocks[k]):
+        if i >= n:
+            arrival = None
+        elif free_users is None:
+            arrival = trace[i].arrival
+        else:  # the next user to become free; none is when all wait for their requests
+            arrival = free_users[0] if free_users else None
+        # Every busy engine has run the passes that start before `arrival`: routing sees the
+        # state then, and no later finish can free a user earlier.
+        if arrival is not None and (k < 0 or arrival <= clocks[k]):
             item = trace[i]
+            if free_users is not None:
+                heapq.heappop(free_users)
+                item = replace(item, arrival=arrival)
             rid = f"r{i}"
             tokens, hashes = builder.prompt(item)
             target = pick(cores, hashes)
@@ -174,6 +205,8 @@ def replay(
                     )
                 )
                 finished_count += 1
+                if free_users is not None:
+                    heapq.heappush(free_users, item.arrival)
             i += 1
             continue
         if k < 0:
@@ -183,7 +216,11 @@ def replay(
         if fast:
             # Runs of pure decode passes at once, up to the next arrival (routing reads every
             # engine's state then) or sample: the same passes, one call.
-            stop_at = min(trace[i].arrival if i < n else _INF, next_sample[k])
+            stop_at = min(_INF if arrival is None else arrival, next_sample[k])
+            if free_users is not None:
+                # Closed loop: a finish elsewhere sends a request no earlier than that
+                # engine's next pass ends, after its clock; stop before any such moment.
+                stop_at = min([stop_at] + [clocks[j] for j in busy if j != k])
             run = core.run_decodes(now, stop_at)
             if run is not None:
                 result.num_steps += run.passes
@@ -193,7 +230,7 @@ def replay(
         step = core.step(now)
         if step.idle:
             deadline = core.next_transfer_deadline()
-            targets = [t for t in (deadline, trace[i].arrival if i < n else None) if t is not None]
+            targets = [t for t in (deadline, arrival) if t is not None]
             if not targets:
                 raise core.stall_error()
             clocks[k] = max(now, min(targets))

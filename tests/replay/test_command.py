@@ -99,3 +99,18 @@ def test_synthetic_and_setting_errors(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "time_scale" in capsys.readouterr().err
     assert main(["replay", "--synthetic", "--block-size", "48"]) == 2
     assert "block_size" in capsys.readouterr().err
+
+
+def test_fixed_concurrency(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "c"
+    assert main(["replay", "--synthetic", "--num-requests", "24", "--concurrency", "3",
+                 "--input-len", "200", "--output-len", "6", "--output-dir", str(out),
+                 "--quiet", "--no-plots"]) == 0  # fmt: skip
+    rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert len(rows) == 24 and [r["arrival"] for r in rows[:3]] == [0.0, 0.0, 0.0]
+    finishes = {r["finish"] for r in rows}
+    assert all(r["arrival"] in finishes for r in rows[3:])  # each sent as another ended
+    assert main(["replay", "--synthetic", "--rate", "5", "--concurrency", "2"]) == 2
+    assert "--rate or --concurrency" in capsys.readouterr().err
+    assert main(["replay", "--synthetic", "--concurrency", "0"]) == 2
+    assert "concurrency" in capsys.readouterr().err

@@ -3,6 +3,8 @@ rejections, routing policies, determinism, and agreement with the single-engine 
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from mocker.config import EngineConfig
@@ -32,8 +34,8 @@ def prefill_s(tokens: int) -> float:
     return MODEL.prefill_ms(tokens) / 1000
 
 
-def decode_s(used_blocks: int, total_blocks: int) -> float:
-    return MODEL.decode_ms(used_blocks * BS, total_blocks * BS, 1) / 1000
+def decode_s(used_blocks: int, total_blocks: int, num_decodes: int = 1) -> float:
+    return MODEL.decode_ms(used_blocks * BS, total_blocks * BS, num_decodes) / 1000
 
 
 def test_one_request_by_hand() -> None:
@@ -59,6 +61,25 @@ def test_two_requests_sharing_a_prefix() -> None:
     assert second.ttft == pytest.approx(prefill_s(140 - 128), abs=1e-12)
 
 
+def test_preemption_by_hand() -> None:
+    # Six blocks, no prefix cache. A (40 out) and B (20 out) prefill 32 tokens each in pass
+    # 1 (2 blocks each); pass 2 gives each a third block (pool full). At pass 18 A's token
+    # 48 needs a 4th block: B, the newest, is preempted with 17 tokens out (3 blocks back).
+    # A decodes alone (4 blocks; pass p computes position 30 + p, so a 5th block from pass
+    # 34, position 64) to its 40th token at pass 40. B's 49
+    # tokens need 4 blocks, so it waits for A's; then one prefill pass of 49 and two decodes.
+    cfg = config(num_gpu_blocks=6, max_model_len=256, enable_prefix_caching=False)
+    trace = [TraceRequest(0.0, 32, 40, (1,), 1), TraceRequest(0.0, 32, 20, (2,), 2)]
+    a, b = run(trace, cfg).records
+    t1 = prefill_s(64)
+    a_end = t1 + 16 * decode_s(6, 6, 2) + 16 * decode_s(4, 6) + 7 * decode_s(5, 6)
+    assert (a.preemptions, b.preemptions) == (0, 1)
+    assert a.ttft == b.ttft == pytest.approx(t1, abs=1e-12)
+    assert a.finish == pytest.approx(a_end, abs=1e-12)
+    assert b.finish == pytest.approx(a_end + prefill_s(49) + 2 * decode_s(4, 6), abs=1e-12)
+    assert b.admit == 0.0  # the first admission; its output restarts where it stopped
+
+
 def test_preemption_under_a_tiny_pool() -> None:
     trace = [TraceRequest(0.0, 60, 200, (i * 10, i * 10 + 1), i + 1) for i in range(4)]
     result = run(trace, config(num_gpu_blocks=24, max_model_len=384))
@@ -66,10 +87,14 @@ def test_preemption_under_a_tiny_pool() -> None:
     assert sum(r.preemptions for r in result.records) > 0
 
 
-def test_host_tier_hit() -> None:
-    # A's prompt is evicted from a 40-block device pool by B and C, then A's prefix returns.
+@pytest.mark.parametrize("h2d_gbps", [0.0, 4.0])  # 0: instant copies
+def test_host_tier_hit_by_hand(h2d_gbps: float) -> None:
+    # A's 16 prompt blocks are evicted from a 40-block device pool by B and C (offloaded to
+    # host as they go), then D, A's prompt plus one token, arrives to an idle engine. Its
+    # pass at 3.0 starts loading the 16 blocks (16 x block_bytes at the h2d bandwidth) and
+    # computes nothing; the next pass, when the load ends, prefills D's one new token.
     cfg = config(num_gpu_blocks=40, max_model_len=512, num_host_blocks=200,
-                 host_d2h_bandwidth_gbps=0.0, host_h2d_bandwidth_gbps=0.0)  # fmt: skip
+                 host_d2h_bandwidth_gbps=0.0, host_h2d_bandwidth_gbps=h2d_gbps)  # fmt: skip
     trace = [
         TraceRequest(0.0, 256, 1, (1, 2, 3, 4), 1),
         TraceRequest(1.0, 320, 1, (11, 12, 13, 14, 15), 2),
@@ -78,8 +103,12 @@ def test_host_tier_hit() -> None:
     ]
     records = run(trace, cfg).records
     again = records[3]
-    assert again.cached_tokens_host + again.cached_tokens_device == 256
-    assert again.cached_tokens_host > 0
+    assert (again.cached_tokens_host, again.cached_tokens_device) == (256, 0)
+    load_s = 0.0 if not h2d_gbps else 16 * cfg.block_bytes / (h2d_gbps * 1e9)
+    assert again.admit == pytest.approx(3.0 + load_s, abs=1e-12)  # it computes from then
+    assert again.ttft == pytest.approx(load_s + prefill_s(1), abs=1e-12)
+    if not h2d_gbps:
+        assert again.ttft < prefill_s(257)  # recomputing would take longer
 
 
 def test_rejected_requests_keep_their_row() -> None:
@@ -183,3 +212,42 @@ def test_decode_runs_change_nothing(
     for a, b in zip(fast.cores, slow.cores, strict=True):
         assert [blk.block_id for blk in a.pool.policy] == [blk.block_id for blk in b.pool.policy]
         assert a.pool.cached_hashes() == b.pool.cached_hashes()
+
+
+def test_closed_loop_one_user_sends_after_each_finish() -> None:
+    trace = [TraceRequest(99.0 * i, 40, 4, (i,), i + 1) for i in range(3)]
+    records = run(trace, config(), concurrency=1).records
+    assert records[0].arrival == 0.0  # trace times are ignored
+    for before, after in itertools.pairwise(records):
+        assert after.arrival == before.finish and after.admit == after.arrival
+    # Alone on the engine, each request takes what the first took (no prefix shared).
+    assert [r.e2e for r in records] == pytest.approx([records[0].e2e] * 3, abs=1e-12)
+
+
+def test_closed_loop_keeps_at_most_c_in_flight() -> None:
+    trace = synthetic_trace(SyntheticSpec(num_requests=40, rate=1000.0, input_length=100,
+                                          output_length=20, distribution="uniform",
+                                          seed=3), TBS)  # fmt: skip
+    trace.insert(5, TraceRequest(0.0, 5000, 1, tuple(range(900, 980)), 0))  # rejected
+    records = run(trace, config(), num_engines=2, router="least-loaded", concurrency=3).records
+    assert sum(r.status != "finished" for r in records) == 1
+    ends = [r.finish if r.finish else r.arrival for r in records]
+    events = sorted([(r.arrival, 1) for r in records] + [(t, -1) for t in ends])
+    in_flight = peak = 0
+    for _, delta in events:  # at equal times a finish (-1) sorts before the next send
+        in_flight += delta
+        peak = max(peak, in_flight)
+    assert peak == 3
+    # Every send after the first three is the moment another request ended.
+    assert all(r.arrival in set(ends) for r in records[3:])
+
+
+def test_closed_loop_decode_runs_change_nothing() -> None:
+    trace = synthetic_trace(SyntheticSpec(num_requests=60, input_length=200, output_length=50,
+                                          distribution="exponential", seed=4), TBS)  # fmt: skip
+    cfg = config(num_gpu_blocks=48, max_model_len=1024)
+    fast = run(trace, cfg, num_engines=2, router="kv-aware", concurrency=6, num_samples=40)
+    slow = run(trace, cfg, num_engines=2, router="kv-aware", concurrency=6, num_samples=40,
+               fast=False)  # fmt: skip
+    assert fast.records == slow.records and fast.samples == slow.samples
+    assert 0 < len(fast.samples) <= 2 * 40

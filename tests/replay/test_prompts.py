@@ -1,0 +1,54 @@
+"""Trace prompts: engine block hashes keyed by the hash-id prefix, filler ids, a real tail."""
+
+from __future__ import annotations
+
+import pytest
+
+from mocker.replay.prompts import FILLER_TOKEN, PromptBuilder
+from mocker.replay.trace import TraceRequest
+
+BS, TBS = 16, 64
+
+
+def req(n: int, *ids: int) -> TraceRequest:
+    return TraceRequest(0.0, n, 1, ids, 1)
+
+
+def test_equal_id_prefixes_share_exactly_their_blocks() -> None:
+    b = PromptBuilder(BS, TBS, 1000, seed=1)
+    _, x = b.prompt(req(256, 1, 2, 3, 4))
+    _, y = b.prompt(req(256, 1, 2, 9, 4))
+    assert len(x) == len(y) == 256 // BS
+    assert x[:8] == y[:8]  # ids 1, 2: four engine blocks each
+    assert not set(x[8:]) & set(y[8:])  # from the first differing id on, nothing is shared
+    assert len(set(x)) == len(x)
+
+
+def test_a_partial_trace_block_shares_its_full_engine_blocks() -> None:
+    b = PromptBuilder(BS, TBS, 1000, seed=1)
+    short_tokens, short = b.prompt(req(100, 5, 6))  # id 6 holds 36 tokens: 2 full blocks
+    _, long = b.prompt(req(192, 5, 6, 7))
+    assert len(short) == 6 and short == long[:6]
+    assert short_tokens[:96] == [FILLER_TOKEN] * 96
+    tail = short_tokens[96:]
+    assert len(tail) == 4 and all(2 <= t < 1000 for t in tail)
+
+
+def test_the_same_id_after_another_prefix_is_other_content() -> None:
+    b = PromptBuilder(BS, TBS, 1000, seed=1)
+    _, x = b.prompt(req(128, 1, 2))
+    _, y = b.prompt(req(128, 3, 2))
+    assert not set(x) & set(y)
+
+
+def test_deterministic_per_seed() -> None:
+    r = req(150, 1, 2, 3)
+    assert PromptBuilder(BS, TBS, 1000, 7).prompt(r) == PromptBuilder(BS, TBS, 1000, 7).prompt(r)
+    a_tokens, a = PromptBuilder(BS, TBS, 1000, 7).prompt(r)
+    b_tokens, b = PromptBuilder(BS, TBS, 1000, 8).prompt(r)
+    assert not set(a) & set(b) and a_tokens[144:] != b_tokens[144:]
+
+
+def test_trace_blocks_must_hold_whole_engine_blocks() -> None:
+    with pytest.raises(ValueError, match="multiple of the engine's block size"):
+        PromptBuilder(BS, 40, 1000, 0)
