@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench clean check-deploy
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mocker needs Python >= 3.11 (set PYTHON=...)")'
@@ -20,6 +20,11 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q
+
+# Deploy artifacts: hadolint, compose config, helm lint + kubernetes-validate, and a
+# buildah/podman smoke test of the image (skipped loudly without root+apt). See deploy/check.sh.
+check-deploy: $(STAMP)
+	bash deploy/check.sh
 
 bench: $(STAMP)
 	$(BIN)/python bench/engine_step.py

@@ -74,6 +74,7 @@ def _serve(argv_args: argparse.Namespace) -> int:
     import uvicorn
 
     from mocker.api.app import create_app
+    from mocker.api.shutdown import DrainingServer
 
     given = argparse.Namespace(
         **{k: v for k, v in vars(argv_args).items() if k not in ("command", "model_tag", "config")}
@@ -93,18 +94,20 @@ def _serve(argv_args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    server = uvicorn.Server(
+    server = DrainingServer(
         uvicorn.Config(
             app,
             host=settings.host,
             port=settings.port,
             log_level=settings.log_level,
             access_log=settings.access_log,
-            timeout_graceful_shutdown=30,
-        )
+            # After the drain every response has ended: connections close at once.
+            timeout_graceful_shutdown=5,
+        ),
+        app.state.mocker,
     )
-    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the
-    # handler that was installed before it: make that a no-op, so a stop exits 0, no traceback.
+    # uvicorn re-raises a caught signal to the handler installed before it once it has shut
+    # down: make that a no-op, so a stop exits 0 with no traceback.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
     server.run()

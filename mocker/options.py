@@ -284,6 +284,14 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         "int",
     ),
     Option("api_key", "require 'Authorization: Bearer KEY' on /v1/*", None, "str", metavar="KEY"),
+    Option(
+        "shutdown_timeout",
+        "seconds in-flight requests get to finish after SIGTERM (new ones and /health get "
+        "503 meanwhile); then they are aborted",
+        30.0,
+        "float",
+        metavar="SECONDS",
+    ),
     Option("enable_log_requests", "log one line per request", False, "flag"),
     Option("disable_log_requests", "do not log requests (the default)", False, "flag"),
     Option("disable_uvicorn_access_log", "turn off the HTTP access log", False, "flag"),
@@ -580,6 +588,7 @@ class ServerSettings:
     legacy_metric_names: bool = False
     kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
     kv_events_format: EventFormat = EventFormat.MAP
+    shutdown_timeout: float = 30.0
 
     @property
     def model_name(self) -> str:
@@ -594,6 +603,9 @@ def server_settings_from(values: Mapping[str, Any]) -> ServerSettings:
     queued = values["max_num_queued_reqs"]
     if queued is not None and queued < 1:
         raise ConfigError(f"invalid max_num_queued_reqs={queued!r}: must be >= 1 (or unset)")
+    shutdown = values["shutdown_timeout"]
+    if not shutdown >= 0:
+        raise ConfigError(f"invalid shutdown_timeout={shutdown!r}: must be >= 0")
     names = tuple(values["served_model_name"] or (values["model"],))
     if not names or any(not n for n in names):
         raise ConfigError("invalid served_model_name: names must be non-empty")
@@ -612,4 +624,5 @@ def server_settings_from(values: Mapping[str, Any]) -> ServerSettings:
         legacy_metric_names=values["legacy_metric_names"],
         kv_events=KVEventsConfig.parse(values["kv_events_config"]),
         kv_events_format=EventFormat(values["kv_events_format"]),
+        shutdown_timeout=shutdown,
     )

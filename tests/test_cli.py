@@ -37,6 +37,8 @@ def test_serve_bad_settings_exit_2(capsys: pytest.CaptureFixture[str], tmp_path)
     bad.write_text("max_num_seqs: lots\n")
     assert main(["serve", "--config", str(bad)]) == 2
     assert "max_num_seqs" in capsys.readouterr().err
+    assert main(["serve", "--shutdown-timeout", "-1"]) == 2
+    assert "invalid shutdown_timeout" in capsys.readouterr().err
 
 
 def test_serve_bad_kv_events_config_exits_2_naming_the_key(

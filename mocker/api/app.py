@@ -58,6 +58,9 @@ class ServerState:
     serving: OpenAIServing
     created: int
     publisher: ZmqEventPublisher | None = None
+    # Set on SIGTERM (mocker.api.shutdown): new work and /health get 503 while in-flight
+    # requests finish.
+    draining: bool = False
 
 
 def _json(data: object, status: int = 200) -> Response:
@@ -204,14 +207,18 @@ def create_app(settings: ServerSettings, config: EngineConfig, tokenizer: TextTo
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
 
-    @v1.post("/completions")
+    async def accepting() -> None:
+        if state.draining:
+            raise OpenAIError(503, "The server is shutting down; send the request elsewhere.")
+
+    @v1.post("/completions", dependencies=[Depends(accepting)])
     async def completions(
         body: CompletionRequest,
         x_request_id: Annotated[str | None, Header()] = None,
     ) -> Response:
         return state.serving.completions(body, x_request_id or None)
 
-    @v1.post("/chat/completions")
+    @v1.post("/chat/completions", dependencies=[Depends(accepting)])
     async def chat_completions(
         body: ChatCompletionRequest,
         x_request_id: Annotated[str | None, Header()] = None,
@@ -234,7 +241,7 @@ def create_app(settings: ServerSettings, config: EngineConfig, tokenizer: TextTo
     app.include_router(v1)
 
     def health_response() -> Response:
-        if state.engine.is_dead:
+        if state.engine.is_dead or state.draining:
             return Response(status_code=503)
         return Response(status_code=200)
 

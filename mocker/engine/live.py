@@ -166,6 +166,18 @@ class LiveEngine:
         return self.core.num_waiting + self._inbox_requests
 
     @property
+    def num_open_streams(self) -> int:
+        """Requests whose consumers still wait for outputs (in the engine or on their way)."""
+        return len(self._streams)
+
+    def abort_all(self) -> int:
+        """Abort every open request (shutdown); returns how many."""
+        ids = list(self._streams)
+        for request_id in ids:
+            self.abort(request_id)
+        return len(ids)
+
+    @property
     def num_running(self) -> int:
         return self.core.num_running
 

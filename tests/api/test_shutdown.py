@@ -1,0 +1,107 @@
+"""SIGTERM on a real `mocker serve`: drain with 503s, in-flight streams finish or are aborted
+with an error event at --shutdown-timeout, exit 0 without a traceback."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+
+from tests.api.conftest import free_port
+
+
+@contextmanager
+def serve(*flags: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    port = free_port()
+    argv = [sys.executable, "-m", "mocker", "serve", "--port", str(port),
+            "--disable-uvicorn-access-log", *flags]  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    # stderr to a file: a pipe nobody reads could fill up and block the server.
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, text=True)
+        proc.log = log  # type: ignore[attr-defined]
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if httpx.get(url + "/health", timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert proc.poll() is None and time.monotonic() < deadline, "did not start"
+                time.sleep(0.05)
+            yield proc, url
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+
+
+def stderr_of(proc: subprocess.Popen[str]) -> str:
+    proc.log.seek(0)  # type: ignore[attr-defined]
+    return proc.log.read()  # type: ignore[attr-defined,no-any-return]
+
+
+def stream_events(response: httpx.Response) -> Iterator[object]:
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            data = line[len("data: ") :]
+            yield data if data == "[DONE]" else json.loads(data)
+
+
+def completion(max_tokens: int) -> dict[str, object]:
+    return {"model": "mocker", "prompt": "hello", "max_tokens": max_tokens, "stream": True,
+            "ignore_eos": True}  # fmt: skip
+
+
+def test_sigterm_drains_then_exits_0() -> None:
+    # At a fifth of the modelled speed a short prompt's decode pass takes ~40 ms: 60 tokens
+    # stream for over 2 s.
+    with (
+        serve("--speedup-ratio", "0.2") as (proc, url),
+        httpx.Client(base_url=url, timeout=30) as http,
+    ):
+        with http.stream("POST", "/v1/completions", json=completion(60)) as response:
+            events = stream_events(response)
+            first = next(events)  # the stream is under way
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.4)  # the drain starts within one 0.1 s tick
+            late = http.post("/v1/completions", json={**completion(4), "stream": False})
+            assert late.status_code == 503
+            assert "shutting down" in late.json()["error"]["message"]
+            assert http.get("/health").status_code == 503
+            assert http.get("/metrics").status_code == 200  # still scrapeable
+            rest = list(events)
+        assert rest[-1] == "[DONE]"
+        chunks = [first, *rest[:-1]]
+        assert all("error" not in c for c in chunks)  # type: ignore[operator]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"  # type: ignore[index]
+        assert proc.wait(timeout=10) == 0
+        err = stderr_of(proc)
+        assert "Traceback" not in err and "draining: 1 requests in flight" in err
+
+
+def test_shutdown_timeout_aborts_with_an_error_event() -> None:
+    with (
+        serve("--shutdown-timeout", "0.5") as (proc, url),
+        httpx.Client(base_url=url, timeout=30) as http,
+    ):
+        with http.stream("POST", "/v1/completions", json=completion(2000)) as response:
+            events = stream_events(response)
+            next(events)
+            sent = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            rest = list(events)
+        assert time.monotonic() - sent < 3  # 0.5 s, not the ~15 s the stream needed
+        assert rest[-1] == "[DONE]"
+        error = rest[-2]["error"]  # type: ignore[index]
+        assert error["code"] == 503 and "aborted" in error["message"]
+        assert proc.wait(timeout=10) == 0
+        assert "Traceback" not in stderr_of(proc)

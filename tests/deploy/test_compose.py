@@ -1,0 +1,96 @@
+"""The compose rig: three mocker replicas with distinct ports and KV-event topics, a Prometheus
+that scrapes each of them, and Grafana provisioned with that Prometheus and the dashboard."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mocker.kvevents.config import KVEventsConfig
+from mocker.options import ALL_OPTIONS
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+def _yaml(path: Path) -> Any:
+    return yaml.safe_load(path.read_text(encoding="utf-8"))  # resolves the << merge keys
+
+
+def _compose() -> dict[str, Any]:
+    return _yaml(DEPLOY / "docker-compose.yml")
+
+
+def _replicas() -> dict[str, dict[str, Any]]:
+    services = _compose()["services"]
+    return {name: s for name, s in services.items() if s.get("image") == "mocker:latest"}
+
+
+def _published(service: dict[str, Any]) -> dict[int, int]:
+    """Container port -> host port."""
+    pairs = (str(p).split(":") for p in service["ports"])
+    return {int(inner): int(outer) for outer, inner in pairs}
+
+
+def test_three_replicas_built_from_the_repo_dockerfile() -> None:
+    replicas = _replicas()
+    assert len(replicas) == 3
+    for name, s in replicas.items():
+        assert s["hostname"] == name
+        assert (DEPLOY / s["build"]["context"] / s["build"]["dockerfile"]).is_file()
+
+
+def test_replicas_publish_distinct_host_ports() -> None:
+    published = [_published(s) for s in _replicas().values()]
+    for ports in published:
+        assert set(ports) == {8000, 5557}  # HTTP and KV events inside each container
+    host_ports = [p for ports in published for p in ports.values()]
+    assert len(host_ports) == len(set(host_ports))
+
+
+def test_every_env_var_is_a_mocker_setting() -> None:
+    known = {o.env for o in ALL_OPTIONS.values()}
+    for name, s in _replicas().items():
+        env = s["environment"]
+        assert {k for k in env if k.startswith("MOCKER_")} <= known, name
+
+
+def test_kv_event_topics_name_each_replica() -> None:
+    topics = set()
+    for name, s in _replicas().items():
+        env = s["environment"]
+        config = KVEventsConfig.parse(env["MOCKER_KV_EVENTS_CONFIG"])  # as mocker reads it
+        assert config.active
+        assert config.endpoint == "tcp://*:5557"
+        topic = config.topic_for(host="ignored", port=8000, model=env["MOCKER_MODEL"])
+        assert topic == f"kv@{name}:8000@{env['MOCKER_MODEL']}"
+        topics.add(topic)
+    assert len(topics) == 3
+
+
+def test_prometheus_scrapes_every_replica() -> None:
+    prometheus = _compose()["services"]["prometheus"]
+    source, target = prometheus["volumes"][0].split(":")[:2]
+    assert target in " ".join(prometheus["command"])
+    config = _yaml(DEPLOY / source)
+    targets = {
+        t
+        for job in config["scrape_configs"]
+        if job.get("metrics_path", "/metrics") == "/metrics"
+        for static in job["static_configs"]
+        for t in static["targets"]
+    }
+    assert targets == {f"{name}:8000" for name in _replicas()}
+
+
+def test_grafana_is_provisioned_with_prometheus_and_the_dashboard() -> None:
+    grafana = _compose()["services"]["grafana"]
+    mounts = dict(v.split(":")[:2] for v in grafana["volumes"])
+    provisioning = DEPLOY / next(s for s, t in mounts.items() if t == "/etc/grafana/provisioning")
+    (source,) = _yaml(provisioning / "datasources/prometheus.yml")["datasources"]
+    assert source["type"] == "prometheus"
+    assert source["url"] == "http://prometheus:9090"
+    (provider,) = _yaml(provisioning / "dashboards/mocker.yml")["providers"]
+    dashboards = next(s for s, t in mounts.items() if t == provider["options"]["path"])
+    assert (DEPLOY / dashboards / "mocker.json").is_file()
