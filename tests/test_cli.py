@@ -4,13 +4,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
 from mocker.cli import main
-from tests.api.conftest import free_port
+from tests.api.conftest import free_port, wait_healthy
 
 
 def test_demo_runs_and_reports(capsys: pytest.CaptureFixture[str]) -> None:
@@ -95,15 +94,7 @@ def test_mocker_serve_process_with_env_yaml_and_positional_model(tmp_path) -> No
     )  # fmt: skip
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
-            time.sleep(0.05)
+        wait_healthy(proc, base)
         card = httpx.get(base + "/v1/models").json()["data"][0]
         assert card["id"] == "served-name" and card["root"] == "org/model"
         assert card["max_model_len"] == 2048

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import httpx
 
-from tests.api.conftest import free_port
+from tests.api.conftest import free_port, wait_healthy
 
 
 @contextmanager
@@ -28,15 +28,7 @@ def serve(*flags: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, text=True)
         proc.log = log  # type: ignore[attr-defined]
         try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    if httpx.get(url + "/health", timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert proc.poll() is None and time.monotonic() < deadline, "did not start"
-                time.sleep(0.05)
+            wait_healthy(proc, url)
             yield proc, url
         finally:
             if proc.poll() is None:
