@@ -454,6 +454,16 @@ class EngineCore:
                 break
         if not passes:
             return None
+        marks = [(len(r.all_token_ids), len(r.block_hashes)) for r in batch]
+        for request in batch:  # tokens (and block hashes) first: no pool state changes yet
+            request.append_output_tokens(
+                sampler.tokens(request.token_seed, request.num_output_tokens, passes)
+            )
+        if self._would_dedup(batch, passes):
+            for request, (num_tokens, num_hashes) in zip(batch, marks, strict=True):
+                del request.all_token_ids[num_tokens:]
+                del request.block_hashes[num_hashes:]
+            return None
         self.time = max(self.time, start)
         for p in sorted(allocs):
             if p > passes:
@@ -462,9 +472,6 @@ class EngineCore:
                 kv.append_blocks(request, 1)
         finished: list[Request] = []
         for request in batch:
-            request.append_output_tokens(
-                sampler.tokens(request.token_seed, request.num_output_tokens, passes)
-            )
             request.num_computed_tokens += passes
             kv.cache_blocks(request)
             if request.num_output_tokens >= request.max_tokens:
@@ -473,6 +480,23 @@ class EngineCore:
         if finished:
             self.scheduler.remove_finished()
         return DecodeRun(end, passes, finished)
+
+    def _would_dedup(self, batch: list[Request], passes: int) -> bool:
+        """Whether a block the run fills has a hash already cached (or filled twice in it).
+        `step()` would then swap in the cached block in mid-run, freeing one and changing
+        the pool's order and usage; the run leaves those passes to `step()`. (Generated
+        tokens make this all but impossible, except with tiny vocabularies or blocks.)"""
+        if not self.config.enable_prefix_caching:
+            return False
+        lookup, bs = self.pool.lookup, self.config.block_size
+        seen: set[int] = set()
+        for request in batch:
+            end = (request.num_computed_tokens + passes) // bs
+            for block_hash in request.block_hashes[request.num_cached_blocks : end]:
+                if block_hash in seen or lookup(block_hash) is not None:
+                    return True
+                seen.add(block_hash)
+        return False
 
     @staticmethod
     def _stop_status(request: Request, tok: int, num_out: int, eos: int) -> RequestStatus | None:

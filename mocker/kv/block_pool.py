@@ -313,7 +313,9 @@ class BlockPool:
         """
         if n > self.num_reusable:
             raise ValueError(f"cannot allocate {n} blocks, only {self.num_reusable} reusable")
-        if not self.num_dirty_free:  # nothing to skip: take them in one go
+        if not self.num_dirty_free and not self._policy.tracks_lineage:
+            # Nothing to skip and no eviction that changes what pop() picks next (lineage
+            # counts drop as parents lose children): take them in one go.
             out = self._policy.pop_many(n)
             for block in out:
                 if block.block_hash is not None:
@@ -357,7 +359,8 @@ class BlockPool:
                     self.num_dirty_free += 1
                 freed.append(block)
             elif block.ref_cnt < 0:
-                block.ref_cnt = 0
+                self.num_used -= len(freed)  # the ones before it are freed all the same
+                self._policy.push_many(freed)
                 raise ValueError(f"{block!r} freed more often than referenced")
         self.num_used -= len(freed)
         self._policy.push_many(freed)

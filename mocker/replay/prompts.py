@@ -90,6 +90,7 @@ class PromptBuilder:
         return tokens, hashes
 
     def _token(self, hash_id: int, position: int) -> int:
-        # Token ids 2..vocab-1 (0 and 1 are often special).
+        # Token ids 2..vocab-1 (0 and 1 are often special), unless the vocabulary is tiny.
+        low = 2 if self.vocab > 2 else 0
         draw = _mix(self._seed ^ _mix(hash_id) ^ (position * _GOLDEN & _MASK))
-        return 2 + draw % (self.vocab - 2)
+        return low + draw % (self.vocab - low)

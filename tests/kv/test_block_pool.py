@@ -162,3 +162,27 @@ def test_usage_counts_only_referenced_blocks() -> None:
     assert pool.usage == 0.5
     pool.free_blocks(reversed(a))
     assert pool.usage == 0.0  # cached but unreferenced counts as free, as in vLLM
+
+
+def test_lineage_allocation_sees_each_eviction_before_the_next_pick() -> None:
+    # A parent freed before its child (as write-through copies release them) is skipped
+    # while the child is cached; once the child is evicted by this very allocation, the
+    # parent is the next pick, ahead of the unrelated block behind it.
+    pool = BlockPool(3, 1, enable_caching=True, eviction_policy=EvictionPolicyName.LINEAGE)
+    parent, child, other = pool.get_new_blocks(3)
+    pool.cache_full_blocks([parent, child], 0, 2, [111, 222], [5, 6])
+    pool.cache_full_blocks([other], 0, 1, [333], [7])
+    for block in (parent, child, other):
+        pool.free_blocks([block])
+    got = pool.get_new_blocks(2)
+    assert [b.block_id for b in got] == [child.block_id, parent.block_id]
+    assert pool.cached_hashes() == {333: other.block_id}
+
+
+def test_an_over_free_still_frees_the_blocks_before_it() -> None:
+    pool = BlockPool(3, 1)
+    a, b, _ = pool.get_new_blocks(3)
+    pool.free_blocks([b])
+    with pytest.raises(ValueError, match="freed more often"):
+        pool.free_blocks([a, b])
+    assert pool.num_used == 1 and pool.num_free == 2

@@ -52,3 +52,8 @@ def test_deterministic_per_seed() -> None:
 def test_trace_blocks_must_hold_whole_engine_blocks() -> None:
     with pytest.raises(ValueError, match="multiple of the engine's block size"):
         PromptBuilder(BS, 40, 1000, 0)
+
+
+def test_a_two_token_vocabulary_still_gives_tokens() -> None:
+    tokens, _ = PromptBuilder(BS, TBS, 2, 0).prompt(req(20, 1))
+    assert len(tokens) == 20 and set(tokens[16:]) <= {0, 1}

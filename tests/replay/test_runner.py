@@ -251,3 +251,19 @@ def test_closed_loop_decode_runs_change_nothing() -> None:
                fast=False)  # fmt: skip
     assert fast.records == slow.records and fast.samples == slow.samples
     assert 0 < len(fast.samples) <= 2 * 40
+
+
+def test_decode_runs_leave_a_cached_duplicate_block_to_step() -> None:
+    """With a 2-token vocabulary and 1-token blocks two requests generate identical blocks;
+    step() then swaps in the cached one mid-run (freeing a block, changing usage), which a
+    decode run cannot foresee: it hands those passes back, and the results stay equal."""
+    cfg = EngineConfig(block_size=1, num_gpu_blocks=64, max_model_len=64, vocab_size=2,
+                       eos_token_id=1)  # fmt: skip
+    trace = [TraceRequest(0.0, 4, 8, (7, 8, 9, 10), 1), TraceRequest(0.0, 4, 8, (7, 8, 9, 10), 2),
+             TraceRequest(100.0, 4, 1, (1, 2, 3, 4), 3)]  # fmt: skip
+    fast = replay(trace, cfg, trace_block_size=1, num_samples=1)
+    slow = replay(trace, cfg, trace_block_size=1, num_samples=1, fast=False)
+    assert fast.records == slow.records
+    assert [b.block_id for b in fast.cores[0].pool.policy] == [
+        b.block_id for b in slow.cores[0].pool.policy
+    ]
