@@ -346,6 +346,7 @@ class EngineCore:
         finished: list[Request] = []
         kv = self.kv
         bs = self.config.block_size
+        token = self.sampler.token  # once per pass: this loop runs per generated token
         eos = self.sampler.eos_token_id
         stage = self.offload.stage_stores if self._write_through and self.offload else None
         for request, n in sched.num_scheduled.items():
@@ -364,7 +365,10 @@ class EngineCore:
             if computed < num_tokens:
                 continue  # a prefill chunk that does not reach the end of the prompt
             k = num_tokens - request.num_prompt_tokens  # index of the token sampled now
-            tok = self._sample(request, k)
+            sp = request.sampling
+            tok = token(request.token_seed, k, not sp.ignore_eos and k >= sp.min_tokens)
+            if k < sp.min_tokens and tok in sp.stop_token_ids:  # masked while min_tokens is unmet
+                tok = self.sampler.token_avoiding(request.token_seed, k, sp.stop_token_ids)
             request.append_output_token(tok)
             if request.first_token_time is None:
                 request.first_token_time = end
@@ -388,14 +392,6 @@ class EngineCore:
         if finished:
             self.scheduler.remove_finished()
         return outputs, finished
-
-    def _sample(self, request: Request, k: int) -> int:
-        """Output token k of the request (EOS and stop ids masked while min_tokens is unmet)."""
-        sp = request.sampling
-        tok = self.sampler.token(request.token_seed, k, not sp.ignore_eos and k >= sp.min_tokens)
-        if k < sp.min_tokens and tok in sp.stop_token_ids:
-            tok = self.sampler.token_avoiding(request.token_seed, k, sp.stop_token_ids)
-        return tok
 
     def _finish(self, request: Request, status: RequestStatus, end: float) -> None:
         request.status = status
