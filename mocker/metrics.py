@@ -9,7 +9,7 @@ they are always current — KV usage is 0 whenever the engine is idle.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
@@ -321,10 +321,13 @@ class MetricsCollector(Collector):
         model_name: str,
         *,
         legacy_names: bool = False,
+        failures: Mapping[str, int] | None = None,
     ) -> None:
         self.engines = list(engines)
         self.model_name = model_name
         self.legacy_names = legacy_names
+        # Injected failures by type (fault injection), read at scrape time.
+        self.failures = failures
 
     def describe(self) -> list[Metric]:
         return []  # rendered fresh at every scrape; nothing to pre-register
@@ -451,6 +454,15 @@ class MetricsCollector(Collector):
                 h.add_metric(lv, hist.cumulative(), hist.total)
             yield h
         yield self._cache_config_info()
+        if self.failures is not None:
+            injected = CounterMetricFamily(
+                "mocker:injected_failures",
+                "Requests failed on purpose (fault injection), by failure type.",
+                labels=["model_name", "type"],
+            )
+            for kind, n in self.failures.items():
+                injected.add_metric([self.model_name, str(kind)], n)
+            yield injected
         if self.legacy_names:
             yield from self._legacy(engines, snaps, labels)
 

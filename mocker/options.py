@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from mocker.api.faults import FaultConfig, parse_fault_types
 from mocker.config import MODEL_PRESETS, ConfigError, EngineConfig, OffloadPolicy
 from mocker.kvevents.config import EventFormat, KVEventsConfig
 
@@ -292,6 +293,60 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         "float",
         metavar="SECONDS",
     ),
+    Option(
+        "data_parallel_size",
+        "engine cores in this server, each with its own KV cache, `engine` metric label and "
+        "KV-event port (port + rank); a request goes to the least loaded unless it names one "
+        "(header X-data-parallel-rank or field data_parallel_rank)",
+        1,
+        "int",
+    ),
+    Option(
+        "startup_delay",
+        "seconds after start during which /health and completions answer 503 (a model "
+        "loading) (mocker)",
+        0.0,
+        "float",
+        metavar="SECONDS",
+    ),
+    Option(
+        "failure_rate",
+        "share of completion requests (0-1) that fail on purpose, with one of "
+        "--failure-types (mocker)",
+        0.0,
+        "float",
+    ),
+    Option(
+        "failure_types",
+        "failures to inject, by status or name: 429 rate_limit, 503 overloaded, 500 "
+        "server_error, 400 context_length, abort (the stream breaks off); default: all. "
+        "A request header 'X-Mocker-Fail: TYPE' forces one ('none': none) (mocker)",
+        None,
+        "names",
+        metavar="TYPE",
+    ),
+    Option(
+        "ttft_jitter",
+        "hold each first token back by a random share, up to this fraction, of its time to "
+        "first token (mocker)",
+        0.0,
+        "float",
+    ),
+    Option(
+        "itl_jitter",
+        "hold each later token back by a random share, up to this fraction, of its "
+        "inter-token gap (mocker)",
+        0.0,
+        "float",
+    ),
+    Option(
+        "admin_token",
+        "enable POST /admin/config (runtime fault settings), which then requires "
+        "'Authorization: Bearer TOKEN' (mocker)",
+        None,
+        "str",
+        metavar="TOKEN",
+    ),
     Option("enable_log_requests", "log one line per request", False, "flag"),
     Option("disable_log_requests", "do not log requests (the default)", False, "flag"),
     Option("disable_uvicorn_access_log", "turn off the HTTP access log", False, "flag"),
@@ -361,8 +416,7 @@ IGNORED_VLLM_FLAGS: dict[str, bool] = {
     "enable_auto_tool_choice": False,
     "disable_frontend_multiprocessing": False,
     "disable_log_stats": False,
-    # Flags of later mocker features, or of vLLM deployments (llm-d manifests), accepted now.
-    "data_parallel_size": True,
+    # Flags of vLLM deployments (llm-d manifests) that change nothing here.
     "kv_offloading_backend": True,
     "kv_transfer_config": True,
     "prefix_caching_hash_algo": True,
@@ -589,6 +643,10 @@ class ServerSettings:
     kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
     kv_events_format: EventFormat = EventFormat.MAP
     shutdown_timeout: float = 30.0
+    data_parallel_size: int = 1
+    startup_delay: float = 0.0
+    faults: FaultConfig = field(default_factory=FaultConfig)
+    admin_token: str | None = None
 
     @property
     def model_name(self) -> str:
@@ -606,6 +664,22 @@ def server_settings_from(values: Mapping[str, Any]) -> ServerSettings:
     shutdown = values["shutdown_timeout"]
     if not shutdown >= 0:
         raise ConfigError(f"invalid shutdown_timeout={shutdown!r}: must be >= 0")
+    dp = values["data_parallel_size"]
+    if not 1 <= dp <= 64:
+        raise ConfigError(f"invalid data_parallel_size={dp!r}: must be in [1, 64]")
+    delay = values["startup_delay"]
+    if not delay >= 0:
+        raise ConfigError(f"invalid startup_delay={delay!r}: must be >= 0")
+    try:
+        types = values["failure_types"]
+        faults = FaultConfig(
+            failure_rate=values["failure_rate"],
+            failure_types=parse_fault_types(types) if types else FaultConfig().failure_types,
+            ttft_jitter=values["ttft_jitter"],
+            itl_jitter=values["itl_jitter"],
+        )
+    except ValueError as exc:
+        raise ConfigError(f"invalid fault injection setting: {exc}") from None
     names = tuple(values["served_model_name"] or (values["model"],))
     if not names or any(not n for n in names):
         raise ConfigError("invalid served_model_name: names must be non-empty")
@@ -625,4 +699,8 @@ def server_settings_from(values: Mapping[str, Any]) -> ServerSettings:
         kv_events=KVEventsConfig.parse(values["kv_events_config"]),
         kv_events_format=EventFormat(values["kv_events_format"]),
         shutdown_timeout=shutdown,
+        data_parallel_size=dp,
+        startup_delay=delay,
+        faults=faults,
+        admin_token=values["admin_token"] or None,
     )

@@ -166,10 +166,44 @@ def test_host_tier_mistakes_fail_at_start_up(argv: list[str], message: str) -> N
         engine_config_from(values)
 
 
-def test_later_and_deployment_vllm_flags_are_accepted() -> None:
+def test_deployment_vllm_flags_are_accepted_and_data_parallel_is_read() -> None:
     ns = _parse(["--kv-transfer-config", "{}", "--data-parallel-size", "2"])
-    _, warnings = resolve(ns, ALL, environ={})
-    assert len(warnings) == 2
+    values, warnings = resolve(ns, ALL, environ={})
+    assert warnings == ["ignoring --kv-transfer-config: no meaning for a mock engine"]
+    assert server_settings_from(values).data_parallel_size == 2
+
+
+def test_fault_settings_from_flags_and_env() -> None:
+    argv = ["--failure-rate", "0.25", "--failure-types", "429,abort", "503", "--ttft-jitter", "0.5"]
+    settings = server_settings_from(resolve(_parse(argv), ALL, environ={})[0])
+    assert settings.faults.failure_rate == 0.25
+    assert [t.value for t in settings.faults.failure_types] == ["rate_limit", "abort", "overloaded"]
+    assert settings.faults.ttft_jitter == 0.5 and settings.faults.itl_jitter == 0.0
+    env = {"MOCKER_FAILURE_TYPES": "server_error, 400", "MOCKER_STARTUP_DELAY": "2.5"}
+    settings = server_settings_from(resolve(_parse([]), ALL, environ=env)[0])
+    assert [t.value for t in settings.faults.failure_types] == ["server_error", "context_length"]
+    assert settings.startup_delay == 2.5
+    # Unset: every type, no failures, no admin route.
+    default = server_settings_from(resolve(_parse([]), ALL, environ={})[0])
+    assert len(default.faults.failure_types) == 5 and default.faults.failure_rate == 0.0
+    assert default.admin_token is None and default.data_parallel_size == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--failure-rate", "1.5"], r"failure_rate=1\.5 must be \[0, 1\]"),
+        (["--failure-rate", "-0.1"], "failure_rate"),
+        (["--failure-types", "418"], "unknown failure type '418'"),
+        (["--ttft-jitter", "-1"], "ttft_jitter"),
+        (["--data-parallel-size", "0"], "data_parallel_size"),
+        (["--startup-delay", "-1"], "startup_delay"),
+    ],
+)
+def test_fault_and_data_parallel_mistakes_fail_at_start_up(argv: list[str], message: str) -> None:
+    values, _ = resolve(_parse(argv), ALL, environ={})
+    with pytest.raises(ConfigError, match=message):
+        server_settings_from(values)
 
 
 def test_kv_events_config_from_flag_env_and_yaml(tmp_path) -> None:

@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 import orjson
-from fastapi import APIRouter, Depends, FastAPI, Header
+from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from mocker import __version__
 from mocker.api.errors import OpenAIError, install_error_handlers
+from mocker.api.faults import FaultInjector
 from mocker.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -29,6 +31,7 @@ from mocker.api.protocol import (
 from mocker.api.serving import OpenAIServing
 from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore
+from mocker.engine.group import EngineGroup
 from mocker.engine.live import EngineDeadError, LiveEngine
 from mocker.engine.outputs import StepResult
 from mocker.kvevents.config import advertised_host, connectable
@@ -39,6 +42,8 @@ from mocker.tokenizer import ChatTemplateError, TextTokenizer
 
 __all__ = ["ServerState", "create_app", "engine_config_for"]
 
+logger = logging.getLogger("uvicorn.error")
+
 
 def engine_config_for(config: EngineConfig, tokenizer: TextTokenizer) -> EngineConfig:
     """The engine config with the tokenizer's vocabulary and EOS token."""
@@ -47,42 +52,69 @@ def engine_config_for(config: EngineConfig, tokenizer: TextTokenizer) -> EngineC
 
 @dataclass(slots=True)
 class ServerState:
-    """What the routes share: the engine, its metrics, the tokenizer and the settings."""
+    """What the routes share: the engines, their metrics, the tokenizer and the settings."""
 
     settings: ServerSettings
     config: EngineConfig
     tokenizer: TextTokenizer
-    engine: LiveEngine
-    metrics: EngineMetrics
+    engines: EngineGroup  # one per data-parallel rank
+    metrics: list[EngineMetrics]  # by rank
     registry: CollectorRegistry
     serving: OpenAIServing
+    faults: FaultInjector
     created: int
-    publisher: ZmqEventPublisher | None = None
+    publishers: list[ZmqEventPublisher] = field(default_factory=list)  # by rank, if enabled
     # Set on SIGTERM (mocker.api.shutdown): new work and /health get 503 while in-flight
     # requests finish.
     draining: bool = False
+    # Until then (event-loop time) /health and completions get 503: --startup-delay.
+    ready_at: float = 0.0
+
+    @property
+    def starting(self) -> bool:
+        return asyncio.get_running_loop().time() < self.ready_at
+
+
+def _rank(field: int | None, header: str | None) -> int | None:
+    """The data-parallel rank a request pins: its `data_parallel_rank` field or vLLM's
+    X-data-parallel-rank header (they must agree when both are given)."""
+    rank = None
+    if header is not None and header.strip():
+        try:
+            rank = int(header)
+        except ValueError:
+            raise OpenAIError(
+                400, f"X-data-parallel-rank must be an integer, not {header!r}."
+            ) from None
+    if field is not None:
+        if rank is not None and rank != field:
+            raise OpenAIError(
+                400,
+                f"data_parallel_rank {field} and X-data-parallel-rank {rank} disagree.",
+                "data_parallel_rank",
+            )
+        rank = field
+    return rank
 
 
 def _json(data: object, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type="application/json")
 
 
-def build_state(
-    settings: ServerSettings, config: EngineConfig, tokenizer: TextTokenizer
-) -> ServerState:
-    config = engine_config_for(config, tokenizer)
-    events = settings.kv_events
-    if events.active and not config.enable_kv_cache_events:
-        config = config.with_changes(enable_kv_cache_events=True)
+def _rank_engine(
+    settings: ServerSettings, config: EngineConfig, tokenizer: TextTokenizer, rank: int
+) -> tuple[LiveEngine, EngineMetrics, ZmqEventPublisher | None]:
+    """Data-parallel rank `rank`: its core and loop, its metrics, its KV-event publisher."""
     core = EngineCore(config, output_palette=tokenizer.palette)
-    metrics = EngineMetrics(config, engine="0")
+    metrics = EngineMetrics(config, engine=str(rank))
     publisher = None
     on_step = metrics.on_step
+    events = settings.kv_events
     if events.active:
         topic = events.topic_for(
             host=advertised_host(settings.host), port=settings.port, model=settings.model_name
         )
-        publisher = ZmqEventPublisher(events, topic=topic, rank=0, fmt=settings.kv_events_format)
+        publisher = ZmqEventPublisher(events, topic=topic, rank=rank, fmt=settings.kv_events_format)
         on_step = _publishing(metrics.on_step, publisher)
     engine = LiveEngine(core, on_step=on_step, on_finish=metrics.on_finish)
     host = core.host
@@ -93,19 +125,50 @@ def build_state(
         host.usage if host is not None else 0.0,
     )
     metrics.lookup = core.requests.get
+    return engine, metrics, publisher
+
+
+def build_state(
+    settings: ServerSettings, config: EngineConfig, tokenizer: TextTokenizer
+) -> ServerState:
+    config = engine_config_for(config, tokenizer)
+    if settings.kv_events.active and not config.enable_kv_cache_events:
+        config = config.with_changes(enable_kv_cache_events=True)
+    if settings.kv_events.active:
+        settings.kv_events.check_ranks(settings.data_parallel_size)
+    engines: list[LiveEngine] = []
+    metrics: list[EngineMetrics] = []
+    publishers: list[ZmqEventPublisher] = []
+    try:
+        for rank in range(settings.data_parallel_size):
+            engine, rank_metrics, publisher = _rank_engine(settings, config, tokenizer, rank)
+            engines.append(engine)
+            metrics.append(rank_metrics)
+            if publisher is not None:
+                publishers.append(publisher)
+    except BaseException:
+        for publisher in publishers:  # e.g. rank 1's port is taken: free rank 0's
+            publisher.close()
+        raise
+    group = EngineGroup(engines)
+    faults = FaultInjector(settings.faults, seed=config.seed)
     collector = MetricsCollector(
-        [metrics], settings.model_name, legacy_names=settings.legacy_metric_names
+        metrics,
+        settings.model_name,
+        legacy_names=settings.legacy_metric_names,
+        failures=faults.counts,
     )
     return ServerState(
         settings=settings,
         config=config,
         tokenizer=tokenizer,
-        engine=engine,
+        engines=group,
         metrics=metrics,
         registry=build_registry(collector),
-        serving=OpenAIServing(engine, tokenizer, settings, config),
+        serving=OpenAIServing(group, tokenizer, settings, config, faults),
+        faults=faults,
         created=int(time.time()),
-        publisher=publisher,
+        publishers=publishers,
     )
 
 
@@ -125,32 +188,34 @@ def _publishing(
 
 def kv_event_sources(state: ServerState) -> dict[str, object]:
     """Where a consumer subscribes to this server's KV events (GET /kv_event_sources)."""
-    settings, publisher = state.settings, state.publisher
+    settings, publishers = state.settings, state.publishers
     body: dict[str, object] = {
-        "enabled": publisher is not None,
-        "publisher": settings.kv_events.publisher if publisher is not None else "null",
+        "enabled": bool(publishers),
+        "publisher": settings.kv_events.publisher if publishers else "null",
         "format": settings.kv_events_format.value,
         "model": settings.model_name,
         "block_size": state.config.block_size,
+        "data_parallel_size": len(state.engines),
         "sources": [],
     }
-    if publisher is not None:
-        host = advertised_host(settings.host)
-        replay = publisher.replay_endpoint
-        body["sources"] = [
-            {
-                "data_parallel_rank": publisher.rank,
-                "endpoint": publisher.endpoint,
-                # bind: subscribe by connecting to `connect`; connect: the engine dials the
-                # consumer's own bound socket at `endpoint`.
-                "mode": "bind" if publisher.binds else "connect",
-                "connect": connectable(publisher.endpoint, host) if publisher.binds else None,
-                "replay_endpoint": replay,
-                "replay_connect": connectable(replay, host) if replay is not None else None,
-                "topic": publisher.topic,
-                "next_seq": publisher.next_seq,
-            }
-        ]
+    host = advertised_host(settings.host)
+    body["sources"] = [
+        {
+            "data_parallel_rank": publisher.rank,
+            "endpoint": publisher.endpoint,
+            # bind: subscribe by connecting to `connect`; connect: the engine dials the
+            # consumer's own bound socket at `endpoint`.
+            "mode": "bind" if publisher.binds else "connect",
+            "connect": connectable(publisher.endpoint, host) if publisher.binds else None,
+            "replay_endpoint": publisher.replay_endpoint,
+            "replay_connect": connectable(publisher.replay_endpoint, host)
+            if publisher.replay_endpoint is not None
+            else None,
+            "topic": publisher.topic,
+            "next_seq": publisher.next_seq,
+        }
+        for publisher in publishers
+    ]
     return body
 
 
@@ -172,7 +237,13 @@ def create_app(settings: ServerSettings, config: EngineConfig, tokenizer: TextTo
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state.engine.start()
+        state.engines.start()
+        if settings.startup_delay > 0:
+            state.ready_at = asyncio.get_running_loop().time() + settings.startup_delay
+            logger.info(
+                "start-up delay: /health and completions answer 503 for %.1f s",
+                settings.startup_delay,
+            )
         # Everything built so far lives as long as the server (KV blocks, tokenizer tables):
         # keep it out of the cyclic GC's full collections, which otherwise walk those
         # hundreds of thousands of objects and stall every stream for ~100 ms (vLLM does
@@ -182,9 +253,9 @@ def create_app(settings: ServerSettings, config: EngineConfig, tokenizer: TextTo
         try:
             yield
         finally:
-            await state.engine.stop()
-            if state.publisher is not None:
-                await asyncio.to_thread(state.publisher.close)
+            await state.engines.stop()
+            for publisher in state.publishers:
+                await asyncio.to_thread(publisher.close)
 
     app = _MockerApp(
         title="mocker",
@@ -195,35 +266,46 @@ def create_app(settings: ServerSettings, config: EngineConfig, tokenizer: TextTo
     app.state.mocker = state
     install_error_handlers(app)
 
-    async def require_api_key(authorization: Annotated[str | None, Header()] = None) -> None:
-        key = settings.api_key
-        if key is None:
-            return
-        expected = f"Bearer {key}"
-        if authorization is None or not secrets.compare_digest(
-            authorization.encode(), expected.encode()
-        ):
-            raise OpenAIError(401, "Unauthorized: a valid API key is required (Bearer token).")
+    def bearer(token: str, what: str) -> Callable[..., Awaitable[None]]:
+        """A dependency requiring 'Authorization: Bearer <token>'."""
+        expected = f"Bearer {token}".encode()
 
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
+        async def check(authorization: Annotated[str | None, Header()] = None) -> None:
+            if authorization is None or not secrets.compare_digest(
+                authorization.encode(), expected
+            ):
+                raise OpenAIError(401, f"Unauthorized: a valid {what} is required (Bearer token).")
+
+        return check
+
+    v1_auth = [Depends(bearer(settings.api_key, "API key"))] if settings.api_key else []
+    v1 = APIRouter(prefix="/v1", dependencies=v1_auth)
 
     async def accepting() -> None:
         if state.draining:
             raise OpenAIError(503, "The server is shutting down; send the request elsewhere.")
+        if state.starting:
+            raise OpenAIError(503, "The server is starting up (--startup-delay); retry shortly.")
 
     @v1.post("/completions", dependencies=[Depends(accepting)])
     async def completions(
         body: CompletionRequest,
         x_request_id: Annotated[str | None, Header()] = None,
+        x_data_parallel_rank: Annotated[str | None, Header()] = None,
+        x_mocker_fail: Annotated[str | None, Header()] = None,
     ) -> Response:
-        return state.serving.completions(body, x_request_id or None)
+        rank = _rank(body.data_parallel_rank, x_data_parallel_rank)
+        return state.serving.completions(body, x_request_id or None, rank, x_mocker_fail)
 
     @v1.post("/chat/completions", dependencies=[Depends(accepting)])
     async def chat_completions(
         body: ChatCompletionRequest,
         x_request_id: Annotated[str | None, Header()] = None,
+        x_data_parallel_rank: Annotated[str | None, Header()] = None,
+        x_mocker_fail: Annotated[str | None, Header()] = None,
     ) -> Response:
-        return state.serving.chat(body, x_request_id or None)
+        rank = _rank(body.data_parallel_rank, x_data_parallel_rank)
+        return state.serving.chat(body, x_request_id or None, rank, x_mocker_fail)
 
     @v1.get("/models")
     async def models() -> Response:
@@ -241,7 +323,7 @@ def create_app(settings: ServerSettings, config: EngineConfig, tokenizer: TextTo
     app.include_router(v1)
 
     def health_response() -> Response:
-        if state.engine.is_dead or state.draining:
+        if state.engines.is_dead or state.draining or state.starting:
             return Response(status_code=503)
         return Response(status_code=200)
 
@@ -305,7 +387,7 @@ def create_app(settings: ServerSettings, config: EngineConfig, tokenizer: TextTo
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache() -> Response:
         try:
-            cleared = await state.engine.reset_prefix_cache()
+            cleared = await state.engines.reset_prefix_cache()
         except EngineDeadError as exc:
             raise OpenAIError(503, f"The engine is not running: {exc}") from None
         return _json({"cleared_blocks": cleared})
@@ -313,5 +395,31 @@ def create_app(settings: ServerSettings, config: EngineConfig, tokenizer: TextTo
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)
+
+    if settings.admin_token:
+        admin = APIRouter(
+            prefix="/admin", dependencies=[Depends(bearer(settings.admin_token, "admin token"))]
+        )
+
+        @admin.get("/config")
+        async def admin_config() -> Response:
+            return _json(state.faults.config.as_json())
+
+        @admin.post("/config")
+        async def admin_set_config(request: Request) -> Response:
+            try:
+                changes = orjson.loads(await request.body())
+            except orjson.JSONDecodeError as exc:
+                raise OpenAIError(400, f"the request body is not valid JSON: {exc}") from None
+            if not isinstance(changes, dict):
+                raise OpenAIError(400, "the request body must be a JSON object of settings")
+            try:
+                state.faults.config = state.faults.config.with_changes(changes)
+            except (TypeError, ValueError) as exc:
+                raise OpenAIError(400, str(exc)) from None
+            logger.info("admin: fault settings now %s", state.faults.config.as_json())
+            return _json(state.faults.config.as_json())
+
+        app.include_router(admin)
 
     return app

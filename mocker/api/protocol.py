@@ -79,6 +79,7 @@ class _Sampling(_Open):
     user: str | None = None
     # vLLM extensions
     priority: int = 0
+    data_parallel_rank: NonNegInt | None = None  # pins a rank (also X-data-parallel-rank)
     cache_salt: str | None = None
     skip_special_tokens: bool = True
 

@@ -15,10 +15,12 @@ from starlette.responses import Response
 
 from mocker.api.chunks import DONE, ChunkWriter, error_event, usage_dict
 from mocker.api.errors import OpenAIError, error_response
+from mocker.api.faults import FaultInjector, FaultType, JitteredEmitter, failure_error
 from mocker.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from mocker.api.responses import DeferredResponse, Emitter, EventStreamResponse
 from mocker.config import EngineConfig
 from mocker.engine.core import RequestRejected
+from mocker.engine.group import EngineGroup, RankError
 from mocker.engine.live import EngineDeadError, LiveEngine, RequestStream
 from mocker.engine.outputs import RequestOutput
 from mocker.options import ServerSettings
@@ -29,6 +31,8 @@ __all__ = ["OpenAIServing"]
 
 logger = logging.getLogger("mocker.requests")
 
+_ABORTED = "The request was aborted mid-stream (injected fault)."
+
 
 @dataclass(slots=True)
 class _Job:
@@ -36,8 +40,12 @@ class _Job:
 
     index: int
     request_id: str
+    engine: LiveEngine  # the data-parallel rank it runs on
     stream: RequestStream
     num_prompt_tokens: int
+    # An injected `abort`: the response breaks off once this many tokens are out (or at
+    # the finish, if that comes first).
+    abort_at: int | None = None
     stop: tuple[str, ...] = ()
     include_stop: bool = False
     stop_token_ids: frozenset[int] = frozenset()
@@ -55,12 +63,14 @@ class OpenAIServing:
 
     def __init__(
         self,
-        engine: LiveEngine,
+        engines: EngineGroup,
         tokenizer: TextTokenizer,
         settings: ServerSettings,
         config: EngineConfig,
+        faults: FaultInjector,
     ) -> None:
-        self.engine = engine
+        self.engines = engines
+        self.faults = faults
         self.tokenizer = tokenizer
         self.settings = settings
         self.config = config
@@ -88,15 +98,30 @@ class OpenAIServing:
     def _check_common(self, body: CompletionRequest | ChatCompletionRequest) -> None:
         if body.n != 1:
             raise OpenAIError(400, "n > 1 is not supported: request one choice (n = 1).", "n")
+        if self.engines.is_dead:
+            raise OpenAIError(503, f"The engine is not running: {self.engines.dead_error}")
+
+    def _inject(self, forced: str | None, param: str) -> FaultType | None:
+        """This request's injected fault: raised here, or `abort` (handled while streaming)."""
+        fault = self.faults.choose(forced)
+        if fault is None or fault is FaultType.ABORT:
+            return fault
+        raise failure_error(fault, self.config.max_model_len, param)
+
+    def _engine_for(self, rank: int | None) -> LiveEngine:
+        """The rank a new engine request goes to; 503 while its queue is full."""
+        try:
+            engine = self.engines.pick(rank)
+        except RankError as exc:
+            raise OpenAIError(400, str(exc), "data_parallel_rank") from None
         limit = self.settings.max_num_queued_reqs
-        if limit is not None and self.engine.num_waiting >= limit:
+        if limit is not None and engine.num_waiting >= limit:
             raise OpenAIError(
                 503,
-                f"The server is overloaded: {self.engine.num_waiting} requests are waiting "
+                f"The server is overloaded: {engine.num_waiting} requests are waiting "
                 f"(--max-num-queued-reqs {limit}). Retry later.",
             )
-        if self.engine.is_dead:
-            raise OpenAIError(503, f"The engine is not running: {self.engine.dead_error}")
+        return engine
 
     def _sampling(
         self,
@@ -135,8 +160,10 @@ class OpenAIServing:
         prompts: list[list[int]],
         max_tokens: int | None,
         request_id: str,
+        rank: int | None,
+        fault: FaultType | None,
     ) -> list[_Job]:
-        """Hand every prompt to the engine; all or nothing."""
+        """Hand every prompt to an engine; all or nothing."""
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         stop = tuple(s for s in stop if s)
         jobs: list[_Job] = []
@@ -151,13 +178,16 @@ class OpenAIServing:
                     priority=body.priority,
                     cache_salt=body.cache_salt,
                 )
-                stream = self.engine.add_request(spec)
+                engine = self._engine_for(rank)
+                stream = engine.add_request(spec)
                 jobs.append(
                     _Job(
                         i,
                         rid,
+                        engine,
                         stream,
                         len(prompt),
+                        max(1, sampling.max_tokens // 2) if fault is FaultType.ABORT else None,
                         stop,
                         body.include_stop_str_in_output,
                         frozenset(sampling.stop_token_ids),
@@ -173,7 +203,7 @@ class OpenAIServing:
                     )
         except BaseException as exc:
             for job in jobs:
-                self.engine.abort(job.request_id, job.stream)
+                job.engine.abort(job.request_id, job.stream)
             if isinstance(exc, RequestRejected):
                 raise OpenAIError(400, str(exc)) from None
             if isinstance(exc, EngineDeadError):
@@ -183,7 +213,13 @@ class OpenAIServing:
 
     # -- endpoints ----------------------------------------------------------------------------
 
-    def completions(self, body: CompletionRequest, request_id: str | None) -> Response:
+    def completions(
+        self,
+        body: CompletionRequest,
+        request_id: str | None,
+        rank: int | None = None,
+        forced_fault: str | None = None,
+    ) -> Response:
         model = self.check_model(body.model)
         self._check_common(body)
         if body.best_of not in (None, 1):
@@ -197,12 +233,19 @@ class OpenAIServing:
                 400, "logprobs are not supported by this mock server; omit 'logprobs'.",
                 "logprobs",
             )  # fmt: skip
+        fault = self._inject(forced_fault, "prompt")
         prompts = self._completion_prompts(body.prompt)
         rid = request_id or uuid.uuid4().hex
-        jobs = self._start(body, prompts, body.max_tokens, rid)
+        jobs = self._start(body, prompts, body.max_tokens, rid, rank, fault)
         return self._respond(body, jobs, model, f"cmpl-{rid}", chat=False, request_id=rid)
 
-    def chat(self, body: ChatCompletionRequest, request_id: str | None) -> Response:
+    def chat(
+        self,
+        body: ChatCompletionRequest,
+        request_id: str | None,
+        rank: int | None = None,
+        forced_fault: str | None = None,
+    ) -> Response:
         model = self.check_model(body.model)
         self._check_common(body)
         if body.logprobs or body.top_logprobs:
@@ -210,6 +253,7 @@ class OpenAIServing:
                 400, "logprobs are not supported by this mock server; omit 'logprobs'.",
                 "logprobs",
             )  # fmt: skip
+        fault = self._inject(forced_fault, "messages")
         messages = [self.message_dict(m, i) for i, m in enumerate(body.messages)]
         try:
             prompt = self.tokenizer.encode_chat(
@@ -224,7 +268,7 @@ class OpenAIServing:
             raise OpenAIError(400, "The messages render to an empty prompt.", "messages")
         max_tokens = body.max_completion_tokens or body.max_tokens
         rid = request_id or uuid.uuid4().hex
-        jobs = self._start(body, [prompt], max_tokens, rid)
+        jobs = self._start(body, [prompt], max_tokens, rid, rank, fault)
         return self._respond(body, jobs, model, f"chatcmpl-{rid}", chat=True, request_id=rid)
 
     def _completion_prompts(self, prompt: Any) -> list[list[int]]:
@@ -283,16 +327,19 @@ class OpenAIServing:
     ) -> Response:
         created = int(time.time())
         state = {"disconnected": False}
+        arrived = asyncio.get_running_loop().time()
 
         def on_disconnect() -> None:
             state["disconnected"] = True
             for job in jobs:
-                self.engine.abort(job.request_id, job.stream)
+                job.engine.abort(job.request_id, job.stream)
 
         headers = {"x-request-id": request_id}
         if not body.stream:
             return DeferredResponse(
-                lambda: self._full_response(jobs, model, response_id, created, chat, headers),
+                lambda: self._full_response(
+                    jobs, model, response_id, created, chat, headers, arrived
+                ),
                 on_disconnect,
             )
         opts = body.stream_options
@@ -306,12 +353,19 @@ class OpenAIServing:
         )
 
         def start(emitter: Emitter) -> None:
-            self._push(jobs, writer, emitter, state)
+            if self.faults.config.has_jitter:
+                self._push(jobs, writer, JitteredEmitter(emitter, self.faults, arrived), state)
+            else:
+                self._push(jobs, writer, emitter, state)
 
         return EventStreamResponse(start, on_disconnect, headers)
 
     def _push(
-        self, jobs: list[_Job], writer: ChunkWriter, emitter: Emitter, state: dict[str, bool]
+        self,
+        jobs: list[_Job],
+        writer: ChunkWriter,
+        emitter: Emitter | JitteredEmitter,
+        state: dict[str, bool],
     ) -> None:
         """Attach each job's stream to the emitter: from now on the engine loop writes every
         pass's tokens straight to the socket — bytes joined from pre-escaped pieces, one
@@ -342,6 +396,12 @@ class OpenAIServing:
                     text = b"".join([escaped(t) for t in out.new_token_ids])
                 else:
                     text = orjson.dumps(self._feed(job, out))[1:-1]
+                if job.abort_at is not None and (job.done or job.completion_tokens >= job.abort_at):
+                    # Injected abort: what came so far (no finish reason), then the error.
+                    chunk = first[0] + writer.text(job.index, text) if text else first[0]
+                    self._cut(jobs)
+                    emitter.emit(chunk + error_event(500, _ABORTED) + DONE, last=True)
+                    return
                 chunk = first[0] + writer.text(
                     job.index,
                     text,
@@ -374,6 +434,7 @@ class OpenAIServing:
         created: int,
         chat: bool,
         headers: dict[str, str],
+        arrived: float,
     ) -> Response:
         loop = asyncio.get_running_loop()
         texts: list[list[str]] = [[] for _ in jobs]
@@ -391,6 +452,10 @@ class OpenAIServing:
                     done.set_result(error_response(503, "The request was aborted."))
                     return
                 texts[job.index].append(self._feed(job, out))
+                if job.abort_at is not None and (job.done or job.completion_tokens >= job.abort_at):
+                    self._cut(jobs)  # an injected abort: the response is the error
+                    done.set_result(error_response(500, _ABORTED))
+                    return
                 if job.done:
                     remaining[0] -= 1
                     if not remaining[0]:
@@ -401,6 +466,10 @@ class OpenAIServing:
         for job in jobs:
             job.stream.listen(listener_for(job))
         failure = await done
+        share = self.faults.jitter(self.faults.config.ttft_jitter)
+        if share > 0:
+            # Jitter: the whole response is held back by up to ttft_jitter × its latency.
+            await asyncio.sleep(share * (loop.time() - arrived))
         if failure is not None:
             return failure
         choices: list[dict[str, Any]] = []
@@ -447,6 +516,13 @@ class OpenAIServing:
     # -- per-output bookkeeping ---------------------------------------------------------------
 
     @staticmethod
+    def _cut(jobs: list[_Job]) -> None:
+        """End every job of a response now (an injected abort): the engine frees them."""
+        for job in jobs:
+            job.done = True  # their listeners ignore the abort outputs that follow
+            job.engine.abort(job.request_id, job.stream)
+
+    @staticmethod
     def _totals(jobs: list[_Job]) -> tuple[int, int, int]:
         return (
             sum(j.num_prompt_tokens for j in jobs),
@@ -485,7 +561,7 @@ class OpenAIServing:
             job.text = job.text[: pos + len(s)] if job.include_stop else job.text[:pos]
             if not job.done:
                 job.done = True
-                self.engine.stop_request(job.request_id, job.stream)
+                job.engine.stop_request(job.request_id, job.stream)
             job.finish_reason, job.stop_reason = "stop", s
             emit_to = len(job.text)
         elif job.done:

@@ -45,7 +45,7 @@ class DrainingServer(uvicorn.Server):
 
     def _drain(self) -> None:
         state, now = self.state, time.monotonic()
-        engine = state.engine
+        engine = state.engines
         if self._deadline is None:
             state.draining = True
             self._deadline = now + state.settings.shutdown_timeout

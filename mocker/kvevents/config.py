@@ -125,6 +125,28 @@ class KVEventsConfig:
             return None
         return offset_endpoint(self.replay_endpoint, rank)
 
+    def check_ranks(self, size: int) -> None:
+        """Refuse a layout where the ranks' bound ports collide: rank r binds endpoint port + r
+        and replay port + r, so the two ranges must not overlap."""
+        for rank in range(size):  # ports past 65535 fail here, before anything binds
+            self.endpoint_for(rank)
+            self.replay_endpoint_for(rank)
+        replay = self.replay_endpoint
+        if size < 2 or replay is None or not binds(self.endpoint):
+            return
+        if not (self.endpoint.startswith("tcp://") and replay.startswith("tcp://")):
+            return
+        pub = int(self.endpoint.rpartition(":")[2])
+        rep = int(replay.rpartition(":")[2])
+        if abs(pub - rep) < size:
+            free = max(pub, rep) + size
+            raise ConfigError(
+                f"kv_events_config: with data_parallel_size {size}, rank r binds "
+                f"endpoint port {pub} + r and replay_endpoint port {rep} + r, and these "
+                f"overlap; move one of them at least {size} ports from the other (e.g. "
+                f"replay_endpoint tcp://*:{free})"
+            )
+
     def topic_for(self, *, host: str, port: int, model: str) -> str:
         """The topic with {host}, {port} and {model} filled in (llm-d wants
         "kv@{host}:{port}@{model}")."""

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -53,12 +56,12 @@ class AppClient:
         )
 
     async def __aenter__(self) -> AppClient:
-        self.state.engine.start()
+        self.state.engines.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.http.aclose()
-        await self.state.engine.stop()
+        await self.state.engines.stop()
 
 
 @pytest.fixture
@@ -84,6 +87,30 @@ def wait_healthy(proc: subprocess.Popen[str], url: str, timeout: float = 30) -> 
             pass
         assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
         time.sleep(0.05)
+
+
+@contextmanager
+def serve(*flags: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    port = free_port()
+    argv = [sys.executable, "-m", "mocker", "serve", "--port", str(port),
+            "--disable-uvicorn-access-log", *flags]  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    # stderr to a file: a pipe nobody reads could fill up and block the server.
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, text=True)
+        proc.log = log  # type: ignore[attr-defined]
+        try:
+            wait_healthy(proc, url)
+            yield proc, url
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+
+
+def stderr_of(proc: subprocess.Popen[str]) -> str:
+    proc.log.seek(0)  # type: ignore[attr-defined]
+    return proc.log.read()  # type: ignore[attr-defined,no-any-return]
 
 
 class ServerThread:

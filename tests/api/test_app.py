@@ -40,7 +40,7 @@ async def test_health_ping_version_openapi(client: AppClient) -> None:
 
 
 async def test_health_is_503_once_the_engine_is_dead(client: AppClient) -> None:
-    await client.state.engine.stop()
+    await client.state.engines.stop()
     assert (await client.http.get("/health")).status_code == 503
     r = await client.http.post("/v1/completions", json={"prompt": "hi"})
     assert r.status_code == 503 and r.json()["error"]["code"] == 503
@@ -230,7 +230,7 @@ async def test_stop_strings_end_generation_and_truncate(client: AppClient) -> No
         headers={"X-Request-Id": "fixed-id"},
     )  # fmt: skip
     assert r.json()["choices"][0]["text"].endswith(" " + stop_word)
-    assert client.state.engine.core.pool.num_used == 0
+    assert client.state.engines[0].core.pool.num_used == 0
 
 
 async def test_stop_token_ids_finish_with_the_token_as_stop_reason(client: AppClient) -> None:

@@ -131,7 +131,7 @@ async def test_queue_beyond_max_num_queued_reqs_is_503() -> None:
     app = make_app(settings(max_num_queued_reqs=1), max_num_seqs=1, speedup_ratio=1.0)
     async with AppClient(app) as c:
         long = {"prompt": [1, 2, 3], "max_tokens": 400}
-        engine = c.state.engine
+        engine = c.state.engines[0]
         running = asyncio.ensure_future(c.http.post("/v1/completions", json=long))
         async with asyncio.timeout(10):
             while engine.num_running < 1:
@@ -153,7 +153,7 @@ async def test_duplicate_in_flight_request_id_is_400() -> None:
         body = {"prompt": "x", "max_tokens": 300}
         first = asyncio.ensure_future(c.http.post("/v1/completions", json=body, headers=headers))
         async with asyncio.timeout(10):
-            while "same" not in c.state.engine.core.requests:
+            while "same" not in c.state.engines[0].core.requests:
                 await asyncio.sleep(0.005)
         r = await c.http.post("/v1/completions", json=body, headers=headers)
         _assert_error(r, 400, "already in use")
@@ -182,7 +182,7 @@ async def test_no_input_yields_a_500(client: AppClient, path: str) -> None:
             assert set(r.json()["error"]) == {"message", "type", "param", "code"}
         else:  # only /tokenize accepts some of these (its fields are optional)
             assert path == "/tokenize", body
-    assert client.state.engine.core.pool.num_used == 0
+    assert client.state.engines[0].core.pool.num_used == 0
 
 
 async def test_lone_surrogates_are_400_and_never_reach_the_engine(client: AppClient) -> None:
@@ -202,5 +202,5 @@ async def test_lone_surrogates_are_400_and_never_reach_the_engine(client: AppCli
         "/tokenize", content=b'{"prompt": "\\ud800"}', headers={"content-type": "application/json"}
     )
     _assert_error(r, 400, "not valid Unicode")
-    assert not client.state.engine.is_dead
+    assert not client.state.engines.is_dead
     assert (await client.http.post("/v1/completions", json={"prompt": "ok"})).status_code == 200

@@ -92,7 +92,7 @@ def last_seq(url: str) -> int:
 
 def engine_cache(srv: ServerThread) -> set[int]:
     # Read while the engine is idle (every request above has completed).
-    return set(srv.app.state.mocker.engine.core.pool.cached_hashes())
+    return set(srv.app.state.mocker.engines[0].core.pool.cached_hashes())
 
 
 def test_kv_event_sources_says_where_to_connect(events_server: tuple[ServerThread, str]) -> None:
@@ -197,5 +197,5 @@ def test_events_disabled_publishes_nothing_and_binds_nothing(tmp_path: Path) -> 
     config = KVEventsConfig(enable_kv_cache_events=False, endpoint=f"ipc://{tmp_path}/never")
     app = make_app(settings(kv_events=config))
     state = app.state.mocker
-    assert state.publisher is None and not state.config.enable_kv_cache_events
+    assert state.publishers == [] and not state.config.enable_kv_cache_events
     assert not (tmp_path / "never").exists()

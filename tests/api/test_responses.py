@@ -10,7 +10,7 @@ from tests.api.conftest import ServerThread, make_app
 
 
 def _wait_idle(server: ServerThread, timeout: float = 10.0) -> None:
-    engine = server.app.state.mocker.engine
+    engine = server.app.state.mocker.engines[0]
     deadline = time.monotonic() + timeout
     while engine.num_running or engine.core.pool.num_used or engine.core.requests:
         assert time.monotonic() < deadline, "the aborted request still holds engine state"
@@ -20,8 +20,8 @@ def _wait_idle(server: ServerThread, timeout: float = 10.0) -> None:
 def test_disconnect_mid_stream_aborts_and_frees_blocks() -> None:
     # Speedup 1: each decode pass takes ~6 ms, so the request is still running when we leave.
     with ServerThread(make_app(speedup_ratio=1.0)) as server:
-        engine = server.app.state.mocker.engine
-        metrics = server.app.state.mocker.metrics
+        engine = server.app.state.mocker.engines[0]
+        metrics = server.app.state.mocker.metrics[0]
         with (
             httpx.Client(base_url=server.url, timeout=10) as http,
             http.stream(
@@ -42,7 +42,7 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks() -> None:
 
 def test_disconnect_while_waiting_for_a_full_response() -> None:
     with ServerThread(make_app(speedup_ratio=1.0)) as server:
-        engine = server.app.state.mocker.engine
+        engine = server.app.state.mocker.engines[0]
         try:
             httpx.post(
                 server.url + "/v1/completions",

@@ -5,40 +5,12 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import httpx
 
-from tests.api.conftest import free_port, wait_healthy
-
-
-@contextmanager
-def serve(*flags: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    port = free_port()
-    argv = [sys.executable, "-m", "mocker", "serve", "--port", str(port),
-            "--disable-uvicorn-access-log", *flags]  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    # stderr to a file: a pipe nobody reads could fill up and block the server.
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, text=True)
-        proc.log = log  # type: ignore[attr-defined]
-        try:
-            wait_healthy(proc, url)
-            yield proc, url
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=10)
-
-
-def stderr_of(proc: subprocess.Popen[str]) -> str:
-    proc.log.seek(0)  # type: ignore[attr-defined]
-    return proc.log.read()  # type: ignore[attr-defined,no-any-return]
+from tests.api.conftest import serve, stderr_of
 
 
 def stream_events(response: httpx.Response) -> Iterator[object]:

@@ -20,17 +20,6 @@ from mocker.options import ALL_OPTIONS, ENV_PREFIX, IGNORED_VLLM_FLAGS
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy/helm/mocker"
-# Flags of issue 7 that the chart carries before `mocker serve` has them all.
-PLANNED = {
-    "shutdown_timeout",
-    "data_parallel_size",
-    "failure_rate",
-    "failure_types",
-    "ttft_jitter",
-    "itl_jitter",
-    "startup_delay",
-    "admin_token",
-}
 SECRETS = {"api_key", "admin_token"}  # passed through a Secret, not the settings loop
 NOT_SETTINGS = {"help", "config"}  # --config names the YAML file the settings would be in
 
@@ -73,12 +62,12 @@ def test_help_lists_the_known_flags() -> None:
 
 
 def test_every_flag_has_a_value() -> None:
-    missing = sorted((help_flags() | PLANNED) - set(settings()))
+    missing = sorted(help_flags() - set(settings()))
     assert missing == []
 
 
 def test_every_value_is_a_flag() -> None:
-    unknown = sorted(set(settings()) - help_flags() - PLANNED)
+    unknown = sorted(set(settings()) - help_flags())
     assert unknown == []  # a misspelt key would set an env var mocker never reads
 
 
@@ -109,7 +98,12 @@ def test_every_value_is_rendered_as_its_env_var() -> None:
 def _sample(key: str) -> Any:
     """A plausible value for a setting, by its option kind."""
     option = ALL_OPTIONS.get(key)
-    special = {"host": "0.0.0.0", "port": 8000, "data_parallel_size": 2}
+    special = {
+        "host": "0.0.0.0",
+        "port": 8000,
+        "data_parallel_size": 2,
+        "failure_types": [429, "abort"],
+    }
     if key in special:
         return special[key]
     if option is None:
@@ -151,7 +145,7 @@ def test_helm_renders_every_setting(tmp_path: Path) -> None:
     env = {e["name"]: e for e in container["env"]}
     assert sorted({env_name(k) for k in every} - set(env)) == []
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
-    assert env["MOCKER_FAILURE_TYPES"]["value"] == "1"
+    assert env["MOCKER_FAILURE_TYPES"]["value"] == "429,abort"
     assert env["MOCKER_SERVED_MODEL_NAME"]["value"] == "a,b"
     assert env["MOCKER_MAX_NUM_SEQS"]["value"] == "2"
     assert "secretKeyRef" in env["MOCKER_ADMIN_TOKEN"]["valueFrom"]

@@ -86,6 +86,18 @@ def test_data_parallel_rank_offsets_the_port() -> None:
         offset_endpoint("tcp://*:65535", 1)
 
 
+def test_ranks_whose_bound_ports_collide_are_refused() -> None:
+    close = KVEventsConfig(endpoint="tcp://*:5557", replay_endpoint="tcp://*:5558")
+    close.check_ranks(1)  # one rank: 5557 and 5558 are fine
+    with pytest.raises(ConfigError, match=r"overlap.*replay_endpoint tcp://\*:5560"):
+        close.check_ranks(2)  # rank 1 would publish on 5558, rank 0's replay port
+    KVEventsConfig(endpoint="tcp://*:5557", replay_endpoint="tcp://*:5560").check_ranks(3)
+    # The engine connects (the consumer binds): nothing of rank r's publisher is bound here.
+    KVEventsConfig(endpoint="tcp://10.0.0.1:5557", replay_endpoint="tcp://*:5558").check_ranks(4)
+    with pytest.raises(ConfigError, match="port 65536"):
+        KVEventsConfig(endpoint="tcp://*:65534").check_ranks(3)
+
+
 def test_topic_placeholders_give_llm_d_topic(monkeypatch: pytest.MonkeyPatch) -> None:
     config = KVEventsConfig(topic="kv@{host}:{port}@{model}")
     monkeypatch.setenv("POD_IP", "10.1.2.3")

@@ -116,7 +116,7 @@ def test_live_and_replay_agree() -> None:
     assert len(overlapping) > 5  # requests arrive while others run
 
     app = make_app(**ENGINE)
-    engine = app.state.mocker.engine
+    engine = app.state.mocker.engines[0]
     finished: dict[str, Request] = {}
     observe = engine.on_step
 

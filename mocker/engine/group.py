@@ -1,0 +1,88 @@
+"""Data-parallel engines in one server: least-loaded placement, rank pinning, one lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Sequence
+
+from mocker.engine.live import EngineDeadError, LiveEngine
+
+__all__ = ["EngineGroup", "RankError"]
+
+
+class RankError(ValueError):
+    """A request pinned to a data-parallel rank this server does not have."""
+
+
+class EngineGroup:
+    """K live engines (data-parallel ranks), each with its own KV cache and loop.
+
+    A request goes to the rank it names, else to the least loaded one, scored as vLLM's
+    front end scores its engines: 4 × waiting + running, ties to the lowest rank (so an
+    idle server keeps sending to rank 0, where the prefix cache is warm, as vLLM's does).
+    Waiting counts requests accepted but not yet drained into the core, so a burst that
+    arrives within one pass spreads at once.
+    """
+
+    def __init__(self, engines: Sequence[LiveEngine]) -> None:
+        if not engines:
+            raise ValueError("an engine group needs at least one engine")
+        self.engines = list(engines)
+
+    def __len__(self) -> int:
+        return len(self.engines)
+
+    def __iter__(self) -> Iterator[LiveEngine]:
+        return iter(self.engines)
+
+    def __getitem__(self, rank: int) -> LiveEngine:
+        return self.engines[rank]
+
+    def pick(self, rank: int | None = None) -> LiveEngine:
+        """The engine for a new request: rank `rank`, or the least loaded."""
+        engines = self.engines
+        if rank is not None:
+            if not 0 <= rank < len(engines):
+                raise RankError(f"data_parallel_rank {rank} is out of range [0, {len(engines)}).")
+            return engines[rank]
+        best = engines[0]
+        if len(engines) > 1:
+            best_score = 4 * best.num_waiting + best.num_running
+            for engine in engines[1:]:
+                score = 4 * engine.num_waiting + engine.num_running
+                if score < best_score:
+                    best, best_score = engine, score
+        return best
+
+    # -- the group as one -------------------------------------------------------------------
+
+    @property
+    def is_dead(self) -> bool:
+        """Any rank dead: as vLLM, the server as a whole is then unhealthy."""
+        return any(e.is_dead for e in self.engines)
+
+    @property
+    def dead_error(self) -> BaseException | None:
+        return next((e.dead_error for e in self.engines if e.dead_error is not None), None)
+
+    @property
+    def num_open_streams(self) -> int:
+        return sum(e.num_open_streams for e in self.engines)
+
+    def abort_all(self) -> int:
+        return sum(e.abort_all() for e in self.engines)
+
+    def start(self) -> None:
+        for engine in self.engines:
+            engine.start()
+
+    async def stop(self) -> None:
+        for engine in self.engines:
+            await engine.stop()
+
+    async def reset_prefix_cache(self) -> int:
+        """Clear every rank's prefix cache; the number of blocks cleared in all."""
+        if self.is_dead:
+            raise EngineDeadError(f"engine is dead: {self.dead_error}")
+        cleared = await asyncio.gather(*(e.reset_prefix_cache() for e in self.engines))
+        return sum(cleared)

@@ -1,0 +1,210 @@
+"""`--data-parallel-size K` over HTTP: K engines behind one server, each with its own KV cache,
+`engine` metric label and KV-event port; least-loaded spread and rank pinning."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from mocker.kvevents.config import KVEventsConfig
+from tests.api.conftest import AppClient, ServerThread, make_app, settings
+from tests.conftest import req
+from tests.kvevents.consumer import Subscriber, replay
+
+BLOCK = 16
+
+
+def free_port_pair() -> int:
+    """A loopback port P with P + 1 free too (rank r uses port + r)."""
+    for _ in range(200):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            if port >= 65535:
+                continue
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+                return port
+    raise RuntimeError("no two consecutive free ports")
+
+
+def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """{sorted label pairs: value} of one metric in a Prometheus text page."""
+    out: dict[tuple[tuple[str, str], ...], float] = {}
+    for line in text.splitlines():
+        m = re.match(rf"^{re.escape(name)}\{{(.*)\}} (\S+)$", line)
+        if m:
+            labels = tuple(sorted(re.findall(r'(\w+)="([^"]*)"', m[1])))
+            out[labels] = float(m[2])
+    return out
+
+
+def by_engine(text: str, name: str, **labels: str) -> dict[str, float]:
+    found: dict[str, float] = {}
+    for key, value in samples(text, name).items():
+        d = dict(key)
+        if all(d.get(k) == v for k, v in labels.items()):
+            found[d["engine"]] = found.get(d["engine"], 0.0) + value
+    return found
+
+
+def dp_app(k: int, **engine: object) -> AppClient:
+    return AppClient(make_app(settings(data_parallel_size=k), **engine))
+
+
+async def test_a_burst_spreads_across_ranks_and_metrics_say_which() -> None:
+    async with dp_app(2) as c:
+        body = {"prompt": "hello there, data parallel", "max_tokens": 8}
+        replies = await asyncio.gather(
+            *(c.http.post("/v1/completions", json=body) for _ in range(40))
+        )
+        assert [r.status_code for r in replies] == [200] * 40
+        text = (await c.http.get("/metrics")).text
+        done = by_engine(text, "vllm:request_success_total", finished_reason="length")
+        assert sum(done.values()) == 40
+        # Least loaded, waiting weighed 4×: a burst lands about evenly on both ranks.
+        assert set(done) == {"0", "1"} and min(done.values()) >= 12, done
+        # Every vLLM family has one series per engine, each engine its own KV cache.
+        families = (
+            "vllm:num_requests_running",
+            "vllm:kv_cache_usage_perc",
+            "vllm:prompt_tokens_total",
+            "vllm:time_to_first_token_seconds_count",
+        )
+        for name in families:
+            assert set(by_engine(text, name)) == {"0", "1"}, name
+        info = samples(text, "vllm:cache_config_info")
+        assert sorted(dict(k)["engine"] for k in info) == ["0", "1"]
+        assert c.state.engines[0].core.pool is not c.state.engines[1].core.pool
+
+
+async def test_a_rank_is_pinned_by_header_or_field() -> None:
+    async with dp_app(3) as c:
+        prompt = {"prompt": "pin me", "max_tokens": 2}
+        for _ in range(4):
+            r = await c.http.post(
+                "/v1/completions", json=prompt, headers={"X-data-parallel-rank": "2"}
+            )
+            assert r.status_code == 200
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        r = await c.http.post("/v1/chat/completions", json={**chat, "data_parallel_rank": 1})
+        assert r.status_code == 200
+        # Both spellings together must agree (header names are case-insensitive).
+        r = await c.http.post(
+            "/v1/chat/completions",
+            json={**chat, "data_parallel_rank": 1},
+            headers={"x-data-parallel-rank": "1"},
+        )
+        assert r.status_code == 200
+        text = (await c.http.get("/metrics")).text
+        done = by_engine(text, "vllm:request_success_total")
+        assert done == {"0": 0.0, "1": 2.0, "2": 4.0}
+
+
+@pytest.mark.parametrize(
+    ("headers", "extra", "message"),
+    [
+        ({"X-data-parallel-rank": "3"}, {}, r"data_parallel_rank 3 is out of range \[0, 3\)"),
+        ({}, {"data_parallel_rank": 7}, r"data_parallel_rank 7 is out of range"),
+        ({"X-data-parallel-rank": "one"}, {}, "must be an integer"),
+        ({"X-data-parallel-rank": "0"}, {"data_parallel_rank": 1}, "disagree"),
+        ({}, {"data_parallel_rank": -1}, "data_parallel_rank"),
+    ],
+)
+async def test_bad_ranks_are_client_errors(
+    headers: dict[str, str], extra: dict[str, object], message: str
+) -> None:
+    async with dp_app(3) as c:
+        r = await c.http.post(
+            "/v1/completions", json={"prompt": "x", "max_tokens": 2, **extra}, headers=headers
+        )
+        assert r.status_code == 400
+        error = r.json()["error"]
+        assert re.search(message, error["message"]), error
+        assert error["type"] == "BadRequestError" and error["code"] == 400
+        assert c.state.engines.num_open_streams == 0
+
+
+async def test_queue_limit_is_per_rank() -> None:
+    c = AppClient(make_app(settings(data_parallel_size=2, max_num_queued_reqs=1)))
+    # Loops not started: what is added stays waiting. Rank 0's one slot is taken.
+    c.state.engines.start = lambda: None  # type: ignore[method-assign]
+    async with c:
+        c.state.engines[0].add_request(req("queued", [5] * 8))
+        body = {"prompt": "x", "max_tokens": 2, "data_parallel_rank": 0}
+        r = await c.http.post("/v1/completions", json=body)
+        assert r.status_code == 503
+        assert "--max-num-queued-reqs 1" in r.json()["error"]["message"]
+        assert [e.num_waiting for e in c.state.engines] == [1, 0]
+        assert c.state.engines.pick() is c.state.engines[1]  # the other rank has room
+
+
+@pytest.fixture(scope="module")
+def dp_events_server() -> Iterator[tuple[ServerThread, int, int, list[Subscriber]]]:
+    # The router binds (llm-d's layout): the engine of rank r dials port + r. Replay sockets
+    # are always bound by the engine, rank r on replay port + r.
+    sub_port, replay_port = free_port_pair(), free_port_pair()
+    subs = [Subscriber(f"tcp://127.0.0.1:{sub_port + r}", bind=True) for r in range(2)]
+    config = KVEventsConfig(
+        enable_kv_cache_events=True,
+        endpoint=f"tcp://127.0.0.1:{sub_port}",
+        replay_endpoint=f"tcp://127.0.0.1:{replay_port}",
+        topic="kv@{host}:{port}@{model}",
+    )
+    app = make_app(
+        settings(kv_events=config, data_parallel_size=2, port=8200, served_model_names=("dp",)),
+        block_size=BLOCK,
+    )
+    try:
+        with ServerThread(app) as srv:
+            yield srv, sub_port, replay_port, subs
+    finally:
+        for sub in subs:
+            sub.close()
+
+
+def test_each_rank_publishes_on_its_own_port(
+    dp_events_server: tuple[ServerThread, int, int, list[Subscriber]],
+) -> None:
+    srv, sub_port, replay_port, subs = dp_events_server
+    body = httpx.get(srv.url + "/kv_event_sources", timeout=10).json()
+    assert body["data_parallel_size"] == 2
+    ranks = {s["data_parallel_rank"]: s for s in body["sources"]}
+    assert sorted(ranks) == [0, 1]
+    for r, source in ranks.items():
+        assert source["endpoint"] == f"tcp://127.0.0.1:{sub_port + r}"
+        assert source["mode"] == "connect"
+        assert source["replay_endpoint"] == f"tcp://127.0.0.1:{replay_port + r}"
+        assert source["topic"] == "kv@127.0.0.1:8200@dp"  # one topic; the rank is in the payload
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    prompts = {r: [100 + 1000 * r + i for i in range(3 * BLOCK)] for r in (0, 1)}
+    for r, prompt in prompts.items():
+        client.completions.create(
+            model="dp", prompt=prompt, max_tokens=1, extra_headers={"X-data-parallel-rank": str(r)}
+        )
+    for r, sub in enumerate(subs):
+        seq = httpx.get(srv.url + "/kv_event_sources", timeout=10).json()["sources"][r]["next_seq"]
+        got = {m.seq: m for m in sub.wait_for_seq(seq - 1)}
+        # The PUB may drop what it sent before the subscription arrived: replay fills it in.
+        for m in replay(ranks[r]["replay_endpoint"], 0):
+            got.setdefault(m.seq, m)
+        assert sorted(got) == list(range(seq))
+        assert {m.batch.data_parallel_rank for m in got.values()} == {r}
+        stored = [
+            t
+            for m in got.values()
+            for e in m.batch.events
+            if type(e).__name__ == "BlockStored"
+            for t in e.token_ids
+        ]
+        # Each rank announces its own prompt's blocks, and only those.
+        assert stored == prompts[r][: 3 * BLOCK]
