@@ -69,6 +69,8 @@ class ServerState:
     draining: bool = False
     # Until then (event-loop time) /health and completions get 503: --startup-delay.
     ready_at: float = 0.0
+    # Generation requests whose response has not ended (including output held by jitter).
+    in_flight: int = 0
 
     @property
     def starting(self) -> bool:
@@ -77,15 +79,14 @@ class ServerState:
 
 def _rank(field: int | None, header: str | None) -> int | None:
     """The data-parallel rank a request pins: its `data_parallel_rank` field or vLLM's
-    X-data-parallel-rank header (they must agree when both are given)."""
+    X-data-parallel-rank header (they must agree when both are given). As vLLM, a header
+    that is not an integer is ignored: the request is load-balanced."""
     rank = None
-    if header is not None and header.strip():
+    if header is not None:
         try:
             rank = int(header)
         except ValueError:
-            raise OpenAIError(
-                400, f"X-data-parallel-rank must be an integer, not {header!r}."
-            ) from None
+            rank = None
     if field is not None:
         if rank is not None and rank != field:
             raise OpenAIError(
@@ -219,17 +220,31 @@ def kv_event_sources(state: ServerState) -> dict[str, object]:
     return body
 
 
-class _MockerApp(FastAPI):
-    """FastAPI that also hands responses the server's own `send` (scope["mocker.send"]).
+_GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
-    Streamed body chunks go to it directly, past the per-message wrappers of the error
-    middlewares (they only track whether the response started, which the start message,
-    sent through them, already tells them): several microseconds less per token.
+
+class _MockerApp(FastAPI):
+    """FastAPI that also hands responses the server's own `send` (scope["mocker.send"]), and
+    counts generation requests until their response has ended (what a drain waits for).
+
+    Streamed body chunks go to that `send` directly, past the per-message wrappers of the
+    error middlewares (they only track whether the response started, which the start
+    message, sent through them, already tells them): several microseconds less per token.
     """
+
+    mocker: ServerState
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope["mocker.send"] = send
-        await super().__call__(scope, receive, send)
+        if scope["type"] != "http" or scope["path"] not in _GENERATION_PATHS:
+            await super().__call__(scope, receive, send)
+            return
+        state = self.mocker
+        state.in_flight += 1
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            state.in_flight -= 1
 
 
 def create_app(settings: ServerSettings, config: EngineConfig, tokenizer: TextTokenizer) -> FastAPI:
@@ -263,7 +278,7 @@ def create_app(settings: ServerSettings, config: EngineConfig, tokenizer: TextTo
         description="An OpenAI-compatible mock of a vLLM inference engine (no GPU).",
         lifespan=lifespan,
     )
-    app.state.mocker = state
+    app.state.mocker = app.mocker = state
     install_error_handlers(app)
 
     def bearer(token: str, what: str) -> Callable[..., Awaitable[None]]:

@@ -50,6 +50,8 @@ _STATUS = {
 }
 _BY_CODE = {str(status): t for t, status in _STATUS.items() if t is not FaultType.ABORT}
 NO_FAULT = "none"
+# Jitter is a fraction of a latency; past 10× it is a hang, not jitter.
+MAX_JITTER = 10.0
 
 
 def _parse_one(text: str) -> FaultType:
@@ -78,13 +80,12 @@ def parse_fault_types(items: Iterable[str | int]) -> tuple[FaultType, ...]:
     return tuple(out)
 
 
-def _fraction(name: str, value: Any, *, upper: float | None) -> float:
+def _fraction(name: str, value: Any, *, upper: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{name} must be a number, not {value!r}")
     value = float(value)
-    if not value >= 0 or (upper is not None and value > upper) or value == float("inf"):
-        bound = f"[0, {upper:g}]" if upper is not None else ">= 0 and finite"
-        raise ValueError(f"{name}={value!r} must be {bound}")
+    if not 0 <= value <= upper:  # NaN fails too
+        raise ValueError(f"{name}={value!r} must be [0, {upper:g}]")
     return value
 
 
@@ -98,7 +99,8 @@ class FaultConfig:
     itl_jitter: float = 0.0
 
     def __post_init__(self) -> None:
-        for name, upper in (("failure_rate", 1.0), ("ttft_jitter", None), ("itl_jitter", None)):
+        for name, upper in (("failure_rate", 1.0), ("ttft_jitter", MAX_JITTER),
+                            ("itl_jitter", MAX_JITTER)):  # fmt: skip
             object.__setattr__(self, name, _fraction(name, getattr(self, name), upper=upper))
         if not self.failure_types:
             raise ValueError("failure_types must name at least one failure type")
@@ -134,16 +136,22 @@ class FaultConfig:
 
 
 class FaultInjector:
-    """Decides each generation request's fault and counts what it injected.
+    """Decides each generation request's fault, counts the faults clients saw, and paces
+    held (jittered) output.
 
-    Draws come from one seeded generator, so a run that sends the same requests in the
-    same order gets the same failures.
+    Failure draws come from one seeded generator, so a run that sends the same requests in
+    the same order gets the same failures.
     """
 
     def __init__(self, config: FaultConfig, seed: int = 0) -> None:
         self.config = config
         self._rng = random.Random(f"mocker-faults-{seed}")
+        # Its own generator: how many jitter draws a stream makes depends on timing, and
+        # must not shift which requests fail.
+        self._jitter_rng = random.Random(f"mocker-jitter-{seed}")
         self.counts: dict[FaultType, int] = dict.fromkeys(FaultType, 0)
+        self._holding: set[JitteredEmitter] = set()  # emitters with chunks held back
+        self._released = asyncio.Event()  # set at shutdown: nothing is held any more
 
     def choose(self, forced: str | None) -> FaultType | None:
         """The fault for one request: the one `forced` by the request header (or none for
@@ -152,20 +160,43 @@ class FaultInjector:
             if forced.strip().lower() == NO_FAULT:
                 return None
             try:
-                fault = _parse_one(forced)
+                return _parse_one(forced)
             except ValueError as exc:
                 raise OpenAIError(400, f"{FAULT_HEADER}: {exc} (or {NO_FAULT})") from None
-        else:
-            config = self.config
-            if config.failure_rate <= 0 or self._rng.random() >= config.failure_rate:
-                return None
-            fault = self._rng.choice(config.failure_types)
+        config = self.config
+        if config.failure_rate <= 0 or self._rng.random() >= config.failure_rate:
+            return None
+        return self._rng.choice(config.failure_types)
+
+    def record(self, fault: FaultType) -> None:
+        """Count a fault a client got (an abort once it has cut the response)."""
         self.counts[fault] += 1
-        return fault
+
+    # -- jitter -------------------------------------------------------------------------------
 
     def jitter(self, fraction: float) -> float:
         """A random share in [0, fraction] of a latency, to hold its token back by."""
-        return self._rng.uniform(0.0, fraction) if fraction > 0 else 0.0
+        if fraction <= 0 or self._released.is_set():
+            return 0.0
+        return self._jitter_rng.uniform(0.0, fraction)
+
+    async def hold(self, delay: float, gone: asyncio.Event) -> None:
+        """Wait `delay` seconds (a held response), cut short when the client leaves or
+        release_all() is called."""
+        if delay <= 0 or self._released.is_set():
+            return
+        waits = [asyncio.ensure_future(gone.wait()), asyncio.ensure_future(self._released.wait())]
+        try:
+            await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+
+    def release_all(self) -> None:
+        """Send everything held back now, and hold nothing from here on (shutdown)."""
+        self._released.set()
+        for emitter in list(self._holding):
+            emitter.flush(everything=True)
 
 
 def failure_error(fault: FaultType, max_model_len: int, param: str) -> OpenAIError:
@@ -191,7 +222,8 @@ class JitteredEmitter:
     The first chunk waits up to `ttft_jitter` × the time since the request came in, each
     later one up to `itl_jitter` × the time since the previous chunk came from the engine.
     Chunks keep their order (one never overtakes a held one). The engine and its metrics
-    do not see the delay: it stands for what lies between the engine and the client.
+    do not see the delay: it stands for what lies between the engine and the client. When
+    the response ends (the client left), whatever is held is dropped.
     """
 
     __slots__ = ("_emitter", "_held", "_injector", "_last_arrival", "_start", "_timer", "closed")
@@ -204,6 +236,7 @@ class JitteredEmitter:
         self._held: deque[tuple[float, bytes, bool]] = deque()
         self._timer: asyncio.TimerHandle | None = None
         self.closed = emitter.closed
+        self.closed.add_done_callback(lambda _: self._drop())
 
     def emit(self, chunk: bytes, *, last: bool = False) -> None:
         if self.closed.done():
@@ -220,27 +253,36 @@ class JitteredEmitter:
             self._emitter.emit(chunk, last=last)
             return
         if self._held:
+            if self._held[-1][2]:
+                return  # the response's last chunk is already held: nothing may follow it
             release = max(release, self._held[-1][0])
         self._held.append((release, chunk, last))
         if self._timer is None:
-            self._timer = loop.call_at(self._held[0][0], self._flush)
+            self._injector._holding.add(self)
+            self._timer = loop.call_at(self._held[0][0], self.flush)
 
-    def _flush(self) -> None:
-        """Send every held chunk that is due, in order; re-arm for the next."""
-        self._timer = None
+    def flush(self, *, everything: bool = False) -> None:
+        """Send every held chunk that is due (or all of them), in order; re-arm for the next."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         held = self._held
         now = asyncio.get_running_loop().time()
-        while held and held[0][0] <= now:
+        while held and (everything or held[0][0] <= now) and not self.closed.done():
             _, chunk, last = held.popleft()
             self._emitter.emit(chunk, last=last)
         if held and not self.closed.done():
-            self._timer = asyncio.get_running_loop().call_at(held[0][0], self._flush)
-        elif self.closed.done():
-            held.clear()
+            self._timer = asyncio.get_running_loop().call_at(held[0][0], self.flush)
+        else:
+            self._drop()
 
-    def close(self) -> None:
+    def _drop(self) -> None:
+        """Nothing held any more (all sent, or the response ended)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         self._held.clear()
-        self._emitter.close()
+        self._injector._holding.discard(self)
+
+    def close(self) -> None:
+        self._emitter.close()  # its done-callback drops what is held

@@ -79,7 +79,8 @@ class _Sampling(_Open):
     user: str | None = None
     # vLLM extensions
     priority: int = 0
-    data_parallel_rank: NonNegInt | None = None  # pins a rank (also X-data-parallel-rank)
+    # Pins a rank (also the X-data-parallel-rank header); strict: true or "1" is no rank.
+    data_parallel_rank: Annotated[int, Field(ge=0, strict=True)] | None = None
     cache_salt: str | None = None
     skip_special_tokens: bool = True
 

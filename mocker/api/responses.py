@@ -33,18 +33,20 @@ class Emitter:
     take over that one stream, queueing its later chunks behind the blocked one.
     """
 
-    __slots__ = ("_backlog", "_on_error", "_pending", "_send", "closed")
+    __slots__ = ("_backlog", "_ended", "_on_error", "_pending", "_send", "closed")
 
     def __init__(self, send: Send, on_error: Callable[[], None]) -> None:
         self._send = send
         self._on_error = on_error
         self._backlog: deque[Message] = deque()
         self._pending: asyncio.Task[None] | None = None
+        self._ended = False  # the last message is written or queued: nothing may follow it
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def emit(self, chunk: bytes, *, last: bool = False) -> None:
-        if self.closed.done():
+        if self._ended or self.closed.done():
             return
+        self._ended = last
         message = {"type": "http.response.body", "body": chunk, "more_body": not last}
         if self._pending is not None:
             self._backlog.append(message)
@@ -129,7 +131,12 @@ class EventStreamResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Body chunks go to the server's own send when the app provides it (see app.py).
         emitter = Emitter(scope.get("mocker.send", send), self.on_disconnect)
-        watcher = asyncio.get_running_loop().create_task(_watch(receive, self.on_disconnect))
+
+        def gone() -> None:
+            self.on_disconnect()
+            emitter.close()  # also ends a response whose last chunks are still held back
+
+        watcher = asyncio.get_running_loop().create_task(_watch(receive, gone))
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             self.start(emitter)

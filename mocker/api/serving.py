@@ -102,18 +102,16 @@ class OpenAIServing:
             raise OpenAIError(503, f"The engine is not running: {self.engines.dead_error}")
 
     def _inject(self, forced: str | None, param: str) -> FaultType | None:
-        """This request's injected fault: raised here, or `abort` (handled while streaming)."""
+        """This request's injected fault: raised here, or `abort` (counted when it cuts)."""
         fault = self.faults.choose(forced)
         if fault is None or fault is FaultType.ABORT:
             return fault
+        self.faults.record(fault)
         raise failure_error(fault, self.config.max_model_len, param)
 
     def _engine_for(self, rank: int | None) -> LiveEngine:
         """The rank a new engine request goes to; 503 while its queue is full."""
-        try:
-            engine = self.engines.pick(rank)
-        except RankError as exc:
-            raise OpenAIError(400, str(exc), "data_parallel_rank") from None
+        engine = self.engines.pick(rank)
         limit = self.settings.max_num_queued_reqs
         if limit is not None and engine.num_waiting >= limit:
             raise OpenAIError(
@@ -161,32 +159,45 @@ class OpenAIServing:
         max_tokens: int | None,
         request_id: str,
         rank: int | None,
-        fault: FaultType | None,
+        forced_fault: str | None,
+        param: str,
     ) -> list[_Job]:
-        """Hand every prompt to an engine; all or nothing."""
+        """Check every prompt, draw the request's fault (a client mistake is reported as such,
+        never masked by one), then hand every prompt to an engine; all or nothing."""
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         stop = tuple(s for s in stop if s)
+        try:
+            self.engines.check_rank(rank)
+        except RankError as exc:
+            raise OpenAIError(400, str(exc), "data_parallel_rank") from None
+        specs: list[EngineRequest] = []
+        for i, prompt in enumerate(prompts):
+            spec = EngineRequest(
+                request_id if len(prompts) == 1 else f"{request_id}-{i}",
+                prompt,
+                self._sampling(body, max_tokens, len(prompt)),
+                priority=body.priority,
+                cache_salt=body.cache_salt,
+            )
+            try:
+                self.engines.check_request(spec)
+            except RequestRejected as exc:
+                raise OpenAIError(400, str(exc)) from None
+            specs.append(spec)
+        fault = self._inject(forced_fault, param)
         jobs: list[_Job] = []
         try:
-            for i, prompt in enumerate(prompts):
-                sampling = self._sampling(body, max_tokens, len(prompt))
-                rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-                spec = EngineRequest(
-                    rid,
-                    prompt,
-                    sampling,
-                    priority=body.priority,
-                    cache_salt=body.cache_salt,
-                )
+            for i, spec in enumerate(specs):
                 engine = self._engine_for(rank)
                 stream = engine.add_request(spec)
+                sampling = spec.sampling
                 jobs.append(
                     _Job(
                         i,
-                        rid,
+                        spec.request_id,
                         engine,
                         stream,
-                        len(prompt),
+                        len(spec.prompt_token_ids),
                         max(1, sampling.max_tokens // 2) if fault is FaultType.ABORT else None,
                         stop,
                         body.include_stop_str_in_output,
@@ -196,8 +207,8 @@ class OpenAIServing:
                 if self.settings.log_requests:
                     logger.info(
                         "request %s: %d prompt tokens, max_tokens %s, stream %s",
-                        rid,
-                        len(prompt),
+                        spec.request_id,
+                        len(spec.prompt_token_ids),
                         sampling.max_tokens,
                         bool(body.stream),
                     )
@@ -233,10 +244,9 @@ class OpenAIServing:
                 400, "logprobs are not supported by this mock server; omit 'logprobs'.",
                 "logprobs",
             )  # fmt: skip
-        fault = self._inject(forced_fault, "prompt")
         prompts = self._completion_prompts(body.prompt)
         rid = request_id or uuid.uuid4().hex
-        jobs = self._start(body, prompts, body.max_tokens, rid, rank, fault)
+        jobs = self._start(body, prompts, body.max_tokens, rid, rank, forced_fault, "prompt")
         return self._respond(body, jobs, model, f"cmpl-{rid}", chat=False, request_id=rid)
 
     def chat(
@@ -253,7 +263,6 @@ class OpenAIServing:
                 400, "logprobs are not supported by this mock server; omit 'logprobs'.",
                 "logprobs",
             )  # fmt: skip
-        fault = self._inject(forced_fault, "messages")
         messages = [self.message_dict(m, i) for i, m in enumerate(body.messages)]
         try:
             prompt = self.tokenizer.encode_chat(
@@ -268,7 +277,7 @@ class OpenAIServing:
             raise OpenAIError(400, "The messages render to an empty prompt.", "messages")
         max_tokens = body.max_completion_tokens or body.max_tokens
         rid = request_id or uuid.uuid4().hex
-        jobs = self._start(body, [prompt], max_tokens, rid, rank, fault)
+        jobs = self._start(body, [prompt], max_tokens, rid, rank, forced_fault, "messages")
         return self._respond(body, jobs, model, f"chatcmpl-{rid}", chat=True, request_id=rid)
 
     def _completion_prompts(self, prompt: Any) -> list[list[int]]:
@@ -328,9 +337,11 @@ class OpenAIServing:
         created = int(time.time())
         state = {"disconnected": False}
         arrived = asyncio.get_running_loop().time()
+        gone = asyncio.Event()  # the client left: a held (jittered) response stops waiting
 
         def on_disconnect() -> None:
             state["disconnected"] = True
+            gone.set()
             for job in jobs:
                 job.engine.abort(job.request_id, job.stream)
 
@@ -338,7 +349,7 @@ class OpenAIServing:
         if not body.stream:
             return DeferredResponse(
                 lambda: self._full_response(
-                    jobs, model, response_id, created, chat, headers, arrived
+                    jobs, model, response_id, created, chat, headers, arrived, gone
                 ),
                 on_disconnect,
             )
@@ -400,6 +411,7 @@ class OpenAIServing:
                     # Injected abort: what came so far (no finish reason), then the error.
                     chunk = first[0] + writer.text(job.index, text) if text else first[0]
                     self._cut(jobs)
+                    self.faults.record(FaultType.ABORT)
                     emitter.emit(chunk + error_event(500, _ABORTED) + DONE, last=True)
                     return
                 chunk = first[0] + writer.text(
@@ -435,6 +447,7 @@ class OpenAIServing:
         chat: bool,
         headers: dict[str, str],
         arrived: float,
+        gone: asyncio.Event,
     ) -> Response:
         loop = asyncio.get_running_loop()
         texts: list[list[str]] = [[] for _ in jobs]
@@ -454,6 +467,7 @@ class OpenAIServing:
                 texts[job.index].append(self._feed(job, out))
                 if job.abort_at is not None and (job.done or job.completion_tokens >= job.abort_at):
                     self._cut(jobs)  # an injected abort: the response is the error
+                    self.faults.record(FaultType.ABORT)
                     done.set_result(error_response(500, _ABORTED))
                     return
                 if job.done:
@@ -466,10 +480,9 @@ class OpenAIServing:
         for job in jobs:
             job.stream.listen(listener_for(job))
         failure = await done
+        # Jitter: the whole response is held back by up to ttft_jitter × its latency.
         share = self.faults.jitter(self.faults.config.ttft_jitter)
-        if share > 0:
-            # Jitter: the whole response is held back by up to ttft_jitter × its latency.
-            await asyncio.sleep(share * (loop.time() - arrived))
+        await self.faults.hold(share * (loop.time() - arrived), gone)
         if failure is not None:
             return failure
         choices: list[dict[str, Any]] = []

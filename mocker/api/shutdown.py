@@ -45,18 +45,20 @@ class DrainingServer(uvicorn.Server):
 
     def _drain(self) -> None:
         state, now = self.state, time.monotonic()
-        engine = state.engines
+        engines = state.engines
         if self._deadline is None:
             state.draining = True
             self._deadline = now + state.settings.shutdown_timeout
             logger.info(
                 "draining: %d requests in flight, up to %.1f s; new requests get 503",
-                engine.num_open_streams,
+                state.in_flight,
                 state.settings.shutdown_timeout,
             )
-        if not engine.num_open_streams:
+        # A response can outlive its engine request (output held back by jitter).
+        if not engines.num_open_streams and not state.in_flight:
             logger.info("drained; shutting down")
             self.should_exit = True
         elif now >= self._deadline:
-            logger.info("shutdown timeout: aborting %d requests", engine.abort_all())
+            logger.info("shutdown timeout: aborting %d requests", engines.abort_all())
+            state.faults.release_all()  # held output goes out now, before the connections close
             self.should_exit = True

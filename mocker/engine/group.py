@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator, Sequence
 
+from mocker.engine.core import RequestRejected
 from mocker.engine.live import EngineDeadError, LiveEngine
+from mocker.request import EngineRequest
 
 __all__ = ["EngineGroup", "RankError"]
 
@@ -38,12 +40,24 @@ class EngineGroup:
     def __getitem__(self, rank: int) -> LiveEngine:
         return self.engines[rank]
 
+    def check_rank(self, rank: int | None) -> None:
+        """Raise RankError for a rank this server does not have (None: any rank)."""
+        if rank is not None and not 0 <= rank < len(self.engines):
+            raise RankError(f"data_parallel_rank {rank} is out of range [0, {len(self.engines)}).")
+
+    def check_request(self, spec: EngineRequest) -> None:
+        """Raise RequestRejected for a request no rank would take: a request id in use on
+        any rank (so the answer does not depend on where a request lands), or one the engine
+        refuses (every rank has the same configuration)."""
+        if any(e.has_request(spec.request_id) for e in self.engines):
+            raise RequestRejected(f"request id {spec.request_id!r} is already in use")
+        self.engines[0].core.check_request(spec)
+
     def pick(self, rank: int | None = None) -> LiveEngine:
         """The engine for a new request: rank `rank`, or the least loaded."""
         engines = self.engines
         if rank is not None:
-            if not 0 <= rank < len(engines):
-                raise RankError(f"data_parallel_rank {rank} is out of range [0, {len(engines)}).")
+            self.check_rank(rank)
             return engines[rank]
         best = engines[0]
         if len(engines) > 1:

@@ -165,6 +165,10 @@ class LiveEngine:
         """Waiting requests, including those accepted but not yet drained into the core."""
         return self.core.num_waiting + self._inbox_requests
 
+    def has_request(self, request_id: str) -> bool:
+        """Whether `request_id` is in use (its consumer not yet done with it)."""
+        return request_id in self._streams
+
     @property
     def num_open_streams(self) -> int:
         """Requests whose consumers still wait for outputs (in the engine or on their way)."""

@@ -115,7 +115,8 @@ async def test_a_rank_is_pinned_by_header_or_field() -> None:
     [
         ({"X-data-parallel-rank": "3"}, {}, r"data_parallel_rank 3 is out of range \[0, 3\)"),
         ({}, {"data_parallel_rank": 7}, r"data_parallel_rank 7 is out of range"),
-        ({"X-data-parallel-rank": "one"}, {}, "must be an integer"),
+        ({}, {"data_parallel_rank": True}, "valid integer"),
+        ({}, {"data_parallel_rank": "1"}, "valid integer"),
         ({"X-data-parallel-rank": "0"}, {"data_parallel_rank": 1}, "disagree"),
         ({}, {"data_parallel_rank": -1}, "data_parallel_rank"),
     ],
@@ -132,6 +133,31 @@ async def test_bad_ranks_are_client_errors(
         assert re.search(message, error["message"]), error
         assert error["type"] == "BadRequestError" and error["code"] == 400
         assert c.state.engines.num_open_streams == 0
+
+
+async def test_a_header_that_is_not_a_rank_is_ignored_as_in_vllm() -> None:
+    async with dp_app(2) as c:
+        for value in ("one", "1.0", ""):
+            r = await c.http.post(
+                "/v1/completions",
+                json={"prompt": "x", "max_tokens": 2},
+                headers={"X-data-parallel-rank": value},
+            )
+            assert r.status_code == 200, value
+
+
+async def test_a_request_id_in_use_on_any_rank_is_refused() -> None:
+    c = AppClient(make_app(settings(data_parallel_size=2)))
+    c.state.engines.start = lambda: None  # type: ignore[method-assign]  # requests stay open
+    async with c:
+        c.state.engines[0].add_request(req("same", [5] * 8))
+        r = await c.http.post(
+            "/v1/completions",
+            json={"prompt": "x", "max_tokens": 2, "data_parallel_rank": 1},
+            headers={"X-Request-Id": "same"},
+        )
+        assert r.status_code == 400 and "already in use" in r.json()["error"]["message"]
+        assert c.state.engines[1].num_open_streams == 0
 
 
 async def test_queue_limit_is_per_rank() -> None:

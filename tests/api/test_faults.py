@@ -5,7 +5,10 @@ aborts that free the engine, latency jitter, a start-up delay, and POST /admin/c
 from __future__ import annotations
 
 import asyncio
+import json
 import math
+import socket
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
@@ -109,7 +112,24 @@ def test_the_header_forces_or_suppresses() -> None:
     assert never.choose(None) is FaultType.RATE_LIMIT
     with pytest.raises(OpenAIError, match="X-Mocker-Fail: unknown failure type 'teapot'"):
         never.choose("teapot")
-    assert injector.counts[FaultType.OVERLOADED] == 1 and never.counts[FaultType.RATE_LIMIT] == 1
+    # Drawing is not injecting: a fault counts once the client got it.
+    assert sum(injector.counts.values()) == sum(never.counts.values()) == 0
+    never.record(FaultType.RATE_LIMIT)
+    assert never.counts[FaultType.RATE_LIMIT] == 1
+
+
+def test_failures_follow_the_seed_whatever_the_jitter() -> None:
+    config = FaultConfig(failure_rate=0.5, ttft_jitter=1.0)
+    plain, jittered = FaultInjector(config, seed=3), FaultInjector(config, seed=3)
+    expected = [plain.choose(None) for _ in range(300)]
+    got = []
+    for i in range(300):
+        for _ in range(i % 4):  # streams draw jitter as often as their timing makes them
+            jittered.jitter(1.0)
+        got.append(jittered.choose(None))
+    assert got == expected
+    other = FaultInjector(config, seed=4)
+    assert [other.choose(None) for _ in range(300)] != expected
 
 
 # -- over HTTP ---------------------------------------------------------------------------------
@@ -181,6 +201,28 @@ def test_the_header_forces_a_fault_on_either_endpoint(
 def client_server() -> Iterator[ServerThread]:
     with faulty(failure_rate=0.0) as srv:
         yield srv
+
+
+@pytest.mark.parametrize("header", ["429", "abort"])
+def test_a_client_mistake_is_reported_not_masked_by_a_fault(
+    header: str, client_server: ServerThread
+) -> None:
+    url = client_server.url
+    before = injected(httpx.get(url + "/metrics").text)
+    image = [{"type": "image_url", "image_url": {"url": "x"}}]
+    mistakes = [
+        ("/v1/completions", {"prompt": "", "max_tokens": 2}, "prompt"),
+        ("/v1/completions", {"prompt": [10**9], "max_tokens": 2}, "prompt"),
+        ("/v1/completions", {"prompt": [5] * 5000, "max_tokens": 2}, "prompt"),
+        ("/v1/completions", {"prompt": "x", "data_parallel_rank": 7}, "data_parallel_rank"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": image}]}, "messages"),
+    ]
+    for path, body, param in mistakes:
+        r = httpx.post(url + path, json=body, headers={"X-Mocker-Fail": header})
+        error = r.json()["error"]
+        assert r.status_code == 400 and "injected" not in error["message"], (body, error)
+        assert error["param"] == param
+    assert injected(httpx.get(url + "/metrics").text) == before  # nothing was injected
 
 
 def test_no_header_no_fault_and_a_bad_header_is_a_400(client_server: ServerThread) -> None:
@@ -317,6 +359,56 @@ async def test_without_jitter_chunks_go_straight_through_and_close_drops_held() 
     held.close()
     await asyncio.sleep(0.01)
     assert sink2.got == [] and sink2.closed.done()
+
+
+async def test_a_held_response_waits_until_the_client_leaves_or_shutdown() -> None:
+    injector = FaultInjector(FaultConfig(ttft_jitter=1.0))
+    gone = asyncio.Event()
+    held = asyncio.ensure_future(injector.hold(60.0, gone))
+    await asyncio.sleep(0.01)
+    assert not held.done()
+    gone.set()
+    await asyncio.wait_for(held, 5)
+    held = asyncio.ensure_future(injector.hold(60.0, asyncio.Event()))
+    sink = _Sink()
+    start = asyncio.get_running_loop().time() - 1.0
+    stream = JitteredEmitter(sink, _Greatest(FaultConfig(ttft_jitter=5.0)), start)  # type: ignore[arg-type]
+    stream._injector = injector  # held chunks register with the injector that releases them
+    stream.emit(b"a")
+    stream.emit(b"b", last=True)
+    await asyncio.sleep(0.01)
+    assert not held.done() and sink.got == []
+    injector.release_all()  # shutdown: everything held goes out now, in order
+    await asyncio.wait_for(held, 5)
+    assert [c for c, _ in sink.got] == [b"a", b"b"] and sink.closed.done()
+    assert injector.jitter(1.0) == 0.0  # and nothing is held from then on
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_leaving_ends_a_response_held_by_jitter(stream: bool) -> None:
+    # Speedup 0.01: the first token takes ~1.65 s; seed 0's first jitter draw is 3.43 of 10,
+    # so the response would be held ~5.7 s more after the engine is done with it.
+    app = make_app(settings(faults=FaultConfig(ttft_jitter=10.0)), speedup_ratio=0.01)
+    with ServerThread(app) as srv:
+        state = srv.app.state.mocker
+        payload = json.dumps({**COMPLETION, "max_tokens": 1, "stream": stream}).encode()
+        sock = socket.create_connection(("127.0.0.1", srv.port))
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            + b"Content-Length: %d\r\n\r\n" % len(payload)
+            + payload
+        )
+        deadline = time.monotonic() + 20
+        while not sum(state.metrics[0].finished.values()):  # until the engine is done
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert state.in_flight == 1  # held
+        sock.close()  # the client leaves
+        deadline = time.monotonic() + 3  # well before the hold would end
+        while state.in_flight:
+            assert time.monotonic() < deadline, "the response outlived its client"
+            time.sleep(0.02)
+        assert not state.faults._holding
 
 
 # -- start-up delay and admin --------------------------------------------------------------------

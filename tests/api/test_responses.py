@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import httpx
 
+from mocker.api.responses import Emitter
 from tests.api.conftest import ServerThread, make_app
 
 
@@ -55,3 +57,28 @@ def test_disconnect_while_waiting_for_a_full_response() -> None:
             raise AssertionError("the request should still be running")
         assert engine.core.requests or engine.num_waiting
         _wait_idle(server)
+
+
+async def test_nothing_is_written_after_the_last_message_even_behind_a_slow_reader() -> None:
+    # A slow reader: the first send waits (flow control), so later chunks queue behind it.
+    sent: list[dict[str, object]] = []
+    gate = asyncio.get_running_loop().create_future()
+
+    async def send(message: dict[str, object]) -> None:
+        if not sent and not gate.done():
+            await gate
+        if sent and not sent[-1]["more_body"]:
+            raise RuntimeError("a message after the response ended")  # as a server refuses
+        sent.append(message)
+
+    failures: list[str] = []
+    emitter = Emitter(send, on_error=lambda: failures.append("send failed"))  # type: ignore[arg-type]
+    emitter.emit(b"one")
+    emitter.emit(b"error + [DONE]", last=True)  # e.g. one prompt's engine-death event
+    emitter.emit(b"error + [DONE] again", last=True)  # another prompt of the same request
+    emitter.emit(b"late")
+    gate.set_result(None)
+    await asyncio.wait_for(emitter.closed, 5)
+    await emitter.drain()
+    assert [m["body"] for m in sent] == [b"one", b"error + [DONE]"]
+    assert failures == []  # the extra messages were dropped, not refused by the server

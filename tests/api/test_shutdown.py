@@ -4,7 +4,9 @@ with an error event at --shutdown-timeout, exit 0 without a traceback."""
 from __future__ import annotations
 
 import json
+import re
 import signal
+import threading
 import time
 from collections.abc import Iterator
 
@@ -69,3 +71,36 @@ def test_shutdown_timeout_aborts_with_an_error_event() -> None:
         assert error["code"] == 503 and "aborted" in error["message"]
         assert proc.wait(timeout=10) == 0
         assert "Traceback" not in stderr_of(proc)
+
+
+def test_a_drain_waits_for_output_held_by_jitter_then_sends_it() -> None:
+    # At speedup 0.005 a short prompt's first token takes ~3.3 s; with --seed 0 the first
+    # jitter draw is 3.43 of a possible 10, so the client would get it ~11 s later still.
+    # The engine is done long before: the drain must wait for the response, not the engine,
+    # and at --shutdown-timeout send what is held rather than cut the connection.
+    flags = ("--speedup-ratio", "0.005", "--ttft-jitter", "10", "--shutdown-timeout", "1")
+    with serve(*flags) as (proc, url), httpx.Client(base_url=url, timeout=60) as http:
+        result: dict[str, object] = {}
+
+        def client() -> None:
+            with http.stream("POST", "/v1/completions", json=completion(1)) as response:
+                result["events"] = list(stream_events(response))
+
+        reader = threading.Thread(target=client)
+        reader.start()
+        deadline = time.monotonic() + 20
+        while not re.search(
+            r"^vllm:request_success_total\{.*\} [1-9]", http.get("/metrics").text, re.M
+        ):
+            assert time.monotonic() < deadline  # until the engine has finished the request
+            time.sleep(0.05)
+        assert "events" not in result
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        reader.join(timeout=30)
+        assert proc.wait(timeout=10) == 0
+        assert time.monotonic() - sent < 5  # the timeout (1 s) released it, not the hold
+        assert "Traceback" not in stderr_of(proc)
+    events = result["events"]
+    assert isinstance(events, list) and events[-1] == "[DONE]"
+    assert events[-2]["choices"][0]["finish_reason"] == "length"  # type: ignore[index]
