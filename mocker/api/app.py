@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import secrets
@@ -16,10 +17,10 @@ import orjson
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from mocker import __version__
-from mocker.api.errors import OpenAIError, install_error_handlers
+from mocker.api.errors import OpenAIError, error_response, install_error_handlers
 from mocker.api.faults import FaultInjector
 from mocker.api.protocol import (
     ChatCompletionRequest,
@@ -69,8 +70,12 @@ class ServerState:
     draining: bool = False
     # Until then (event-loop time) /health and completions get 503: --startup-delay.
     ready_at: float = 0.0
-    # Generation requests whose response has not ended (including output held by jitter).
-    in_flight: int = 0
+
+    @property
+    def in_flight(self) -> int:
+        """Accepted generation requests whose response has not ended (output held back by
+        jitter included): what a drain waits for."""
+        return self.serving.open_responses
 
     @property
     def starting(self) -> bool:
@@ -220,31 +225,40 @@ def kv_event_sources(state: ServerState) -> dict[str, object]:
     return body
 
 
-_GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
-
-
 class _MockerApp(FastAPI):
-    """FastAPI that also hands responses the server's own `send` (scope["mocker.send"]), and
-    counts generation requests until their response has ended (what a drain waits for).
+    """FastAPI that also hands responses the server's own `send` (scope["mocker.send"]).
 
-    Streamed body chunks go to that `send` directly, past the per-message wrappers of the
-    error middlewares (they only track whether the response started, which the start
-    message, sent through them, already tells them): several microseconds less per token.
+    Streamed body chunks go to it directly, past the per-message wrappers of the error
+    middlewares (they only track whether the response started, which the start message,
+    sent through them, already tells them): several microseconds less per token.
     """
 
     mocker: ServerState
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope["mocker.send"] = send
-        if scope["type"] != "http" or scope["path"] not in _GENERATION_PATHS:
+        if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
-        state = self.mocker
-        state.in_flight += 1
+        started = False
+
+        async def send_start(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
         try:
-            await super().__call__(scope, receive, send)
-        finally:
-            state.in_flight -= 1
+            await super().__call__(scope, receive, send_start)
+        except asyncio.CancelledError:
+            if not self.mocker.draining:
+                raise
+            # After a drain, uvicorn cancels what is still running once its graceful timeout
+            # has passed (say, a client stalled mid-upload): end it with a 503 rather than the
+            # traceback uvicorn would log for the cancellation.
+            if not started:
+                with contextlib.suppress(Exception):
+                    reply = error_response(503, "The server is shutting down.")
+                    await reply(scope, receive, send)
 
 
 def create_app(settings: ServerSettings, config: EngineConfig, tokenizer: TextTokenizer) -> FastAPI:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from typing import Any
@@ -233,12 +233,15 @@ class JitteredEmitter:
         self._injector = injector
         self._last_arrival: float | None = None
         self._start = start
-        self._held: deque[tuple[float, bytes, bool]] = deque()
+        # (release time, chunk, last, called once it is sent)
+        self._held: deque[tuple[float, bytes, bool, Callable[[], None] | None]] = deque()
         self._timer: asyncio.TimerHandle | None = None
         self.closed = emitter.closed
         self.closed.add_done_callback(lambda _: self._drop())
 
-    def emit(self, chunk: bytes, *, last: bool = False) -> None:
+    def emit(
+        self, chunk: bytes, *, last: bool = False, on_sent: Callable[[], None] | None = None
+    ) -> None:
         if self.closed.done():
             return
         loop = asyncio.get_running_loop()
@@ -251,12 +254,14 @@ class JitteredEmitter:
         release = now + share * since
         if not self._held and release <= now:
             self._emitter.emit(chunk, last=last)
+            if on_sent is not None:
+                on_sent()
             return
         if self._held:
             if self._held[-1][2]:
                 return  # the response's last chunk is already held: nothing may follow it
             release = max(release, self._held[-1][0])
-        self._held.append((release, chunk, last))
+        self._held.append((release, chunk, last, on_sent))
         if self._timer is None:
             self._injector._holding.add(self)
             self._timer = loop.call_at(self._held[0][0], self.flush)
@@ -269,8 +274,10 @@ class JitteredEmitter:
         held = self._held
         now = asyncio.get_running_loop().time()
         while held and (everything or held[0][0] <= now) and not self.closed.done():
-            _, chunk, last = held.popleft()
+            _, chunk, last, on_sent = held.popleft()
             self._emitter.emit(chunk, last=last)
+            if on_sent is not None:
+                on_sent()
         if held and not self.closed.done():
             self._timer = asyncio.get_running_loop().call_at(held[0][0], self.flush)
         else:

@@ -71,6 +71,7 @@ class OpenAIServing:
     ) -> None:
         self.engines = engines
         self.faults = faults
+        self.open_responses = 0  # generation responses not yet ended
         self.tokenizer = tokenizer
         self.settings = settings
         self.config = config
@@ -338,8 +339,14 @@ class OpenAIServing:
         state = {"disconnected": False}
         arrived = asyncio.get_running_loop().time()
         gone = asyncio.Event()  # the client left: a held (jittered) response stops waiting
+        # Until the response ends (a drain waits for it: output held back by jitter can
+        # outlive the engine request).
+        self.open_responses += 1
 
         def on_disconnect() -> None:
+            # Called when the client leaves, and again when the response ends either way.
+            if not state["disconnected"]:
+                self.open_responses -= 1
             state["disconnected"] = True
             gone.set()
             for job in jobs:
@@ -411,8 +418,12 @@ class OpenAIServing:
                     # Injected abort: what came so far (no finish reason), then the error.
                     chunk = first[0] + writer.text(job.index, text) if text else first[0]
                     self._cut(jobs)
-                    self.faults.record(FaultType.ABORT)
-                    emitter.emit(chunk + error_event(500, _ABORTED) + DONE, last=True)
+                    payload = chunk + error_event(500, _ABORTED) + DONE
+                    if isinstance(emitter, JitteredEmitter):  # counted if it reaches the client
+                        emitter.emit(payload, last=True, on_sent=self._record_abort)
+                    elif not emitter.closed.done():
+                        emitter.emit(payload, last=True)
+                        self._record_abort()
                     return
                 chunk = first[0] + writer.text(
                     job.index,
@@ -453,6 +464,7 @@ class OpenAIServing:
         texts: list[list[str]] = [[] for _ in jobs]
         done: asyncio.Future[Response | None] = loop.create_future()
         remaining = [len(jobs)]
+        cut = [False]  # an injected abort ended it
 
         def listener_for(job: _Job) -> Callable[[RequestOutput | EngineDeadError], None]:
             def on_output(out: RequestOutput | EngineDeadError) -> None:
@@ -467,7 +479,7 @@ class OpenAIServing:
                 texts[job.index].append(self._feed(job, out))
                 if job.abort_at is not None and (job.done or job.completion_tokens >= job.abort_at):
                     self._cut(jobs)  # an injected abort: the response is the error
-                    self.faults.record(FaultType.ABORT)
+                    cut[0] = True
                     done.set_result(error_response(500, _ABORTED))
                     return
                 if job.done:
@@ -483,6 +495,8 @@ class OpenAIServing:
         # Jitter: the whole response is held back by up to ttft_jitter × its latency.
         share = self.faults.jitter(self.faults.config.ttft_jitter)
         await self.faults.hold(share * (loop.time() - arrived), gone)
+        if cut[0] and not gone.is_set():
+            self._record_abort()  # it reaches the client
         if failure is not None:
             return failure
         choices: list[dict[str, Any]] = []
@@ -527,6 +541,9 @@ class OpenAIServing:
         return Response(orjson.dumps(body), media_type="application/json", headers=headers)
 
     # -- per-output bookkeeping ---------------------------------------------------------------
+
+    def _record_abort(self) -> None:
+        self.faults.record(FaultType.ABORT)
 
     @staticmethod
     def _cut(jobs: list[_Job]) -> None:

@@ -337,7 +337,8 @@ async def test_jitter_holds_a_chunk_by_its_share_of_latency_and_keeps_order() ->
     emitter.emit(b"first")
     t0 = loop.time()
     emitter.emit(b"second", last=True)  # no ITL jitter, but it must not overtake the first
-    assert sink.got == []
+    emitter.emit(b"third")  # after the last chunk: dropped, not held
+    assert sink.got == [] and len(emitter._held) == 2
     async with asyncio.timeout(5):
         await sink.closed
     assert [c for c, _ in sink.got] == [b"first", b"second"]
@@ -387,7 +388,8 @@ async def test_a_held_response_waits_until_the_client_leaves_or_shutdown() -> No
 @pytest.mark.parametrize("stream", [True, False])
 def test_a_client_leaving_ends_a_response_held_by_jitter(stream: bool) -> None:
     # Speedup 0.01: the first token takes ~1.65 s; seed 0's first jitter draw is 3.43 of 10,
-    # so the response would be held ~5.7 s more after the engine is done with it.
+    # so the response would be held ~5.7 s more after the engine is done with it. What is
+    # held is an injected abort's cut: the client never gets it, so it is not counted.
     app = make_app(settings(faults=FaultConfig(ttft_jitter=10.0)), speedup_ratio=0.01)
     with ServerThread(app) as srv:
         state = srv.app.state.mocker
@@ -395,6 +397,7 @@ def test_a_client_leaving_ends_a_response_held_by_jitter(stream: bool) -> None:
         sock = socket.create_connection(("127.0.0.1", srv.port))
         sock.sendall(
             b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            + b"X-Mocker-Fail: abort\r\n"
             + b"Content-Length: %d\r\n\r\n" % len(payload)
             + payload
         )
@@ -409,6 +412,7 @@ def test_a_client_leaving_ends_a_response_held_by_jitter(stream: bool) -> None:
             assert time.monotonic() < deadline, "the response outlived its client"
             time.sleep(0.02)
         assert not state.faults._holding
+        assert state.faults.counts[FaultType.ABORT] == 0
 
 
 # -- start-up delay and admin --------------------------------------------------------------------

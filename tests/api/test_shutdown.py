@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -104,3 +105,26 @@ def test_a_drain_waits_for_output_held_by_jitter_then_sends_it() -> None:
     events = result["events"]
     assert isinstance(events, list) and events[-1] == "[DONE]"
     assert events[-2]["choices"][0]["finish_reason"] == "length"  # type: ignore[index]
+
+
+def test_a_request_stalled_mid_upload_neither_holds_the_drain_nor_leaves_a_traceback() -> None:
+    with serve("--shutdown-timeout", "30") as (proc, url):
+        port = int(url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json"
+                b"\r\nContent-Length: 100\r\n\r\n{"  # 1 byte of 100, and no more
+            )
+            time.sleep(0.2)
+            sent = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            sock.settimeout(20)
+            reply = b""
+            while chunk := sock.recv(65536):
+                reply += chunk
+            # Not accepted yet, so not waited for: uvicorn's 5 s for open connections, not 30.
+            assert proc.wait(timeout=20) == 0
+            assert time.monotonic() - sent < 15
+        assert reply.startswith(b"HTTP/1.1 503"), reply[:200]
+        assert b'"code":503' in reply
+        assert "Traceback" not in stderr_of(proc)
