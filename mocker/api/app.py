@@ -29,7 +29,7 @@ from mocker.api.protocol import (
     ModelCard,
     TokenizeRequest,
 )
-from mocker.api.serving import OpenAIServing
+from mocker.api.serving import OpenAIServing, RequestHeaders
 from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore
 from mocker.engine.group import EngineGroup
@@ -82,25 +82,16 @@ class ServerState:
         return asyncio.get_running_loop().time() < self.ready_at
 
 
-def _rank(field: int | None, header: str | None) -> int | None:
-    """The data-parallel rank a request pins: its `data_parallel_rank` field or vLLM's
-    X-data-parallel-rank header (they must agree when both are given). As vLLM, a header
-    that is not an integer is ignored: the request is load-balanced."""
-    rank = None
-    if header is not None:
-        try:
-            rank = int(header)
-        except ValueError:
-            rank = None
-    if field is not None:
-        if rank is not None and rank != field:
-            raise OpenAIError(
-                400,
-                f"data_parallel_rank {field} and X-data-parallel-rank {rank} disagree.",
-                "data_parallel_rank",
-            )
-        rank = field
-    return rank
+async def _request_headers(
+    x_request_id: Annotated[str | None, Header()] = None,
+    x_data_parallel_rank: Annotated[str | None, Header()] = None,
+    x_mocker_fail: Annotated[str | None, Header()] = None,
+) -> RequestHeaders:
+    return RequestHeaders(x_request_id or None, x_data_parallel_rank, x_mocker_fail)
+
+
+# The headers a generation route reads, as one dependency.
+_Headers = Annotated[RequestHeaders, Depends(_request_headers)]
 
 
 def _json(data: object, status: int = 200) -> Response:
@@ -317,24 +308,12 @@ def create_app(settings: ServerSettings, config: EngineConfig, tokenizer: TextTo
             raise OpenAIError(503, "The server is starting up (--startup-delay); retry shortly.")
 
     @v1.post("/completions", dependencies=[Depends(accepting)])
-    async def completions(
-        body: CompletionRequest,
-        x_request_id: Annotated[str | None, Header()] = None,
-        x_data_parallel_rank: Annotated[str | None, Header()] = None,
-        x_mocker_fail: Annotated[str | None, Header()] = None,
-    ) -> Response:
-        rank = _rank(body.data_parallel_rank, x_data_parallel_rank)
-        return state.serving.completions(body, x_request_id or None, rank, x_mocker_fail)
+    async def completions(body: CompletionRequest, headers: _Headers) -> Response:
+        return state.serving.completions(body, headers)
 
     @v1.post("/chat/completions", dependencies=[Depends(accepting)])
-    async def chat_completions(
-        body: ChatCompletionRequest,
-        x_request_id: Annotated[str | None, Header()] = None,
-        x_data_parallel_rank: Annotated[str | None, Header()] = None,
-        x_mocker_fail: Annotated[str | None, Header()] = None,
-    ) -> Response:
-        rank = _rank(body.data_parallel_rank, x_data_parallel_rank)
-        return state.serving.chat(body, x_request_id or None, rank, x_mocker_fail)
+    async def chat_completions(body: ChatCompletionRequest, headers: _Headers) -> Response:
+        return state.serving.chat(body, headers)
 
     @v1.get("/models")
     async def models() -> Response:

@@ -27,11 +27,41 @@ from mocker.options import ServerSettings
 from mocker.request import EngineRequest, FinishReason, SamplingParams
 from mocker.tokenizer import ChatTemplateError, TextTokenizer
 
-__all__ = ["OpenAIServing"]
+__all__ = ["OpenAIServing", "RequestHeaders", "pinned_rank"]
 
 logger = logging.getLogger("mocker.requests")
 
 _ABORTED = "The request was aborted mid-stream (injected fault)."
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeaders:
+    """What a generation request's headers say beyond its body."""
+
+    request_id: str | None = None  # X-Request-Id
+    rank: str | None = None  # X-data-parallel-rank, as sent
+    fault: str | None = None  # X-Mocker-Fail
+
+
+def pinned_rank(field: int | None, header: str | None) -> int | None:
+    """The data-parallel rank a request pins: its `data_parallel_rank` field or vLLM's
+    X-data-parallel-rank header (they must agree when both are given). As vLLM, a header
+    that is not an integer is ignored: the request is load-balanced."""
+    rank = None
+    if header is not None:
+        try:
+            rank = int(header)
+        except ValueError:
+            rank = None
+    if field is not None:
+        if rank is not None and rank != field:
+            raise OpenAIError(
+                400,
+                f"data_parallel_rank {field} and X-data-parallel-rank {rank} disagree.",
+                "data_parallel_rank",
+            )
+        rank = field
+    return rank
 
 
 @dataclass(slots=True)
@@ -159,14 +189,14 @@ class OpenAIServing:
         prompts: list[list[int]],
         max_tokens: int | None,
         request_id: str,
-        rank: int | None,
-        forced_fault: str | None,
+        headers: RequestHeaders,
         param: str,
     ) -> list[_Job]:
         """Check every prompt, draw the request's fault (a client mistake is reported as such,
         never masked by one), then hand every prompt to an engine; all or nothing."""
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         stop = tuple(s for s in stop if s)
+        rank = pinned_rank(body.data_parallel_rank, headers.rank)
         try:
             self.engines.check_rank(rank)
         except RankError as exc:
@@ -185,7 +215,7 @@ class OpenAIServing:
             except RequestRejected as exc:
                 raise OpenAIError(400, str(exc)) from None
             specs.append(spec)
-        fault = self._inject(forced_fault, param)
+        fault = self._inject(headers.fault, param)
         jobs: list[_Job] = []
         try:
             for i, spec in enumerate(specs):
@@ -226,11 +256,7 @@ class OpenAIServing:
     # -- endpoints ----------------------------------------------------------------------------
 
     def completions(
-        self,
-        body: CompletionRequest,
-        request_id: str | None,
-        rank: int | None = None,
-        forced_fault: str | None = None,
+        self, body: CompletionRequest, headers: RequestHeaders = RequestHeaders()
     ) -> Response:
         model = self.check_model(body.model)
         self._check_common(body)
@@ -246,16 +272,12 @@ class OpenAIServing:
                 "logprobs",
             )  # fmt: skip
         prompts = self._completion_prompts(body.prompt)
-        rid = request_id or uuid.uuid4().hex
-        jobs = self._start(body, prompts, body.max_tokens, rid, rank, forced_fault, "prompt")
+        rid = headers.request_id or uuid.uuid4().hex
+        jobs = self._start(body, prompts, body.max_tokens, rid, headers, "prompt")
         return self._respond(body, jobs, model, f"cmpl-{rid}", chat=False, request_id=rid)
 
     def chat(
-        self,
-        body: ChatCompletionRequest,
-        request_id: str | None,
-        rank: int | None = None,
-        forced_fault: str | None = None,
+        self, body: ChatCompletionRequest, headers: RequestHeaders = RequestHeaders()
     ) -> Response:
         model = self.check_model(body.model)
         self._check_common(body)
@@ -277,8 +299,8 @@ class OpenAIServing:
         if not prompt:
             raise OpenAIError(400, "The messages render to an empty prompt.", "messages")
         max_tokens = body.max_completion_tokens or body.max_tokens
-        rid = request_id or uuid.uuid4().hex
-        jobs = self._start(body, [prompt], max_tokens, rid, rank, forced_fault, "messages")
+        rid = headers.request_id or uuid.uuid4().hex
+        jobs = self._start(body, [prompt], max_tokens, rid, headers, "messages")
         return self._respond(body, jobs, model, f"chatcmpl-{rid}", chat=True, request_id=rid)
 
     def _completion_prompts(self, prompt: Any) -> list[list[int]]:
