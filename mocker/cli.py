@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import socket
 import statistics
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 
 from mocker import __version__
 from mocker.config import ConfigError, EngineConfig
@@ -87,10 +89,15 @@ def _serve(argv_args: argparse.Namespace) -> int:
     config = engine_config_from(values)
     settings = server_settings_from(values)
     tokenizer = load_tokenizer(settings.tokenizer, settings.chat_template)
+    # Bound here, before the app is built: with --port 0 the system picks the port, and the
+    # app (the KV-event topic's {port}) and the start-up line below name the real one.
+    listener = _listen(settings.host, settings.port)
+    settings = replace(settings, port=listener.getsockname()[1])
     app = create_app(settings, config, tokenizer)
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
     print(
         f"mocker {__version__}: serving {', '.join(settings.served_model_names)} at "
-        f"http://{settings.host}:{settings.port}/v1 (metrics at /metrics)",
+        f"http://{host}:{settings.port}/v1 (metrics at /metrics)",
         file=sys.stderr,
         flush=True,
     )
@@ -110,8 +117,17 @@ def _serve(argv_args: argparse.Namespace) -> int:
     # down: make that a no-op, so a stop exits 0 with no traceback.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
-    server.run()
+    server.run(sockets=[listener])
     return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on (host, port); port 0 lets the system pick a free one."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -263,7 +263,7 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         metavar="NAME",
     ),
     Option("host", "address to bind", "127.0.0.1", "str"),
-    Option("port", "HTTP port", 8000, "int"),
+    Option("port", "HTTP port (0: a free one, named in the start-up line)", 8000, "int"),
     Option(
         "tokenizer",
         "Hugging Face tokenizer folder or tokenizer.json (default: the bundled DeepSeek-V3 one)",

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from mocker.cli import main
-from tests.api.conftest import free_port, wait_healthy
+from tests.support.servers import free_port, wait_healthy
 
 
 def test_demo_runs_and_reports(capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,7 +14,7 @@ from mocker.metrics import (
     build_registry,
     one_two_five_buckets,
 )
-from tests.conftest import make_core, req
+from tests.support.engines import make_core, req
 
 
 def test_histogram_buckets_are_le_inclusive_and_weighted() -> None:

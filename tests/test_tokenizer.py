@@ -15,7 +15,7 @@ from mocker.tokenizer import (
     default_tokenizer_path,
     load_tokenizer,
 )
-from tests.api.conftest import tokenizer
+from tests.support.servers import tokenizer
 
 
 def test_default_is_the_bundled_deepseek_tokenizer() -> None:

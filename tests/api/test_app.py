@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from mocker import __version__
-from tests.api.conftest import AppClient, make_app, settings, sse_events, tokenizer
+from tests.support.parsing import sse_events
+from tests.support.servers import AppClient, make_app, settings, tokenizer
 
 
 async def test_models_card_carries_max_model_len(client: AppClient) -> None:

@@ -13,9 +13,10 @@ import openai
 import pytest
 
 from mocker.kvevents.config import KVEventsConfig
-from tests.api.conftest import AppClient, ServerThread, make_app, settings
-from tests.conftest import req
-from tests.kvevents.consumer import Subscriber, replay
+from tests.support.engines import req
+from tests.support.kv_consumer import Subscriber, replay
+from tests.support.parsing import samples
+from tests.support.servers import AppClient, ServerThread, make_app, settings
 
 BLOCK = 16
 
@@ -35,17 +36,6 @@ def free_port_pair() -> int:
                     continue
                 return port
     raise RuntimeError("no two consecutive free ports")
-
-
-def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
-    """{sorted label pairs: value} of one metric in a Prometheus text page."""
-    out: dict[tuple[tuple[str, str], ...], float] = {}
-    for line in text.splitlines():
-        m = re.match(rf"^{re.escape(name)}\{{(.*)\}} (\S+)$", line)
-        if m:
-            labels = tuple(sorted(re.findall(r'(\w+)="([^"]*)"', m[1])))
-            out[labels] = float(m[2])
-    return out
 
 
 def by_engine(text: str, name: str, **labels: str) -> dict[str, float]:

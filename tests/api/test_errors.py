@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.api.conftest import AppClient, make_app, settings
+from tests.support.servers import AppClient, make_app, settings
 
 
 def _assert_error(r: Any, status: int, fragment: str = "", param: str | None = "any") -> None:

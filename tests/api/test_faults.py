@@ -25,8 +25,8 @@ from mocker.api.faults import (
     JitteredEmitter,
     parse_fault_types,
 )
-from tests.api.conftest import AppClient, ServerThread, make_app, serve, settings, sse_events
-from tests.api.test_data_parallel import samples
+from tests.support.parsing import samples, sse_events
+from tests.support.servers import AppClient, ServerThread, make_app, serve, settings
 
 COMPLETION = {"prompt": "hello faults", "max_tokens": 4}
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

@@ -14,9 +14,9 @@ import openai
 import pytest
 
 from mocker.kvevents.config import KVEventsConfig
-from tests.api.conftest import ServerThread, free_port, make_app, settings
-from tests.kv_index import EventIndex
-from tests.kvevents.consumer import Received, Subscriber, replay
+from tests.support.kv_consumer import Received, Subscriber, replay
+from tests.support.kv_index import EventIndex
+from tests.support.servers import ServerThread, free_port, make_app, settings
 
 BLOCK = 16
 

@@ -20,7 +20,8 @@ from mocker.metrics import (
     TTFT_BUCKETS,
     one_two_five_buckets,
 )
-from tests.api.conftest import AppClient, make_app, sse_events
+from tests.support.parsing import sse_events
+from tests.support.servers import AppClient, make_app
 
 EXPECTED_BUCKETS: dict[str, tuple[float, ...]] = {
     "vllm:time_to_first_token_seconds": TTFT_BUCKETS,
@@ -130,7 +131,7 @@ async def test_metrics_are_vllms_and_true_after_hits_and_preemptions() -> None:
 async def test_legacy_names_are_opt_in() -> None:
     async with AppClient(make_app()) as c:
         assert "vllm:gpu_cache_usage_perc" not in (await c.http.get("/metrics")).text
-    from tests.api.conftest import settings
+    from tests.support.servers import settings
 
     async with AppClient(make_app(settings(legacy_metric_names=True))) as c:
         text = (await c.http.get("/metrics")).text

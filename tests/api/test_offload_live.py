@@ -9,7 +9,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.api.conftest import ServerThread, make_app
+from tests.support.servers import ServerThread, make_app
 
 BLOCK = 16
 PROMPT = 1024

@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.api.conftest import ServerThread, tokenizer
+from tests.support.servers import ServerThread, tokenizer
 
 
 @pytest.fixture

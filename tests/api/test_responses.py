@@ -8,7 +8,7 @@ import time
 import httpx
 
 from mocker.api.responses import Emitter
-from tests.api.conftest import ServerThread, make_app
+from tests.support.servers import ServerThread, make_app
 
 
 def _wait_idle(server: ServerThread, timeout: float = 10.0) -> None:

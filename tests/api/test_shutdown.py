@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import httpx
 
-from tests.api.conftest import serve, stderr_of
+from tests.support.servers import serve, stderr_of
 
 
 def stream_events(response: httpx.Response) -> Iterator[object]:

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.api.conftest import ServerThread, make_app
+from tests.support.servers import ServerThread, make_app
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy/grafana/dashboards/mocker.json"
 NAME = re.compile(r"vllm:[A-Za-z0-9_:]+")

@@ -5,7 +5,7 @@ import pytest
 from mocker.engine.core import EngineCore, RequestRejected
 from mocker.request import EngineRequest, FinishReason, RequestStatus, SamplingParams
 from mocker.timing import PolynomialTiming
-from tests.conftest import make_core, req, small_config
+from tests.support.engines import make_core, req, small_config
 
 
 def _run(core: EngineCore, now: float = 0.0) -> float:

@@ -13,7 +13,7 @@ from mocker.engine.core import EngineCore
 from mocker.engine.virtual import Abort, VirtualDriver
 from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
 from mocker.request import EngineRequest, SamplingParams
-from tests.conftest import small_config
+from tests.support.engines import small_config
 
 BS = 4
 PREFIXES = [list(range(1000 + 100 * p, 1000 + 100 * p + 4 * BS)) for p in range(3)]

@@ -6,7 +6,7 @@ import pytest
 
 from mocker.engine.group import EngineGroup, RankError
 from mocker.engine.live import EngineDeadError, LiveEngine
-from tests.conftest import req, small_config
+from tests.support.engines import req, small_config
 
 
 def group(k: int, **overrides: object) -> EngineGroup:

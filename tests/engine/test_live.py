@@ -11,8 +11,8 @@ from mocker.engine.core import RequestRejected
 from mocker.engine.live import EngineDeadError, LiveEngine
 from mocker.engine.outputs import StepResult
 from mocker.request import FinishReason
-from tests.conftest import req, small_config
-from tests.kv_index import EventIndex
+from tests.support.engines import req, small_config
+from tests.support.kv_index import EventIndex
 
 
 async def _until(predicate, timeout: float = 5.0) -> None:

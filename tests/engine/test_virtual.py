@@ -7,7 +7,7 @@ import pytest
 from mocker.clock import VirtualClock
 from mocker.engine.core import EngineCore
 from mocker.engine.virtual import Abort, VirtualDriver
-from tests.conftest import make_core, req, small_config
+from tests.support.engines import make_core, req, small_config
 
 
 def test_idle_time_jumps_to_next_arrival() -> None:

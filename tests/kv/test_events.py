@@ -14,8 +14,8 @@ from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore
 from mocker.engine.virtual import VirtualDriver, VirtualRun
 from mocker.kv.events import parents_first
-from tests.conftest import random_geometry, random_requests
-from tests.kv_index import EventIndex
+from tests.support.kv_index import EventIndex
+from tests.support.workloads import random_geometry, random_requests
 
 
 def test_parents_first_orders_chains_and_forests() -> None:

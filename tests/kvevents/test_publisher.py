@@ -15,8 +15,8 @@ from mocker.config import ConfigError
 from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
 from mocker.kvevents.config import EventFormat, KVEventsConfig
 from mocker.kvevents.publisher import ZmqEventPublisher
-from tests.api.conftest import free_port
-from tests.kvevents.consumer import Subscriber, replay
+from tests.support.kv_consumer import Subscriber, replay
+from tests.support.servers import free_port
 
 STORED = BlockStored(
     block_hashes=(2**63 + 5, 11),

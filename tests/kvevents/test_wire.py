@@ -8,7 +8,7 @@ import pytest
 from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
 from mocker.kvevents.config import EventFormat
 from mocker.kvevents.wire import END_SEQ, BatchEncoder, seq_bytes
-from tests.kvevents.consumer import decoder
+from tests.support.kv_consumer import decoder
 
 BIG = 2**64 - 1  # hashes are uint64: the top bit set must survive
 EVENTS = [

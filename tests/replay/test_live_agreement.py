@@ -17,7 +17,7 @@ from mocker.replay.prompts import PromptBuilder
 from mocker.replay.runner import replay
 from mocker.replay.trace import SyntheticSpec, TraceRequest, synthetic_trace
 from mocker.request import EngineRequest, Request, SamplingParams
-from tests.api.conftest import ServerThread, make_app
+from tests.support.servers import ServerThread, make_app
 
 TBS = 64
 # Half speed: passes last twice their modelled time, so a millisecond of client or loop

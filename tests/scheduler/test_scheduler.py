@@ -1,7 +1,7 @@
 """Scheduling passes: chunked prefill splits, budget sharing, preemption victims, prefix cap."""
 
 from mocker.request import RequestStatus
-from tests.conftest import make_core, req
+from tests.support.engines import make_core, req
 
 
 def _scheduled(core, now: float = 0.0) -> dict[str, int]:

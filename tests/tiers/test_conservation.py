@@ -15,8 +15,8 @@ from mocker.engine.core import EngineCore
 from mocker.engine.virtual import VirtualDriver, VirtualRun
 from mocker.metrics import EngineMetrics
 from mocker.request import RequestStatus
-from tests.conftest import random_geometry, random_requests
-from tests.kv_index import EventIndex
+from tests.support.kv_index import EventIndex
+from tests.support.workloads import random_geometry, random_requests
 
 
 def check_invariants(core: EngineCore) -> None:

@@ -16,7 +16,7 @@ from mocker.engine.virtual import Abort, VirtualDriver, VirtualRun
 from mocker.kv.events import BlockRemoved, BlockStored
 from mocker.request import EngineRequest, RequestStatus, SamplingParams
 from mocker.tiers.offload import TransferKind
-from tests.conftest import small_config
+from tests.support.engines import small_config
 
 BLOCK_BYTES = 4 * 32 * 2 * 8 * 128 * 2  # block_size 4 × Llama-3-8B's 131072 B/token
 BLOCK_S = BLOCK_BYTES / 1e9  # seconds per block at 1 GB/s

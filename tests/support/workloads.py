@@ -1,43 +1,12 @@
-"""Shared helpers: small engine configs and request builders."""
+"""Random workloads for property tests: pool geometries, arrivals, shared prefixes, aborts."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 from typing import Any
 
-from mocker.config import EngineConfig
-from mocker.engine.core import EngineCore
 from mocker.engine.virtual import Abort
 from mocker.request import EngineRequest, SamplingParams
-
-
-def small_config(**overrides: Any) -> EngineConfig:
-    base: dict[str, Any] = {
-        "block_size": 4,
-        "num_gpu_blocks": 64,
-        "max_num_seqs": 8,
-        "max_num_batched_tokens": 32,
-        "max_model_len": 256,
-    }
-    base.update(overrides)
-    return EngineConfig(**base)
-
-
-def make_core(**overrides: Any) -> EngineCore:
-    return EngineCore(small_config(**overrides))
-
-
-def req(
-    rid: str,
-    prompt: Sequence[int],
-    max_tokens: int | None = 4,
-    arrival: float = 0.0,
-    **sampling: Any,
-) -> EngineRequest:
-    return EngineRequest(
-        rid, list(prompt), SamplingParams(max_tokens=max_tokens, **sampling), arrival_time=arrival
-    )
 
 
 def random_geometry(rng: random.Random, block_size: int) -> dict[str, Any]:

@@ -1,0 +1,1 @@
+"""Test support: engines, workloads, servers, KV-event consumers and parsers shared by tests."""
