@@ -15,7 +15,10 @@ from mocker import __version__
 from mocker.config import ConfigError, EngineConfig
 from mocker.engine.core import EngineCore
 from mocker.engine.live import LiveEngine
-from mocker.options import (
+from mocker.replay.command import add_replay_parser, run_replay
+from mocker.replay.trace import TraceError
+from mocker.request import EngineRequest, SamplingParams
+from mocker.settings import (
     ENGINE_OPTIONS,
     SERVER_OPTIONS,
     add_ignored_vllm_flags,
@@ -24,9 +27,6 @@ from mocker.options import (
     resolve,
     server_settings_from,
 )
-from mocker.replay.command import add_replay_parser, run_replay
-from mocker.replay.trace import TraceError
-from mocker.request import EngineRequest, SamplingParams
 from mocker.tokenizer import TokenizerError, load_tokenizer
 
 __all__ = ["main"]

@@ -38,7 +38,7 @@ from mocker.engine.outputs import StepResult
 from mocker.kvevents.config import advertised_host, connectable
 from mocker.kvevents.publisher import ZmqEventPublisher
 from mocker.metrics import EngineMetrics, EngineSnapshot, MetricsCollector, build_registry
-from mocker.options import ServerSettings
+from mocker.settings import ServerSettings
 from mocker.tokenizer import ChatTemplateError, TextTokenizer
 
 __all__ = ["ServerState", "create_app", "engine_config_for"]

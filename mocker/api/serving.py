@@ -15,7 +15,8 @@ from starlette.responses import Response
 
 from mocker.api.chunks import DONE, ChunkWriter, error_event, usage_dict
 from mocker.api.errors import OpenAIError, error_response
-from mocker.api.faults import FaultInjector, FaultType, JitteredEmitter, failure_error
+from mocker.api.faults import FaultInjector, JitteredEmitter, failure_error
+from mocker.faults import FaultType
 from mocker.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from mocker.api.responses import DeferredResponse, Emitter, EventStreamResponse
 from mocker.config import EngineConfig
@@ -23,8 +24,8 @@ from mocker.engine.core import RequestRejected
 from mocker.engine.group import EngineGroup, RankError
 from mocker.engine.live import EngineDeadError, LiveEngine, RequestStream
 from mocker.engine.outputs import RequestOutput
-from mocker.options import ServerSettings
 from mocker.request import EngineRequest, FinishReason, SamplingParams
+from mocker.settings import ServerSettings
 from mocker.tokenizer import ChatTemplateError, TextTokenizer
 
 __all__ = ["OpenAIServing", "RequestHeaders", "pinned_rank"]

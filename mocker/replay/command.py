@@ -8,7 +8,6 @@ from functools import partial
 from pathlib import Path
 
 from mocker.config import ConfigError
-from mocker.options import ENGINE_OPTIONS, add_options, engine_config_from, resolve
 from mocker.replay.report import summarize, table, write_outputs
 from mocker.replay.router import RoutingPolicy
 from mocker.replay.runner import replay
@@ -18,6 +17,7 @@ from mocker.replay.trace import (
     scale_trace,
     synthetic_trace,
 )
+from mocker.settings import ENGINE_OPTIONS, add_options, engine_config_from, resolve
 
 __all__ = ["add_replay_parser", "run_replay"]
 

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from mocker.kvevents.config import KVEventsConfig
-from mocker.options import ALL_OPTIONS
+from mocker.settings import ALL_OPTIONS
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from mocker import cli
-from mocker.options import ALL_OPTIONS, ENV_PREFIX, IGNORED_VLLM_FLAGS
+from mocker.settings import ALL_OPTIONS, ENV_PREFIX, IGNORED_VLLM_FLAGS
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy/helm/mocker"

@@ -19,7 +19,7 @@ from fastapi import FastAPI
 
 from mocker.api.app import create_app
 from mocker.config import EngineConfig
-from mocker.options import ServerSettings
+from mocker.settings import ServerSettings
 from mocker.tokenizer import TextTokenizer, load_tokenizer
 
 FAST = {"speedup_ratio": 200.0, "num_gpu_blocks": 4096, "max_model_len": 4096}

@@ -1,0 +1,208 @@
+"""Engine settings (shared by `mocker serve` and `mocker replay`): options and the config."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from mocker.config import MODEL_PRESETS, ConfigError, EngineConfig, OffloadPolicy
+from mocker.settings.option import Option
+
+__all__ = ["ENGINE_OPTIONS", "engine_config_from"]
+
+_D = EngineConfig()
+
+ENGINE_OPTIONS: tuple[Option, ...] = (
+    Option("block_size", "tokens per KV block (power of two)", _D.block_size, "int"),
+    Option(
+        "num_gpu_blocks_override",
+        "KV blocks in the device cache (a real engine sizes this from GPU memory)",
+        _D.num_gpu_blocks,
+        "int",
+    ),
+    Option("max_num_seqs", "most requests running in one pass", _D.max_num_seqs, "int"),
+    Option(
+        "max_num_batched_tokens",
+        "token budget of one pass, shared by prefill chunks and decodes",
+        _D.max_num_batched_tokens,
+        "int",
+    ),
+    Option("max_model_len", "context length: prompt + output tokens", _D.max_model_len, "int"),
+    Option(
+        "enable_prefix_caching",
+        "reuse cached KV blocks of shared prompt prefixes",
+        _D.enable_prefix_caching,
+        "bool",
+    ),
+    Option(
+        "enable_chunked_prefill",
+        "split long prompts across passes (off: a prompt must fit one pass)",
+        _D.enable_chunked_prefill,
+        "bool",
+    ),
+    Option("seed", "seed for block hashes and generated tokens", _D.seed, "int"),
+    Option(
+        "speedup_ratio",
+        "divide every simulated duration by this (mocker)",
+        _D.speedup_ratio,
+        "float",
+    ),
+    Option(
+        "timing_profile",
+        "NPZ latency profile in Dynamo's layout; default: the published polynomial (mocker)",
+        None,
+        "str",
+        metavar="FILE",
+    ),
+    Option(
+        "model_shape",
+        "model dimensions that size KV blocks (mocker)",
+        "llama-3-8b",
+        "str",
+        choices=tuple(MODEL_PRESETS),
+    ),
+    Option(
+        "preemption_victim",
+        "running request preempted when a block cannot be allocated (mocker)",
+        _D.preemption_victim.value,
+        "str",
+        choices=("newest", "oldest"),
+    ),
+    Option(
+        "eviction_policy",
+        "which free cached block is reused first (mocker)",
+        _D.eviction_policy.value,
+        "str",
+        choices=("lru", "lineage"),
+    ),
+    Option(
+        "eos_probability",
+        "chance that each generated token after min_tokens is EOS; 0 runs every request to "
+        "max_tokens (mocker)",
+        _D.eos_probability,
+        "float",
+    ),
+    # Host (G2) tier.
+    Option(
+        "kv_offloading_size",
+        "GiB of host memory for offloaded KV blocks (host tier; blocks = bytes / block bytes)",
+        None,
+        "float",
+        metavar="GIB",
+    ),
+    Option(
+        "num_host_blocks",
+        "KV blocks in the host tier, instead of --kv-offloading-size (mocker)",
+        None,
+        "int",
+    ),
+    Option(
+        "offload_policy",
+        "evict: copy a cached block to host when the device evicts it (KVBM); write-through: "
+        "copy new full prompt blocks after their pass (vLLM OffloadingConnector) (mocker)",
+        _D.offload_policy.value,
+        "str",
+        choices=tuple(p.value for p in OffloadPolicy),
+    ),
+    Option(
+        "host_d2h_bandwidth_gbps",
+        "device-to-host bandwidth, GB/s (10^9 bytes/s); <= 0: instant (mocker)",
+        _D.host_d2h_bandwidth_gbps,
+        "float",
+    ),
+    Option(
+        "host_h2d_bandwidth_gbps",
+        "host-to-device bandwidth, GB/s (10^9 bytes/s); <= 0: instant (mocker)",
+        _D.host_h2d_bandwidth_gbps,
+        "float",
+    ),
+    Option(
+        "offload_batch_size",
+        "most blocks per device-to-host transfer (mocker)",
+        _D.offload_batch_size,
+        "int",
+    ),
+    Option(
+        "transfer_latency_ms",
+        "fixed latency added to every host-tier transfer, ms (mocker)",
+        _D.transfer_latency_ms,
+        "float",
+    ),
+    Option(
+        "min_load_blocks",
+        "shortest host hit worth loading; shorter ones are recomputed (mocker)",
+        _D.min_load_blocks,
+        "int",
+    ),
+    Option(
+        "load_timeout",
+        "seconds a host-to-device load may take before the request recomputes instead "
+        "(simulated: divided by the speedup ratio) (mocker)",
+        _D.load_timeout,
+        "float",
+        metavar="SECONDS",
+    ),
+)
+
+
+def _num_host_blocks(values: Mapping[str, Any]) -> int:
+    """Host blocks from --num-host-blocks or --kv-offloading-size GiB (not both)."""
+    blocks, gib = values["num_host_blocks"], values["kv_offloading_size"]
+    if blocks is not None and gib is not None:
+        raise ConfigError(
+            "set either --num-host-blocks or --kv-offloading-size, not both: they size the same "
+            "host tier"
+        )
+    if gib is not None:
+        if gib < 0:
+            raise ConfigError(f"invalid kv_offloading_size={gib!r}: must be >= 0 GiB")
+        block_bytes = values["block_size"] * MODEL_PRESETS[values["model_shape"]].kv_bytes_per_token
+        blocks = int(gib * 2**30 // block_bytes)
+        if gib > 0 and blocks == 0:
+            raise ConfigError(
+                f"kv_offloading_size={gib!r} GiB holds no block of {block_bytes} bytes: raise it"
+            )
+        return blocks
+    if blocks is not None and blocks < 0:
+        raise ConfigError(f"invalid num_host_blocks={blocks!r}: must be >= 0")
+    return blocks or 0
+
+
+def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
+    """The engine configuration from resolved option values (validated)."""
+    config = EngineConfig(
+        block_size=values["block_size"],
+        num_gpu_blocks=values["num_gpu_blocks_override"],
+        max_num_seqs=values["max_num_seqs"],
+        max_num_batched_tokens=values["max_num_batched_tokens"],
+        max_model_len=values["max_model_len"],
+        enable_prefix_caching=values["enable_prefix_caching"],
+        enable_chunked_prefill=values["enable_chunked_prefill"],
+        seed=values["seed"],
+        speedup_ratio=values["speedup_ratio"],
+        timing_profile=values["timing_profile"],
+        model=MODEL_PRESETS[values["model_shape"]],
+        preemption_victim=values["preemption_victim"],
+        eviction_policy=values["eviction_policy"],
+        eos_probability=values["eos_probability"],
+        num_host_blocks=_num_host_blocks(values),
+        kv_offloading_size=values["kv_offloading_size"],
+        offload_policy=values["offload_policy"],
+        host_d2h_bandwidth_gbps=values["host_d2h_bandwidth_gbps"],
+        host_h2d_bandwidth_gbps=values["host_h2d_bandwidth_gbps"],
+        offload_batch_size=values["offload_batch_size"],
+        transfer_latency_ms=values["transfer_latency_ms"],
+        min_load_blocks=values["min_load_blocks"],
+        load_timeout=values["load_timeout"],
+        **extra,
+    )
+    kv_tokens = config.num_gpu_blocks * config.block_size
+    if kv_tokens < config.max_model_len:
+        # As vLLM refuses to start: a request using the whole context could never run.
+        raise ConfigError(
+            f"max_model_len ({config.max_model_len}) is larger than the KV cache holds "
+            f"({kv_tokens} tokens = num_gpu_blocks_override {config.num_gpu_blocks} × "
+            f"block_size {config.block_size}): lower --max-model-len or raise "
+            "--num-gpu-blocks-override"
+        )
+    return config

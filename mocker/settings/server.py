@@ -1,0 +1,239 @@
+"""Server settings of `mocker serve`: the dataclass (defaults declared here once) and its flags."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from mocker.config import ConfigError
+from mocker.faults import FaultConfig, parse_fault_types
+from mocker.kvevents.config import EventFormat, KVEventsConfig
+from mocker.settings.option import Option
+
+__all__ = ["SERVER_OPTIONS", "ServerSettings", "server_settings_from"]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    """HTTP-side settings of `mocker serve`; the defaults of their flags."""
+
+    model: str = "mocker"
+    served_model_names: tuple[str, ...] = ("mocker",)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    tokenizer: str | None = None
+    chat_template: str | None = None
+    max_num_queued_reqs: int | None = None
+    api_key: str | None = None
+    log_requests: bool = False
+    access_log: bool = True
+    log_level: str = "info"
+    legacy_metric_names: bool = False
+    kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
+    kv_events_format: EventFormat = EventFormat.MAP
+    shutdown_timeout: float = 30.0
+    data_parallel_size: int = 1
+    startup_delay: float = 0.0
+    faults: FaultConfig = field(default_factory=FaultConfig)
+    admin_token: str | None = None
+
+    @property
+    def model_name(self) -> str:
+        """The name in metrics labels: the first served name."""
+        return self.served_model_names[0]
+
+
+_S = ServerSettings()
+
+SERVER_OPTIONS: tuple[Option, ...] = (
+    Option("model", "model name (also the first positional argument)", _S.model),
+    Option(
+        "served_model_name",
+        "name(s) the API answers to; the first labels the metrics (default: --model)",
+        None,
+        "names",
+        metavar="NAME",
+    ),
+    Option("host", "address to bind", _S.host),
+    Option("port", "HTTP port (0: a free one, named in the start-up line)", _S.port, "int"),
+    Option(
+        "tokenizer",
+        "Hugging Face tokenizer folder or tokenizer.json (default: the bundled DeepSeek-V3 one)",
+        _S.tokenizer,
+        metavar="PATH",
+    ),
+    Option(
+        "chat_template",
+        "Jinja2 chat template file or text (default: the tokenizer's, else plain joining)",
+        _S.chat_template,
+        metavar="FILE",
+    ),
+    Option(
+        "max_num_queued_reqs",
+        "reject new requests with 503 while this many wait (default: unlimited)",
+        _S.max_num_queued_reqs,
+        "int",
+    ),
+    Option("api_key", "require 'Authorization: Bearer KEY' on /v1/*", _S.api_key, metavar="KEY"),
+    Option(
+        "shutdown_timeout",
+        "seconds in-flight requests get to finish after SIGTERM (new ones and /health get "
+        "503 meanwhile); then they are aborted",
+        _S.shutdown_timeout,
+        "float",
+        metavar="SECONDS",
+    ),
+    Option(
+        "data_parallel_size",
+        "engine cores in this server, each with its own KV cache, `engine` metric label and "
+        "KV-event port (port + rank); a request goes to the least loaded unless it names one "
+        "(header X-data-parallel-rank or field data_parallel_rank)",
+        _S.data_parallel_size,
+        "int",
+    ),
+    Option(
+        "startup_delay",
+        "seconds after start during which /health and completions answer 503 (a model "
+        "loading) (mocker)",
+        _S.startup_delay,
+        "float",
+        metavar="SECONDS",
+    ),
+    Option(
+        "failure_rate",
+        "share of completion requests (0-1) that fail on purpose, with one of "
+        "--failure-types (mocker)",
+        _S.faults.failure_rate,
+        "float",
+    ),
+    Option(
+        "failure_types",
+        "failures to inject, by status or name: 429 rate_limit, 503 overloaded, 500 "
+        "server_error, 400 context_length, abort (the stream breaks off); default: all. "
+        "A request header 'X-Mocker-Fail: TYPE' forces one ('none': none) (mocker)",
+        None,
+        "names",
+        metavar="TYPE",
+    ),
+    Option(
+        "ttft_jitter",
+        "hold each first token back by a random share, up to this fraction, of its time to "
+        "first token (mocker)",
+        _S.faults.ttft_jitter,
+        "float",
+    ),
+    Option(
+        "itl_jitter",
+        "hold each later token back by a random share, up to this fraction, of its "
+        "inter-token gap (mocker)",
+        _S.faults.itl_jitter,
+        "float",
+    ),
+    Option(
+        "admin_token",
+        "enable POST /admin/config (runtime fault settings), which then requires "
+        "'Authorization: Bearer TOKEN' (mocker)",
+        _S.admin_token,
+        metavar="TOKEN",
+    ),
+    Option("enable_log_requests", "log one line per request", _S.log_requests, "flag"),
+    Option("disable_log_requests", "do not log requests (the default)", False, "flag"),
+    Option("disable_uvicorn_access_log", "turn off the HTTP access log", not _S.access_log, "flag"),
+    Option(
+        "uvicorn_log_level",
+        "server log level",
+        _S.log_level,
+        choices=("critical", "error", "warning", "info", "debug", "trace"),
+    ),
+    Option(
+        "enable_prompt_tokens_details",
+        "accepted for vLLM compatibility: cached_tokens is always reported",
+        False,
+        "flag",
+    ),
+    Option(
+        "kv_events_config",
+        "vLLM's KV-event config as JSON, e.g. '{\"enable_kv_cache_events\": true, "
+        '"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", '
+        '"topic": "kv@{host}:{port}@{model}"}\'; the topic\'s {host} is $POD_IP or this '
+        "server's address, {port} its HTTP port, {model} the served model name",
+        None,
+        "json",
+        metavar="JSON",
+    ),
+    Option(
+        "kv_events_format",
+        'KV events as msgpack maps with a "type" key (vLLM >= mid-2026) or as the older '
+        "positional arrays (mocker)",
+        _S.kv_events_format.value,
+        choices=tuple(f.value for f in EventFormat),
+    ),
+    Option(
+        "legacy_metric_names",
+        "also export V0-era metric names (vllm:gpu_cache_usage_perc, …) for older routers",
+        _S.legacy_metric_names,
+        "flag",
+    ),
+)
+
+
+def _check(values: Mapping[str, Any]) -> None:
+    """Range checks of the plain numbers (ConfigError naming the setting)."""
+    port = values["port"]
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"invalid port={port!r}: must be in [0, 65535]")
+    queued = values["max_num_queued_reqs"]
+    if queued is not None and queued < 1:
+        raise ConfigError(f"invalid max_num_queued_reqs={queued!r}: must be >= 1 (or unset)")
+    shutdown = values["shutdown_timeout"]
+    if not shutdown >= 0:
+        raise ConfigError(f"invalid shutdown_timeout={shutdown!r}: must be >= 0")
+    dp = values["data_parallel_size"]
+    if not 1 <= dp <= 64:
+        raise ConfigError(f"invalid data_parallel_size={dp!r}: must be in [1, 64]")
+    delay = values["startup_delay"]
+    if not delay >= 0:
+        raise ConfigError(f"invalid startup_delay={delay!r}: must be >= 0")
+
+
+def _faults(values: Mapping[str, Any]) -> FaultConfig:
+    try:
+        types = values["failure_types"]
+        return FaultConfig(
+            failure_rate=values["failure_rate"],
+            failure_types=parse_fault_types(types) if types else _S.faults.failure_types,
+            ttft_jitter=values["ttft_jitter"],
+            itl_jitter=values["itl_jitter"],
+        )
+    except ValueError as exc:
+        raise ConfigError(f"invalid fault injection setting: {exc}") from None
+
+
+def server_settings_from(values: Mapping[str, Any]) -> ServerSettings:
+    """The server settings from resolved option values (validated)."""
+    _check(values)
+    names = tuple(values["served_model_name"] or (values["model"],))
+    if not names or any(not n for n in names):
+        raise ConfigError("invalid served_model_name: names must be non-empty")
+    return ServerSettings(
+        model=values["model"],
+        served_model_names=names,
+        host=values["host"],
+        port=values["port"],
+        tokenizer=values["tokenizer"],
+        chat_template=values["chat_template"],
+        max_num_queued_reqs=values["max_num_queued_reqs"],
+        api_key=values["api_key"] or None,
+        log_requests=values["enable_log_requests"] and not values["disable_log_requests"],
+        access_log=not values["disable_uvicorn_access_log"],
+        log_level=values["uvicorn_log_level"],
+        legacy_metric_names=values["legacy_metric_names"],
+        kv_events=KVEventsConfig.parse(values["kv_events_config"]),
+        kv_events_format=EventFormat(values["kv_events_format"]),
+        shutdown_timeout=values["shutdown_timeout"],
+        data_parallel_size=values["data_parallel_size"],
+        startup_delay=values["startup_delay"],
+        faults=_faults(values),
+        admin_token=values["admin_token"] or None,
+    )

@@ -1,0 +1,53 @@
+"""Engine settings: host-tier flags and the start-up checks of their combinations."""
+
+from __future__ import annotations
+
+import pytest
+
+from mocker.config import ConfigError, EngineConfig
+from mocker.settings import engine_config_from, resolve
+from tests.support.settings import ALL, parse_flags
+
+
+def test_host_tier_flags() -> None:
+    small = ["--num-gpu-blocks-override", "1024", "--max-model-len", "4096"]
+    values, _ = resolve(parse_flags([*small, "--kv-offloading-size", "4"]), ALL, environ={})
+    config = engine_config_from(values)
+    # 4 GiB of 2 MiB blocks (block_size 16 × Llama-3-8B's 128 KiB per token).
+    assert config.num_host_blocks == 2048 and config.offload_policy == "evict"
+    assert config.kv_offloading_size == 4.0  # reported in vllm:cache_config_info
+    argv = [*small, "--num-host-blocks", "100", "--offload-policy", "write-through",
+            "--host-d2h-bandwidth-gbps", "8", "--host-h2d-bandwidth-gbps", "0",
+            "--offload-batch-size", "4", "--transfer-latency-ms", "0.5",
+            "--min-load-blocks", "2", "--load-timeout", "3"]  # fmt: skip
+    values, _ = resolve(parse_flags(argv), ALL, environ={})
+    config = engine_config_from(values)
+    assert (config.num_host_blocks, config.offload_policy) == (100, "write-through")
+    assert (config.host_d2h_bandwidth_gbps, config.host_h2d_bandwidth_gbps) == (8.0, 0.0)
+    assert (config.offload_batch_size, config.transfer_latency_ms) == (4, 0.5)
+    assert (config.min_load_blocks, config.load_timeout) == (2, 3.0)
+    values, _ = resolve(parse_flags(small), ALL, environ={"MOCKER_NUM_HOST_BLOCKS": "7"})
+    assert engine_config_from(values).num_host_blocks == 7
+    assert engine_config_from(resolve(parse_flags(small), ALL, environ={})[0]).num_host_blocks == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--num-host-blocks", "8", "--kv-offloading-size", "1"], "not both"),
+        (["--kv-offloading-size", "-1"], "kv_offloading_size"),
+        (["--kv-offloading-size", "0.0001"], "holds no block"),
+        (["--num-host-blocks", "-3"], "num_host_blocks"),
+        (["--num-host-blocks", "8", "--no-enable-prefix-caching"], "needs prefix caching"),
+        (["--num-host-blocks", "8", "--min-load-blocks", "0"], "min_load_blocks"),
+    ],
+)
+def test_host_tier_mistakes_fail_at_start_up(argv: list[str], message: str) -> None:
+    small = ["--num-gpu-blocks-override", "1024", "--max-model-len", "4096"]
+    values, _ = resolve(parse_flags([*small, *argv]), ALL, environ={})
+    with pytest.raises(ConfigError, match=message):
+        engine_config_from(values)
+
+
+def test_unset_flags_give_the_config_defaults() -> None:
+    assert engine_config_from(resolve(parse_flags([]), ALL, environ={})[0]) == EngineConfig()

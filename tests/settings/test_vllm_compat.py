@@ -1,0 +1,24 @@
+"""vLLM flags that mean nothing here: accepted, each warned about once."""
+
+from __future__ import annotations
+
+from mocker.settings import IGNORED_VLLM_FLAGS, resolve, server_settings_from
+from tests.support.settings import ALL, parse_flags
+
+
+def test_ignored_vllm_flags_warn_once_each() -> None:
+    ns = parse_flags(["--tensor-parallel-size", "8", "--trust-remote-code", "--dtype", "bfloat16"])
+    _, warnings = resolve(ns, ALL, environ={})
+    assert warnings == [
+        "ignoring --dtype: no meaning for a mock engine",
+        "ignoring --tensor-parallel-size: no meaning for a mock engine",
+        "ignoring --trust-remote-code: no meaning for a mock engine",
+    ]
+    assert "gpu_memory_utilization" in IGNORED_VLLM_FLAGS
+
+
+def test_deployment_vllm_flags_are_accepted_and_data_parallel_is_read() -> None:
+    ns = parse_flags(["--kv-transfer-config", "{}", "--data-parallel-size", "2"])
+    values, warnings = resolve(ns, ALL, environ={})
+    assert warnings == ["ignoring --kv-transfer-config: no meaning for a mock engine"]
+    assert server_settings_from(values).data_parallel_size == 2
