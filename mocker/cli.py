@@ -15,6 +15,7 @@ from mocker import __version__
 from mocker.config import ConfigError, EngineConfig
 from mocker.engine.core import EngineCore
 from mocker.engine.live import LiveEngine
+from mocker.engine.outputs import StepResult
 from mocker.replay.command import add_replay_parser, run_replay
 from mocker.replay.trace import TraceError
 from mocker.request import EngineRequest, SamplingParams
@@ -34,7 +35,13 @@ __all__ = ["main"]
 
 async def _demo(core: EngineCore, num_requests: int, concurrency: int) -> int:
     config = core.config
-    engine = LiveEngine(core)
+    preemptions = 0
+
+    def count(result: StepResult) -> None:
+        nonlocal preemptions
+        preemptions += result.stats.num_preemptions
+
+    engine = LiveEngine(core, on_step=count)
     engine.start()
     loop = asyncio.get_running_loop()
     t0 = loop.time()
@@ -67,7 +74,7 @@ async def _demo(core: EngineCore, num_requests: int, concurrency: int) -> int:
         f"(speedup {config.speedup_ratio:g}): "
         f"TTFT median {statistics.median(ttfts) * 1000:.1f} ms, "
         f"e2e median {statistics.median(e2es) * 1000:.1f} ms, "
-        f"preemptions {engine.core.scheduler.num_preemptions}"
+        f"preemptions {preemptions}"
     )
     return 0
 

@@ -7,17 +7,9 @@ from collections.abc import Collection, Sequence
 
 import numpy as np
 
+from mocker.mixing import MASK64, splitmix64, splitmix64_array
+
 __all__ = ["OutputTokenSampler"]
-
-_MASK64 = (1 << 64) - 1
-
-
-def _splitmix64(x: int) -> int:
-    """A 64-bit mixer: consecutive inputs give independent-looking outputs."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
 
 
 class OutputTokenSampler:
@@ -55,13 +47,9 @@ class OutputTokenSampler:
 
     def token(self, request_seed: int, index: int, eos_allowed: bool) -> int:
         """Token at output position `index`; EOS only where `eos_allowed`."""
-        # splitmix64, inlined: this runs once per generated token.
-        x = (request_seed + index + 0x9E3779B97F4A7C15) & _MASK64
-        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-        x ^= x >> 31
+        x = splitmix64((request_seed + index) & MASK64)
         threshold = self._eos_threshold
-        if eos_allowed and threshold and (_splitmix64(x) >> 11) < threshold:
+        if eos_allowed and threshold and (splitmix64(x) >> 11) < threshold:
             return self.eos_token_id
         palette = self._palette
         return palette[(x >> 7) % len(palette)]
@@ -71,11 +59,8 @@ class OutputTokenSampler:
         same as `token(request_seed, k, False)` for each, computed as one array."""
         with np.errstate(over="ignore"):
             x = np.arange(start, start + count, dtype=np.uint64)
-            x += np.uint64((request_seed + 0x9E3779B97F4A7C15) & _MASK64)
-            x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-            x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        x ^= x >> np.uint64(31)
-        index = (x >> np.uint64(7)) % np.uint64(len(self._palette))
+            x += np.uint64(request_seed & MASK64)
+        index = (splitmix64_array(x) >> np.uint64(7)) % np.uint64(len(self._palette))
         return self._palette_array[index].tolist()
 
     def token_avoiding(self, request_seed: int, index: int, banned: Collection[int]) -> int:

@@ -108,6 +108,7 @@ class Request:
     num_preemptions: int = 0
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
+    last_token_time: float = 0.0  # when its latest output token was made
     finished_time: float | None = None
     _hasher: BlockHasher | None = None
     _block_size: int = 16
@@ -141,7 +142,7 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self.status > RequestStatus.PREEMPTED
+        return self.status.is_finished
 
     @property
     def finish_reason(self) -> FinishReason | None:

@@ -51,6 +51,10 @@ class FaultInjector:
         """Count a fault a client got (an abort once it has cut the response)."""
         self.counts[fault] += 1
 
+    def record_abort(self) -> None:
+        """An injected abort reached its client."""
+        self.record(FaultType.ABORT)
+
     # -- jitter -------------------------------------------------------------------------------
 
     def jitter(self, fraction: float) -> float:

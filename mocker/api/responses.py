@@ -1,4 +1,4 @@
-"""ASGI responses fed by the engine loop, watching for a client disconnect meanwhile."""
+"""ASGI responses: bodies fed by the engine loop (watching for a disconnect), and plain JSON."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+import orjson
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
-__all__ = ["DeferredResponse", "Emitter", "EventStreamResponse"]
+from mocker.api.raw_send import RAW_SEND
+
+__all__ = ["DeferredResponse", "Emitter", "EventStreamResponse", "json_response"]
 
 
 async def _watch(receive: Receive, on_disconnect: Callable[[], None]) -> None:
@@ -129,8 +132,8 @@ class EventStreamResponse(Response):
         self.on_disconnect = on_disconnect
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # Body chunks go to the server's own send when the app provides it (see app.py).
-        emitter = Emitter(scope.get("mocker.send", send), self.on_disconnect)
+        # Body chunks go to the server's own send when the app provides it (raw_send.py).
+        emitter = Emitter(scope.get(RAW_SEND, send), self.on_disconnect)
 
         def gone() -> None:
             self.on_disconnect()
@@ -178,3 +181,8 @@ class DeferredResponse(Response):
             self.on_disconnect()  # aborts the request unless it finished (e.g. cancelled)
         with contextlib.suppress(OSError):
             await response(scope, receive, send)
+
+
+def json_response(data: object, status: int = 200) -> Response:
+    """A JSON body encoded with orjson (the routes' plain answers)."""
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator, Sequence
 
-from mocker.engine.core import RequestRejected
+from mocker.engine.intake import request_id_in_use
 from mocker.engine.live import EngineDeadError, LiveEngine
+from mocker.engine.stats import queue_score
 from mocker.request import EngineRequest
 
 __all__ = ["EngineGroup", "RankError"]
@@ -19,9 +20,9 @@ class RankError(ValueError):
 class EngineGroup:
     """K live engines (data-parallel ranks), each with its own KV cache and loop.
 
-    A request goes to the rank it names, else to the least loaded one, scored as vLLM's
-    front end scores its engines: 4 × waiting + running, ties to the lowest rank (so an
-    idle server keeps sending to rank 0, where the prefix cache is warm, as vLLM's does).
+    A request goes to the rank it names, else to the least loaded one by `queue_score`
+    (vLLM's front end: 4 × waiting + running), ties to the lowest rank (so an idle server
+    keeps sending to rank 0, where the prefix cache is warm, as vLLM's does).
     Waiting counts requests accepted but not yet drained into the core, so a burst that
     arrives within one pass spreads at once.
     """
@@ -50,7 +51,7 @@ class EngineGroup:
         any rank (so the answer does not depend on where a request lands), or one the engine
         refuses (every rank has the same configuration)."""
         if any(e.has_request(spec.request_id) for e in self.engines):
-            raise RequestRejected(f"request id {spec.request_id!r} is already in use")
+            raise request_id_in_use(spec.request_id)
         self.engines[0].core.check_request(spec)
 
     def pick(self, rank: int | None = None) -> LiveEngine:
@@ -61,9 +62,9 @@ class EngineGroup:
             return engines[rank]
         best = engines[0]
         if len(engines) > 1:
-            best_score = 4 * best.num_waiting + best.num_running
+            best_score = queue_score(best.num_waiting, best.num_running)
             for engine in engines[1:]:
-                score = 4 * engine.num_waiting + engine.num_running
+                score = queue_score(engine.num_waiting, engine.num_running)
                 if score < best_score:
                     best, best_score = engine, score
         return best

@@ -11,103 +11,24 @@ from dataclasses import replace
 
 from mocker.clock import WallClock
 from mocker.config import EngineConfig
-from mocker.engine.core import EngineCore, RequestRejected
+from mocker.engine.core import EngineCore
+from mocker.engine.inbox import (
+    AddRequest,
+    FinishEarly,
+    InboxMessage,
+    ResetPrefixCache,
+    TransfersDue,
+)
+from mocker.engine.intake import request_id_in_use
 from mocker.engine.outputs import RequestOutput, StepResult
-from mocker.request import EngineRequest, FinishReason, Request, RequestStatus
-from mocker.tiers.offload import Direction
+from mocker.engine.stats import EngineSnapshot, FinishedRequestStats
+from mocker.engine.stream import EngineDeadError, RequestStream, deliver
+from mocker.engine.transfer_workers import TransferWorkers
+from mocker.request import EngineRequest, FinishReason, RequestStatus
 
 __all__ = ["EngineDeadError", "LiveEngine", "RequestStream"]
 
 logger = logging.getLogger(__name__)
-
-
-class EngineDeadError(RuntimeError):
-    """The engine loop failed; no request can make progress."""
-
-
-# Posted to the inbox by a transfer worker: a transfer deadline has passed.
-_TRANSFERS_DUE = "transfers-due"
-
-# A request, an early finish (id, status), _TRANSFERS_DUE, or a prefix-cache reset
-# awaiting the number of blocks it cleared.
-_InboxItem = EngineRequest | tuple[str, RequestStatus] | str | asyncio.Future[int]
-
-
-class RequestStream:
-    """One request's outputs: merged until its consumer reads them with `get()`, or pushed to a
-    listener the moment the engine loop produces them (no task wake-up per output)."""
-
-    __slots__ = ("_error", "_event", "_listener", "_pending", "finished", "request_id")
-
-    def __init__(self, request_id: str) -> None:
-        self.request_id = request_id
-        self._pending: RequestOutput | None = None
-        self._event = asyncio.Event()
-        self._error: BaseException | None = None
-        self._listener: Callable[[RequestOutput | EngineDeadError], None] | None = None
-        self.finished = False
-
-    def listen(self, listener: Callable[[RequestOutput | EngineDeadError], None]) -> None:
-        """Push every output (or the engine's death) to `listener`, called on the engine loop;
-        what arrived before is handed over at once."""
-        self._listener = listener
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            listener(pending)
-        if self._error is not None:
-            listener(EngineDeadError(str(self._error)))
-
-    def put(self, out: RequestOutput) -> None:
-        if self.finished:
-            return  # e.g. the last pass's output of a request aborted meanwhile
-        self.finished = out.finished
-        listener = self._listener
-        if listener is not None:
-            try:
-                listener(out)
-            except Exception:  # a consumer bug must not take the engine loop down with it
-                logger.exception("output listener of request %s failed", self.request_id)
-                self.finished = True
-            return
-        pending = self._pending
-        if pending is None:
-            self._pending = out
-        else:
-            # The consumer fell behind: merge into a new object (the engine's outputs may
-            # also be held by step observers, so they are never mutated).
-            self._pending = RequestOutput(
-                out.request_id,
-                pending.new_token_ids + out.new_token_ids,
-                out.time,
-                out.finished,
-                out.finish_reason,
-                out.num_prompt_tokens,
-                out.num_cached_tokens,
-                out.num_host_cached_tokens,
-            )
-        self._event.set()
-
-    def fail(self, error: BaseException) -> None:
-        if self.finished and self._pending is None and self._error is None:
-            return  # already fully delivered
-        self._error = error
-        self.finished = True
-        if self._listener is not None:
-            self._listener(EngineDeadError(str(error)))
-            return
-        self._event.set()
-
-    async def get(self) -> RequestOutput:
-        """The tokens produced since the last call; raises EngineDeadError if the engine died."""
-        while self._pending is None:
-            if self._error is not None:
-                raise EngineDeadError(str(self._error)) from self._error
-            if self.finished:
-                raise RuntimeError(f"request {self.request_id} has finished; no more outputs")
-            self._event.clear()
-            await self._event.wait()
-        out, self._pending = self._pending, None
-        return out
 
 
 class LiveEngine:
@@ -119,10 +40,9 @@ class LiveEngine:
     sleep overshoot does not drift the simulated clock (unless the loop falls
     more than `max_lag_s` behind, when it resynchronises to the wall clock).
 
-    With a host tier, one transfer worker task per link direction sleeps until
-    that link's next deadline (re-armed whenever a transfer starts or ends) and
-    posts to the inbox; the loop then applies the completions. Only the loop
-    changes block and tier state.
+    With a host tier, transfer workers (mocker.engine.transfer_workers) sleep until
+    a link's next deadline and post to the inbox; the loop then applies the
+    completions. Only the loop changes block and tier state.
     """
 
     def __init__(
@@ -131,7 +51,7 @@ class LiveEngine:
         *,
         clock: WallClock | None = None,
         on_step: Callable[[StepResult], None] | None = None,
-        on_finish: Callable[[Request], None] | None = None,
+        on_finish: Callable[[FinishedRequestStats], None] | None = None,
         max_lag_s: float = 0.05,
     ) -> None:
         self.core = engine if isinstance(engine, EngineCore) else EngineCore(engine)
@@ -141,20 +61,18 @@ class LiveEngine:
         # its StepResult.
         self.on_finish = on_finish
         self.max_lag_s = max_lag_s
-        self._inbox: deque[_InboxItem] = deque()
-        self._inbox_requests = 0  # EngineRequests in the inbox: waiting, not yet in the core
+        self._inbox: deque[InboxMessage] = deque()
+        self._inbox_requests = 0  # AddRequests in the inbox: waiting, not yet in the core
         self._wake = asyncio.Event()
         # Request id -> stream, from add_request until the engine is done with the id
         # (its final output delivered, or its abort applied), so an id is never reused
         # while the loop could still deliver an old output under it.
         self._streams: dict[str, RequestStream] = {}
         self._task: asyncio.Task[None] | None = None
-        self._workers: list[asyncio.Task[None]] = []
-        self._rearm = {d: asyncio.Event() for d in Direction}
-        self._transfer_version = -1
+        self._workers = TransferWorkers(self.core, self.clock, lambda: self._post(TransfersDue()))
         self.dead_error: BaseException | None = None
 
-    # -- lifecycle ----------------------------------------------------------------------------
+    # -- state --------------------------------------------------------------------------------
 
     @property
     def is_dead(self) -> bool:
@@ -165,6 +83,17 @@ class LiveEngine:
         """Waiting requests, including those accepted but not yet drained into the core."""
         return self.core.num_waiting + self._inbox_requests
 
+    @property
+    def num_running(self) -> int:
+        return self.core.num_running
+
+    def snapshot(self) -> EngineSnapshot:
+        """The core's snapshot, with accepted requests still in the inbox counted waiting."""
+        snap = self.core.snapshot()
+        if not self._inbox_requests:
+            return snap
+        return replace(snap, num_waiting=snap.num_waiting + self._inbox_requests)
+
     def has_request(self, request_id: str) -> bool:
         """Whether `request_id` is in use (its consumer not yet done with it)."""
         return request_id in self._streams
@@ -174,20 +103,11 @@ class LiveEngine:
         """Requests whose consumers still wait for outputs (in the engine or on their way)."""
         return len(self._streams)
 
-    def abort_all(self) -> int:
-        """Abort every open request (shutdown); returns how many."""
-        ids = list(self._streams)
-        for request_id in ids:
-            self.abort(request_id)
-        return len(ids)
-
-    @property
-    def num_running(self) -> int:
-        return self.core.num_running
-
     @property
     def is_running(self) -> bool:
         return self._task is not None and not self._task.done()
+
+    # -- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
         if self.dead_error is not None:
@@ -196,21 +116,24 @@ class LiveEngine:
             loop = asyncio.get_running_loop()
             self._task = loop.create_task(self._run(), name="engine-loop")
             if self.core.offload is not None:
-                self._workers = [
-                    loop.create_task(self._transfer_worker(d), name=f"transfer-{d.name.lower()}")
-                    for d in Direction
-                ]
+                self._workers.start()
 
     async def stop(self) -> None:
         """Cancel the loop; open streams end with an error and new requests are refused."""
         self._die(EngineDeadError("engine stopped"))
         task, self._task = self._task, None
-        workers, self._workers = self._workers, []
-        for t in [task, *workers]:
+        for t in [task, *self._workers.cancel()]:
             if t is not None:
                 t.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
+
+    def abort_all(self) -> int:
+        """Abort every open request (shutdown); returns how many."""
+        ids = list(self._streams)
+        for request_id in ids:
+            self.abort(request_id)
+        return len(ids)
 
     # -- intake -------------------------------------------------------------------------------
 
@@ -219,14 +142,13 @@ class LiveEngine:
         if self.dead_error is not None:
             raise EngineDeadError(f"engine is dead: {self.dead_error}")
         if spec.request_id in self._streams:
-            raise RequestRejected(f"request id {spec.request_id!r} is already in use")
+            raise request_id_in_use(spec.request_id)
         self.core.check_request(spec)
         spec = replace(spec, arrival_time=self.clock.now())
         stream = RequestStream(spec.request_id)
         self._streams[spec.request_id] = stream
-        self._inbox.append(spec)
+        self._post(AddRequest(spec))
         self._inbox_requests += 1
-        self._wake.set()
         return stream
 
     def abort(self, request_id: str, stream: RequestStream | None = None) -> None:
@@ -250,8 +172,7 @@ class LiveEngine:
         if stream is None or stream.finished or (owner is not None and stream is not owner):
             return
         stream.put(RequestOutput(request_id, [], self.clock.now(), True, reason))
-        self._inbox.append((request_id, status))
-        self._wake.set()
+        self._post(FinishEarly(request_id, status))
 
     async def reset_prefix_cache(self) -> int:
         """Clear the device prefix cache of unreferenced blocks, between two passes (so its
@@ -259,8 +180,7 @@ class LiveEngine:
         if self.dead_error is not None:
             raise EngineDeadError(f"engine is dead: {self.dead_error}")
         done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._inbox.append(done)
-        self._wake.set()
+        self._post(ResetPrefixCache(done))
         return await done
 
     async def generate(self, spec: EngineRequest) -> AsyncIterator[RequestOutput]:
@@ -276,36 +196,37 @@ class LiveEngine:
             if not stream.finished:
                 self.abort(spec.request_id)
 
+    def _post(self, message: InboxMessage) -> None:
+        self._inbox.append(message)
+        self._wake.set()
+
     # -- the loop -----------------------------------------------------------------------------
 
     def _drain_inbox(self) -> tuple[float | None, bool]:
-        """Apply queued requests and aborts; returns the latest arrival time drained, and
-        whether a transfer worker reported a deadline passed."""
-        core = self.core
+        """Apply queued messages; returns the latest arrival time drained, and whether a
+        transfer worker reported a deadline passed."""
         inbox = self._inbox
         latest: float | None = None
         transfers_due = False
         while inbox:
-            item = inbox.popleft()
-            if isinstance(item, str):
-                transfers_due = True
-                continue
-            if isinstance(item, asyncio.Future):
-                self._reset_prefix_cache(item)
-                continue
-            if isinstance(item, tuple):
-                request_id, status = item
-                request = core.finish_request(request_id, self.clock.now(), status)
-                self._streams.pop(request_id, None)
-                if request is not None and self.on_finish is not None:
-                    self.on_finish(request)
-                continue
-            self._inbox_requests -= 1
-            stream = self._streams.get(item.request_id)
-            if stream is None or stream.finished:
-                continue  # aborted before it reached the engine; its abort item follows
-            core.add_request(item)  # validated at the door by check_request
-            latest = item.arrival_time if latest is None else max(latest, item.arrival_time)
+            match inbox.popleft():
+                case AddRequest(spec):
+                    self._inbox_requests -= 1
+                    stream = self._streams.get(spec.request_id)
+                    if stream is None or stream.finished:
+                        continue  # aborted before it reached the engine; its abort follows
+                    self.core.add_request(spec)  # checked at the door by check_request
+                    arrival = spec.arrival_time
+                    latest = arrival if latest is None else max(latest, arrival)
+                case FinishEarly(request_id, status):
+                    stats = self.core.finish_request(request_id, self.clock.now(), status)
+                    self._streams.pop(request_id, None)
+                    if stats is not None and self.on_finish is not None:
+                        self.on_finish(stats)
+                case TransfersDue():
+                    transfers_due = True
+                case ResetPrefixCache(done):
+                    self._reset_prefix_cache(done)
         return latest, transfers_due
 
     def _reset_prefix_cache(self, done: asyncio.Future[int]) -> None:
@@ -359,84 +280,33 @@ class LiveEngine:
                 prev_end = None
                 await self._idle()
                 continue
-            self._rearm_workers()
+            self._workers.rearm()
             await clock.sleep_until(result.end)
             prev_end = result.end
-            self._deliver(result)
+            deliver(self._streams, result)
             if self.on_step is not None:
                 self.on_step(result)
 
     async def _idle(self) -> None:
         """Sleep until a request, an abort or a transfer worker wakes the loop."""
-        self._rearm_workers()
+        self._workers.rearm()
         self._wake.clear()
         await self._wake.wait()
 
     def _observe(self, result: StepResult) -> None:
         """A result without a pass: news only if it carries transfers, events or counts."""
-        self._rearm_workers()
+        self._workers.rearm()
         if self.on_step is not None and result.newsworthy:
             self.on_step(result)
-
-    def _rearm_workers(self) -> None:
-        offload = self.core.offload
-        if offload is not None and offload.version != self._transfer_version:
-            self._transfer_version = offload.version
-            for event in self._rearm.values():
-                event.set()
-
-    async def _transfer_worker(self, direction: Direction) -> None:
-        """Sleep until the link's next deadline, then ask the loop to apply it. Re-armed
-        (woken to look again) whenever a transfer starts or ends."""
-        rearm = self._rearm[direction]
-        core, clock = self.core, self.clock
-        while True:
-            rearm.clear()
-            deadline = core.next_transfer_deadline(direction)
-            if deadline is None:
-                await rearm.wait()
-                continue
-            delay = deadline - clock.now()
-            if delay > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(rearm.wait(), delay)
-                continue  # re-armed, or time is up: look again (timers may fire early)
-            self._inbox.append(_TRANSFERS_DUE)
-            self._wake.set()
-            # The loop applies it at a time >= deadline, which changes the transfer set and
-            # re-arms this worker.
-            await rearm.wait()
-
-    def _deliver(self, result: StepResult) -> None:
-        """Hand each stream its tokens. Outputs of requests that ended during the pass (abort,
-        stop string) are dropped from the result too, as vLLM's output processor drops them:
-        no client saw those tokens, so no observer counts them."""
-        streams = self._streams
-        outputs = result.outputs
-        kept: list[RequestOutput] | None = None
-        for i, out in enumerate(outputs):
-            stream = streams.get(out.request_id)
-            if stream is None or stream.finished:
-                if kept is None:
-                    kept = outputs[:i]
-                continue
-            stream.put(out)
-            if out.finished:
-                del streams[out.request_id]
-            if kept is not None:
-                kept.append(out)
-        if kept is not None:
-            result.outputs = kept
 
     def _die(self, error: BaseException) -> None:
         if self.dead_error is None:
             self.dead_error = error
-        for worker in self._workers:
-            worker.cancel()  # nothing left to wake
+        self._workers.cancel()  # nothing left to wake
         streams, self._streams = self._streams, {}
-        for item in self._inbox:
-            if isinstance(item, asyncio.Future) and not item.done():
-                item.set_exception(EngineDeadError(f"engine is dead: {error}"))
+        for message in self._inbox:
+            if isinstance(message, ResetPrefixCache) and not message.done.done():
+                message.done.set_exception(EngineDeadError(f"engine is dead: {error}"))
         self._inbox.clear()
         self._inbox_requests = 0
         failure = (

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mocker.engine.stats import FinishedRequestStats, SchedulerStats
 from mocker.kv.events import KVEvent
 from mocker.request import FinishReason, Request
 from mocker.tiers.offload import TransferRecord
 
-__all__ = ["RequestOutput", "StepResult", "StepStats"]
+__all__ = ["RequestOutput", "StepResult"]
 
 
 @dataclass(slots=True)
@@ -23,23 +24,24 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # prefix hits, device and host
     num_host_cached_tokens: int = 0  # of which loaded from the host tier
+    # Its first token: `latency` is then the time since arrival (TTFT), else the time
+    # since the request's previous token (ITL).
+    first_token: bool = False
+    latency: float = 0.0
 
-
-@dataclass(frozen=True, slots=True)
-class StepStats:
-    """A snapshot after the step, for metrics and reports."""
-
-    num_running: int
-    num_waiting: int
-    kv_usage: float
-    num_scheduled_tokens: int
-    prompt_tokens_computed: int  # prefill tokens computed this pass (cache hits excluded)
-    num_generated_tokens: int
-    num_preemptions: int  # preemptions this pass
-    prefix_queries: int  # prompt tokens of requests admitted for the first time
-    prefix_hits: int  # of which found in the device prefix cache
-    external_prefix_queries: int = 0  # with a host tier: prompt tokens queried there
-    external_prefix_hits: int = 0  # of which loaded from it
+    @classmethod
+    def final(cls, request: Request, now: float) -> RequestOutput:
+        """The no-token output that ends a request outside a pass (abort, stop string)."""
+        return cls(
+            request_id=request.request_id,
+            new_token_ids=[],
+            time=now,
+            finished=True,
+            finish_reason=request.finish_reason,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+            num_host_cached_tokens=request.num_host_cached_tokens,
+        )
 
 
 @dataclass(slots=True)
@@ -49,8 +51,8 @@ class StepResult:
     start: float
     end: float
     outputs: list[RequestOutput]
-    stats: StepStats
-    finished: list[Request] = field(default_factory=list)
+    stats: SchedulerStats
+    finished: list[FinishedRequestStats] = field(default_factory=list)
     kv_events: list[KVEvent] = field(default_factory=list)
     # Host-tier transfers that ended since the previous result.
     transfers: list[TransferRecord] = field(default_factory=list)

@@ -6,9 +6,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from mocker.clock import VirtualClock
-from mocker.engine.core import EngineCore, RequestRejected
+from mocker.engine.core import EngineCore
+from mocker.engine.intake import RequestRejected
 from mocker.engine.outputs import RequestOutput, StepResult
-from mocker.request import EngineRequest, Request
+from mocker.engine.stats import FinishedRequestStats
+from mocker.request import EngineRequest
 
 __all__ = ["Abort", "VirtualDriver", "VirtualRun"]
 
@@ -25,7 +27,7 @@ class Abort:
 class VirtualRun:
     """Everything a finished virtual run produced."""
 
-    finished: list[Request] = field(default_factory=list)
+    finished: list[FinishedRequestStats] = field(default_factory=list)
     aborted: list[RequestOutput] = field(default_factory=list)
     rejected: list[tuple[EngineRequest, str]] = field(default_factory=list)
     num_steps: int = 0

@@ -5,31 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 from mocker.kv.hashing import BlockHash
+from mocker.mixing import GOLDEN, MASK64, splitmix64, splitmix64_array
 from mocker.replay.trace import TraceRequest
 
 __all__ = ["FILLER_TOKEN", "PromptBuilder"]
 
-_MASK = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15
 # Prompt token ids inside blocks whose hashes are given (see PromptBuilder).
 FILLER_TOKEN = 2
-
-
-def _mix(x: int) -> int:
-    """splitmix64: distinct inputs give unrelated 64-bit outputs."""
-    x = (x + _GOLDEN) & _MASK
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
-    return x ^ (x >> 31)
-
-
-def _mix_array(x: np.ndarray) -> np.ndarray:
-    """`_mix` over a uint64 array (wrapping arithmetic is exactly the masked one)."""
-    with np.errstate(over="ignore"):
-        x = x + np.uint64(_GOLDEN)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
 
 
 class PromptBuilder:
@@ -62,7 +44,7 @@ class PromptBuilder:
         self.block_size = block_size
         self.trace_block_size = trace_block_size
         self.vocab = vocab
-        self._seed = _mix(seed & _MASK)
+        self._seed = splitmix64(seed & MASK64)
         self._per = trace_block_size // block_size
 
     def prompt(self, request: TraceRequest) -> tuple[list[int], list[BlockHash]]:
@@ -73,18 +55,18 @@ class PromptBuilder:
         keys = []
         key = self._seed
         for h in ids[: -(-num_full // self._per)]:
-            key = _mix(key ^ (h & _MASK))
+            key = splitmix64(key ^ (h & MASK64))
             keys.append(key)
         hashes: list[BlockHash] = []
         if num_full:
-            per = np.arange(self._per, dtype=np.uint64) * np.uint64(_GOLDEN)
+            per = np.arange(self._per, dtype=np.uint64) * np.uint64(GOLDEN)
             grid = np.asarray(keys, dtype=np.uint64)[:, None] ^ per[None, :]
-            hashes = _mix_array(grid.ravel()[:num_full]).tolist()
+            hashes = splitmix64_array(grid.ravel()[:num_full]).tolist()
         tokens = [FILLER_TOKEN] * (num_full * bs)
         tail = n - num_full * bs
         if tail:
             # The last partial engine block: its ids are hashed by the engine once it fills.
-            last = ids[-1] & _MASK
+            last = ids[-1] & MASK64
             lo = num_full * bs - (len(ids) - 1) * tbs  # its first position in that trace block
             tokens.extend(self._token(last, pos) for pos in range(lo, lo + tail))
         return tokens, hashes
@@ -92,5 +74,5 @@ class PromptBuilder:
     def _token(self, hash_id: int, position: int) -> int:
         # Token ids 2..vocab-1 (0 and 1 are often special), unless the vocabulary is tiny.
         low = 2 if self.vocab > 2 else 0
-        draw = _mix(self._seed ^ _mix(hash_id) ^ (position * _GOLDEN & _MASK))
+        draw = splitmix64(self._seed ^ splitmix64(hash_id) ^ (position * GOLDEN & MASK64))
         return low + draw % (self.vocab - low)

@@ -38,12 +38,7 @@ def summarize(result: ReplayResult) -> dict[str, Any]:
     output = sum(r.output_tokens for r in done)
     device = sum(r.cached_tokens_device for r in done)
     host = sum(r.cached_tokens_host for r in done)
-    offload = {"store_bytes": 0, "load_bytes": 0}
-    for core in result.cores:
-        if core.offload is not None:
-            bb = core.config.block_bytes
-            offload["store_bytes"] += core.offload.stored_blocks * bb
-            offload["load_bytes"] += core.offload.loaded_blocks * bb
+    offload = {"store_bytes": result.store_bytes, "load_bytes": result.load_bytes}
     reasons: dict[str, int] = {}
     for r in rejected:
         reasons[r.status] = reasons.get(r.status, 0) + 1

@@ -7,6 +7,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from mocker.engine.core import EngineCore
+from mocker.engine.stats import queue_score
 from mocker.kv.hashing import BlockHash
 
 __all__ = ["Router", "RoutingPolicy", "make_router"]
@@ -14,7 +15,7 @@ __all__ = ["Router", "RoutingPolicy", "make_router"]
 
 class RoutingPolicy(StrEnum):
     ROUND_ROBIN = "round-robin"
-    LEAST_LOADED = "least-loaded"
+    LEAST_LOADED = "least-loaded"  # lowest queue score: 4 × waiting + running, as vLLM
     KV_AWARE = "kv-aware"  # most cached prefix blocks on the device, ties to least loaded
 
 
@@ -23,7 +24,8 @@ class Router(Protocol):
 
 
 def _load(core: EngineCore) -> int:
-    return core.num_running + core.num_waiting
+    """The data-parallel group's score (mocker.engine.stats.queue_score)."""
+    return queue_score(core.num_waiting, core.num_running)
 
 
 class _RoundRobin:
@@ -43,16 +45,11 @@ class _LeastLoaded:
 
 class _KVAware:
     def pick(self, cores: Sequence[EngineCore], block_hashes: Sequence[BlockHash]) -> int:
-        def cached(core: EngineCore) -> int:
-            lookup = core.pool.lookup
-            n = 0
-            for h in block_hashes:
-                if lookup(h) is None:
-                    break
-                n += 1
-            return n
+        def key(i: int) -> tuple[int, int, int]:
+            core = cores[i]
+            return (-core.num_cached_prefix_blocks(block_hashes), _load(core), i)
 
-        return min(range(len(cores)), key=lambda i: (-cached(cores[i]), _load(cores[i]), i))
+        return min(range(len(cores)), key=key)
 
 
 def make_router(policy: RoutingPolicy | str) -> Router:

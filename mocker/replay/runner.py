@@ -8,11 +8,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from mocker.config import EngineConfig
-from mocker.engine.core import EngineCore, RequestRejected
+from mocker.engine.core import EngineCore
+from mocker.engine.decode_runs import run_decodes
+from mocker.engine.intake import RequestRejected
+from mocker.engine.outputs import StepResult
+from mocker.engine.stats import FinishedRequestStats
 from mocker.replay.prompts import PromptBuilder
 from mocker.replay.router import RoutingPolicy, make_router
 from mocker.replay.trace import TraceRequest
-from mocker.request import EngineRequest, Request, SamplingParams
+from mocker.request import EngineRequest, SamplingParams
+from mocker.tiers.offload import TransferKind
 
 __all__ = ["EngineSample", "ReplayResult", "RequestRecord", "replay"]
 
@@ -59,32 +64,36 @@ class ReplayResult:
     sim_duration: float = 0.0
     wall_s: float = 0.0
     num_steps: int = 0
+    # Host-tier transfer bytes, from the transfer records (as the metrics count them).
+    store_bytes: int = 0
+    load_bytes: int = 0
+
+    def count_transfers(self, step: StepResult) -> None:
+        for record in step.transfers:
+            if record.kind is TransferKind.STORE:
+                self.store_bytes += record.nbytes
+            else:
+                self.load_bytes += record.nbytes
 
 
-def _record(request: Request, engine: int, line: int) -> RequestRecord:
-    n_out = request.num_output_tokens
-    first, done = request.first_token_time, request.finished_time
-    itl = None
-    if first is not None and done is not None and n_out > 1:
-        itl = (done - first) / (n_out - 1)
-    host = request.num_host_cached_tokens
+def _record(r: FinishedRequestStats, engine: int, line: int) -> RequestRecord:
     return RequestRecord(
-        id=request.request_id,
+        id=r.request_id,
         line=line,
         engine=engine,
         status="finished",
-        arrival=request.arrival_time,
-        input_tokens=request.num_prompt_tokens,
-        output_tokens=n_out,
-        admit=request.first_scheduled_time,
-        first_token=first,
-        finish=done,
-        ttft=None if first is None else first - request.arrival_time,
-        mean_itl=itl,
-        e2e=None if done is None else done - request.arrival_time,
-        cached_tokens_device=max(0, request.num_cached_tokens) - host,
-        cached_tokens_host=host,
-        preemptions=request.num_preemptions,
+        arrival=r.arrival_time,
+        input_tokens=r.num_prompt_tokens,
+        output_tokens=r.num_generation_tokens,
+        admit=r.first_scheduled_time,
+        first_token=r.first_token_time,
+        finish=r.finished_time,
+        ttft=r.time_to_first_token,
+        mean_itl=r.mean_time_per_output_token,
+        e2e=r.e2e_latency,
+        cached_tokens_device=r.num_device_cached_tokens,
+        cached_tokens_host=r.num_host_cached_tokens,
+        preemptions=r.num_preemptions,
     )
 
 
@@ -130,7 +139,7 @@ def replay(
     i, n = 0, len(trace)
     finished_count = 0
 
-    def _collect(finished: list[Request], end: float) -> None:
+    def _collect(finished: list[FinishedRequestStats], end: float) -> None:
         """After a pass of engine k ending at `end`: rows of finished requests, a sample."""
         nonlocal finished_count, sample_every
         for request in finished:
@@ -144,15 +153,10 @@ def replay(
             sample_every *= 2
         if end >= next_sample[k]:
             next_sample[k] = end + sample_every
-            core = cores[k]
+            snap = cores[k].snapshot()
             result.samples.append(
                 EngineSample(
-                    end,
-                    k,
-                    core.pool.usage,
-                    core.host.usage if core.host is not None else 0.0,
-                    core.num_running,
-                    core.num_waiting,
+                    end, k, snap.kv_usage, snap.host_usage, snap.num_running, snap.num_waiting
                 )
             )
         if progress is not None and finished:
@@ -221,13 +225,14 @@ def replay(
                 # Closed loop: a finish elsewhere sends a request no earlier than that
                 # engine's next pass ends, after its clock; stop before any such moment.
                 stop_at = min([stop_at] + [clocks[j] for j in busy if j != k])
-            run = core.run_decodes(now, stop_at)
+            run = run_decodes(core, now, stop_at)
             if run is not None:
                 result.num_steps += run.passes
                 clocks[k] = run.end
                 _collect(run.finished, run.end)
                 continue
         step = core.step(now)
+        result.count_transfers(step)
         if step.idle:
             deadline = core.next_transfer_deadline()
             targets = [t for t in (deadline, arrival) if t is not None]

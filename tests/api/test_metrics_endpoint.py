@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mocker.metrics import (
+from mocker.metrics.histogram import (
     ITERATION_TOKEN_BUCKETS,
     ITL_BUCKETS,
     PREEMPTION_BUCKETS,

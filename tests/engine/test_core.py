@@ -75,7 +75,7 @@ def test_finish_on_max_tokens_is_length() -> None:
         now = res.end
         outs += res.outputs
     assert len(outs) == 3 and outs[-1].finished and outs[-1].finish_reason is FinishReason.LENGTH
-    assert res is not None and res.finished[0].status == RequestStatus.FINISHED_LENGTH_CAPPED
+    assert res is not None and res.finished[0].finish_reason is FinishReason.LENGTH
 
 
 def test_eos_model_min_tokens_and_ignore_eos() -> None:

@@ -1,12 +1,14 @@
 """Virtual-clock driver: time jumps, arrivals applied at pass boundaries, aborts, rejections."""
 
 import itertools
+from collections.abc import Iterable
 
 import pytest
 
 from mocker.clock import VirtualClock
 from mocker.engine.core import EngineCore
-from mocker.engine.virtual import Abort, VirtualDriver
+from mocker.engine.outputs import StepResult
+from mocker.engine.virtual import Abort, VirtualDriver, VirtualRun
 from tests.support.engines import make_core, req, small_config
 
 
@@ -47,13 +49,22 @@ def test_run_reports_finished_aborted_rejected() -> None:
     assert core.pool.num_used == 0 and run.num_steps > 0
 
 
+def _tokens(results: Iterable[StepResult]) -> dict[str, list[int]]:
+    """Every request's generated tokens, from the outputs of a run's passes."""
+    tokens: dict[str, list[int]] = {}
+    for result in results:
+        for out in result.outputs:
+            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+    return tokens
+
+
 def test_same_workload_same_result() -> None:
     def once() -> list[tuple[str, float, list[int]]]:
         core = EngineCore(small_config(seed=3))
-        run = VirtualDriver(core, VirtualClock()).run(
-            [req(f"r{i}", [i] * (5 + i), max_tokens=4, arrival=0.01 * i) for i in range(6)]
-        )
-        return [(r.request_id, r.finished_time or 0.0, r.output_token_ids) for r in run.finished]
+        run = VirtualRun()
+        requests = [req(f"r{i}", [i] * (5 + i), max_tokens=4, arrival=0.01 * i) for i in range(6)]
+        tokens = _tokens(VirtualDriver(core, VirtualClock()).steps(requests, run=run))
+        return [(r.request_id, r.finished_time, tokens[r.request_id]) for r in run.finished]
 
     assert once() == once()
 
@@ -67,19 +78,19 @@ def test_clock_never_goes_back() -> None:
 def test_speedup_only_scales_time() -> None:
     def once(speedup: float) -> list[tuple[str, float, float, list[int]]]:
         core = EngineCore(small_config(speedup_ratio=speedup, num_gpu_blocks=20))
-        run = VirtualDriver(core).run(
-            [
-                req(f"r{i}", [i % 3] * (8 + 5 * i), max_tokens=12, arrival=0.004 * i / speedup)
-                for i in range(8)
-            ]
-        )
+        run = VirtualRun()
+        requests = [
+            req(f"r{i}", [i % 3] * (8 + 5 * i), max_tokens=12, arrival=0.004 * i / speedup)
+            for i in range(8)
+        ]
+        tokens = _tokens(VirtualDriver(core).steps(requests, run=run))
         assert core.scheduler.num_preemptions > 0  # the interesting path is exercised
         return [
             (
                 r.request_id,
-                r.first_token_time * speedup,
+                (r.first_token_time or 0.0) * speedup,
                 r.finished_time * speedup,
-                r.output_token_ids,
+                tokens[r.request_id],
             )
             for r in run.finished
         ]

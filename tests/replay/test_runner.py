@@ -9,7 +9,9 @@ import pytest
 
 from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore
+from mocker.engine.decode_runs import DecodeRun, run_decodes
 from mocker.engine.virtual import VirtualDriver
+from mocker.replay import runner
 from mocker.replay.runner import ReplayResult, replay
 from mocker.replay.trace import SyntheticSpec, TraceRequest, synthetic_trace
 from mocker.request import EngineRequest, SamplingParams
@@ -191,15 +193,14 @@ def test_decode_runs_change_nothing(
                                           output_length=60, distribution="uniform",
                                           shared_prefix_fraction=0.5, seed=11), TBS)  # fmt: skip
     runs: list[int] = []
-    original = EngineCore.run_decodes
 
-    def counted(self: EngineCore, now: float, stop_at: float):  # type: ignore[no-untyped-def]
-        out = original(self, now, stop_at)
+    def counted(core: EngineCore, now: float, stop_at: float) -> DecodeRun | None:
+        out = run_decodes(core, now, stop_at)
         if out is not None:
             runs.append(out.passes)
         return out
 
-    monkeypatch.setattr(EngineCore, "run_decodes", counted)
+    monkeypatch.setattr(runner, "run_decodes", counted)
     cfg = config(**changes)
     fast = run(trace, cfg, num_engines=engines, router=router, num_samples=50)
     slow = run(trace, cfg, num_engines=engines, router=router, num_samples=50, fast=False)

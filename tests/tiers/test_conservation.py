@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore
 from mocker.engine.virtual import VirtualDriver, VirtualRun
-from mocker.metrics import EngineMetrics
+from mocker.metrics import StatsRecorder
 from mocker.request import RequestStatus
 from tests.support.kv_index import EventIndex
 from tests.support.workloads import random_geometry, random_requests
@@ -94,7 +94,7 @@ def random_workload(seed: int, seen: Seen) -> None:
     requests, aborts = random_requests(rng)
     run = VirtualRun()
     indexer = EventIndex(block_size)
-    metrics = EngineMetrics(config, lookup=core.requests.get)
+    metrics = StatsRecorder(config)
     for result in VirtualDriver(core).steps(requests, aborts, run=run):
         metrics.on_step(result)
         check_invariants(core)
@@ -117,7 +117,7 @@ def random_workload(seed: int, seen: Seen) -> None:
     seen.counts["stored_blocks"] += core.offload.stored_blocks
     seen.counts["preemptions"] += core.scheduler.num_preemptions
     seen.counts["aborted"] += len(run.aborted)
-    seen.counts["timeouts"] += sum(r.skip_host_load for r in run.finished)
+    seen.counts["timeouts"] += sum(r.load_timed_out for r in run.finished)
     assert core.host is not None
     seen.counts["host_full"] += core.host.num_used == core.host.capacity
     assert len(run.finished) + len(run.aborted) + len(run.rejected) == len(requests)

@@ -277,8 +277,9 @@ def test_speedup_divides_transfer_times() -> None:
 
 def test_write_through_releases_a_finished_request_tail_first() -> None:
     core = EngineCore(host_config(offload_policy="write-through"))
-    core.add_request(one("a", prompt(0, 30), 0.0))
-    [a] = core.step(0.0).finished
+    a = core.add_request(one("a", prompt(0, 30), 0.0))
+    [finished] = core.step(0.0).finished
+    assert finished.request_id == "a"
     core.advance_transfers(core.next_transfer_deadline())  # type: ignore[arg-type]
     cached_order = [b.block_hash for b in core.pool.policy.order() if b.block_hash is not None]  # type: ignore[attr-defined]
     # Leaf first, as vLLM frees a request's table: the chain's root is evicted last.

@@ -16,7 +16,7 @@ from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore
 from mocker.engine.virtual import VirtualDriver
 from mocker.kv.events import BlockRemoved, BlockStored
-from mocker.metrics import EngineMetrics, EngineSnapshot, MetricsCollector, build_registry
+from mocker.metrics import MetricsCollector, StatsRecorder, build_registry
 from mocker.request import EngineRequest, SamplingParams
 
 BLOCK = 16
@@ -58,10 +58,10 @@ def test_second_round_is_served_from_host(policy: str) -> None:
         enable_kv_cache_events=True,
     )
     core = EngineCore(config)
-    metrics = EngineMetrics(config, lookup=core.requests.get)
+    metrics = StatsRecorder(config)
     assert core.host is not None
     host = core.host
-    metrics.snapshot = lambda: EngineSnapshot(0, 0, core.pool.usage, host.usage)
+    metrics.snapshot = core.snapshot
     events: Counter[tuple[str, str]] = Counter()
     finished = {}
     for result in VirtualDriver(core).steps(scenario_requests()):

@@ -1,0 +1,86 @@
+"""One choice of a generation response: its engine request and what it has produced so far."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from mocker.api.stop_strings import StopMatcher
+from mocker.engine.live import LiveEngine, RequestStream
+from mocker.engine.outputs import RequestOutput
+from mocker.request import FinishReason
+
+__all__ = ["Choice", "cancel_all", "totals"]
+
+
+@dataclass(slots=True, eq=False)
+class Choice:
+    """One engine request of an HTTP request (choice `index`), and its running totals."""
+
+    index: int
+    request_id: str
+    engine: LiveEngine  # the data-parallel rank it runs on
+    stream: RequestStream
+    num_prompt_tokens: int
+    # An injected `abort`: the response breaks off once this many tokens are out (or at
+    # the finish, if that comes first).
+    abort_at: int | None = None
+    stops: StopMatcher | None = None  # stop strings, matched in the text
+    stop_token_ids: frozenset[int] = frozenset()
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    done: bool = False
+
+    def account(self, out: RequestOutput) -> None:
+        """Token counts and finish state from one engine output (no text work)."""
+        ids = out.new_token_ids
+        self.completion_tokens += len(ids)
+        self.cached_tokens = out.num_cached_tokens
+        if out.finished:
+            self.done = True
+            reason = out.finish_reason
+            self.finish_reason = reason.value if reason is not None else None
+            if reason is FinishReason.STOP and ids and ids[-1] in self.stop_token_ids:
+                self.stop_reason = ids[-1]
+
+    def text_of(self, out: RequestOutput, piece: Callable[[int], str]) -> str:
+        """The new text to hand out for this output (stop strings honoured)."""
+        self.account(out)
+        new = "".join([piece(t) for t in out.new_token_ids])
+        if self.stops is None:
+            return new
+        text, matched = self.stops.feed(new, final=self.done)
+        if matched is not None:
+            if not self.done:
+                self.done = True
+                self.engine.stop_request(self.request_id, self.stream)
+            self.finish_reason, self.stop_reason = "stop", matched
+        return text
+
+    @property
+    def abort_due(self) -> bool:
+        """An injected abort is to cut the response now."""
+        return self.abort_at is not None and (self.done or self.completion_tokens >= self.abort_at)
+
+    def cancel(self) -> None:
+        """Abort its engine request (a no-op once it finished)."""
+        self.engine.abort(self.request_id, self.stream)
+
+
+def cancel_all(choices: Sequence[Choice]) -> None:
+    """End every choice now (an injected abort): their engine requests are freed, and what
+    their listeners receive after this is ignored."""
+    for choice in choices:
+        choice.done = True
+        choice.cancel()
+
+
+def totals(choices: Sequence[Choice]) -> tuple[int, int, int]:
+    """(prompt tokens, completion tokens, cached tokens) over the choices: the usage."""
+    return (
+        sum(c.num_prompt_tokens for c in choices),
+        sum(c.completion_tokens for c in choices),
+        sum(c.cached_tokens for c in choices),
+    )

@@ -1,0 +1,132 @@
+"""The non-streaming collector: every choice's text until all finish, then one JSON body."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+from mocker.api.choice import Choice, cancel_all, totals
+from mocker.api.chunks import usage_dict
+from mocker.api.errors import error_response
+from mocker.api.faults import FaultInjector
+from mocker.api.lifecycle import OpenResponse
+from mocker.api.stream import ABORTED
+from mocker.engine.live import EngineDeadError
+from mocker.engine.outputs import RequestOutput
+from mocker.request import FinishReason
+
+__all__ = ["ResponseCollector", "ResponseHead"]
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseHead:
+    """What a response says besides its choices."""
+
+    response_id: str
+    created: int
+    model: str
+    chat: bool
+    headers: dict[str, str]
+
+
+class ResponseCollector:
+    """Gathers one non-streamed response. The engine loop hands each choice's outputs to
+    `on_output`; `response()` waits for the last (or the failure that ends it early)."""
+
+    __slots__ = ("_done", "_faults", "_head", "_piece", "_remaining", "_response", "_texts", "cut")
+
+    def __init__(
+        self,
+        response: OpenResponse,
+        head: ResponseHead,
+        *,
+        piece: Callable[[int], str],
+        faults: FaultInjector,
+    ) -> None:
+        self._response = response
+        self._head = head
+        self._piece = piece
+        self._faults = faults
+        self._texts: list[list[str]] = [[] for _ in response.choices]
+        self._remaining = len(response.choices)
+        # Set once: None when every choice finished, else the error response that ended it.
+        self._done: asyncio.Future[Response | None] = asyncio.get_running_loop().create_future()
+        self.cut = False  # an injected abort ended it
+
+    def attach(self) -> None:
+        for choice in self._response.choices:
+            choice.stream.listen(partial(self.on_output, choice))
+
+    def on_output(self, choice: Choice, out: RequestOutput | EngineDeadError) -> None:
+        done = self._done
+        if choice.done or done.done():
+            return
+        if isinstance(out, EngineDeadError):
+            done.set_result(error_response(503, f"The engine failed: {out}"))
+            return
+        if out.finish_reason is FinishReason.ABORT and not out.new_token_ids:
+            done.set_result(error_response(503, "The request was aborted."))
+            return
+        self._texts[choice.index].append(choice.text_of(out, self._piece))
+        if choice.abort_due:
+            cancel_all(self._response.choices)  # an injected abort: the response is the error
+            self.cut = True
+            done.set_result(error_response(500, ABORTED))
+            return
+        if choice.done:
+            self._remaining -= 1
+            if not self._remaining:
+                done.set_result(None)
+
+    async def response(self) -> Response:
+        failure = await self._done
+        # Jitter: the whole response is held back by up to ttft_jitter × its latency.
+        faults, response = self._faults, self._response
+        share = faults.jitter(faults.config.ttft_jitter)
+        latency = asyncio.get_running_loop().time() - response.arrived
+        await faults.hold(share * latency, response.gone)
+        if self.cut and not response.gone.is_set():
+            faults.record_abort()  # it reaches the client
+        if failure is not None:
+            return failure
+        return Response(orjson.dumps(self._body()), media_type="application/json",
+                        headers=self._head.headers)  # fmt: skip
+
+    def _body(self) -> dict[str, Any]:
+        head = self._head
+        choices = [self._choice(c, "".join(self._texts[c.index])) for c in self._response.choices]
+        return {
+            "id": head.response_id,
+            "object": "chat.completion" if head.chat else "text_completion",
+            "created": head.created,
+            "model": head.model,
+            "choices": choices,
+            "usage": usage_dict(*totals(self._response.choices)),
+            "system_fingerprint": None,
+        }
+
+    def _choice(self, choice: Choice, text: str) -> dict[str, Any]:
+        if not self._head.chat:
+            return {
+                "index": choice.index,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": choice.finish_reason,
+                "stop_reason": choice.stop_reason,
+                "prompt_logprobs": None,
+            }
+        message = {"role": "assistant", "content": text, "refusal": None, "tool_calls": [],
+                   "reasoning_content": None}  # fmt: skip
+        return {
+            "index": choice.index,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": choice.finish_reason,
+            "stop_reason": choice.stop_reason,
+        }

@@ -1,0 +1,56 @@
+"""The app's ASGI entry: hands streamed responses the server's own `send`, past the wrappers.
+
+Starlette's error middlewares wrap `send` per message only to learn whether the response
+has started; the start message, sent through them, already tells them. Body chunks of a
+stream go to the server's `send` directly (scope[RAW_SEND]): several microseconds less per
+token. tests/api/test_raw_send.py fails if the framework starts to need the body messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from fastapi import FastAPI
+from starlette.types import Message, Receive, Scope, Send
+
+from mocker.api.errors import error_response
+
+__all__ = ["RAW_SEND", "RawSendApp"]
+
+RAW_SEND = "mocker.send"
+
+
+class RawSendApp(FastAPI):
+    """FastAPI that puts the server's `send` in the scope, and ends a request cancelled by
+    the server after a drain with a 503 instead of a logged traceback."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[RAW_SEND] = send
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        started = False
+
+        async def send_start(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await super().__call__(scope, receive, send_start)
+        except asyncio.CancelledError:
+            if not self.is_draining():
+                raise
+            # After a drain, uvicorn cancels what is still running once its graceful timeout
+            # has passed (say, a client stalled mid-upload): end it with a 503 rather than the
+            # traceback uvicorn would log for the cancellation.
+            if not started:
+                with contextlib.suppress(Exception):
+                    reply = error_response(503, "The server is shutting down.")
+                    await reply(scope, receive, send)
+
+    def is_draining(self) -> bool:
+        """The server state says so (set on SIGTERM); no state yet: not draining."""
+        state = getattr(self.state, "mocker", None)
+        return bool(getattr(state, "draining", False))

@@ -1,0 +1,1 @@
+"""The HTTP routes, one router per job: OpenAI, tokenizer, operations, admin."""

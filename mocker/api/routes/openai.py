@@ -1,0 +1,40 @@
+"""OpenAI routes under /v1: completions, chat completions, models."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+from starlette.responses import Response
+
+from mocker.api.auth import require_api_key
+from mocker.api.dependencies import Headers, State, accepting
+from mocker.api.protocol import ChatCompletionRequest, CompletionRequest, ModelCard
+from mocker.api.responses import json_response
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
+
+
+@router.post("/completions", dependencies=[Depends(accepting)])
+async def completions(body: CompletionRequest, headers: Headers, state: State) -> Response:
+    return state.serving.completions(body, headers)
+
+
+@router.post("/chat/completions", dependencies=[Depends(accepting)])
+async def chat_completions(body: ChatCompletionRequest, headers: Headers, state: State) -> Response:
+    return state.serving.chat(body, headers)
+
+
+@router.get("/models")
+async def models(state: State) -> Response:
+    settings = state.settings
+    cards = [
+        ModelCard(
+            id=name,
+            created=state.created,
+            root=settings.model,
+            max_model_len=state.config.max_model_len,
+        ).model_dump()
+        for name in settings.served_model_names
+    ]
+    return json_response({"object": "list", "data": cards})

@@ -1,0 +1,60 @@
+"""Tokenizer routes, as vLLM's: POST /tokenize and POST /detokenize."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.responses import Response
+
+from mocker.api.dependencies import State
+from mocker.api.errors import OpenAIError
+from mocker.api.inputs import check_model, check_token_ids, message_dicts
+from mocker.api.protocol import DetokenizeRequest, TokenizeRequest
+from mocker.api.responses import json_response
+from mocker.tokenizer import ChatTemplateError, TextTokenizer
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+def _chat_ids(tok: TextTokenizer, body: TokenizeRequest) -> list[int]:
+    assert body.messages is not None
+    try:
+        text = tok.render_chat(
+            message_dicts(body.messages), add_generation_prompt=body.add_generation_prompt
+        )
+    except ChatTemplateError as exc:
+        raise OpenAIError(400, str(exc), "messages") from None
+    # As vLLM: a rendered chat gets no special tokens added unless asked; without a
+    # template the plain rendering lets the tokenizer add them.
+    add = body.add_special_tokens
+    return tok.encode(text, add_special_tokens=tok.chat_template is None if add is None else add)
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, state: State) -> Response:
+    check_model(state.settings, body.model)
+    tok = state.tokenizer
+    if (body.prompt is None) == (body.messages is None):
+        raise OpenAIError(400, "Give exactly one of 'prompt' or 'messages'.", "prompt")
+    if body.messages is not None:
+        ids = _chat_ids(tok, body)
+    else:
+        add = True if body.add_special_tokens is None else body.add_special_tokens
+        ids = tok.encode(body.prompt or "", add_special_tokens=add)
+    strs = [tok.id_to_token(t) for t in ids] if body.return_token_strs else None
+    return json_response(
+        {
+            "count": len(ids),
+            "max_model_len": state.config.max_model_len,
+            "tokens": ids,
+            "token_strs": strs,
+        }
+    )
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, state: State) -> Response:
+    check_model(state.settings, body.model)
+    check_token_ids(state.tokenizer, body.tokens, "tokens")
+    return json_response({"prompt": state.tokenizer.decode(body.tokens)})

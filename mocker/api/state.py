@@ -1,0 +1,137 @@
+"""The composition root: engines, metrics, KV-event publishers and serving, built from settings."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry
+
+from mocker.api.faults import FaultInjector
+from mocker.api.serving import OpenAIServing
+from mocker.config import EngineConfig
+from mocker.engine.core import EngineCore
+from mocker.engine.group import EngineGroup
+from mocker.engine.live import LiveEngine
+from mocker.engine.outputs import StepResult
+from mocker.kvevents.config import advertised_host
+from mocker.kvevents.publisher import ZmqEventPublisher
+from mocker.metrics import MetricsCollector, StatsRecorder, build_registry
+from mocker.settings import ServerSettings
+from mocker.tokenizer import TextTokenizer
+
+__all__ = ["ServerState", "build_state", "engine_config_for"]
+
+
+def engine_config_for(config: EngineConfig, tokenizer: TextTokenizer) -> EngineConfig:
+    """The engine config with the tokenizer's vocabulary and EOS token."""
+    return config.with_changes(vocab_size=tokenizer.vocab_size, eos_token_id=tokenizer.eos_token_id)
+
+
+@dataclass(slots=True)
+class ServerState:
+    """What the routes share: the engines, their metrics, the tokenizer and the settings."""
+
+    settings: ServerSettings
+    config: EngineConfig
+    tokenizer: TextTokenizer
+    engines: EngineGroup  # one per data-parallel rank
+    metrics: list[StatsRecorder]  # by rank
+    registry: CollectorRegistry
+    serving: OpenAIServing
+    faults: FaultInjector
+    created: int
+    publishers: list[ZmqEventPublisher] = field(default_factory=list)  # by rank, if enabled
+    # Set on SIGTERM (mocker.api.shutdown): new work and /health get 503 while in-flight
+    # requests finish.
+    draining: bool = False
+    # Until then (event-loop time) /health and completions get 503: --startup-delay.
+    ready_at: float = 0.0
+
+    @property
+    def in_flight(self) -> int:
+        """Accepted generation requests whose response has not ended (output held back by
+        jitter included): what a drain waits for."""
+        return self.serving.open_responses
+
+    @property
+    def starting(self) -> bool:
+        return asyncio.get_running_loop().time() < self.ready_at
+
+
+def _publishing(
+    observe: Callable[[StepResult], None], publisher: ZmqEventPublisher
+) -> Callable[[StepResult], None]:
+    """The step observer that also publishes each step's KV events as one batch."""
+    publish = publisher.publish
+
+    def on_step(result: StepResult) -> None:
+        observe(result)
+        if result.kv_events:
+            publish(result.kv_events)
+
+    return on_step
+
+
+def _rank_engine(
+    settings: ServerSettings, config: EngineConfig, tokenizer: TextTokenizer, rank: int
+) -> tuple[LiveEngine, StatsRecorder, ZmqEventPublisher | None]:
+    """Data-parallel rank `rank`: its core and loop, its metrics, its KV-event publisher."""
+    core = EngineCore(config, output_palette=tokenizer.palette)
+    metrics = StatsRecorder(config, engine=str(rank))
+    publisher = None
+    on_step = metrics.on_step
+    events = settings.kv_events
+    if events.active:
+        topic = events.topic_for(
+            host=advertised_host(settings.host), port=settings.port, model=settings.model_name
+        )
+        publisher = ZmqEventPublisher(events, topic=topic, rank=rank, fmt=settings.kv_events_format)
+        on_step = _publishing(metrics.on_step, publisher)
+    engine = LiveEngine(core, on_step=on_step, on_finish=metrics.on_finish)
+    metrics.snapshot = engine.snapshot
+    return engine, metrics, publisher
+
+
+def build_state(
+    settings: ServerSettings, config: EngineConfig, tokenizer: TextTokenizer
+) -> ServerState:
+    config = engine_config_for(config, tokenizer)
+    if settings.kv_events.active and not config.enable_kv_cache_events:
+        config = config.with_changes(enable_kv_cache_events=True)
+    if settings.kv_events.active:
+        settings.kv_events.check_ranks(settings.data_parallel_size)
+    engines: list[LiveEngine] = []
+    metrics: list[StatsRecorder] = []
+    publishers: list[ZmqEventPublisher] = []
+    try:
+        for rank in range(settings.data_parallel_size):
+            engine, rank_metrics, publisher = _rank_engine(settings, config, tokenizer, rank)
+            engines.append(engine)
+            metrics.append(rank_metrics)
+            if publisher is not None:
+                publishers.append(publisher)
+    except BaseException:
+        for publisher in publishers:  # e.g. rank 1's port is taken: free rank 0's
+            publisher.close()
+        raise
+    group = EngineGroup(engines)
+    faults = FaultInjector(settings.faults, seed=config.seed)
+    collector = MetricsCollector(
+        metrics, settings.model_name, legacy_names=settings.legacy_metric_names,
+        failures=faults.counts,
+    )  # fmt: skip
+    return ServerState(
+        settings=settings,
+        config=config,
+        tokenizer=tokenizer,
+        engines=group,
+        metrics=metrics,
+        registry=build_registry(collector),
+        serving=OpenAIServing(group, tokenizer, settings, config, faults),
+        faults=faults,
+        created=int(time.time()),
+        publishers=publishers,
+    )

@@ -1,0 +1,116 @@
+"""The streaming renderer: engine outputs become SSE chunks, written from the engine loop."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import orjson
+
+from mocker.api.choice import Choice, cancel_all, totals
+from mocker.api.chunks import DONE, ChunkWriter, error_event
+from mocker.api.faults import JitteredEmitter
+from mocker.api.lifecycle import OpenResponse
+from mocker.api.responses import Emitter
+from mocker.engine.live import EngineDeadError
+from mocker.engine.outputs import RequestOutput
+from mocker.request import FinishReason
+
+__all__ = ["ABORTED", "StreamRenderer"]
+
+ABORTED = "The request was aborted mid-stream (injected fault)."
+
+
+class StreamRenderer:
+    """Writes one streamed response. From `attach` on, the engine loop hands each choice's
+    outputs to `on_output`, which writes them to the socket at once: bytes joined from
+    pre-escaped pieces, one write per pass per choice, no task switch."""
+
+    __slots__ = (
+        "_emitter",
+        "_escaped",
+        "_first",
+        "_num_open",
+        "_piece",
+        "_record_abort",
+        "_response",
+        "_writer",
+    )
+
+    def __init__(
+        self,
+        response: OpenResponse,
+        writer: ChunkWriter,
+        *,
+        escaped: Callable[[int], bytes],
+        piece: Callable[[int], str],
+        record_abort: Callable[[], None],
+    ) -> None:
+        self._response = response
+        self._writer = writer
+        self._escaped = escaped
+        self._piece = piece
+        self._record_abort = record_abort  # an injected abort reached the client
+        # What goes before each choice's first chunk: the chat role delta.
+        self._first = [writer.role(c.index) if writer.chat else b"" for c in response.choices]
+        self._num_open = len(response.choices)
+        self._emitter: Emitter | JitteredEmitter | None = None
+
+    def attach(self, emitter: Emitter | JitteredEmitter) -> None:
+        self._emitter = emitter
+        for choice in self._response.choices:
+            choice.stream.listen(partial(self.on_output, choice))
+
+    def on_output(self, choice: Choice, out: RequestOutput | EngineDeadError) -> None:
+        emitter = self._emitter
+        assert emitter is not None
+        if choice.done or emitter.closed.done():
+            return  # after a stop string matched, or the response has ended
+        if isinstance(out, EngineDeadError):
+            choice.done = True
+            emitter.emit(error_event(503, f"The engine failed: {out}") + DONE, last=True)
+            return
+        if out.finish_reason is FinishReason.ABORT and not out.new_token_ids:
+            choice.done = True
+            if self._response.disconnected:
+                emitter.close()
+            else:  # aborted by the server (shutdown), not by the client
+                emitter.emit(error_event(503, "The request was aborted.") + DONE, last=True)
+            return
+        if choice.stops is None:
+            choice.account(out)
+            escaped = self._escaped
+            text = b"".join([escaped(t) for t in out.new_token_ids])
+        else:
+            text = orjson.dumps(choice.text_of(out, self._piece))[1:-1]
+        if choice.abort_at is not None and choice.abort_due:
+            self._cut(choice, text, emitter)
+            return
+        writer = self._writer
+        usage = (choice.num_prompt_tokens, choice.completion_tokens, choice.cached_tokens)
+        chunk = self._first[choice.index] + writer.text(
+            choice.index, text, choice.finish_reason, choice.stop_reason, usage
+        )
+        self._first[choice.index] = b""
+        if not choice.done:
+            emitter.emit(chunk)
+            return
+        self._num_open -= 1
+        if self._num_open:
+            emitter.emit(chunk)
+            return
+        if writer.include_usage:
+            chunk += writer.usage(*totals(self._response.choices))
+        emitter.emit(chunk + DONE, last=True)
+
+    def _cut(self, choice: Choice, text: bytes, emitter: Emitter | JitteredEmitter) -> None:
+        """An injected abort: what came so far (no finish reason), then the error."""
+        first = self._first[choice.index]
+        chunk = first + self._writer.text(choice.index, text) if text else first
+        cancel_all(self._response.choices)
+        payload = chunk + error_event(500, ABORTED) + DONE
+        if isinstance(emitter, JitteredEmitter):  # counted if it reaches the client
+            emitter.emit(payload, last=True, on_sent=self._record_abort)
+        elif not emitter.closed.done():
+            emitter.emit(payload, last=True)
+            self._record_abort()

@@ -1,0 +1,151 @@
+"""Replay's fast path: runs of pure decode passes applied at once, the same as pass by pass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mocker.engine.core import EngineCore
+from mocker.engine.stats import FinishedRequestStats
+from mocker.request import Request, RequestStatus
+
+__all__ = ["DecodeRun", "run_decodes"]
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRun:
+    """Passes run by `run_decodes`: when the last ended, how many, who finished."""
+
+    end: float
+    passes: int
+    finished: list[FinishedRequestStats]
+
+
+def run_decodes(core: EngineCore, now: float, stop_at: float) -> DecodeRun | None:
+    """Run consecutive passes from `now` while each is every running request decoding one
+    token, for drivers that need no per-pass output (replay). None if the next pass is
+    not such a pass; then `core.step()` runs it.
+
+    The passes are the ones `step()` would run, with the same timings and the same pool
+    operations in the same order, minus the outputs, stats and events: blocks are
+    handed out pass by pass in running order, then each request takes its tokens at
+    once. The run ends after the first pass in which a request finishes, that ends at
+    or after `stop_at`, or before a pass that would have to preempt. Only for requests
+    that end at max_tokens (no EOS drawn, no stop ids), whose finishing pass is known.
+    """
+    batch = _decode_batch(core)
+    if batch is None:
+        return None
+    max_passes = min(r.max_tokens - r.num_output_tokens for r in batch)
+    allocs = _block_needs(batch, core.config.block_size, max_passes)
+    passes, start, end = _time_passes(core, batch, allocs, now, stop_at, max_passes)
+    if not passes:
+        return None
+    marks = [(len(r.all_token_ids), len(r.block_hashes)) for r in batch]
+    for request in batch:  # tokens (and block hashes) first: no pool state changes yet
+        request.append_output_tokens(
+            core.sampler.tokens(request.token_seed, request.num_output_tokens, passes)
+        )
+    if _would_dedup(core, batch, passes):
+        for request, (num_tokens, num_hashes) in zip(batch, marks, strict=True):
+            del request.all_token_ids[num_tokens:]
+            del request.block_hashes[num_hashes:]
+        return None
+    core.time = max(core.time, start)
+    return DecodeRun(end, passes, _apply(core, batch, allocs, passes, end))
+
+
+def _decode_batch(core: EngineCore) -> list[Request] | None:
+    """The running requests, if the next passes can be run at once."""
+    if core.offload is not None or core.pool.record_events:
+        return None
+    batch = core.scheduler.decode_batch()
+    if batch is None:
+        return None
+    sampler = core.sampler
+    for request in batch:
+        sp = request.sampling
+        if sp.stop_token_ids or (sampler.can_end_early and not sp.ignore_eos):
+            return None
+    return batch
+
+
+def _block_needs(batch: list[Request], bs: int, max_passes: int) -> dict[int, list[Request]]:
+    """Passes at which each request needs a new block (its next position starts one)."""
+    allocs: dict[int, list[Request]] = {}
+    for request in batch:
+        first = len(request.blocks) * bs - request.num_computed_tokens + 1
+        for p in range(max(first, 1), max_passes + 1, bs):
+            allocs.setdefault(p, []).append(request)
+    return allocs
+
+
+def _time_passes(
+    core: EngineCore,
+    batch: list[Request],
+    allocs: dict[int, list[Request]],
+    now: float,
+    stop_at: float,
+    max_passes: int,
+) -> tuple[int, float, float]:
+    """How many passes run, and the start and end of the last one."""
+    reusable, used = core.kv.num_reusable, core.kv.num_used
+    shape_used, duration = -1, 0.0
+    passes, start, end = 0, now, now
+    for p in range(1, max_passes + 1):
+        need = allocs.get(p)
+        if need:
+            if len(need) > reusable:
+                break  # step() would preempt here
+            reusable -= len(need)
+            used += len(need)
+        if used != shape_used:  # a pass's time depends only on this and the batch
+            shape_used = used
+            duration = core.pass_duration(0, len(batch), used)
+        start, end, passes = end, end + duration, p
+        if end >= stop_at:
+            break
+    return passes, start, end
+
+
+def _apply(
+    core: EngineCore,
+    batch: list[Request],
+    allocs: dict[int, list[Request]],
+    passes: int,
+    end: float,
+) -> list[FinishedRequestStats]:
+    """The pool operations of the passes, in step()'s order; the requests that finished."""
+    kv = core.kv
+    for p in sorted(allocs):
+        if p > passes:
+            break
+        for request in allocs[p]:
+            kv.append_blocks(request, 1)
+    finished: list[FinishedRequestStats] = []
+    for request in batch:
+        request.num_computed_tokens += passes
+        request.last_token_time = end
+        kv.cache_blocks(request)
+        if request.num_output_tokens >= request.max_tokens:
+            finished.append(core.finish_in_pass(request, RequestStatus.FINISHED_LENGTH_CAPPED, end))
+    if finished:
+        core.scheduler.remove_finished()
+    return finished
+
+
+def _would_dedup(core: EngineCore, batch: list[Request], passes: int) -> bool:
+    """Whether a block the run fills has a hash already cached (or filled twice in it).
+    `step()` would then swap in the cached block in mid-run, freeing one and changing
+    the pool's order and usage; the run leaves those passes to `step()`. (Generated
+    tokens make this all but impossible, except with tiny vocabularies or blocks.)"""
+    if not core.config.enable_prefix_caching:
+        return False
+    lookup, bs = core.pool.lookup, core.config.block_size
+    seen: set[int] = set()
+    for request in batch:
+        end = (request.num_computed_tokens + passes) // bs
+        for block_hash in request.block_hashes[request.num_cached_blocks : end]:
+            if block_hash in seen or lookup(block_hash) is not None:
+                return True
+            seen.add(block_hash)
+    return False

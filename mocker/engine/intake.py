@@ -1,0 +1,109 @@
+"""Request intake: every check a request passes before an engine takes it, one wording each.
+
+Pure functions of the engine config and the request, so the HTTP layer runs them in the
+client's context (a 400) and the engine never holds a request it cannot serve.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+from mocker.config import EngineConfig
+from mocker.kv.hashing import extra_keys_bytes
+from mocker.request import EngineRequest
+
+__all__ = [
+    "RequestRejected",
+    "check_min_tokens",
+    "check_prompt_length",
+    "check_request",
+    "request_id_in_use",
+]
+
+
+class RequestRejected(ValueError):
+    """A request the engine can never serve; the message says why (a client error).
+    `param` names the request field at fault, when one is."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def request_id_in_use(request_id: str) -> RequestRejected:
+    return RequestRejected(f"request id {request_id!r} is already in use")
+
+
+def check_prompt_length(config: EngineConfig, num_tokens: int, param: str | None = None) -> None:
+    """A prompt of max_model_len tokens or more leaves no room for a single output token."""
+    if num_tokens >= config.max_model_len:
+        raise RequestRejected(
+            f"This model's maximum context length is {config.max_model_len} tokens. However, "
+            f"your prompt contains {num_tokens} input tokens, leaving no room for the "
+            "completion. Please reduce the length of the prompt.",
+            param,
+        )
+
+
+def check_min_tokens(min_tokens: int, max_tokens: int) -> None:
+    if min_tokens < 0:
+        raise RequestRejected(f"min_tokens ({min_tokens}) must be >= 0.", "min_tokens")
+    if min_tokens > max_tokens:
+        raise RequestRejected(
+            f"min_tokens ({min_tokens}) must be less than or equal to max_tokens ({max_tokens}).",
+            "min_tokens",
+        )
+
+
+def _check_prompt_ids(prompt: object) -> int:
+    try:
+        n = len(array("I", prompt))  # type: ignore[arg-type]  # C-speed: ints in [0, 2^32)
+    except (TypeError, OverflowError) as exc:
+        raise RequestRejected(f"prompt token ids must be integers in [0, 2^32): {exc}") from None
+    if n == 0:
+        raise RequestRejected("the prompt is empty: at least one token is needed")
+    return n
+
+
+def _resolve_max_tokens(config: EngineConfig, spec: EngineRequest, n: int) -> int:
+    room = config.max_model_len - n
+    max_tokens = room if spec.sampling.max_tokens is None else spec.sampling.max_tokens
+    if max_tokens < 1:
+        raise RequestRejected(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
+    if max_tokens > room:
+        raise RequestRejected(
+            f"This model's maximum context length is {config.max_model_len} tokens. However, "
+            f"you requested {n + max_tokens} tokens ({n} in the prompt, {max_tokens} in "
+            "the completion).",
+            "max_tokens",
+        )
+    return max_tokens
+
+
+def _check_fits_the_pool(config: EngineConfig, n: int, max_tokens: int) -> None:
+    # A request the pool can never hold would wait forever: refuse it now. Its peak is
+    # n + max_tokens - 1 KV tokens: the last sampled token is never computed.
+    blocks = -(-(n + max_tokens - 1) // config.block_size)
+    if blocks > config.num_gpu_blocks:
+        raise RequestRejected(
+            f"the request needs up to {blocks} KV blocks ({n} prompt + {max_tokens} output "
+            f"tokens at block_size {config.block_size}) but the KV cache has only "
+            f"{config.num_gpu_blocks} blocks (num_gpu_blocks); lower max_tokens",
+            "max_tokens",
+        )
+
+
+def check_request(config: EngineConfig, spec: EngineRequest) -> int:
+    """Every check, changing nothing; returns the resolved max_tokens. (Whether the id is in
+    use is the holder's to check: `request_id_in_use` words it.)"""
+    n = _check_prompt_ids(spec.prompt_token_ids)
+    check_prompt_length(config, n)
+    max_tokens = _resolve_max_tokens(config, spec, n)
+    check_min_tokens(spec.sampling.min_tokens, max_tokens)
+    _check_fits_the_pool(config, n, max_tokens)
+    try:  # hashed into block keys inside the loop: a bad string must fail here, not there
+        extra_keys_bytes(spec.lora_name, spec.cache_salt)
+        spec.request_id.encode()
+    except (UnicodeEncodeError, TypeError, AttributeError) as exc:
+        raise RequestRejected(f"invalid request id, lora_name or cache_salt: {exc}") from None
+    return max_tokens

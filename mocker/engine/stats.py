@@ -1,0 +1,204 @@
+"""Plain stats records the engine emits: per pass, per finished request, and a state snapshot.
+
+As vLLM's `SchedulerStats` / `IterationStats` / `FinishedRequestStats`: observers (the
+Prometheus metrics, replay reports) read these records, never live requests or the core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from mocker.request import FinishReason
+
+if TYPE_CHECKING:
+    from mocker.engine.outputs import RequestOutput
+    from mocker.request import Request
+    from mocker.scheduler.scheduler import SchedulerOutput
+
+__all__ = [
+    "EngineSnapshot",
+    "FinishedRequestStats",
+    "IterationStats",
+    "SchedulerStats",
+    "queue_score",
+]
+
+
+def queue_score(num_waiting: int, num_running: int) -> int:
+    """How loaded an engine's queues are, as vLLM's data-parallel front end scores its
+    engines: a waiting request counts four times, a running one once (lower is less
+    loaded). Shared by the data-parallel group and the replay router."""
+    return 4 * num_waiting + num_running
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    """A read-only view of one engine's state at one instant (gauges, routing, samples)."""
+
+    num_running: int
+    num_waiting: int
+    kv_usage: float  # vLLM's kv_cache_usage_perc, 0..1
+    host_usage: float = 0.0  # host tier: used / capacity
+    num_unfinished: int = 0  # requests the engine holds (running, waiting, loading)
+    num_used_blocks: int = 0  # device blocks referenced by requests
+
+    @property
+    def queue_score(self) -> int:
+        return queue_score(self.num_waiting, self.num_running)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    """What one pass scheduled and what the scheduler's queues hold after it."""
+
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+    num_scheduled_tokens: int
+    prompt_tokens_computed: int  # prefill tokens computed this pass (cache hits excluded)
+    num_generated_tokens: int
+    num_preemptions: int  # preemptions this pass
+    prefix_queries: int  # prompt tokens of requests admitted for the first time
+    prefix_hits: int  # of which found in the device prefix cache
+    external_prefix_queries: int = 0  # with a host tier: prompt tokens queried there
+    external_prefix_hits: int = 0  # of which loaded from it
+
+    @classmethod
+    def of(
+        cls,
+        num_running: int,
+        num_waiting: int,
+        kv_usage: float,
+        sched: SchedulerOutput | None = None,
+        num_generated: int = 0,
+    ) -> SchedulerStats:
+        """After a pass that scheduled `sched` (None: no pass ran)."""
+        if sched is None:
+            return cls(num_running, num_waiting, kv_usage, 0, 0, 0, 0, 0, 0)
+        return cls(
+            num_running=num_running,
+            num_waiting=num_waiting,
+            kv_usage=kv_usage,
+            num_scheduled_tokens=sched.num_prefill_tokens + sched.num_decodes,
+            prompt_tokens_computed=sched.num_prefill_tokens,
+            num_generated_tokens=num_generated,
+            num_preemptions=len(sched.preempted),
+            prefix_queries=sched.prefix_queries,
+            prefix_hits=sched.prefix_hits,
+            external_prefix_queries=sched.external_queries,
+            external_prefix_hits=sched.external_hits,
+        )
+
+
+@dataclass(slots=True)
+class IterationStats:
+    """The tokens one pass handed out (its delivered outputs): counts and latencies."""
+
+    num_generation_tokens: int = 0
+    num_prompt_tokens: int = 0  # of requests whose first token this pass made
+    num_cached_tokens: int = 0  # of those prompts, prefix hits (device and host)
+    num_host_cached_tokens: int = 0  # of which loaded from the host tier
+    time_to_first_tokens: list[float] = field(default_factory=list)
+    inter_token_latencies: list[float] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, outputs: Sequence[RequestOutput]) -> IterationStats:
+        stats = cls()
+        itls = stats.inter_token_latencies
+        generated = 0
+        for out in outputs:
+            n = len(out.new_token_ids)
+            if not n:
+                continue
+            generated += n
+            if out.first_token:
+                stats.num_prompt_tokens += out.num_prompt_tokens
+                stats.num_cached_tokens += out.num_cached_tokens
+                stats.num_host_cached_tokens += out.num_host_cached_tokens
+                stats.time_to_first_tokens.append(out.latency)
+            else:
+                itls.append(out.latency)
+        stats.num_generation_tokens = generated
+        return stats
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedRequestStats:
+    """One request at its end: its times on the engine's clock and its token counts."""
+
+    request_id: str
+    finish_reason: FinishReason
+    arrival_time: float
+    finished_time: float
+    first_scheduled_time: float | None  # None: never scheduled (aborted while waiting)
+    first_token_time: float | None
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    max_tokens: int  # the resolved max_tokens parameter
+    num_cached_tokens: int  # prefix hits at its first admission, device and host
+    num_host_cached_tokens: int  # of which loaded from the host tier
+    num_preemptions: int
+    load_timed_out: bool = False  # a host-tier load timed out; it recomputed instead
+
+    @classmethod
+    def of(cls, request: Request) -> FinishedRequestStats:
+        end = request.finished_time
+        return cls(
+            request_id=request.request_id,
+            finish_reason=request.finish_reason or FinishReason.ABORT,
+            arrival_time=request.arrival_time,
+            finished_time=request.arrival_time if end is None else end,
+            first_scheduled_time=request.first_scheduled_time,
+            first_token_time=request.first_token_time,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_generation_tokens=request.num_output_tokens,
+            max_tokens=request.max_tokens,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+            num_host_cached_tokens=request.num_host_cached_tokens,
+            num_preemptions=request.num_preemptions,
+            load_timed_out=request.skip_host_load,
+        )
+
+    @property
+    def e2e_latency(self) -> float:
+        return self.finished_time - self.arrival_time
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        first = self.first_token_time
+        return None if first is None else first - self.arrival_time
+
+    @property
+    def queued_time(self) -> float | None:
+        """WAITING until its first pass."""
+        start = self.first_scheduled_time
+        return None if start is None else start - self.arrival_time
+
+    @property
+    def inference_time(self) -> float | None:
+        """From its first pass to its end."""
+        start = self.first_scheduled_time
+        return None if start is None else self.finished_time - start
+
+    @property
+    def prefill_time(self) -> float | None:
+        start, first = self.first_scheduled_time, self.first_token_time
+        return None if start is None or first is None else first - start
+
+    @property
+    def decode_time(self) -> float | None:
+        first = self.first_token_time
+        return None if first is None else self.finished_time - first
+
+    @property
+    def mean_time_per_output_token(self) -> float | None:
+        """Decode time over the gaps between its tokens (None with fewer than two)."""
+        decode = self.decode_time
+        n = self.num_generation_tokens
+        return None if decode is None or n < 2 else decode / (n - 1)
+
+    @property
+    def num_device_cached_tokens(self) -> int:
+        return self.num_cached_tokens - self.num_host_cached_tokens

@@ -1,0 +1,122 @@
+"""Output streams: one per request, merged until read with `get()` or pushed to a listener."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from mocker.engine.outputs import RequestOutput, StepResult
+
+__all__ = ["EngineDeadError", "OutputListener", "RequestStream", "deliver"]
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop failed; no request can make progress."""
+
+
+# Called on the engine loop with each output, or with the engine's death.
+OutputListener = Callable[[RequestOutput | EngineDeadError], None]
+
+
+class RequestStream:
+    """One request's outputs: merged until its consumer reads them with `get()`, or pushed to a
+    listener the moment the engine loop produces them (no task wake-up per output)."""
+
+    __slots__ = ("_error", "_event", "_listener", "_pending", "finished", "request_id")
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self._pending: RequestOutput | None = None
+        self._event = asyncio.Event()
+        self._error: BaseException | None = None
+        self._listener: OutputListener | None = None
+        self.finished = False
+
+    def listen(self, listener: OutputListener) -> None:
+        """Push every output (or the engine's death) to `listener`, called on the engine loop;
+        what arrived before is handed over at once."""
+        self._listener = listener
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            listener(pending)
+        if self._error is not None:
+            listener(EngineDeadError(str(self._error)))
+
+    def put(self, out: RequestOutput) -> None:
+        if self.finished:
+            return  # e.g. the last pass's output of a request aborted meanwhile
+        self.finished = out.finished
+        listener = self._listener
+        if listener is not None:
+            try:
+                listener(out)
+            except Exception:  # a consumer bug must not take the engine loop down with it
+                logger.exception("output listener of request %s failed", self.request_id)
+                self.finished = True
+            return
+        pending = self._pending
+        if pending is None:
+            self._pending = out
+        else:
+            # The consumer fell behind: merge into a new object (the engine's outputs may
+            # also be held by step observers, so they are never mutated).
+            self._pending = RequestOutput(
+                out.request_id,
+                pending.new_token_ids + out.new_token_ids,
+                out.time,
+                out.finished,
+                out.finish_reason,
+                out.num_prompt_tokens,
+                out.num_cached_tokens,
+                out.num_host_cached_tokens,
+                pending.first_token,
+                pending.latency,  # of the first token merged
+            )
+        self._event.set()
+
+    def fail(self, error: BaseException) -> None:
+        if self.finished and self._pending is None and self._error is None:
+            return  # already fully delivered
+        self._error = error
+        self.finished = True
+        if self._listener is not None:
+            self._listener(EngineDeadError(str(error)))
+            return
+        self._event.set()
+
+    async def get(self) -> RequestOutput:
+        """The tokens produced since the last call; raises EngineDeadError if the engine died."""
+        while self._pending is None:
+            if self._error is not None:
+                raise EngineDeadError(str(self._error)) from self._error
+            if self.finished:
+                raise RuntimeError(f"request {self.request_id} has finished; no more outputs")
+            self._event.clear()
+            await self._event.wait()
+        out, self._pending = self._pending, None
+        return out
+
+
+def deliver(streams: dict[str, RequestStream], result: StepResult) -> None:
+    """Hand each stream its tokens from a pass; a stream's last output retires its id.
+    Outputs of requests that ended during the pass (abort, stop string) are dropped from
+    the result too, as vLLM's output processor drops them: no client saw those tokens, so
+    no observer counts them."""
+    outputs = result.outputs
+    kept: list[RequestOutput] | None = None
+    for i, out in enumerate(outputs):
+        stream = streams.get(out.request_id)
+        if stream is None or stream.finished:
+            if kept is None:
+                kept = outputs[:i]
+            continue
+        stream.put(out)
+        if out.finished:
+            del streams[out.request_id]
+        if kept is not None:
+            kept.append(out)
+    if kept is not None:
+        result.outputs = kept

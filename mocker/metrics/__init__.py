@@ -1,0 +1,18 @@
+"""vLLM's Prometheus metrics: engine recorders fed by stats records, a table-driven collector."""
+
+from __future__ import annotations
+
+from mocker.metrics.histogram import BUCKETS, Histogram, one_two_five_buckets
+from mocker.metrics.prometheus import FAMILIES, Family, MetricsCollector, build_registry
+from mocker.metrics.recorder import StatsRecorder
+
+__all__ = [
+    "BUCKETS",
+    "FAMILIES",
+    "Family",
+    "Histogram",
+    "MetricsCollector",
+    "StatsRecorder",
+    "build_registry",
+    "one_two_five_buckets",
+]

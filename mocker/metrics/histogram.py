@@ -1,0 +1,80 @@
+"""Histograms as plain counts, with vLLM's bucket bounds for every histogram it exports."""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+
+from prometheus_client.utils import floatToGoString
+
+__all__ = [
+    "BUCKETS",
+    "ITERATION_TOKEN_BUCKETS",
+    "ITL_BUCKETS",
+    "PREEMPTION_BUCKETS",
+    "REQUEST_TIME_BUCKETS",
+    "TRANSFER_SIZE_BUCKETS",
+    "TTFT_BUCKETS",
+    "Histogram",
+    "one_two_five_buckets",
+]
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+               10.0, 20.0, 40.0, 80.0)  # fmt: skip
+REQUEST_TIME_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                        60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
+TRANSFER_SIZE_BUCKETS = (1e6, 5e6, 1e7, 2e7, 4e7, 6e7, 8e7, 1e8, 1.5e8, 2e8)
+
+BUCKETS = {
+    "ttft": TTFT_BUCKETS,
+    "itl": ITL_BUCKETS,
+    "request_time": REQUEST_TIME_BUCKETS,
+    "iteration_tokens": ITERATION_TOKEN_BUCKETS,
+    "preemptions": PREEMPTION_BUCKETS,
+    "transfer_size": TRANSFER_SIZE_BUCKETS,
+}
+
+
+def one_two_five_buckets(limit: int) -> tuple[int, ...]:
+    """1, 2, 5, 10, 20, 50, … up to `limit` (vLLM's token-count buckets)."""
+    out: list[int] = []
+    exponent = 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > limit:
+                return tuple(out)
+            out.append(value)
+        exponent += 1
+
+
+class Histogram:
+    """Bucket counts; `observe(v, n)` records n equal observations at once."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float, n: int = 1) -> None:
+        self.counts[bisect_left(self.bounds, value)] += n  # le: value <= bound
+        self.total += value * n
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        out: list[tuple[str, int]] = []
+        running = 0
+        for bound, n in zip(self.bounds, self.counts, strict=False):
+            running += n
+            out.append((floatToGoString(bound), running))
+        out.append(("+Inf", running + self.counts[-1]))
+        return out

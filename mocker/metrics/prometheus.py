@@ -1,0 +1,252 @@
+"""The Prometheus exposition: vLLM's names, help, labels and buckets, from a table of families.
+
+Values live in plain numbers on each engine's `StatsRecorder` (no locks, no per-observation
+objects); the collector renders them at scrape time, and reads the gauges (running, waiting,
+KV usage) from the engine's snapshot, so they are always current.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from mocker.engine.stats import EngineSnapshot
+from mocker.metrics.histogram import Histogram
+from mocker.metrics.recorder import StatsRecorder
+
+__all__ = ["FAMILIES", "Family", "Kind", "MetricsCollector", "build_registry"]
+
+
+class Kind(Enum):
+    COUNTER = CounterMetricFamily
+    GAUGE = GaugeMetricFamily
+    HISTOGRAM = HistogramMetricFamily
+
+
+# A family's value for one engine: a number or a histogram, or with `label` set, a
+# (label value, number) pair per series.
+Value = float | Histogram | Sequence[tuple[str, float]]
+Source = Callable[[StatsRecorder, EngineSnapshot], Value]
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """One metric family per engine: labelled model_name and engine (and `label` if set)."""
+
+    name: str
+    help: str
+    kind: Kind
+    source: Source
+    label: str | None = None
+    legacy: bool = False  # a V0-era name, exported only with --legacy-metric-names
+
+
+def _by_source(m: StatsRecorder, s: EngineSnapshot) -> Value:
+    host = m.prompt_tokens_cached_host
+    return [
+        ("local_compute", m.prompt_tokens - m.prompt_tokens_cached),
+        ("local_cache_hit", m.prompt_tokens_cached - host),
+        ("external_kv_transfer", host),
+    ]
+
+
+def _cached_by_tier(m: StatsRecorder, s: EngineSnapshot) -> Value:
+    host = m.prompt_tokens_cached_host
+    return [("device", m.prompt_tokens_cached - host), ("host", host)]
+
+
+def _hit_rate(m: StatsRecorder, s: EngineSnapshot) -> float:
+    return m.prefix_hits / m.prefix_queries if m.prefix_queries else 0.0
+
+
+C, G, H = Kind.COUNTER, Kind.GAUGE, Kind.HISTOGRAM
+_REQ = "Histogram of time spent in {} phase for request."
+
+FAMILIES: tuple[Family, ...] = (
+    Family("vllm:num_requests_running", "Number of requests in model execution batches.", G,
+           lambda m, s: s.num_running),
+    Family("vllm:num_requests_waiting", "Number of requests waiting to be processed.", G,
+           lambda m, s: s.num_waiting),
+    Family("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", G,
+           lambda m, s: s.kv_usage),
+    Family("vllm:prefix_cache_queries",
+           "Prefix cache queries, in terms of number of queried tokens.", C,
+           lambda m, s: m.prefix_queries),
+    Family("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+           C, lambda m, s: m.prefix_hits),
+    Family("vllm:external_prefix_cache_queries",
+           "External prefix cache queries from KV connector cross-instance cache sharing, in "
+           "terms of number of queried tokens.", C, lambda m, s: m.external_prefix_queries),
+    Family("vllm:external_prefix_cache_hits",
+           "External prefix cache hits from KV connector cross-instance cache sharing, in terms "
+           "of number of cached tokens.", C, lambda m, s: m.external_prefix_hits),
+    Family("vllm:num_preemptions", "Cumulative number of preemption from the engine.", C,
+           lambda m, s: m.num_preemptions),
+    Family("vllm:prompt_tokens", "Number of prefill tokens processed.", C,
+           lambda m, s: m.prompt_tokens),
+    Family("vllm:generation_tokens", "Number of generation tokens processed.", C,
+           lambda m, s: m.generation_tokens),
+    Family("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).", C,
+           lambda m, s: m.prompt_tokens_cached),
+    Family("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", C,
+           _by_source, label="source"),
+    Family("vllm:prompt_tokens_cached_by_source",
+           "Number of cached prompt tokens by the tier they were found in.", C,
+           _cached_by_tier, label="source"),
+    Family("vllm:request_success", "Count of successfully processed requests.", C,
+           lambda m, s: list(m.finished.items()), label="finished_reason"),
+    Family("vllm:kv_offload_store_bytes", "Bytes stored to the CPU tier.", C,
+           lambda m, s: m.offload_store_bytes),
+    Family("vllm:kv_offload_load_bytes", "Bytes loaded from the CPU tier.", C,
+           lambda m, s: m.offload_load_bytes),
+    Family("vllm:kv_offload_store_time", "Seconds spent in KV offload stores.", C,
+           lambda m, s: m.offload_store_time),
+    Family("vllm:kv_offload_load_time", "Seconds spent in KV offload loads.", C,
+           lambda m, s: m.offload_load_time),
+    Family("vllm:kv_offload_cpu_cache_usage_perc",
+           "CPU (host tier) KV-cache usage. 1 means 100 percent usage.", G,
+           lambda m, s: s.host_usage),
+    Family("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+           H, lambda m, s: m.ttft),
+    Family("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+           H, lambda m, s: m.itl),
+    Family("vllm:request_time_per_output_token_seconds",
+           "Histogram of time_per_output_token_seconds per request.", H, lambda m, s: m.tpot),
+    Family("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+           H, lambda m, s: m.e2e),
+    Family("vllm:request_queue_time_seconds", _REQ.format("WAITING"), H, lambda m, s: m.queue),
+    Family("vllm:request_inference_time_seconds", _REQ.format("RUNNING"), H,
+           lambda m, s: m.inference),
+    Family("vllm:request_prefill_time_seconds", _REQ.format("PREFILL"), H,
+           lambda m, s: m.prefill),
+    Family("vllm:request_decode_time_seconds", _REQ.format("DECODE"), H,
+           lambda m, s: m.decode),
+    Family("vllm:request_prompt_tokens", "Number of prefill tokens processed.", H,
+           lambda m, s: m.request_prompt_tokens),
+    Family("vllm:request_generation_tokens", "Number of generation tokens processed.", H,
+           lambda m, s: m.request_generation_tokens),
+    Family("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
+           H, lambda m, s: m.request_max_tokens),
+    Family("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", H,
+           lambda m, s: m.iteration_tokens),
+    Family("vllm:request_num_preemptions", "Number of preemptions of each preempted request.",
+           H, lambda m, s: m.request_preemptions),
+    Family("vllm:kv_offload_store_size", "Bytes per KV offload store (device to host transfer).",
+           H, lambda m, s: m.offload_store_size),
+    Family("vllm:kv_offload_load_size", "Bytes per KV offload load (host to device transfer).",
+           H, lambda m, s: m.offload_load_size),
+    # V0-era names some routers still read.
+    Family("vllm:gpu_cache_usage_perc", "GPU KV-cache usage (V0 name).", G,
+           lambda m, s: s.kv_usage, legacy=True),
+    Family("vllm:cpu_cache_usage_perc", "CPU KV-cache usage (V0 name).", G,
+           lambda m, s: s.host_usage, legacy=True),
+    Family("vllm:num_requests_swapped", "Requests swapped to CPU (V0 name).", G,
+           lambda m, s: 0, legacy=True),
+    Family("vllm:gpu_prefix_cache_hit_rate", "Prefix cache hit rate (V0 name).", G, _hit_rate,
+           legacy=True),
+    Family("vllm:gpu_prefix_cache_queries", "Prefix cache queries (old name).", C,
+           lambda m, s: m.prefix_queries, legacy=True),
+    Family("vllm:gpu_prefix_cache_hits", "Prefix cache hits (old name).", C,
+           lambda m, s: m.prefix_hits, legacy=True),
+    Family("vllm:time_per_output_token_seconds", "Inter-token latency (V0 name).", H,
+           lambda m, s: m.itl, legacy=True),
+)  # fmt: skip
+
+_LABELS = ["model_name", "engine"]
+
+
+class MetricsCollector(Collector):
+    """Renders the engines' metrics with vLLM's names, labels and buckets."""
+
+    def __init__(
+        self,
+        engines: Sequence[StatsRecorder],
+        model_name: str,
+        *,
+        legacy_names: bool = False,
+        failures: Mapping[str, int] | None = None,
+    ) -> None:
+        self.engines = list(engines)
+        self.model_name = model_name
+        self.legacy_names = legacy_names
+        # Injected failures by type (fault injection), read at scrape time.
+        self.failures = failures
+
+    def describe(self) -> list[Metric]:
+        return []  # rendered fresh at every scrape; nothing to pre-register
+
+    def collect(self) -> Iterator[Metric]:
+        rows = [(m, m.current(), [self.model_name, m.engine]) for m in self.engines]
+        for family in FAMILIES:
+            if not family.legacy or self.legacy_names:
+                yield self._render(family, rows)
+        yield self._cache_config_info()
+        if self.failures is not None:
+            yield self._injected_failures(self.failures)
+
+    @staticmethod
+    def _render(
+        family: Family, rows: list[tuple[StatsRecorder, EngineSnapshot, list[str]]]
+    ) -> Metric:
+        labels = _LABELS if family.label is None else [*_LABELS, family.label]
+        metric = family.kind.value(family.name, family.help, labels=labels)
+        for m, snapshot, label_values in rows:
+            value = family.source(m, snapshot)
+            if isinstance(value, Histogram):
+                metric.add_metric(label_values, value.cumulative(), value.total)
+            elif family.label is not None:
+                for extra, v in value:  # type: ignore[union-attr]
+                    metric.add_metric([*label_values, extra], v)
+            else:
+                metric.add_metric(label_values, value)
+        return metric
+
+    def _cache_config_info(self) -> GaugeMetricFamily:
+        names = ["block_size", "cache_dtype", "enable_prefix_caching", "num_cpu_blocks",
+                 "num_gpu_blocks", "kv_offloading_size", "engine"]  # fmt: skip
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=names
+        )
+        for m in self.engines:
+            cfg = m.config
+            # vLLM renders every value with str(): True/False, None.
+            cpu_blocks = str(cfg.num_host_blocks) if cfg.has_host_tier else "None"
+            offload_gib = str(cfg.kv_offloading_size)  # as given (None with --num-host-blocks)
+            info.add_metric(
+                [str(cfg.block_size), "auto", str(cfg.enable_prefix_caching), cpu_blocks,
+                 str(cfg.num_gpu_blocks), offload_gib, m.engine],
+                1.0,
+            )  # fmt: skip
+        return info
+
+    def _injected_failures(self, failures: Mapping[str, int]) -> CounterMetricFamily:
+        injected = CounterMetricFamily(
+            "mocker:injected_failures",
+            "Requests failed on purpose (fault injection), by failure type.",
+            labels=["model_name", "type"],
+        )
+        for kind, n in failures.items():
+            injected.add_metric([self.model_name, str(kind)], n)
+        return injected
+
+
+def build_registry(collector: MetricsCollector, *, process: bool = True) -> CollectorRegistry:
+    """A registry with the vLLM collector (and process/GC metrics, as vLLM's server has)."""
+    from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    if process:
+        for extra in (PROCESS_COLLECTOR, GC_COLLECTOR, PLATFORM_COLLECTOR):
+            registry.register(extra)
+    return registry

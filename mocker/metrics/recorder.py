@@ -1,0 +1,140 @@
+"""One engine's metric values, accumulated from the stats records its steps emit."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from mocker.config import EngineConfig
+from mocker.engine.outputs import StepResult
+from mocker.engine.stats import EngineSnapshot, FinishedRequestStats, IterationStats
+from mocker.metrics.histogram import (
+    ITERATION_TOKEN_BUCKETS,
+    ITL_BUCKETS,
+    PREEMPTION_BUCKETS,
+    REQUEST_TIME_BUCKETS,
+    TRANSFER_SIZE_BUCKETS,
+    TTFT_BUCKETS,
+    Histogram,
+    one_two_five_buckets,
+)
+from mocker.tiers.offload import TransferKind, TransferRecord
+
+__all__ = ["FINISH_REASONS", "StatsRecorder"]
+
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+def _histogram(bounds: tuple[float, ...]) -> Callable[[], Histogram]:
+    return lambda: Histogram(bounds)
+
+
+@dataclass(slots=True)
+class StatsRecorder:
+    """Counters and histograms of one engine (data-parallel rank), updated on its loop from
+    `StepResult`s and `FinishedRequestStats`; gauges come from `snapshot` at scrape time."""
+
+    config: EngineConfig
+    engine: str = "0"
+    snapshot: Callable[[], EngineSnapshot] | None = None
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    prompt_tokens_cached: int = 0
+    prompt_tokens_cached_host: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    external_prefix_queries: int = 0
+    external_prefix_hits: int = 0
+    num_preemptions: int = 0
+    offload_store_bytes: int = 0
+    offload_load_bytes: int = 0
+    offload_store_time: float = 0.0
+    offload_load_time: float = 0.0
+    finished: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS, 0))
+    ttft: Histogram = field(default_factory=_histogram(TTFT_BUCKETS))
+    itl: Histogram = field(default_factory=_histogram(ITL_BUCKETS))
+    tpot: Histogram = field(default_factory=_histogram(ITL_BUCKETS))
+    e2e: Histogram = field(default_factory=_histogram(REQUEST_TIME_BUCKETS))
+    queue: Histogram = field(default_factory=_histogram(REQUEST_TIME_BUCKETS))
+    inference: Histogram = field(default_factory=_histogram(REQUEST_TIME_BUCKETS))
+    prefill: Histogram = field(default_factory=_histogram(REQUEST_TIME_BUCKETS))
+    decode: Histogram = field(default_factory=_histogram(REQUEST_TIME_BUCKETS))
+    iteration_tokens: Histogram = field(default_factory=_histogram(ITERATION_TOKEN_BUCKETS))
+    request_preemptions: Histogram = field(default_factory=_histogram(PREEMPTION_BUCKETS))
+    offload_store_size: Histogram = field(default_factory=_histogram(TRANSFER_SIZE_BUCKETS))
+    offload_load_size: Histogram = field(default_factory=_histogram(TRANSFER_SIZE_BUCKETS))
+    request_prompt_tokens: Histogram = field(init=False)
+    request_generation_tokens: Histogram = field(init=False)
+    request_max_tokens: Histogram = field(init=False)
+
+    def __post_init__(self) -> None:
+        token_buckets = one_two_five_buckets(self.config.max_model_len)
+        self.request_prompt_tokens = Histogram(token_buckets)
+        self.request_generation_tokens = Histogram(token_buckets)
+        self.request_max_tokens = Histogram(token_buckets)
+
+    def current(self) -> EngineSnapshot:
+        """The gauges' values now (all zero before the engine is attached)."""
+        return self.snapshot() if self.snapshot is not None else EngineSnapshot(0, 0, 0.0)
+
+    # -- feeding ------------------------------------------------------------------------------
+
+    def on_step(self, result: StepResult) -> None:
+        """A pass (or an idle result carrying transfers, preemptions or prefix counts)."""
+        stats = result.stats
+        for record in result.transfers:
+            self._transfer(record)
+        # A pass can preempt (or count hits of a load that ended) and still compute nothing.
+        self.num_preemptions += stats.num_preemptions
+        self.prefix_queries += stats.prefix_queries
+        self.prefix_hits += stats.prefix_hits
+        self.external_prefix_queries += stats.external_prefix_queries
+        self.external_prefix_hits += stats.external_prefix_hits
+        if result.idle:
+            return
+        self.iteration_tokens.observe(stats.num_scheduled_tokens)
+        self._iteration(IterationStats.of(result.outputs))
+        for finished in result.finished:
+            self.on_finish(finished)
+
+    def _iteration(self, stats: IterationStats) -> None:
+        self.generation_tokens += stats.num_generation_tokens
+        self.prompt_tokens += stats.num_prompt_tokens
+        self.prompt_tokens_cached += stats.num_cached_tokens
+        self.prompt_tokens_cached_host += stats.num_host_cached_tokens
+        observe = self.ttft.observe
+        for ttft in stats.time_to_first_tokens:
+            observe(ttft)
+        observe = self.itl.observe
+        for itl in stats.inter_token_latencies:
+            observe(itl)
+
+    def _transfer(self, t: TransferRecord) -> None:
+        if t.kind is TransferKind.STORE:
+            self.offload_store_bytes += t.nbytes
+            self.offload_store_time += t.duration
+            self.offload_store_size.observe(t.nbytes)
+        else:
+            self.offload_load_bytes += t.nbytes
+            self.offload_load_time += t.duration
+            self.offload_load_size.observe(t.nbytes)
+
+    def on_finish(self, r: FinishedRequestStats) -> None:
+        """A request ended: in a pass, or outside one (abort, stop string)."""
+        reason = r.finish_reason.value
+        self.finished[reason] = self.finished.get(reason, 0) + 1
+        self.e2e.observe(r.e2e_latency)
+        self.request_prompt_tokens.observe(r.num_prompt_tokens)
+        self.request_generation_tokens.observe(r.num_generation_tokens)
+        self.request_max_tokens.observe(r.max_tokens)
+        if r.num_preemptions:
+            self.request_preemptions.observe(r.num_preemptions)
+        for histogram, value in (
+            (self.queue, r.queued_time),
+            (self.inference, r.inference_time),
+            (self.prefill, r.prefill_time),
+            (self.decode, r.decode_time),
+            (self.tpot, r.mean_time_per_output_token),
+        ):
+            if value is not None:
+                histogram.observe(value)
