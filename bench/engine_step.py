@@ -13,7 +13,6 @@ ratios, not absolute figures across runs):
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -21,6 +20,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness import emit, log, percentile, pin
 
 from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore
@@ -36,13 +37,8 @@ def pin_to_one_core() -> int | None:
     if not hasattr(os, "sched_setaffinity"):
         return None
     cpu = max(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {cpu})
+    pin(cpu)
     return cpu
-
-
-def p99(samples: list[float]) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
 def decode_step_costs(events: bool) -> dict[str, float]:
@@ -75,7 +71,7 @@ def decode_step_costs(events: bool) -> dict[str, float]:
     return {
         "mean": statistics.fmean(costs),
         "median": statistics.median(costs),
-        "p99": p99(costs),
+        "p99": percentile(costs, 0.99) or 0.0,
         "blocks_allocated_per_step": crossings / MEASURED_STEPS,
     }
 
@@ -147,15 +143,15 @@ def simulated_throughput(num_requests: int = 10_000) -> dict[str, float]:
 
 def main() -> None:
     cpu = pin_to_one_core()
-    print(f"pinned to cpu {cpu}", file=sys.stderr)
+    log(f"pinned to cpu {cpu}")
     on = decode_step_costs(events=True)
-    print(f"(a) step, events on: {on}", file=sys.stderr)
+    log(f"(a) step, events on: {on}")
     off = decode_step_costs(events=False)
-    print(f"(a) step, events off: {off}", file=sys.stderr)
+    log(f"(a) step, events off: {off}")
     floor = bare_loop_cost()
-    print(f"(a) bare loop floor: {floor:.4f} ms", file=sys.stderr)
+    log(f"(a) bare loop floor: {floor:.4f} ms")
     tput = simulated_throughput()
-    print(f"(b) throughput: {tput}", file=sys.stderr)
+    log(f"(b) throughput: {tput}")
     result = {
         "cpu": cpu,
         "num_running": NUM_RUNNING,
@@ -176,7 +172,7 @@ def main() -> None:
         "sim_median_running": tput["median_running"],
         "targets_met": on["mean"] < 1.0 and tput["sim_tokens_per_s"] >= 200_000,
     }
-    print(json.dumps(result))
+    emit(result)
 
 
 if __name__ == "__main__":

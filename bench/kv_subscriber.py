@@ -1,8 +1,9 @@
 """A KV-event consumer for benchmarks: binds a SUB socket, decodes and counts every batch.
 
-Run as `python bench/kv_subscriber.py PORT`; it prints `ready` once bound, then counts until
-stdin closes, and prints one JSON line: batches, events, stored blocks, sequence gaps, and the
-wall times (time.time()) of the first and last batch received.
+Run as `python bench/kv_subscriber.py`; it binds a free loopback port and prints `ready
+ENDPOINT` (the endpoint the engine is to connect to), then counts until stdin closes, and
+prints one JSON line: batches, events, stored blocks, sequence gaps, and the wall times
+(time.time()) of the first and last batch received.
 """
 
 from __future__ import annotations
@@ -17,15 +18,15 @@ import zmq
 
 
 def main() -> int:
-    port = int(sys.argv[1])
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.setsockopt(zmq.RCVTIMEO, 100)
-    sub.bind(f"tcp://127.0.0.1:{port}")  # the engine connects (llm-d's layout)
+    sub.bind("tcp://127.0.0.1:*")  # the engine connects (llm-d's layout); the system picks the port
+    endpoint = sub.getsockopt_string(zmq.LAST_ENDPOINT)
     done = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
-    print("ready", flush=True)
+    print(f"ready {endpoint}", flush=True)
     decode = msgspec.msgpack.decode
     counts = {"batches": 0, "events": 0, "stored_blocks": 0, "removed_blocks": 0, "gaps": 0}
     first = last = None

@@ -28,35 +28,37 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
-import os
 import random
 import statistics
 import sys
-import tempfile
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-import orjson
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness import (
-    CLIENT_CPU,
     HOST,
-    SERVER_CPU,
+    MACHINE,
+    Wanted,
+    attempt,
+    client_setup,
+    counters,
     cpu_seconds,
+    deltas,
+    emit,
     log,
+    mocker_argv,
     percentile,
     rounded,
     running,
+    scrape,
 )
+from sse_client import KeepAliveClient, Stream, completion_body, completion_request
 
 from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore
@@ -367,41 +369,19 @@ def replay_and_step_cost(prompts: list[list[int]]) -> dict[str, Any]:
 # -- live servers -----------------------------------------------------------------------------
 
 
-def mocker_argv(port: int, host_blocks: int) -> list[str]:
-    argv = [
-        sys.executable, "-m", "mocker", "serve",
-        "--host", HOST, "--port", str(port),
-        "--speedup-ratio", str(LIVE_SPEEDUP),
+def serve_argv(host_blocks: int) -> list[str]:
+    flags = [
         "--block-size", str(BLOCK_SIZE),
         "--num-gpu-blocks-override", str(NUM_GPU_BLOCKS),
         "--max-model-len", str(MAX_MODEL_LEN),
         "--seed", str(SEED),
-        "--disable-uvicorn-access-log",
-        "--uvicorn-log-level", "warning",
     ]  # fmt: skip
     if host_blocks:
-        argv += ["--num-host-blocks", str(host_blocks)]
-    return argv
+        flags += ["--num-host-blocks", str(host_blocks)]
+    return mocker_argv(LIVE_SPEEDUP, *flags)
 
 
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://{HOST}:{port}/metrics", timeout=10) as response:
-        return str(response.read().decode())
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    """Sum of a metric's samples over the label sets that carry all of `labels`."""
-    wanted = [f'{k}="{v}"' for k, v in labels.items()]
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " "):
-            head = line.rsplit(" ", 1)[0]
-            if all(w in head for w in wanted):
-                total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
-LIVE_METRICS = {
+LIVE_METRICS: Wanted = {
     "host_hit_tokens": ("vllm:prompt_tokens_cached_by_source_total", {"source": "host"}),
     "device_hit_tokens": ("vllm:prompt_tokens_cached_by_source_total", {"source": "device"}),
     "prompt_tokens": ("vllm:prompt_tokens_total", {}),
@@ -412,8 +392,8 @@ LIVE_METRICS = {
 }
 
 
-def counters(text: str) -> dict[str, float]:
-    return {key: metric(text, name, **labels) for key, (name, labels) in LIVE_METRICS.items()}
+async def live_counters(port: int) -> dict[str, float]:
+    return counters(await asyncio.to_thread(scrape, port), LIVE_METRICS)
 
 
 # -- the live client --------------------------------------------------------------------------
@@ -421,82 +401,44 @@ def counters(text: str) -> dict[str, float]:
 
 @dataclass(slots=True)
 class Sample:
-    """One streamed completion as the client saw it."""
+    """One streamed completion as the client saw it, and its round."""
 
     round: int
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    ttft_ms: float | None = None
-    latency_ms: float | None = None
-    error: str | None = None
-
-
-async def one_request(client: httpx.AsyncClient, url: str, body: bytes, sample: Sample) -> None:
-    sent = time.perf_counter()
-    try:
-        async with client.stream(
-            "POST", url, content=body, headers={"Content-Type": "application/json"}
-        ) as response:
-            if response.status_code != 200:
-                sample.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
-                return
-            async for line in response.aiter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                if sample.ttft_ms is None and '"text":' in line:
-                    sample.ttft_ms = (time.perf_counter() - sent) * 1000
-                elif '"usage":{' in line:
-                    usage = orjson.loads(line[6:])["usage"]
-                    sample.prompt_tokens = int(usage["prompt_tokens"])
-                    details = usage.get("prompt_tokens_details") or {}
-                    sample.cached_tokens = int(details.get("cached_tokens") or 0)
-        sample.latency_ms = (time.perf_counter() - sent) * 1000
-        if sample.ttft_ms is None or sample.prompt_tokens == 0:
-            sample.error = "stream ended without a token or usage"
-    except Exception as exc:
-        sample.error = repr(exc)[:200]
+    stream: Stream
 
 
 async def live_rounds(port: int, pid: int, prompts: list[list[int]]) -> dict[str, Any]:
     """ROUNDS rounds, LIVE_CONCURRENCY requests in flight, prompts in order within a round;
     /metrics scraped before the first round, after the first and after the last."""
-    url = f"http://{HOST}:{port}/v1/completions"
-    bodies = [
-        orjson.dumps(
-            {
-                "model": "mocker",
-                "prompt": p,
-                "max_tokens": MAX_TOKENS,
-                "ignore_eos": True,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
-        )
+    requests = [
+        completion_request(HOST, port, completion_body(p, MAX_TOKENS), keep_alive=True)
         for p in prompts
     ]
     samples: list[Sample] = []
-    scrapes = [counters(await asyncio.to_thread(scrape, port))]
-    limits = httpx.Limits(max_connections=LIVE_CONCURRENCY, max_keepalive_connections=64)
-    timeout = httpx.Timeout(REQUEST_TIMEOUT_S)
+    scrapes = [await live_counters(port)]
+    # One kept-alive connection per worker, across the rounds.
+    clients = [KeepAliveClient(HOST, port) for _ in range(LIVE_CONCURRENCY)]
+
+    async def worker(client: KeepAliveClient, todo: Iterator[int]) -> list[tuple[int, Stream]]:
+        return [(i, await client.stream(requests[i], REQUEST_TIMEOUT_S)) for i in todo]
+
     cpu0, mine0, t0 = cpu_seconds(pid), time.process_time(), time.perf_counter()
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+    try:
         for rnd in range(ROUNDS):
-            todo = iter(enumerate(bodies))
-            batch = [Sample(rnd) for _ in bodies]
-
-            async def worker(todo: Iterator[tuple[int, bytes]], batch: list[Sample]) -> None:
-                for i, body in todo:
-                    await one_request(client, url, body, batch[i])
-
-            await asyncio.gather(*(worker(todo, batch) for _ in range(LIVE_CONCURRENCY)))
-            samples += batch
+            todo = iter(range(len(requests)))
+            done = await asyncio.gather(*(worker(c, todo) for c in clients))
+            in_order = sorted((pair for pairs in done for pair in pairs), key=lambda p: p[0])
+            samples += [Sample(rnd, stream) for _, stream in in_order]
             if rnd == 0:
                 await asyncio.sleep(SETTLE_S)
-                scrapes.append(counters(await asyncio.to_thread(scrape, port)))
+                scrapes.append(await live_counters(port))
+    finally:
+        for c in clients:
+            c.close()
     window = time.perf_counter() - t0
     cpu1, mine1 = cpu_seconds(pid), time.process_time()
     await asyncio.sleep(SETTLE_S)
-    scrapes.append(counters(await asyncio.to_thread(scrape, port)))
+    scrapes.append(await live_counters(port))
     return {
         "samples": samples,
         "scrapes": scrapes,
@@ -509,16 +451,17 @@ async def live_rounds(port: int, pid: int, prompts: list[list[int]]) -> dict[str
 def live_summary(raw: dict[str, Any]) -> dict[str, Any]:
     samples: list[Sample] = raw["samples"]
     before, after_first, end = raw["scrapes"]
-    later = {k: end[k] - after_first[k] for k in end}  # rounds 2+ only
-    whole = {k: end[k] - before[k] for k in end}
-    ok_later = [s for s in samples if s.round > 0 and s.error is None]
+    later = deltas(end, after_first)  # rounds 2+ only
+    whole = deltas(end, before)
+    failures = [s.stream.failure for s in samples]
+    ok_later = [s.stream for s, f in zip(samples, failures, strict=True) if s.round > 0 and not f]
     ttfts = [s.ttft_ms for s in ok_later if s.ttft_ms is not None]
     lats = [s.latency_ms for s in ok_later if s.latency_ms is not None]
     client_prompt = sum(s.prompt_tokens for s in ok_later)
-    errors = sorted({s.error for s in samples if s.error is not None})
+    errors = sorted({f for f in failures if f is not None})
     return {
         "requests": len(samples),
-        "failed": sum(1 for s in samples if s.error is not None),
+        "failed": sum(1 for f in failures if f is not None),
         "rounds_2plus": {
             "host_hit_rate": rounded(ratio(later["host_hit_tokens"], later["prompt_tokens"], 6), 4),
             "device_hit_rate": rounded(
@@ -552,7 +495,7 @@ def live_summary(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def live_once(cfg: Config, prompts: list[list[int]], logs: Path) -> dict[str, Any]:
-    with running(f"mocker-{cfg.name}", lambda p: mocker_argv(p, cfg.num_host_blocks), logs) as s:
+    with running(f"mocker-{cfg.name}", serve_argv(cfg.num_host_blocks), logs) as s:
         raw = uvloop.run(live_rounds(s.port, s.proc.pid, prompts))
     summary = live_summary(raw)
     issues = s.log_issues()
@@ -650,21 +593,9 @@ def live(prompts: list[list[int]], logs: Path, errors: list[str]) -> dict[str, A
 # -- main -------------------------------------------------------------------------------------
 
 
-def attempt(errors: list[str], label: str, fn: Callable[[], Any]) -> Any:
-    """Run one part; a failure is recorded instead of ending the benchmark."""
-    try:
-        return fn()
-    except Exception as exc:
-        log(f"  {label} FAILED: {exc!r}")
-        errors.append(f"{label}: {exc!r}"[:500])
-        return None
-
-
 def main() -> int:
-    os.sched_setaffinity(0, {CLIENT_CPU})
     started = time.perf_counter()
-    logs = Path(tempfile.mkdtemp(prefix="offload-"))
-    log(f"server logs in {logs}; server on cpu {SERVER_CPU}, client and replays on {CLIENT_CPU}")
+    logs = client_setup("offload")  # the replays run on the client's core too
     errors: list[str] = []
     prompts = working_set()
     blocks = sum(len(p) for p in prompts) // BLOCK_SIZE
@@ -716,12 +647,12 @@ def main() -> int:
         "step_cost": step_cost,
         "live": live_result,
         "wall_s": round(wall, 1),
-        "machine": "2 shared, noisy cores: server on cpu 1, client on cpu 0; compare ratios",
+        "machine": MACHINE,
         "logs": str(logs),
         "errors": errors,
     }
     log(f"done in {wall:.1f}s")
-    print(json.dumps(summary))
+    emit(summary)
     required = ("host_hit_rate", "ttft_p50_ms_with_host", "ttft_p50_ms_without_host")
     return 1 if step_ratio is None or any(summary[k] is None for k in required) else 0
 

@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import ROOT, SERVER_CPU, log
+from harness import ROOT, SERVER_CPU, emit, log, pinned
 
 # Run from the repo root with no arguments: `.venv/bin/python bench/replay_speed.py`.
 # The replay runs in a child pinned to one core (the server core of the other benchmarks);
@@ -41,8 +41,8 @@ print(time.perf_counter() - started, result.num_steps, sum(r.ttft for r in resul
 
 
 def _timed(mode: str) -> tuple[float, int, float]:
-    argv = ["taskset", "-c", str(SERVER_CPU), sys.executable, "-c", _TIMED,
-            str(TRACE), str(BASELINE_REQUESTS), str(ENGINES), mode]  # fmt: skip
+    argv = pinned([sys.executable, "-c", _TIMED,
+                   str(TRACE), str(BASELINE_REQUESTS), str(ENGINES), mode])  # fmt: skip
     out = subprocess.run(argv, check=True, timeout=TIMEOUT_S, cwd=ROOT, capture_output=True)
     wall, steps, ttft_sum = out.stdout.split()
     return float(wall), int(steps), float(ttft_sum)
@@ -53,12 +53,11 @@ def main() -> int:
         log(f"no trace at {TRACE}")
         return 1
     out = Path(tempfile.mkdtemp(prefix="replay_speed-"))
-    argv = [
-        "taskset", "-c", str(SERVER_CPU),
+    argv = pinned([
         sys.executable, "-m", "mocker", "replay", str(TRACE),
         "--output-dir", str(out), "--quiet", "--no-plots",
         "--num-engines", str(ENGINES), "--router", "kv-aware",
-    ]  # fmt: skip
+    ])  # fmt: skip
     log(f"replaying {TRACE.name} on cpu {SERVER_CPU} with {ENGINES} engines; outputs in {out}")
     started = time.perf_counter()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -96,7 +95,7 @@ def main() -> int:
         f"{requests} requests in {wall:.1f} s: {result['requests_per_s']} requests/s, "
         f"{result['speedup_over_real_time']}x real time, peak RSS {result['peak_rss_mb']} MB"
     )
-    print(json.dumps(result))
+    emit(result)
     return 0
 
 

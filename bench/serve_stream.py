@@ -6,35 +6,41 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-import orjson
 import uvloop
 from harness import (
     CLIENT_CPU,
     HOST,
+    MACHINE,
     ROOT,
     SERVER_CPU,
     Server,
+    Wanted,
+    attempt,
+    client_setup,
+    counters,
     cpu_seconds,
-    free_port,
+    deltas,
+    emit,
     log,
+    metric,
+    mocker_argv,
     percentile,
+    pin,
     rounded,
     running,
+    scrape,
 )
+from sse_client import SseConnection, completion_body, completion_request
 
 # Run from the repo root with no arguments: `.venv/bin/python bench/serve_stream.py`.
 # Progress goes to stderr; the last stdout line is one JSON object. The machine has two
@@ -57,9 +63,10 @@ ITL_MAX_TOKENS = 64
 CONNECT_TIMEOUT_S = 30.0
 RUN_TIMEOUT_S = 120.0
 KV_SAMPLE_PERIOD_S = 0.2
-
-TEXT_KEY = b'"text":"'
-DATA_KEY = b"data: "
+ITL_METRICS: Wanted = {
+    "sum": ("vllm:inter_token_latency_seconds_sum", {}),
+    "count": ("vllm:inter_token_latency_seconds_count", {}),
+}
 
 
 def model_decode_ms(kv_usage: float, speedup: float) -> float:
@@ -68,132 +75,29 @@ def model_decode_ms(kv_usage: float, speedup: float) -> float:
     return (-25.74 * u * u + 54.01 * u + 5.74) / speedup
 
 
-def mocker_argv(port: int, speedup: float) -> list[str]:
-    return [
-        sys.executable, "-m", "mocker", "serve",
-        "--host", HOST, "--port", str(port),
-        "--speedup-ratio", str(speedup),
+def serve_argv(speedup: float) -> list[str]:
+    return mocker_argv(
+        speedup,
         "--max-num-seqs", "1024",
         "--max-num-batched-tokens", "8192",
         "--num-gpu-blocks-override", "65536",
-        "--disable-uvicorn-access-log",
-        "--uvicorn-log-level", "warning",
-    ]  # fmt: skip
+    )  # fmt: skip
 
 
-def events_argv(port: int, speedup: float, sub_port: int) -> list[str]:
+def events_argv(speedup: float, endpoint: str) -> list[str]:
     """mocker publishing KV events to a subscriber bound on loopback (the engine connects)."""
-    config = {"enable_kv_cache_events": True, "endpoint": f"tcp://{HOST}:{sub_port}"}
-    return [*mocker_argv(port, speedup), "--kv-events-config", json.dumps(config)]
+    config = {"enable_kv_cache_events": True, "endpoint": endpoint}
+    return [*serve_argv(speedup), "--kv-events-config", json.dumps(config)]
 
 
-def baseline_argv(port: int) -> list[str]:
-    return [
-        sys.executable, "-m", "uvicorn",
-        "--app-dir", str(ROOT / "bench"), "sse_baseline:app",
-        "--host", HOST, "--port", str(port),
-        "--loop", "uvloop", "--http", "httptools",
-        "--log-level", "warning", "--no-access-log",
-    ]  # fmt: skip
+# The bare floor: bench/sse_baseline.py binds a free port and names it, as mocker does.
+BASELINE_ARGV = [sys.executable, str(ROOT / "bench" / "sse_baseline.py")]
 
 
 def prompt_for(client: int) -> list[int]:
     # Distinct ids per client (max ~65k, inside any real vocabulary).
     base = 1000 + client * PROMPT_LEN
     return list(range(base, base + PROMPT_LEN))
-
-
-def completion_request(port: int, client: int, max_tokens: int) -> bytes:
-    body = orjson.dumps(
-        {
-            "model": "mocker",
-            "prompt": prompt_for(client),
-            "max_tokens": max_tokens,
-            "ignore_eos": True,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-    )
-    head = (
-        f"POST /v1/completions HTTP/1.1\r\nHost: {HOST}:{port}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        "Connection: close\r\n\r\n"
-    )
-    return head.encode() + body
-
-
-class StreamClient(asyncio.Protocol):
-    """One streaming completion on a raw socket, parsing only what the benchmark needs.
-
-    The body is chunked; each SSE event ends in "\\n\\n" and the chunk framing is "\\r\\n"
-    only, so splitting the raw bytes on "\\n\\n" yields whole events (with a chunk-size line
-    in front, which the key lookups skip). Every generated token is one " word" of
-    lowercase letters, so the spaces in "text" count the tokens a chunk carries.
-    """
-
-    def __init__(self, request: bytes, closed: asyncio.Future[None], read_batch: int) -> None:
-        self.request = request
-        self.read_batch = read_batch
-        self.closed = closed
-        self.transport: asyncio.Transport | None = None
-        self.buf = b""
-        self.status_ok: bool | None = None
-        self.sent_at = 0.0
-        self.done_at: float | None = None
-        self.times: list[float] = []  # arrival of each token chunk
-        self.tokens: list[int] = []  # tokens in each token chunk
-        self.chunk_bytes = 0  # SSE bytes of the token chunks
-        self.usage_tokens: int | None = None
-        self.error: str | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports do not subclass asyncio.Transport but have its interface.
-        self.transport = cast(asyncio.Transport, transport)
-        if self.read_batch > 1:
-            # The kernel reports the socket readable only once this many bytes are queued
-            # (or at EOF), so one read carries many chunks instead of one.
-            sock = transport.get_extra_info("socket")
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, self.read_batch)
-
-    def send(self) -> None:
-        assert self.transport is not None
-        self.sent_at = time.perf_counter()
-        self.transport.write(self.request)
-
-    def data_received(self, data: bytes) -> None:
-        now = time.perf_counter()  # one stamp per read: events read together arrived together
-        if self.status_ok is None:
-            self.status_ok = data.startswith(b"HTTP/1.1 200")
-            if not self.status_ok:
-                self.error = data[:300].decode(errors="replace")
-        *events, self.buf = (self.buf + data).split(b"\n\n")
-        for event in events:
-            self._event(event, now)
-
-    def _event(self, event: bytes, now: float) -> None:
-        start = event.find(TEXT_KEY)
-        if start >= 0:
-            start += len(TEXT_KEY)
-            self.times.append(now)
-            self.tokens.append(event.count(b" ", start, event.find(b'"', start)))
-            self.chunk_bytes += len(event) - event.find(DATA_KEY) + 2
-        elif b'"usage":' in event:
-            usage = orjson.loads(event[event.find(DATA_KEY) + len(DATA_KEY) :])["usage"]
-            self.usage_tokens = int(usage["completion_tokens"])
-        elif event.endswith(b"data: [DONE]"):
-            self.done_at = now
-        elif b'"error"' in event and self.error is None:
-            self.error = event[event.find(DATA_KEY) :][:300].decode(errors="replace")
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if exc is not None and self.error is None:
-            self.error = repr(exc)
-        if not self.closed.done():
-            self.closed.set_result(None)
-
-    @property
-    def ok(self) -> bool:
-        return bool(self.status_ok) and self.done_at is not None and self.usage_tokens is not None
 
 
 @dataclass(slots=True)
@@ -235,27 +139,25 @@ async def run_load(
 ) -> Load:
     """N streams connected first, then sent together; the window ends at the last [DONE]."""
     loop = asyncio.get_running_loop()
-    clients = [
-        StreamClient(completion_request(port, i, max_tokens), loop.create_future(), read_batch)
-        for i in range(n)
+    requests = [
+        completion_request(HOST, port, completion_body(prompt_for(i), max_tokens)) for i in range(n)
     ]
+    conns = [SseConnection(read_batch) for _ in range(n)]
     try:
         # Connect everyone before the window so all requests leave within a millisecond or so.
         await asyncio.wait_for(
-            asyncio.gather(*(loop.create_connection(lambda c=c: c, HOST, port) for c in clients)),
+            asyncio.gather(*(loop.create_connection(lambda c=c: c, HOST, port) for c in conns)),
             CONNECT_TIMEOUT_S,
         )
         cpu0, mine0 = cpu_seconds(server_pid), time.process_time()
         start = time.perf_counter()
-        for c in clients:
-            c.send()
-        await asyncio.wait_for(asyncio.gather(*(c.closed for c in clients)), RUN_TIMEOUT_S)
+        clients = [c.send(request) for c, request in zip(conns, requests, strict=True)]
+        await asyncio.wait_for(asyncio.gather(*(c.ended for c in conns)), RUN_TIMEOUT_S)
         end = max([c.done_at for c in clients if c.done_at is not None], default=0.0)
         cpu1, mine1 = cpu_seconds(server_pid), time.process_time()
     finally:
-        for c in clients:
-            if c.transport is not None and not c.transport.is_closing():
-                c.transport.abort()
+        for c in conns:
+            c.abort()
     if end <= start:
         raise RuntimeError(f"no stream finished; first error: {clients[0].error}")
     window = end - start
@@ -284,21 +186,7 @@ async def run_load(
     )
 
 
-# -- metrics scraping -------------------------------------------------------------------------
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://{HOST}:{port}/metrics", timeout=10) as response:
-        return str(response.read().decode())
-
-
-def metric(text: str, name: str) -> float:
-    """Sum of a metric's samples over all label sets."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " "):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+# -- /metrics during a run ---------------------------------------------------------------------
 
 
 async def sample_kv_usage(port: int, samples: list[float]) -> None:
@@ -313,7 +201,7 @@ async def sample_kv_usage(port: int, samples: list[float]) -> None:
 
 
 async def run_itl(port: int, server_pid: int, n: int) -> dict[str, Any]:
-    before = await asyncio.to_thread(scrape, port)
+    before = counters(await asyncio.to_thread(scrape, port), ITL_METRICS)
     kv: list[float] = []
     sampler = asyncio.get_running_loop().create_task(sample_kv_usage(port, kv))
     try:
@@ -322,17 +210,11 @@ async def run_itl(port: int, server_pid: int, n: int) -> dict[str, Any]:
         sampler.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await sampler
-    after = await asyncio.to_thread(scrape, port)
-    itl_sum = metric(after, "vllm:inter_token_latency_seconds_sum") - metric(
-        before, "vllm:inter_token_latency_seconds_sum"
-    )
-    itl_count = metric(after, "vllm:inter_token_latency_seconds_count") - metric(
-        before, "vllm:inter_token_latency_seconds_count"
-    )
+    itl = deltas(counters(await asyncio.to_thread(scrape, port), ITL_METRICS), before)
     kv_mean = sum(kv) / len(kv) if kv else None
     return {
         "load": load,
-        "model_itl_ms": itl_sum / itl_count * 1000 if itl_count else None,
+        "model_itl_ms": itl["sum"] / itl["count"] * 1000 if itl["count"] else None,
         "kv_usage": kv_mean,
         "formula_itl_ms": None if kv_mean is None else model_decode_ms(kv_mean, ITL_SPEEDUP),
     }
@@ -348,8 +230,8 @@ def collect_log_issues(name: str, server: Server, load: Load) -> None:
         log(f"  {name} log: {len(load.log_issues)} suspicious lines: {load.log_issues[0]}")
 
 
-def throughput(name: str, argv_for: Callable[[int], list[str]], n: int, logs: Path) -> Load:
-    with running(name, argv_for, logs) as server:
+def throughput(name: str, argv: list[str], n: int, logs: Path) -> Load:
+    with running(name, argv, logs) as server:
         load = uvloop.run(
             run_load(server.port, server.proc.pid, n, TPUT_MAX_TOKENS, TPUT_READ_BATCH)
         )
@@ -363,18 +245,29 @@ def throughput(name: str, argv_for: Callable[[int], list[str]], n: int, logs: Pa
     return load
 
 
+@dataclass(slots=True)
+class Subscriber:
+    """A running bench/kv_subscriber.py: the endpoint it bound, and its counts once stopped."""
+
+    endpoint: str
+    counts: dict[str, Any] = field(default_factory=dict)
+
+
 @contextlib.contextmanager
-def kv_subscriber(port: int) -> Any:
-    """bench/kv_subscriber.py on the client's core (inherited affinity); yields a dict that is
-    filled with its counts once it has stopped."""
+def kv_subscriber() -> Iterator[Subscriber]:
+    """bench/kv_subscriber.py on the client's core (inherited affinity). It binds a free port
+    and names the endpoint before anyone connects; its counts are filled in once it stops."""
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "bench" / "kv_subscriber.py"), str(port)],
+        [sys.executable, str(ROOT / "bench" / "kv_subscriber.py")],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     counts: dict[str, Any] = {}
     try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        yield counts
+        assert proc.stdout is not None
+        ready, _, endpoint = proc.stdout.readline().strip().partition(" ")
+        if ready != "ready" or not endpoint:
+            raise RuntimeError(f"kv_subscriber.py did not start (said {ready!r} {endpoint!r})")
+        yield Subscriber(endpoint, counts)
     finally:
         out, _ = proc.communicate(input="", timeout=30)  # stdin EOF: print the counts, exit
         lines = out.strip().splitlines()
@@ -383,9 +276,9 @@ def kv_subscriber(port: int) -> Any:
 
 
 def throughput_with_events(n: int, logs: Path) -> tuple[Load, dict[str, Any]]:
-    sub_port = free_port()
-    with kv_subscriber(sub_port) as counts:
-        load = throughput("events", lambda p: events_argv(p, TPUT_SPEEDUP, sub_port), n, logs)
+    with kv_subscriber() as sub:
+        load = throughput("events", events_argv(TPUT_SPEEDUP, sub.endpoint), n, logs)
+    counts = sub.counts
     if not counts.get("batches"):
         raise RuntimeError(f"the subscriber received no KV events: {counts}")
     log(
@@ -412,7 +305,7 @@ def events_cost(logs: Path) -> dict[str, Any]:
     n = EVENTS_STREAMS
 
     def plain() -> Load:
-        return throughput("mocker", lambda p: mocker_argv(p, TPUT_SPEEDUP), n, logs)
+        return throughput("mocker", serve_argv(TPUT_SPEEDUP), n, logs)
 
     for i in range(EVENTS_PAIRS):
         if i % 2:
@@ -457,14 +350,13 @@ def publisher_ceiling() -> dict[str, Any]:
     from mocker.kvevents.config import KVEventsConfig
     from mocker.kvevents.publisher import ZmqEventPublisher
 
-    sub_port = free_port()
     batch = [
         BlockStored((2**63 + i,), 2**62 + i, tuple(range(i, i + 16)), 16)
         for i in range(CEILING_EVENTS_PER_BATCH)
     ]
-    config = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://{HOST}:{sub_port}")
-    with kv_subscriber(sub_port) as counts:
-        os.sched_setaffinity(0, {SERVER_CPU})  # the publisher thread inherits this core
+    with kv_subscriber() as sub:
+        config = KVEventsConfig(enable_kv_cache_events=True, endpoint=sub.endpoint)
+        pin(SERVER_CPU)  # the publisher thread inherits this core
         try:
             # Its first batch (AllBlocksCleared) waits for the subscription, so none is lost.
             publisher = ZmqEventPublisher(config)
@@ -474,8 +366,9 @@ def publisher_ceiling() -> dict[str, Any]:
             publish_s = time.perf_counter() - start
             publisher.close(timeout=60)
         finally:
-            os.sched_setaffinity(0, {CLIENT_CPU})
+            pin(CLIENT_CPU)
         time.sleep(0.5)  # the subscriber drains its socket before it is told to stop
+    counts = sub.counts
     received = counts["events"]
     span = max(1e-9, counts["last_at"] - counts["first_at"])
     result = {
@@ -494,7 +387,7 @@ def publisher_ceiling() -> dict[str, Any]:
 
 
 def itl(n: int, logs: Path) -> dict[str, Any]:
-    with running("mocker-itl", lambda p: mocker_argv(p, ITL_SPEEDUP), logs) as server:
+    with running("mocker-itl", serve_argv(ITL_SPEEDUP), logs) as server:
         result = uvloop.run(run_itl(server.port, server.proc.pid, n))
     load: Load = result["load"]
     p50, p99 = percentile(load.gaps_ms, 0.5) or 0.0, percentile(load.gaps_ms, 0.99) or 0.0
@@ -512,23 +405,16 @@ def itl(n: int, logs: Path) -> dict[str, Any]:
     return result
 
 
-def attempt(row: dict[str, Any], label: str, fn: Callable[[], Any]) -> Any:
-    """Run one case; a failure is recorded in the row instead of ending the benchmark."""
-    try:
-        return fn()
-    except Exception as exc:
-        log(f"  {label} N={row['streams']} FAILED: {exc!r}")
-        row.setdefault("errors", []).append(f"{label}: {exc!r}"[:500])
-        return None
-
-
 def row_for(n: int, logs: Path) -> dict[str, Any]:
     row: dict[str, Any] = {"streams": n}
+    errors: list[str] = []
     mocker = attempt(
-        row, "mocker", lambda: throughput("mocker", lambda p: mocker_argv(p, TPUT_SPEEDUP), n, logs)
+        errors, "mocker", lambda: throughput("mocker", serve_argv(TPUT_SPEEDUP), n, logs)
     )
-    base = attempt(row, "baseline", lambda: throughput("baseline", baseline_argv, n, logs))
-    fidelity = attempt(row, "itl", lambda: itl(n, logs))
+    base = attempt(errors, "baseline", lambda: throughput("baseline", BASELINE_ARGV, n, logs))
+    fidelity = attempt(errors, "itl", lambda: itl(n, logs))
+    if errors:
+        row["errors"] = errors
     if mocker is not None:
         row.update(
             tokens_per_s=round(mocker.tokens_per_s),
@@ -587,10 +473,8 @@ def row_for(n: int, logs: Path) -> dict[str, Any]:
 
 
 def main() -> int:
-    os.sched_setaffinity(0, {CLIENT_CPU})
     started = time.perf_counter()
-    logs = Path(tempfile.mkdtemp(prefix="serve_stream-"))
-    log(f"server logs in {logs}; server on cpu {SERVER_CPU}, client on cpu {CLIENT_CPU}")
+    logs = client_setup("serve_stream")
     rows = []
     for n in STREAM_COUNTS:
         log(f"N = {n} streams")
@@ -609,10 +493,10 @@ def main() -> int:
         "itl_max_tokens": ITL_MAX_TOKENS,
         "prompt_len": PROMPT_LEN,
         "wall_s": round(wall, 1),
-        "machine": "2 shared, noisy cores: server on cpu 1, client on cpu 0; compare ratios",
+        "machine": MACHINE,
         "logs": str(logs),
     }
-    print(json.dumps(summary))
+    emit(summary)
     return 0
 
 

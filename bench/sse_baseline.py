@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -11,7 +13,9 @@ from typing import Any
 
 import orjson
 
-# Run as: uvicorn --app-dir bench sse_baseline:app --loop uvloop --http httptools
+# Run as `python bench/sse_baseline.py [HOST]`: it binds a free port on HOST (127.0.0.1) and
+# names it on stderr, as `mocker serve --port 0` does; or as an app, `uvicorn --app-dir bench
+# sse_baseline:app --loop uvloop --http httptools`.
 # POST /v1/completions streams max_tokens token chunks shaped and sized like mocker's
 # (same id, created, model and field layout; every token is one word), then a usage chunk
 # and [DONE]. There is no engine and no per-request task beyond the ASGI handler itself:
@@ -189,3 +193,23 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
         await _completions(receive, send)
     else:
         await _plain(send, 404, b"not found")
+
+
+def main() -> int:
+    """Serve `app` on uvicorn (uvloop, httptools) on a port the system picks, and name it."""
+    import uvicorn
+
+    host = sys.argv[1] if len(sys.argv) > 1 else "127.0.0.1"
+    # Bound here, as mocker does, so the port is taken before it is named (backlog as uvicorn's).
+    listener = socket.create_server((host, 0), backlog=2048)
+    port = listener.getsockname()[1]
+    print(f"sse_baseline: serving mocker at http://{host}:{port}/v1", file=sys.stderr, flush=True)
+    config = uvicorn.Config(
+        app, loop="uvloop", http="httptools", log_level="warning", access_log=False
+    )
+    uvicorn.Server(config).run(sockets=[listener])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
