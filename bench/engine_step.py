@@ -51,11 +51,14 @@ def decode_step_costs(events: bool) -> dict[str, float]:
             EngineRequest(f"r{i}", prompt, SamplingParams(max_tokens=700, ignore_eos=True))
         )
     now = 0.0
-    while any(r.num_output_tokens == 0 for r in core.requests.values()):
-        now = core.step(now).end
+    started: set[str] = set()  # requests past their prompt
+    while len(started) < NUM_RUNNING:
+        result = core.step(now)
+        now = result.end
+        started.update(o.request_id for o in result.outputs)
     costs: list[float] = []
     crossings = 0
-    blocks_before = core.pool.num_used
+    blocks_before = core.snapshot().num_used_blocks
     for _ in range(MEASURED_STEPS):
         t0 = time.perf_counter_ns()
         result = core.step(now)
@@ -63,8 +66,8 @@ def decode_step_costs(events: bool) -> dict[str, float]:
         now = result.end
         if result.stats.num_generated_tokens != NUM_RUNNING:
             raise SystemExit(f"a measured step produced {result.stats.num_generated_tokens} tokens")
-        grown = core.pool.num_used - blocks_before
-        blocks_before = core.pool.num_used
+        used = core.snapshot().num_used_blocks
+        grown, blocks_before = used - blocks_before, used
         if grown <= 0:
             raise SystemExit("a measured step crossed no block boundary")
         crossings += grown

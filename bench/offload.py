@@ -63,8 +63,9 @@ from sse_client import KeepAliveClient, Stream, completion_body, completion_requ
 from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore
 from mocker.engine.outputs import StepResult
+from mocker.engine.stats import FinishedRequestStats
 from mocker.engine.virtual import VirtualDriver, VirtualRun
-from mocker.request import EngineRequest, Request, SamplingParams
+from mocker.request import EngineRequest, SamplingParams
 from mocker.tiers.offload import TransferKind
 
 # -- the scenario (shared by all three parts) --
@@ -166,10 +167,10 @@ WITHOUT_HOST = Config("without_host", 0)
 WRITE_THROUGH = Config("with_host_write_through", NUM_HOST_BLOCKS, "write-through")
 
 
-def hit_summary(requests: list[Request]) -> dict[str, Any]:
+def hit_summary(requests: list[FinishedRequestStats]) -> dict[str, Any]:
     """Hit rate by tier (hit tokens / prompt tokens) and engine TTFT over these requests."""
     prompt = sum(r.num_prompt_tokens for r in requests)
-    cached = sum(max(r.num_cached_tokens, 0) for r in requests)
+    cached = sum(r.num_cached_tokens for r in requests)
     host = sum(r.num_host_cached_tokens for r in requests)
     ttfts = [
         (r.first_token_time - r.arrival_time) * 1000
@@ -210,7 +211,7 @@ def replay_once(cfg: Config, requests: list[EngineRequest]) -> dict[str, Any]:
     core.step = timed_step  # type: ignore[method-assign]
     run = VirtualRun()
     moved = {TransferKind.STORE: [0, 0], TransferKind.LOAD: [0, 0]}  # transfers, bytes
-    stats_hits = [0, 0, 0]  # prefix queries, device hits, host hits (tokens, from StepStats)
+    stats_hits = [0, 0, 0]  # prefix queries, device hits, host hits (tokens, from SchedulerStats)
     running = 0
     gc.collect()
     gc.disable()
