@@ -1,0 +1,67 @@
+"""Request intake: each check's wording, its field, and the resolved max_tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from mocker.engine.intake import (
+    RequestRejected,
+    check_min_tokens,
+    check_prompt_length,
+    check_request,
+    request_id_in_use,
+)
+from mocker.request import EngineRequest
+from tests.support.engines import req, small_config
+
+
+def test_a_valid_request_resolves_max_tokens_to_the_room_left() -> None:
+    config = small_config(max_model_len=40)
+    assert check_request(config, req("a", range(30), max_tokens=None)) == 10
+    assert check_request(config, req("a", range(30), max_tokens=4)) == 4
+
+
+def test_context_length_uses_vllms_words_and_names_the_field() -> None:
+    with pytest.raises(RequestRejected) as caught:
+        check_prompt_length(small_config(max_model_len=8), 8, "messages")
+    assert str(caught.value) == (
+        "This model's maximum context length is 8 tokens. However, your prompt contains 8 "
+        "input tokens, leaving no room for the completion. Please reduce the length of the "
+        "prompt."
+    )
+    assert caught.value.param == "messages"
+    check_prompt_length(small_config(max_model_len=8), 7)
+
+
+def test_min_tokens_wording() -> None:
+    with pytest.raises(RequestRejected, match=r"min_tokens \(5\) must be less than or equal to "
+                       r"max_tokens \(4\)\.") as caught:  # fmt: skip
+        check_min_tokens(5, 4)
+    assert caught.value.param == "min_tokens"
+    with pytest.raises(RequestRejected, match=r"min_tokens \(-1\) must be >= 0"):
+        check_min_tokens(-1, 4)
+    check_min_tokens(4, 4)
+
+
+def test_the_engine_and_the_api_share_one_wording() -> None:
+    # The engine refuses with the same sentence the API answers a 400 with.
+    config = small_config(max_model_len=16)
+    with pytest.raises(RequestRejected) as engine:
+        check_request(config, req("a", range(16)))
+    with pytest.raises(RequestRejected) as api:
+        check_prompt_length(config, 16, "prompt")
+    assert str(engine.value) == str(api.value)
+    with pytest.raises(RequestRejected) as engine:
+        check_request(config, req("a", range(4), max_tokens=2, min_tokens=3))
+    with pytest.raises(RequestRejected) as api:
+        check_min_tokens(3, 2)
+    assert str(engine.value) == str(api.value)
+
+
+def test_request_id_in_use_wording() -> None:
+    assert str(request_id_in_use("x")) == "request id 'x' is already in use"
+
+
+def test_bad_strings_are_caught_before_hashing() -> None:
+    with pytest.raises(RequestRejected, match="cache_salt"):
+        check_request(small_config(), EngineRequest("a", [1, 2], cache_salt="\ud800"))
