@@ -19,6 +19,7 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 # Deploy artifacts: hadolint, compose config, helm lint + kubernetes-validate, and a

@@ -79,10 +79,10 @@ def parse_fault_types(items: Iterable[str | int]) -> tuple[FaultType, ...]:
 def _fraction(name: str, value: Any, *, upper: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{name} must be a number, not {value!r}")
-    value = float(value)
-    if not 0 <= value <= upper:  # NaN fails too
-        raise ValueError(f"{name}={value!r} must be [0, {upper:g}]")
-    return value
+    number = float(value)
+    if not 0 <= number <= upper:  # NaN fails too
+        raise ValueError(f"{name}={number!r} must be [0, {upper:g}]")
+    return number
 
 
 @dataclass(frozen=True, slots=True)

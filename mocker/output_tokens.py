@@ -61,7 +61,8 @@ class OutputTokenSampler:
             x = np.arange(start, start + count, dtype=np.uint64)
             x += np.uint64(request_seed & MASK64)
         index = (splitmix64_array(x) >> np.uint64(7)) % np.uint64(len(self._palette))
-        return self._palette_array[index].tolist()
+        tokens: list[int] = self._palette_array[index].tolist()
+        return tokens
 
     def token_avoiding(self, request_seed: int, index: int, banned: Collection[int]) -> int:
         """A non-EOS token at `index` outside `banned` (vLLM masks stop tokens while

@@ -152,7 +152,8 @@ class ProfileTiming:
         g = self._itl
         top = g[i0][j0] * (1.0 - wj) + g[i0][j1] * wj
         bottom = g[i1][j0] * (1.0 - wj) + g[i1][j1] * wj
-        return max(0.0, top * (1.0 - wi) + bottom * wi)
+        itl: float = top * (1.0 - wi) + bottom * wi
+        return max(0.0, itl)
 
 
 def pass_duration_s(model: TimingModel, shape: PassShape, speedup_ratio: float) -> float:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from jinja2 import Template
 from tokenizers import Tokenizer
 
 __all__ = [
@@ -190,7 +191,7 @@ class TextTokenizer:
         return self._tk.id_to_token(token_id)
 
 
-def _compile(template: str) -> Any:
+def _compile(template: str) -> Template:
     """A sandboxed Jinja2 template with the helpers Hugging Face chat templates expect."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 

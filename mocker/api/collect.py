@@ -121,8 +121,13 @@ class ResponseCollector:
                 "stop_reason": choice.stop_reason,
                 "prompt_logprobs": None,
             }
-        message = {"role": "assistant", "content": text, "refusal": None, "tool_calls": [],
-                   "reasoning_content": None}  # fmt: skip
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": text,
+            "refusal": None,
+            "tool_calls": [],
+            "reasoning_content": None,
+        }
         return {
             "index": choice.index,
             "message": message,

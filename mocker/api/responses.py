@@ -26,6 +26,10 @@ async def _watch(receive: Receive, on_disconnect: Callable[[], None]) -> None:
             return
 
 
+async def _awaited(awaitable: Awaitable[None]) -> None:
+    await awaitable
+
+
 class Emitter:
     """Writes body chunks of one response from plain (non-async) code, in order.
 
@@ -54,7 +58,9 @@ class Emitter:
         if self._pending is not None:
             self._backlog.append(message)
             return
-        coro = self._send(message)
+        sending = self._send(message)
+        # Servers' `send` is an `async def` (uvicorn's is): a coroutine, stepped right here.
+        coro = sending if isinstance(sending, Coroutine) else _awaited(sending)
         try:
             waiting_on = coro.send(None)
         except StopIteration:

@@ -8,7 +8,7 @@ from types import FrameType
 
 import uvicorn
 
-from mocker.api.app import ServerState
+from mocker.api.state import ServerState
 
 __all__ = ["DrainingServer"]
 

@@ -82,7 +82,7 @@ def _rank_engine(
     core = EngineCore(config, output_palette=tokenizer.palette)
     metrics = StatsRecorder(config, engine=str(rank))
     publisher = None
-    on_step = metrics.on_step
+    on_step: Callable[[StepResult], None] = metrics.on_step
     events = settings.kv_events
     if events.active:
         topic = events.topic_for(

@@ -7,6 +7,7 @@ client's context (a 400) and the engine never holds a request it cannot serve.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 
 from mocker.config import EngineConfig
 from mocker.kv.hashing import extra_keys_bytes
@@ -55,9 +56,9 @@ def check_min_tokens(min_tokens: int, max_tokens: int) -> None:
         )
 
 
-def _check_prompt_ids(prompt: object) -> int:
+def _check_prompt_ids(prompt: Sequence[int]) -> int:
     try:
-        n = len(array("I", prompt))  # type: ignore[arg-type]  # C-speed: ints in [0, 2^32)
+        n = len(array("I", prompt))  # C speed: every id an int in [0, 2^32), as hashing needs
     except (TypeError, OverflowError) as exc:
         raise RequestRejected(f"prompt token ids must be integers in [0, 2^32): {exc}") from None
     if n == 0:

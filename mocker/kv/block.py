@@ -33,6 +33,14 @@ class KVBlock:
     token_start: int = 0
     lora_name: str | None = None
 
+    @property
+    def cached_hash(self) -> BlockHash:
+        """The hash of a block known to be cached (or being offloaded); a bug otherwise."""
+        block_hash = self.block_hash
+        if block_hash is None:
+            raise RuntimeError(f"{self!r} holds no hash")
+        return block_hash
+
     def token_ids(self, block_size: int) -> tuple[int, ...]:
         src = self.token_src
         start = self.token_start

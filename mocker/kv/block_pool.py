@@ -128,7 +128,7 @@ class BlockPool:
         found = list(map(self._cached.get, block_hashes))
         if None in found:
             del found[found.index(None) :]
-        return found  # type: ignore[return-value]
+        return found  # type: ignore[return-value]  # the Nones were cut off just above
 
     def num_reviving(self, blocks: Sequence[KVBlock]) -> int:
         """How many of these cached blocks are free and reusable: taking them as prefix hits
@@ -179,7 +179,7 @@ class BlockPool:
                 if holds is not None:
                     block.dirty = not holds(block_hash)  # held blocks are referenced: no count
                 if lineage:
-                    parent = cached.get(block.parent_hash) if i > 0 else None  # type: ignore[arg-type]
+                    parent = cached.get(block_hashes[i - 1]) if i > 0 else None
                     policy.on_cached(block, parent)
                 if run_start < 0:
                     run_start = i
@@ -398,7 +398,7 @@ class BlockPool:
             cleared += 1
         kept = parents_first(
             cached.values(),
-            lambda b: b.block_hash,  # type: ignore[arg-type, return-value]
+            lambda b: b.cached_hash,
             lambda b: b.parent_hash,
         )
         for block in kept:  # recount cache lineage among the survivors
@@ -411,7 +411,7 @@ class BlockPool:
             bs = self.block_size
             self._events.extend(
                 BlockStored(
-                    block_hashes=(b.block_hash,),  # type: ignore[arg-type]
+                    block_hashes=(b.cached_hash,),
                     parent_block_hash=b.parent_hash,
                     token_ids=b.token_ids(bs),
                     block_size=bs,

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from prometheus_client.utils import floatToGoString
+
+# Go's float formatting, as Prometheus prints bucket bounds (the library leaves it untyped).
+_go_float: Callable[[float], str] = floatToGoString
 
 __all__ = [
     "BUCKETS",
@@ -75,6 +78,6 @@ class Histogram:
         running = 0
         for bound, n in zip(self.bounds, self.counts, strict=False):
             running += n
-            out.append((floatToGoString(bound), running))
+            out.append((_go_float(bound), running))
         out.append(("+Inf", running + self.counts[-1]))
         return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -21,16 +21,17 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from mocker.engine.stats import EngineSnapshot
+from mocker.faults import FaultType
 from mocker.metrics.histogram import Histogram
 from mocker.metrics.recorder import StatsRecorder
 
 __all__ = ["FAMILIES", "Family", "Kind", "MetricsCollector", "build_registry"]
 
 
-class Kind(Enum):
-    COUNTER = CounterMetricFamily
-    GAUGE = GaugeMetricFamily
-    HISTOGRAM = HistogramMetricFamily
+class Kind(StrEnum):
+    COUNTER = "counter"
+    GAUGE = "gauge"
+    HISTOGRAM = "histogram"
 
 
 # A family's value for one engine: a number or a histogram, or with `label` set, a
@@ -174,7 +175,7 @@ class MetricsCollector(Collector):
         model_name: str,
         *,
         legacy_names: bool = False,
-        failures: Mapping[str, int] | None = None,
+        failures: Mapping[FaultType, int] | None = None,
     ) -> None:
         self.engines = list(engines)
         self.model_name = model_name
@@ -199,16 +200,26 @@ class MetricsCollector(Collector):
         family: Family, rows: list[tuple[StatsRecorder, EngineSnapshot, list[str]]]
     ) -> Metric:
         labels = _LABELS if family.label is None else [*_LABELS, family.label]
-        metric = family.kind.value(family.name, family.help, labels=labels)
+        if family.kind is Kind.HISTOGRAM:
+            histograms = HistogramMetricFamily(family.name, family.help, labels=labels)
+            for m, snapshot, label_values in rows:
+                h = family.source(m, snapshot)
+                assert isinstance(h, Histogram), family.name
+                histograms.add_metric(label_values, h.cumulative(), h.total)
+            return histograms
+        metric: CounterMetricFamily | GaugeMetricFamily
+        if family.kind is Kind.COUNTER:
+            metric = CounterMetricFamily(family.name, family.help, labels=labels)
+        else:
+            metric = GaugeMetricFamily(family.name, family.help, labels=labels)
         for m, snapshot, label_values in rows:
             value = family.source(m, snapshot)
-            if isinstance(value, Histogram):
-                metric.add_metric(label_values, value.cumulative(), value.total)
-            elif family.label is not None:
-                for extra, v in value:  # type: ignore[union-attr]
-                    metric.add_metric([*label_values, extra], v)
-            else:
+            if isinstance(value, int | float):
                 metric.add_metric(label_values, value)
+                continue
+            assert not isinstance(value, Histogram), family.name
+            for extra, v in value:  # one series per value of `family.label`
+                metric.add_metric([*label_values, extra], v)
         return metric
 
     def _cache_config_info(self) -> GaugeMetricFamily:
@@ -229,7 +240,7 @@ class MetricsCollector(Collector):
             )  # fmt: skip
         return info
 
-    def _injected_failures(self, failures: Mapping[str, int]) -> CounterMetricFamily:
+    def _injected_failures(self, failures: Mapping[FaultType, int]) -> CounterMetricFamily:
         injected = CounterMetricFamily(
             "mocker:injected_failures",
             "Requests failed on purpose (fault injection), by failure type.",

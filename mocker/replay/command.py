@@ -22,7 +22,7 @@ from mocker.settings import ENGINE_OPTIONS, add_options, engine_config_from, res
 __all__ = ["add_replay_parser", "run_replay"]
 
 
-def add_replay_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_replay_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "replay",
         help="run a recorded or generated trace through the engine on a virtual clock",

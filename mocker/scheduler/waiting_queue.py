@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterator
 from itertools import count
 
 from mocker.request import Request
@@ -66,6 +67,6 @@ class WaitingQueue:
     def remove(self, request: Request) -> bool:
         return self._live.pop(request, None) is not None
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Request]:
         """Waiting requests in scheduling order (for tests and introspection; O(n log n))."""
         return iter([r for _, o, r in sorted(self._heap) if self._live.get(r) == o])

@@ -254,7 +254,7 @@ class OffloadManager:
         owners: list[Request] | None = None,
     ) -> None:
         if hashes is None:
-            hashes = [b.block_hash for b in blocks]  # type: ignore[misc]
+            hashes = [b.cached_hash for b in blocks]
         size = self.batch_size
         for lo in range(0, len(blocks), size):
             chunk = blocks[lo : lo + size]
