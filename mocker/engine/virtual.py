@@ -36,7 +36,12 @@ class VirtualRun:
 
 class VirtualDriver:
     """Discrete-event loop: arrivals and aborts are applied at the start of the first pass at or
-    after their time; while idle, time jumps straight to the next arrival."""
+    after their time; while idle, time jumps straight to the next arrival.
+
+    (Replay's `_ReplayRun` is the other virtual-clock loop: K engines, routing, closed
+    loops, the decode fast path. This one drives one core with aborts and yields every
+    result, for tests and benchmarks. They are to merge into one event-driven clock with
+    the tiered KV stack.)"""
 
     def __init__(self, core: EngineCore, clock: VirtualClock | None = None) -> None:
         self.core = core

@@ -117,136 +117,177 @@ def replay(
     `concurrency` C runs a closed loop instead: the trace's arrival times are ignored, C
     users send its requests in order, each sending its next one the moment its previous one
     finishes (or is rejected), from time 0."""
-    started = time.perf_counter()
-    cores = [EngineCore(config) for _ in range(num_engines)]
-    clocks = [0.0] * num_engines
-    pick = make_router(router).pick
-    builder = PromptBuilder(config.block_size, trace_block_size, config.vocab_size, config.seed)
-    result = ReplayResult(cores=cores)
-    lines: dict[str, tuple[int, int]] = {}  # request id -> (trace line, engine)
-    # Closed loop: when each idle user sends next (a heap; C zeros at the start).
-    free_users: list[float] | None = None
-    if concurrency is not None:
-        if concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-        free_users = [0.0] * concurrency
-        # The span is unknown ahead: sample finely, halving the samples as they pile up.
-        sample_every = 1e-3
-    else:
-        span = trace[-1].arrival if trace else 0.0
-        sample_every = max(span / max(1, num_samples), 1e-9)
-    next_sample = [0.0] * num_engines
-    i, n = 0, len(trace)
-    finished_count = 0
+    if concurrency is not None and concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    run = _ReplayRun(trace, config, num_engines, router, trace_block_size, num_samples,
+                     progress, concurrency)  # fmt: skip
+    return run.run(fast)
 
-    def _collect(finished: list[FinishedRequestStats], end: float) -> None:
-        """After a pass of engine k ending at `end`: rows of finished requests, a sample."""
-        nonlocal finished_count, sample_every
-        for request in finished:
-            line, engine = lines.pop(request.request_id)
-            result.records.append(_record(request, engine, line))
-            finished_count += 1
-            if free_users is not None:
-                heapq.heappush(free_users, request.finished_time)
-        if free_users is not None and len(result.samples) >= 2 * num_samples:
-            del result.samples[1::2]
-            sample_every *= 2
-        if end >= next_sample[k]:
-            next_sample[k] = end + sample_every
-            snap = cores[k].snapshot()
-            result.samples.append(
-                EngineSample(
-                    end, k, snap.kv_usage, snap.host_usage, snap.num_running, snap.num_waiting
+
+class _ReplayRun:
+    """One replay: K cores with their own clocks, the trace cursor, rows and samples.
+
+    (The single-engine `VirtualDriver` is the other virtual-clock loop: it takes engine
+    requests and aborts and yields every result, for tests and benchmarks; this one routes
+    trace requests over K engines, runs closed loops and the decode fast path. They are
+    to merge into one event-driven clock with the tiered KV stack.)"""
+
+    def __init__(
+        self,
+        trace: Sequence[TraceRequest],
+        config: EngineConfig,
+        num_engines: int,
+        router: RoutingPolicy | str,
+        trace_block_size: int,
+        num_samples: int,
+        progress: Callable[[int], None] | None,
+        concurrency: int | None,
+    ) -> None:
+        self.started = time.perf_counter()
+        self.trace = trace
+        self.cores = [EngineCore(config) for _ in range(num_engines)]
+        self.clocks = [0.0] * num_engines
+        self.pick = make_router(router).pick
+        self.builder = PromptBuilder(
+            config.block_size, trace_block_size, config.vocab_size, config.seed
+        )
+        self.result = ReplayResult(cores=self.cores)
+        self.lines: dict[str, tuple[int, int]] = {}  # request id -> (trace line, engine)
+        self.num_samples = num_samples
+        self.progress = progress
+        # Closed loop: when each idle user sends next (a heap; C zeros at the start).
+        self.free_users: list[float] | None = None
+        if concurrency is not None:
+            self.free_users = [0.0] * concurrency
+            # The span is unknown ahead: sample finely, halving the samples as they pile up.
+            self.sample_every = 1e-3
+        else:
+            span = trace[-1].arrival if trace else 0.0
+            self.sample_every = max(span / max(1, num_samples), 1e-9)
+        self.next_sample = [0.0] * num_engines
+        self.i = 0  # the next trace request
+        self.finished_count = 0
+
+    def run(self, fast: bool) -> ReplayResult:
+        cores, clocks = self.cores, self.clocks
+        while True:
+            busy = [k for k, c in enumerate(cores)
+                    if c.has_unfinished_requests() or c.has_pending_transfers()]  # fmt: skip
+            k = min(busy, key=lambda e: (clocks[e], e)) if busy else -1
+            arrival = self._next_arrival()
+            # Every busy engine has run the passes that start before `arrival`: routing sees
+            # the state then, and no later finish can free a user earlier.
+            if arrival is not None and (k < 0 or arrival <= clocks[k]):
+                self._arrive(arrival)
+            elif k < 0:
+                break
+            elif not (fast and self._decode_run(k, arrival, busy)):
+                self._step(k, arrival)
+        return self._finish()
+
+    def _next_arrival(self) -> float | None:
+        if self.i >= len(self.trace):
+            return None
+        if self.free_users is None:
+            return self.trace[self.i].arrival
+        # The next user to become free; none is when all wait for their requests.
+        return self.free_users[0] if self.free_users else None
+
+    def _arrive(self, arrival: float) -> None:
+        """Route trace request i, arriving at `arrival`, and hand it to its engine."""
+        item = self.trace[self.i]
+        if self.free_users is not None:
+            heapq.heappop(self.free_users)
+            item = replace(item, arrival=arrival)
+        rid = f"r{self.i}"
+        self.i += 1
+        tokens, hashes = self.builder.prompt(item)
+        target = self.pick(self.cores, hashes)
+        core = self.cores[target]
+        if not (core.has_unfinished_requests() or core.has_pending_transfers()):
+            self.clocks[target] = max(self.clocks[target], item.arrival)
+        sampling = SamplingParams(max_tokens=item.output_length, ignore_eos=True)
+        spec = EngineRequest(rid, tokens, sampling, item.arrival, block_hashes=hashes)
+        try:
+            core.add_request(spec)
+        except RequestRejected as exc:
+            self.result.records.append(
+                RequestRecord(
+                    id=rid,
+                    line=item.line,
+                    engine=target,
+                    status=f"rejected: {exc}",
+                    arrival=item.arrival,
+                    input_tokens=item.input_length,
+                    output_tokens=0,
                 )
             )
-        if progress is not None and finished:
-            progress(finished_count)
+            self.finished_count += 1
+            if self.free_users is not None:
+                heapq.heappush(self.free_users, item.arrival)
+            return
+        self.lines[rid] = (item.line, target)
 
-    while True:
-        busy = [k for k in range(num_engines) if cores[k].has_unfinished_requests()
-                or cores[k].has_pending_transfers()]  # fmt: skip
-        k = min(busy, key=lambda e: (clocks[e], e)) if busy else -1
-        if i >= n:
-            arrival = None
-        elif free_users is None:
-            arrival = trace[i].arrival
-        else:  # the next user to become free; none is when all wait for their requests
-            arrival = free_users[0] if free_users else None
-        # Every busy engine has run the passes that start before `arrival`: routing sees the
-        # state then, and no later finish can free a user earlier.
-        if arrival is not None and (k < 0 or arrival <= clocks[k]):
-            item = trace[i]
-            if free_users is not None:
-                heapq.heappop(free_users)
-                item = replace(item, arrival=arrival)
-            rid = f"r{i}"
-            tokens, hashes = builder.prompt(item)
-            target = pick(cores, hashes)
-            core = cores[target]
-            if not (core.has_unfinished_requests() or core.has_pending_transfers()):
-                clocks[target] = max(clocks[target], item.arrival)
-            spec = EngineRequest(
-                rid,
-                tokens,
-                SamplingParams(max_tokens=item.output_length, ignore_eos=True),
-                arrival_time=item.arrival,
-                block_hashes=hashes,
-            )
-            lines[rid] = (item.line, target)
-            try:
-                core.add_request(spec)
-            except RequestRejected as exc:
-                del lines[rid]
-                result.records.append(
-                    RequestRecord(
-                        id=rid,
-                        line=item.line,
-                        engine=target,
-                        status=f"rejected: {exc}",
-                        arrival=item.arrival,
-                        input_tokens=item.input_length,
-                        output_tokens=0,
-                    )
-                )
-                finished_count += 1
-                if free_users is not None:
-                    heapq.heappush(free_users, item.arrival)
-            i += 1
-            continue
-        if k < 0:
-            break
-        core = cores[k]
-        now = clocks[k]
-        if fast:
-            # Runs of pure decode passes at once, up to the next arrival (routing reads every
-            # engine's state then) or sample: the same passes, one call.
-            stop_at = min(_INF if arrival is None else arrival, next_sample[k])
-            if free_users is not None:
-                # Closed loop: a finish elsewhere sends a request no earlier than that
-                # engine's next pass ends, after its clock; stop before any such moment.
-                stop_at = min([stop_at] + [clocks[j] for j in busy if j != k])
-            run = run_decodes(core, now, stop_at)
-            if run is not None:
-                result.num_steps += run.passes
-                clocks[k] = run.end
-                _collect(run.finished, run.end)
-                continue
+    def _decode_run(self, k: int, arrival: float | None, busy: list[int]) -> bool:
+        """Runs of pure decode passes at once, up to the next arrival (routing reads every
+        engine's state then) or sample: the same passes, one call. False: none to run."""
+        stop_at = min(_INF if arrival is None else arrival, self.next_sample[k])
+        if self.free_users is not None:
+            # Closed loop: a finish elsewhere sends a request no earlier than that engine's
+            # next pass ends, after its clock; stop before any such moment.
+            stop_at = min([stop_at] + [self.clocks[j] for j in busy if j != k])
+        run = run_decodes(self.cores[k], self.clocks[k], stop_at)
+        if run is None:
+            return False
+        self.result.num_steps += run.passes
+        self.clocks[k] = run.end
+        self._collect(k, run.finished, run.end)
+        return True
+
+    def _step(self, k: int, arrival: float | None) -> None:
+        core, now = self.cores[k], self.clocks[k]
         step = core.step(now)
-        result.count_transfers(step)
+        self.result.count_transfers(step)
         if step.idle:
             deadline = core.next_transfer_deadline()
             targets = [t for t in (deadline, arrival) if t is not None]
             if not targets:
                 raise core.stall_error()
-            clocks[k] = max(now, min(targets))
-            continue
-        result.num_steps += 1
-        clocks[k] = step.end
-        _collect(step.finished, step.end)
-    if progress is not None:
-        progress(finished_count)
-    result.records.sort(key=lambda r: int(r.id[1:]))
-    result.samples.sort(key=lambda s: (s.time, s.engine))  # engines step in any order
-    result.sim_duration = max(clocks, default=0.0)
-    result.wall_s = time.perf_counter() - started
-    return result
+            self.clocks[k] = max(now, min(targets))
+            return
+        self.result.num_steps += 1
+        self.clocks[k] = step.end
+        self._collect(k, step.finished, step.end)
+
+    def _collect(self, k: int, finished: list[FinishedRequestStats], end: float) -> None:
+        """After a pass of engine k ending at `end`: rows of finished requests, a sample."""
+        result, free_users = self.result, self.free_users
+        for request in finished:
+            line, engine = self.lines.pop(request.request_id)
+            result.records.append(_record(request, engine, line))
+            self.finished_count += 1
+            if free_users is not None:
+                heapq.heappush(free_users, request.finished_time)
+        if free_users is not None and len(result.samples) >= 2 * self.num_samples:
+            del result.samples[1::2]
+            self.sample_every *= 2
+        if end >= self.next_sample[k]:
+            self.next_sample[k] = end + self.sample_every
+            snap = self.cores[k].snapshot()
+            result.samples.append(
+                EngineSample(
+                    end, k, snap.kv_usage, snap.host_usage, snap.num_running, snap.num_waiting
+                )
+            )
+        if self.progress is not None and finished:
+            self.progress(self.finished_count)
+
+    def _finish(self) -> ReplayResult:
+        result = self.result
+        if self.progress is not None:
+            self.progress(self.finished_count)
+        result.records.sort(key=lambda r: int(r.id[1:]))
+        result.samples.sort(key=lambda s: (s.time, s.engine))  # engines step in any order
+        result.sim_duration = max(self.clocks, default=0.0)
+        result.wall_s = time.perf_counter() - self.started
+        return result
