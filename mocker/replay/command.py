@@ -13,6 +13,7 @@ from mocker.replay.router import RoutingPolicy
 from mocker.replay.runner import replay
 from mocker.replay.trace import (
     SyntheticSpec,
+    TraceRequest,
     load_trace,
     scale_trace,
     synthetic_trace,
@@ -74,6 +75,11 @@ def add_replay_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar and no table")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    _add_synthetic_args(p)
+    add_options(p, ENGINE_OPTIONS, "engine (as mocker serve)")
+
+
+def _add_synthetic_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("synthetic workload (instead of TRACE)")
     g.add_argument("--synthetic", action="store_true", help="generate the trace")
     g.add_argument("--num-requests", type=int, default=1000, help="requests (1000)")
@@ -101,7 +107,6 @@ def add_replay_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="fraction of each prompt taken from a shared prefix (0)",
     )
     g.add_argument("--num-prefixes", type=int, default=4, help="distinct shared prefixes (4)")
-    add_options(p, ENGINE_OPTIONS, "engine (as mocker serve)")  # fmt: skip
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -125,17 +130,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError("invalid shared_prefix_fraction: must be in [0, 1]")
 
 
-def run_replay(args: argparse.Namespace) -> int:
-    _check(args)
-    engine_names = {o.dest for o in ENGINE_OPTIONS}
-    given = argparse.Namespace(**{k: v for k, v in vars(args).items() if k in engine_names})
-    values, _ = resolve(given, ENGINE_OPTIONS)
-    config = engine_config_from(values)
-    if config.block_size > args.trace_block_size or args.trace_block_size % config.block_size:
-        raise ConfigError(
-            f"--trace-block-size ({args.trace_block_size}) must be a multiple of --block-size "
-            f"({config.block_size})"
-        )
+def _trace(args: argparse.Namespace, seed: int) -> list[TraceRequest]:
+    """The trace file's requests, or the synthetic workload; arrivals scaled."""
     if args.synthetic:
         spec = SyntheticSpec(
             num_requests=args.num_requests,
@@ -145,7 +141,7 @@ def run_replay(args: argparse.Namespace) -> int:
             distribution=args.length_distribution,
             shared_prefix_fraction=args.shared_prefix_fraction,
             num_prefixes=args.num_prefixes,
-            seed=config.seed,
+            seed=seed,
         )
         trace = synthetic_trace(spec, args.trace_block_size)
     else:
@@ -159,6 +155,21 @@ def run_replay(args: argparse.Namespace) -> int:
             print(f"mocker: skipped {problem}", file=sys.stderr)
     if args.time_scale != 1.0:
         trace = scale_trace(trace, args.time_scale)
+    return trace
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    _check(args)
+    engine_names = {o.dest for o in ENGINE_OPTIONS}
+    given = argparse.Namespace(**{k: v for k, v in vars(args).items() if k in engine_names})
+    values, _ = resolve(given, ENGINE_OPTIONS)
+    config = engine_config_from(values)
+    if config.block_size > args.trace_block_size or args.trace_block_size % config.block_size:
+        raise ConfigError(
+            f"--trace-block-size ({args.trace_block_size}) must be a multiple of --block-size "
+            f"({config.block_size})"
+        )
+    trace = _trace(args, config.seed)
     show = not args.quiet and sys.stderr.isatty()
     run = partial(
         replay,
