@@ -41,7 +41,9 @@ class TimingModel(Protocol):
 
 
 class PolynomialTiming:
-    """Dynamo mocker's fitted polynomials (REFERENCE.md §5)."""
+    """NVIDIA Dynamo mocker's published fits (its `lib/mocker` perf model), in ms: prefill
+    4.209989e-7·t² + 1.518344e-2·t + 16.50142 for t new prompt tokens (0 for none); decode
+    -25.74·u² + 54.01·u + 5.74 for u = active / total KV tokens, at least 1 ms."""
 
     __slots__ = ()
 

@@ -234,8 +234,9 @@ class ZmqEventPublisher:
                 logger.exception("KV event replay failed")
 
     def _serve_replay(self, replay: zmq.Socket[bytes]) -> None:
-        """One request: each buffered batch with seq >= start, then the end marker
-        (REFERENCE.md §3 framing)."""
+        """One request `[identity, b"", start_seq]`: each buffered batch with seq >= start as
+        `[identity, b"", topic, seq, payload]`, then the end marker `[identity, b"", b"",
+        seq -1, b""]` (vLLM's framing, vllm/distributed/kv_events.py)."""
         frames = replay.recv_multipart()
         identity = frames[0]
         if len(frames) == 3 and not frames[1] and len(frames[2]) == 8:

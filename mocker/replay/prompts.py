@@ -15,8 +15,9 @@ FILLER_TOKEN = 2
 
 
 class PromptBuilder:
-    """Token ids and engine block hashes for trace requests (REFERENCE §7: hash id h stands
-    for `trace_block_size` tokens of content h; equal ids at equal prefixes are equal KV).
+    """Token ids and engine block hashes for trace requests (Mooncake's trace format: hash id
+    h stands for `trace_block_size` tokens of content h; equal ids at equal prefixes are
+    equal KV).
 
     A block's identity is what precedes it and what it holds. Here that is fully given by the
     request's hash ids up to and including the one the block falls in, plus its position

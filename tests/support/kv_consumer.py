@@ -1,5 +1,6 @@
-"""A test-side consumer of the KV-event wire format: msgspec structs written from REFERENCE.md
-§3 (map and array layouts), and a SUB / DEALER client on real ZMQ sockets.
+"""A test-side consumer of the KV-event wire format: msgspec structs written from vLLM's
+(vllm/distributed/kv_events.py: map and array layouts), and a SUB / DEALER client on real
+ZMQ sockets.
 
 No `from __future__ import annotations`: msgspec must see the local struct classes."""
 

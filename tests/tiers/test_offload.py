@@ -1,7 +1,8 @@
 """Host-tier offload on the virtual clock: both policies, batching, onboarding, timeouts, aborts.
 
-Expected times are computed here from REFERENCE.md's formulas and the block bytes, never
-by calling the code under test.
+Expected times are computed here from the models' formulas (Dynamo's prefill polynomial; a
+link moves bytes at its bandwidth, shared equally by concurrent transfers) and the block
+bytes, never by calling the code under test.
 """
 
 from __future__ import annotations
