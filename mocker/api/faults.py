@@ -75,6 +75,23 @@ class FaultInjector:
             for w in waits:
                 w.cancel()
 
+    @property
+    def released(self) -> bool:
+        """Shutdown released everything held: nothing is held from then on."""
+        return self._released.is_set()
+
+    @property
+    def num_holding(self) -> int:
+        """Responses with chunks held back right now."""
+        return len(self._holding)
+
+    def track(self, emitter: JitteredEmitter, holding: bool) -> None:
+        """An emitter started (True) or stopped (False) holding chunks back."""
+        if holding:
+            self._holding.add(emitter)
+        else:
+            self._holding.discard(emitter)
+
     def release_all(self) -> None:
         """Send everything held back now, and hold nothing from here on (shutdown)."""
         self._released.set()
@@ -146,8 +163,13 @@ class JitteredEmitter:
             release = max(release, self._held[-1][0])
         self._held.append((release, chunk, last, on_sent))
         if self._timer is None:
-            self._injector._holding.add(self)
+            self._injector.track(self, True)
             self._timer = loop.call_at(self._held[0][0], self.flush)
+
+    @property
+    def num_held(self) -> int:
+        """Chunks held back, not yet sent."""
+        return len(self._held)
 
     def flush(self, *, everything: bool = False) -> None:
         """Send every held chunk that is due (or all of them), in order; re-arm for the next."""
@@ -172,7 +194,7 @@ class JitteredEmitter:
             self._timer.cancel()
             self._timer = None
         self._held.clear()
-        self._injector._holding.discard(self)
+        self._injector.track(self, False)
 
     def close(self) -> None:
         self._emitter.close()  # its done-callback drops what is held

@@ -77,6 +77,10 @@ class HostTier:
     def num_pinned(self) -> int:
         return sum(1 for b in self._resident.values() if b.pins)
 
+    def pins(self) -> dict[BlockHash, int]:
+        """Pin count of each pinned resident block (for checks)."""
+        return {h: b.pins for h, b in self._resident.items() if b.pins}
+
     def match(self, hashes: Sequence[BlockHash], start: int, stop: int) -> int:
         """How many of hashes[start:stop] are resident, contiguously from `start`."""
         resident = self._resident

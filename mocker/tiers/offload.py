@@ -153,6 +153,10 @@ class OffloadManager:
         """Requests whose KV is loading and the host hashes they read (for checks)."""
         return [(ld.request, ld.hashes) for ld in self._loads.values()]
 
+    def store_batches(self) -> list[int]:
+        """Blocks in each device-to-host copy in flight (for checks)."""
+        return [len(s.blocks) for s in self._stores.values()]
+
     def storing_blocks(self) -> list[KVBlock]:
         """Device blocks whose copy to host is in flight (for checks)."""
         return [b for s in self._stores.values() for b in s.blocks]

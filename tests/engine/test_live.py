@@ -157,7 +157,7 @@ async def test_abort_ends_the_stream_and_id_is_reusable_after() -> None:
         engine.add_request(req("x", [1] * 12, max_tokens=5))
     out = await asyncio.wait_for(stream.get(), timeout=5)
     assert out.finished and out.finish_reason == "abort"
-    await _until(lambda: "x" not in engine._streams)
+    await _until(lambda: not engine.has_request("x"))
     assert engine.core.pool.num_used == 0
     outs = [o async for o in engine.generate(req("x", [1] * 12, max_tokens=5))]
     assert sum(len(o.new_token_ids) for o in outs) == 5

@@ -50,7 +50,7 @@ def check_invariants(core: EngineCore) -> None:
         for h in hashes:
             assert h in host
             pins[h] += 1
-    assert sum(pins.values()) == sum(b.pins for b in host._resident.values())
+    assert dict(pins) == host.pins()
     assert len(core.scheduler.loading) == offload.num_loading
     # Every live request's blocks are referenced.
     for request in core.requests.values():

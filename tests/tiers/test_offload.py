@@ -137,7 +137,7 @@ def test_evictions_are_copied_in_batches_of_offload_batch_size() -> None:
     core.add_request(one("b", prompt(1, 280), end))  # 10 free: 60 must be copied out
     core.step(end)
     assert core.offload is not None
-    sizes = sorted(len(s.blocks) for s in core.offload._stores.values())
+    sizes = sorted(core.offload.store_batches())
     assert sizes == [28, 32]
     # Both share the link: the 28-block one ends first, then the other at 60 blocks' time.
     done = core.step(core.next_transfer_deadline()).transfers  # type: ignore[arg-type]
