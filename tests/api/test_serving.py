@@ -1,0 +1,214 @@
+"""Completions and chat over the ASGI app: usage, prompts, streams, limits, stops, text."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.support.parsing import sse_events
+from tests.support.servers import AppClient, make_app, tokenizer
+
+
+async def _complete(c: AppClient, path: str = "/v1/completions", **body: Any) -> dict[str, Any]:
+    r = await c.http.post(path, json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+async def test_completion_usage_counts_match_a_client_tokenizer(client: AppClient) -> None:
+    prompt = "Once upon a time, in a land far away, there lived a mock engine."
+    body = await _complete(client, prompt=prompt, max_tokens=20)
+    assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
+    usage = body["usage"]
+    assert usage["prompt_tokens"] == len(tokenizer().encode(prompt))
+    assert usage["completion_tokens"] == 20 and usage["total_tokens"] == usage["prompt_tokens"] + 20
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 0}
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "length" and choice["index"] == 0
+    assert len(tokenizer().encode(choice["text"], add_special_tokens=False)) == 20
+
+
+async def test_token_id_prompts_are_used_exactly_and_hit_the_prefix_cache(
+    client: AppClient,
+) -> None:
+    ids = list(range(1000, 1100))
+    first = await _complete(client, prompt=ids, max_tokens=2)
+    assert first["usage"]["prompt_tokens"] == 100  # no BOS added
+    second = await _complete(client, prompt=ids, max_tokens=2)
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == 96  # 6 full blocks
+
+
+async def test_prompt_list_gives_one_choice_per_prompt(client: AppClient) -> None:
+    body = await _complete(client, prompt=["one prompt", "another one here"], max_tokens=3)
+    assert [c["index"] for c in body["choices"]] == [0, 1]
+    counts = [len(tokenizer().encode(p)) for p in ("one prompt", "another one here")]
+    assert body["usage"]["prompt_tokens"] == sum(counts)
+    assert body["usage"]["completion_tokens"] == 6
+    batch = await _complete(client, prompt=[[5, 6, 7], [8, 9]], max_tokens=2)
+    assert batch["usage"]["prompt_tokens"] == 5
+
+
+async def test_streamed_completion_chunks_usage_and_done(client: AppClient) -> None:
+    r = await client.http.post(
+        "/v1/completions",
+        json={"prompt": "hello", "max_tokens": 5, "stream": True,
+              "stream_options": {"include_usage": True}},
+    )  # fmt: skip
+    assert r.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(r.text)
+    assert events[-1] == "[DONE]"
+    usage_chunk, chunks = events[-2], events[:-2]
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 5
+    assert usage_chunk["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert {c["id"] for c in chunks} == {usage_chunk["id"]}
+    assert all(c["object"] == "text_completion" for c in chunks)
+    assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "length"
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+    text = "".join(c["choices"][0]["text"] for c in chunks)
+    assert len(tokenizer().encode(text, add_special_tokens=False)) == 5
+
+
+async def test_continuous_usage_stats_on_every_chunk(client: AppClient) -> None:
+    r = await client.http.post(
+        "/v1/completions",
+        json={"prompt": [1, 2, 3], "max_tokens": 4, "stream": True,
+              "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+    )  # fmt: skip
+    chunks = sse_events(r.text)[:-2]
+    seen = [c["usage"]["completion_tokens"] for c in chunks]
+    assert seen == sorted(seen) and seen[-1] == 4
+    assert all(c["usage"]["prompt_tokens"] == 3 for c in chunks)
+    assert all(c["usage"]["prompt_tokens_details"] == {"cached_tokens": 0} for c in chunks)
+
+
+async def test_stream_without_usage_has_no_usage_chunk(client: AppClient) -> None:
+    r = await client.http.post("/v1/completions", json={"prompt": "a", "stream": True})
+    events = sse_events(r.text)
+    assert events[-1] == "[DONE]" and all("usage" not in e for e in events[:-1])
+
+
+async def test_chat_stream_first_delta_has_role(client: AppClient) -> None:
+    r = await client.http.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+              "max_completion_tokens": 3, "stream": True,
+              "stream_options": {"include_usage": True}},
+    )  # fmt: skip
+    events = sse_events(r.text)
+    chunks = events[:-2]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[0]["id"].startswith("chatcmpl-")
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert events[-2]["usage"]["completion_tokens"] == 3
+
+
+async def test_chat_prefers_max_completion_tokens(client: AppClient) -> None:
+    body = await _complete(
+        client,
+        "/v1/chat/completions",
+        messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+        max_tokens=9,
+        max_completion_tokens=4,
+    )
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    message = body["choices"][0]["message"]
+    assert message["role"] == "assistant" and isinstance(message["content"], str)
+    assert body["usage"]["completion_tokens"] == 4
+    assert body["usage"]["prompt_tokens"] == len(tokenizer().encode("be brief\n\nhi"))
+
+
+async def test_max_tokens_is_clamped_to_the_context_left() -> None:
+    async with AppClient(make_app(max_model_len=64, max_num_seqs=8)) as c:
+        body = await _complete(c, prompt=list(range(100, 160)), max_tokens=1000)
+        assert body["usage"]["completion_tokens"] == 4
+        assert body["choices"][0]["finish_reason"] == "length"
+        chat = await _complete(
+            c, "/v1/chat/completions", messages=[{"role": "user", "content": "hello"}]
+        )
+        assert chat["usage"]["total_tokens"] == 64  # no max_tokens: the rest of the context
+
+
+async def test_eos_min_tokens_and_ignore_eos() -> None:
+    async with AppClient(make_app(eos_probability=1.0)) as c:
+        body = await _complete(c, prompt="x", max_tokens=10)
+        assert body["usage"]["completion_tokens"] == 1
+        assert body["choices"][0]["finish_reason"] == "stop"
+        assert body["choices"][0]["text"] == ""  # EOS is not text
+        body = await _complete(c, prompt="x", max_tokens=10, min_tokens=3)
+        assert body["usage"]["completion_tokens"] == 4
+        body = await _complete(c, prompt="x", max_tokens=10, ignore_eos=True)
+        assert body["usage"]["completion_tokens"] == 10
+        assert body["choices"][0]["finish_reason"] == "length"
+
+
+async def _words(c: AppClient, request_id: str, n: int) -> list[str]:
+    r = await c.http.post(
+        "/v1/completions",
+        json={"prompt": "seed", "max_tokens": n},
+        headers={"X-Request-Id": request_id},
+    )
+    assert r.headers["x-request-id"] == request_id
+    assert r.json()["id"] == f"cmpl-{request_id}"
+    return r.json()["choices"][0]["text"].split(" ")[1:]
+
+
+async def test_stop_strings_end_generation_and_truncate(client: AppClient) -> None:
+    words = await _words(client, "fixed-id", 8)  # tokens depend only on (seed, id, position)
+    stop_word = words[3]
+    assert stop_word not in words[:3]
+    for stream in (False, True):
+        r = await client.http.post(
+            "/v1/completions",
+            json={"prompt": "seed", "max_tokens": 8, "stop": [" " + stop_word], "stream": stream},
+            headers={"X-Request-Id": "fixed-id"},
+        )
+        if stream:
+            chunks = sse_events(r.text)[:-1]
+            text = "".join(ch["choices"][0]["text"] for ch in chunks)
+            choice = chunks[-1]["choices"][0]
+        else:
+            choice = r.json()["choices"][0]
+            text = choice["text"]
+        assert text == "".join(" " + w for w in words[:3])
+        assert choice["finish_reason"] == "stop" and choice["stop_reason"] == " " + stop_word
+    r = await client.http.post(
+        "/v1/completions",
+        json={"prompt": "seed", "max_tokens": 8, "stop": " " + stop_word,
+              "include_stop_str_in_output": True},
+        headers={"X-Request-Id": "fixed-id"},
+    )  # fmt: skip
+    assert r.json()["choices"][0]["text"].endswith(" " + stop_word)
+    assert client.state.engines[0].core.pool.num_used == 0
+
+
+async def test_stop_token_ids_finish_with_the_token_as_stop_reason(client: AppClient) -> None:
+    words = await _words(client, "fixed-2", 6)
+    stop_id = tokenizer().encode(" " + words[2], add_special_tokens=False)[0]
+    r = await client.http.post(
+        "/v1/completions",
+        json={"prompt": "seed", "max_tokens": 6, "stop_token_ids": [stop_id]},
+        headers={"X-Request-Id": "fixed-2"},
+    )
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["stop_reason"] == stop_id
+    assert r.json()["usage"]["completion_tokens"] == 3
+
+
+async def test_unknown_fields_are_accepted(client: AppClient) -> None:
+    body = await _complete(
+        client, prompt="hi", max_tokens=2, temperature=0.7, top_p=0.9, some_vendor_field={"x": 1},
+        logit_bias={"10": 1}, user="u",
+    )  # fmt: skip
+    assert body["usage"]["completion_tokens"] == 2
+
+
+async def test_generated_text_round_trips_through_a_client_tokenizer(client: AppClient) -> None:
+    # Generated tokens are whole words that encode back to themselves one by one, so a
+    # client re-tokenizing the text counts exactly what the server reports (the README's
+    # promise): every one of 200 completions of 1-120 tokens.
+    tok = tokenizer()
+    for i in range(200):
+        n = 1 + (i * 37) % 120
+        body = await _complete(client, prompt=[7, 8, 9, i], max_tokens=n)
+        count = len(tok.encode(body["choices"][0]["text"], add_special_tokens=False))
+        assert count == body["usage"]["completion_tokens"] == n, (i, count, n)
