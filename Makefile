@@ -2,21 +2,31 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# Two install stamps: `run` needs mocker and its runtime dependencies only; `test` (and the
+# targets that run tests or benchmarks) adds the test extras (ruff, pytest, httpx, openai...).
+RUN_STAMP := $(VENV)/.installed-run
+TEST_STAMP := $(VENV)/.installed-test
 
 .PHONY: run test lint bench clean check-deploy
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mocker needs Python >= 3.11 (set PYTHON=...)")'
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
-	touch $(STAMP)
 
-run: $(STAMP)
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+# The test install is a superset of the run install, so it renews the run stamp too.
+$(TEST_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@ $(RUN_STAMP)
+
+run: $(RUN_STAMP)
 	$(BIN)/mocker serve --port 8000
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -24,10 +34,10 @@ test: $(STAMP)
 
 # Deploy artifacts: hadolint, compose config, helm lint + kubernetes-validate, and a
 # buildah/podman smoke test of the image (skipped loudly without root+apt). See deploy/check.sh.
-check-deploy: $(STAMP)
+check-deploy: $(TEST_STAMP)
 	bash deploy/check.sh
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(BIN)/python bench/engine_step.py
 	$(BIN)/python bench/serve_stream.py
 	$(BIN)/python bench/offload.py

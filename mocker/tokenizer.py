@@ -1,10 +1,11 @@
-"""The real offline tokenizer: encode prompts, render chat, decode generated tokens to text."""
+"""The real offline tokenizer: encode prompts, render chat, decode generated tokens, export it."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import re
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,10 +17,12 @@ from jinja2 import Template
 from tokenizers import Tokenizer
 
 __all__ = [
+    "PLAIN_CHAT_TEMPLATE",
     "ChatTemplateError",
     "TextTokenizer",
     "TokenizerError",
     "default_tokenizer_path",
+    "export_tokenizer",
     "load_tokenizer",
 ]
 
@@ -28,6 +31,9 @@ __all__ = [
 # back to exactly that one token, so a client re-tokenizing the text counts what we sent.
 _WORD_TOKEN = re.compile(r"^(?:Ġ|▁| )([a-z]{2,12})$")
 _EOS_NAMES = ("</s>", "<|endoftext|>", "<|eot_id|>", "<|im_end|>", "<eos>")
+
+# The chat template of a tokenizer that has none (package data; see the file's comment).
+PLAIN_CHAT_TEMPLATE = Path(__file__).with_name("chat_templates") / "plain.jinja"
 
 
 class TokenizerError(ValueError):
@@ -85,9 +91,17 @@ class TextTokenizer:
         self._tk = tokenizer
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self._specials = self._find_specials(config)
+        self.bos_token = self._specials.bos
+        self.eos_token = self._specials.eos
         self.eos_token_id = self._specials.eos_id
-        self.chat_template = chat_template if chat_template is not None else _read_template(config)
-        self._template = None if self.chat_template is None else _compile(self.chat_template)
+        if chat_template is None:
+            chat_template = _read_template(config)
+        # True when the tokenizer brought no template and mocker's plain one stands in.
+        self.chat_template_is_plain = chat_template is None
+        if chat_template is None:
+            chat_template = self._plain_template()
+        self.chat_template = chat_template
+        self._template = _compile(chat_template)
         self.palette = self._word_palette()
         # Decoded text of single tokens, and the same pre-escaped for JSON, filled lazily.
         self._pieces: dict[int, str] = {}
@@ -109,6 +123,20 @@ class TextTokenizer:
                     break
         # No EOS at all: token 0 stands in (it is only ever excluded from generated text).
         return _Specials(bos, eos, eos_id if eos_id is not None else 0)
+
+    def _plain_template(self) -> str:
+        """PLAIN_CHAT_TEMPLATE, behind `{{ bos_token }}` if every encoding starts with the BOS.
+
+        So the rendered text, encoded without special tokens as Hugging Face's
+        `apply_chat_template` does, gives what encoding the bare text with them gives.
+        """
+        template = PLAIN_CHAT_TEMPLATE.read_text(encoding="utf-8")
+        bos = self._specials.bos
+        bos_id = None if bos is None else self._tk.token_to_id(bos)
+        bare = self.encode("Hello", add_special_tokens=False)
+        if bos_id is not None and self.encode("Hello") == [bos_id, *bare]:
+            return "{{ bos_token }}" + template
+        return template
 
     def _word_palette(self) -> list[int]:
         tk = self._tk
@@ -144,8 +172,6 @@ class TextTokenizer:
         template_kwargs: dict[str, Any] | None = None,
     ) -> str:
         """The prompt text for chat messages (each `content` already a string)."""
-        if self._template is None:
-            return "\n\n".join(str(m.get("content") or "") for m in messages)
         specials = self._specials
         try:
             return self._template.render(
@@ -161,10 +187,9 @@ class TextTokenizer:
             raise ChatTemplateError(f"the chat template failed on these messages: {exc}") from None
 
     def encode_chat(self, messages: Sequence[dict[str, Any]], **kwargs: Any) -> list[int]:
-        text = self.render_chat(messages, **kwargs)
-        # A real template writes its own BOS; the fallback lets the tokenizer decide, as a
-        # client encoding the same text would.
-        return self.encode(text, add_special_tokens=self._template is None)
+        # The template writes its own BOS, so no special tokens are added (as Hugging Face's
+        # apply_chat_template does).
+        return self.encode(self.render_chat(messages, **kwargs), add_special_tokens=False)
 
     # -- decode -------------------------------------------------------------------------------
 
@@ -211,6 +236,35 @@ def _compile(template: str) -> Template:
         raise TokenizerError(f"the chat template does not compile: {exc}") from None
 
 
+def _locate(path: str | Path | None) -> tuple[Path, Path, Path]:
+    """(the folder or file named, its tokenizer.json, its tokenizer_config.json)."""
+    folder = default_tokenizer_path() if path is None else Path(path).expanduser()
+    if folder.is_file():
+        return folder, folder, folder.with_name("tokenizer_config.json")
+    if folder.is_dir():
+        tokenizer_file = folder / "tokenizer.json"
+        if not tokenizer_file.is_file():
+            raise TokenizerError(
+                f"tokenizer folder {str(folder)!r} has no tokenizer.json (only fast Hugging Face "
+                "tokenizers are supported)"
+            )
+        return folder, tokenizer_file, folder / "tokenizer_config.json"
+    raise TokenizerError(
+        f"tokenizer {str(path)!r} is not a local folder or tokenizer.json file (mocker "
+        "works offline and downloads nothing)"
+    )
+
+
+def _read_config(config_file: Path) -> dict[str, Any]:
+    if not config_file.is_file():
+        return {}
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise TokenizerError(f"cannot read {str(config_file)!r}: {exc}") from None
+    return config if isinstance(config, dict) else {}
+
+
 def load_tokenizer(
     path: str | Path | None = None, chat_template: str | None = None
 ) -> TextTokenizer:
@@ -219,31 +273,12 @@ def load_tokenizer(
     `None` loads the default (the offline DeepSeek tokenizer). `chat_template` is a
     template file path or the template text itself, as vLLM's `--chat-template`.
     """
-    folder = default_tokenizer_path() if path is None else Path(path).expanduser()
-    if folder.is_file():
-        tokenizer_file, config_file = folder, folder.with_name("tokenizer_config.json")
-    elif folder.is_dir():
-        tokenizer_file, config_file = folder / "tokenizer.json", folder / "tokenizer_config.json"
-        if not tokenizer_file.is_file():
-            raise TokenizerError(
-                f"tokenizer folder {str(folder)!r} has no tokenizer.json (only fast Hugging Face "
-                "tokenizers are supported)"
-            )
-    else:
-        raise TokenizerError(
-            f"tokenizer {str(path)!r} is not a local folder or tokenizer.json file (mocker "
-            "works offline and downloads nothing)"
-        )
+    folder, tokenizer_file, config_file = _locate(path)
     try:
         tokenizer = Tokenizer.from_file(str(tokenizer_file))
     except Exception as exc:
         raise TokenizerError(f"cannot load {str(tokenizer_file)!r}: {exc}") from None
-    config: dict[str, Any] = {}
-    if config_file.is_file():
-        try:
-            config = json.loads(config_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise TokenizerError(f"cannot read {str(config_file)!r}: {exc}") from None
+    config = _read_config(config_file)
     template = None
     if chat_template is not None:
         candidate = Path(chat_template).expanduser()
@@ -253,3 +288,34 @@ def load_tokenizer(
             is_file = False
         template = candidate.read_text(encoding="utf-8") if is_file else chat_template
     return TextTokenizer(tokenizer, config, template, name=str(folder))
+
+
+def export_tokenizer(
+    dest: str | Path, path: str | Path | None = None, chat_template: str | None = None
+) -> Path:
+    """Write a Hugging Face tokenizer folder that renders chat exactly as the server does.
+
+    `dest` gets the tokenizer's `tokenizer.json` and a `tokenizer_config.json` carrying the
+    chat template the server uses (the tokenizer's own, `chat_template`, or mocker's plain
+    default) and its `bos_token`/`eos_token`; so `mocker serve --tokenizer DEST` and a client's
+    `--tokenizer DEST` (transformers' `AutoTokenizer`, `apply_chat_template`) agree token for
+    token. `path` and `chat_template` are as for `load_tokenizer`. Returns `dest`.
+    """
+    tok = load_tokenizer(path, chat_template)
+    _, tokenizer_file, config_file = _locate(path)
+    out = Path(dest).expanduser()
+    if out.is_dir() and out.resolve() == tokenizer_file.parent.resolve():
+        raise TokenizerError(f"{str(out)!r} is the source tokenizer's own folder")
+    out.mkdir(parents=True, exist_ok=True)
+    config = _read_config(config_file)
+    if chat_template is not None or tok.chat_template_is_plain:
+        config["chat_template"] = tok.chat_template  # else the config's own is the one served
+    for key, value in (("bos_token", tok.bos_token), ("eos_token", tok.eos_token)):
+        if value is not None and _special_token(config, key) is None:
+            config[key] = value
+    config.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
+    shutil.copyfile(tokenizer_file, out / "tokenizer.json")
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
+    return out

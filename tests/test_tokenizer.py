@@ -8,11 +8,17 @@ import shutil
 from pathlib import Path
 
 import pytest
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+from tokenizers.processors import TemplateProcessing
 
 from mocker.tokenizer import (
+    PLAIN_CHAT_TEMPLATE,
     ChatTemplateError,
     TokenizerError,
     default_tokenizer_path,
+    export_tokenizer,
     load_tokenizer,
 )
 from tests.support.servers import tokenizer
@@ -44,12 +50,40 @@ def test_escaped_pieces_are_json_string_bodies() -> None:
     assert tok.piece(tok.eos_token_id) == "" and tok.escaped_piece(tok.eos_token_id) == b""
 
 
-def test_fallback_chat_template_joins_contents() -> None:
+def test_plain_chat_template_joins_contents() -> None:
     tok = tokenizer()
-    assert tok.chat_template is None
+    # The bundled tokenizer has no template (and adds no BOS): mocker's plain one stands in.
+    assert tok.chat_template_is_plain
+    assert tok.chat_template == PLAIN_CHAT_TEMPLATE.read_text(encoding="utf-8")
     messages = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"}]
     assert tok.render_chat(messages) == "Be terse.\n\nHi"
     assert tok.encode_chat(messages) == tok.encode("Be terse.\n\nHi")
+    parts = [{"type": "text", "text": "a"}, {"type": "image_url"}, {"type": "text", "text": "b"}]
+    none = {"role": "assistant", "content": None}
+    assert tok.render_chat([{"role": "user", "content": parts}, none, *messages]) == (
+        "a\nb\n\n\n\nBe terse.\n\nHi"
+    )
+
+
+def _bos_adding_tokenizer(folder: Path) -> Path:
+    """A tiny word-level tokenizer whose encodings start with <s>, as Llama's and Mistral's."""
+    tk = Tokenizer(WordLevel({"<unk>": 0, "<s>": 1, "</s>": 2, "hello": 3, "world": 4}, "<unk>"))
+    tk.pre_tokenizer = Whitespace()
+    tk.add_special_tokens(["<s>", "</s>"])
+    tk.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    folder.mkdir()
+    tk.save(str(folder / "tokenizer.json"))
+    config = {"bos_token": "<s>", "eos_token": "</s>"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_plain_chat_template_keeps_a_bos_the_tokenizer_adds(tmp_path: Path) -> None:
+    tok = load_tokenizer(_bos_adding_tokenizer(tmp_path / "tok"))
+    assert tok.chat_template_is_plain and tok.chat_template.startswith("{{ bos_token }}")
+    messages = [{"role": "user", "content": "hello"}, {"role": "user", "content": "world"}]
+    assert tok.render_chat(messages) == "<s>hello\n\nworld"
+    assert tok.encode_chat(messages) == tok.encode("hello\n\nworld") == [1, 3, 4]
 
 
 def _folder_with_template(tmp_path: Path, template: str) -> Path:
@@ -102,3 +136,34 @@ def test_unloadable_paths_are_clear_start_up_errors(tmp_path: Path) -> None:
         load_tokenizer(bad)
     with pytest.raises(TokenizerError, match="does not compile"):
         load_tokenizer(None, chat_template="{% for %}")
+
+
+def test_export_writes_a_folder_that_serves_the_same_template(tmp_path: Path) -> None:
+    out = export_tokenizer(tmp_path / "out")
+    config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert config["chat_template"] == tokenizer().chat_template
+    assert config["bos_token"]["content"] == "<｜begin▁of▁sentence｜>"
+    assert config["eos_token"]["content"] == "<｜end▁of▁sentence｜>"
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    again = load_tokenizer(out)
+    assert not again.chat_template_is_plain  # it is now the folder's own template
+    messages = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"}]
+    assert again.encode_chat(messages) == tokenizer().encode_chat(messages)
+    assert again.encode("Hello world") == [19923, 2058]
+
+
+def test_export_keeps_an_own_template_or_takes_an_override(tmp_path: Path) -> None:
+    own = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    source = _folder_with_template(tmp_path, own)
+    config = json.loads(
+        (export_tokenizer(tmp_path / "a", source) / "tokenizer_config.json").read_text()
+    )
+    assert config["chat_template"] == own
+    out = export_tokenizer(tmp_path / "b", source, chat_template="{{ messages | length }}")
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    assert config["chat_template"] == "{{ messages | length }}"
+    bos = export_tokenizer(tmp_path / "c", _bos_adding_tokenizer(tmp_path / "bos"))
+    config = json.loads((bos / "tokenizer_config.json").read_text())
+    assert config["chat_template"].startswith("{{ bos_token }}") and config["bos_token"] == "<s>"
+    with pytest.raises(TokenizerError, match="own folder"):
+        export_tokenizer(source, source)
