@@ -1,4 +1,4 @@
-"""Command line: `mocker serve` (the OpenAI-compatible server), `mocker replay`, `mocker demo`."""
+"""Command line: `mocker serve` (the OpenAI server), `mocker replay`, `demo`, `tokenizer export`."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from mocker.settings import (
     resolve,
     server_settings_from,
 )
-from mocker.tokenizer import TokenizerError, load_tokenizer
+from mocker.tokenizer import TokenizerError, export_tokenizer, load_tokenizer
 
 __all__ = ["main"]
 
@@ -160,6 +160,21 @@ def _parser() -> argparse.ArgumentParser:
 
     add_replay_parser(sub)
 
+    tok = sub.add_parser("tokenizer", help="tokenizer tools")
+    tok_sub = tok.add_subparsers(dest="tokenizer_command", required=True)
+    export = tok_sub.add_parser(
+        "export",
+        help="write a Hugging Face tokenizer folder with the chat template the server uses",
+        description="Write DIR/tokenizer.json and DIR/tokenizer_config.json (with chat_template, "
+        "bos_token, eos_token), so a client's --tokenizer DIR renders chat exactly as "
+        "`mocker serve` does.",
+    )
+    export.add_argument("dir", metavar="DIR", help="the folder to write")
+    export.add_argument(
+        "--tokenizer", default=None, metavar="PATH", help="as mocker serve (default: bundled)"
+    )
+    export.add_argument("--chat-template", default=None, metavar="FILE", help="as mocker serve")
+
     demo = sub.add_parser("demo", help="run a short workload through the live engine")
     demo.add_argument("--num-requests", type=int, default=64, help="requests to send (64)")
     demo.add_argument("--concurrency", type=int, default=16, help="requests in flight (16)")
@@ -189,6 +204,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve(args)
         if args.command == "replay":
             return run_replay(args)
+        if args.command == "tokenizer":
+            print(export_tokenizer(args.dir, args.tokenizer, args.chat_template))
+            return 0
         core = EngineCore(
             EngineConfig(
                 speedup_ratio=args.speedup_ratio,

@@ -1,9 +1,11 @@
 """The command line: the demo runs the live engine; bad settings exit 2 with a message."""
 
+import json
 import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -108,3 +110,11 @@ def test_mocker_serve_process_with_env_yaml_and_positional_model(tmp_path) -> No
     assert "ignoring --gpu-memory-utilization" in err
     assert f"http://127.0.0.1:{port}/v1" in err
     assert "Traceback" not in err
+
+
+def test_tokenizer_export_writes_a_folder_clients_load(tmp_path: Path) -> None:
+    out = tmp_path / "tok"
+    assert main(["tokenizer", "export", str(out)]) == 0
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    assert config["chat_template"] and (out / "tokenizer.json").is_file()
+    assert main(["tokenizer", "export", str(out), "--tokenizer", str(tmp_path / "none")]) == 2

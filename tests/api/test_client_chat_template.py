@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 
 from mocker.api.app import create_app
 from mocker.config import EngineConfig
-from mocker.options import ServerSettings
+from mocker.settings import ServerSettings
 from mocker.tokenizer import export_tokenizer, load_tokenizer
 from tests.support.servers import FAST, AppClient, make_app
 

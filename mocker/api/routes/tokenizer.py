@@ -25,10 +25,9 @@ def _chat_ids(tok: TextTokenizer, body: TokenizeRequest) -> list[int]:
         )
     except ChatTemplateError as exc:
         raise OpenAIError(400, str(exc), "messages") from None
-    # As vLLM: a rendered chat gets no special tokens added unless asked; without a
-    # template the plain rendering lets the tokenizer add them.
-    add = body.add_special_tokens
-    return tok.encode(text, add_special_tokens=tok.chat_template is None if add is None else add)
+    # As vLLM: a rendered chat gets no special tokens added unless asked (the template
+    # writes its own, as completions render it).
+    return tok.encode(text, add_special_tokens=bool(body.add_special_tokens))
 
 
 @router.post("/tokenize")
