@@ -63,7 +63,7 @@ class ZmqEventPublisher:
         self.endpoint = config.endpoint_for(rank)
         self.binds = binds(self.endpoint)
         self.replay_endpoint = config.replay_endpoint_for(rank)
-        if self.endpoint.startswith("tcp://0.0.0.0:"):
+        if self.endpoint.startswith("tcp://0.0.0.0:") and not self.binds:
             logger.warning(
                 "kv_events_config.endpoint=%r has no '*': by vLLM's rule it is connected to, "
                 "not bound; write tcp://*:PORT to bind every interface",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import socket
 import threading
@@ -279,6 +280,20 @@ def test_wildcard_ports_bind_ports_the_system_picks_and_report_them(
             sub.close()
         replay_url = connectable(publisher.replay_endpoint or "", "127.0.0.1")
         assert [m.seq for m in replay(replay_url, 0)] == [0, 1]
+
+
+def test_an_any_address_wildcard_port_is_bound_without_the_connect_warning(
+    publishers: list[ZmqEventPublisher], caplog: pytest.LogCaptureFixture
+) -> None:
+    # `tcp://0.0.0.0:PORT` has no `*`, so by vLLM's rule it is connected to (and warned
+    # about); `tcp://0.0.0.0:*` has one, and is bound.
+    with caplog.at_level(logging.WARNING, logger="mocker.kvevents.publisher"):
+        config = KVEventsConfig(endpoint="tcp://0.0.0.0:*")
+        publisher = ZmqEventPublisher(config, first_subscriber_wait_s=0.0)
+    publishers.append(publisher)
+    assert publisher.binds
+    assert re.fullmatch(r"tcp://0\.0\.0\.0:\d+", publisher.endpoint), publisher.endpoint
+    assert "has no '*'" not in caplog.text
 
 
 def test_publish_after_close_is_an_error() -> None:
