@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 RUN_STAMP := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: run test lint bench clean check-deploy
+.PHONY: run test test-busy lint bench clean check-deploy
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mocker needs Python >= 3.11 (set PYTHON=...)")'
@@ -31,6 +31,11 @@ test: $(TEST_STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
+
+# Not run by CI: .ci/run three times in a fresh clone of the committed HEAD while two CPU
+# hogs keep the cores busy (tools/test-busy.sh; RUNS=N for another count).
+test-busy:
+	bash tools/test-busy.sh
 
 # Deploy artifacts: hadolint, compose config, helm lint + kubernetes-validate, and a
 # buildah/podman smoke test of the image (skipped loudly without root+apt). See deploy/check.sh.

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import httpx
 import pytest
 
 from mocker.cli import main
-from tests.support.servers import free_port, wait_healthy
+from tests.support.servers import serve, stderr_of
 
 
 def test_demo_runs_and_reports(capsys: pytest.CaptureFixture[str]) -> None:
@@ -84,31 +85,23 @@ def test_serve_help_explains_every_flag() -> None:
 def test_mocker_serve_process_with_env_yaml_and_positional_model(tmp_path) -> None:
     """`python -m mocker serve MODEL` as users run it: settings from a YAML file, the
     environment and flags, vLLM flags warned about, a request served, SIGTERM ends it."""
-    port = free_port()
     cfg = tmp_path / "mocker.yaml"
     cfg.write_text("max_model_len: 2048\nspeedup-ratio: 100\nmax_num_seqs: 4\n")
     env = {**os.environ, "MOCKER_SERVED_MODEL_NAME": "served-name", "MOCKER_MAX_NUM_SEQS": "8"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mocker", "serve", "org/model", "--config", str(cfg),
-         "--port", str(port), "--gpu-memory-utilization", "0.9",
-         "--disable-uvicorn-access-log"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_healthy(proc, base)
+    args = ("org/model", "--config", str(cfg), "--gpu-memory-utilization", "0.9")
+    with serve(*args, env=env) as (proc, base):  # --port 0: the start-up line names the port
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+", base) and not base.endswith(":0")
         card = httpx.get(base + "/v1/models").json()["data"][0]
         assert card["id"] == "served-name" and card["root"] == "org/model"
         assert card["max_model_len"] == 2048
         r = httpx.post(base + "/v1/completions", json={"prompt": "hi", "max_tokens": 3})
         assert r.json()["usage"]["completion_tokens"] == 3
         assert 'num_gpu_blocks="16384"' in httpx.get(base + "/metrics").text
-    finally:
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0
+        assert proc.wait(timeout=30) == 0
+        err = stderr_of(proc)
     assert "ignoring --gpu-memory-utilization" in err
-    assert f"http://127.0.0.1:{port}/v1" in err
+    assert f"serving served-name at {base}/v1" in err
     assert "Traceback" not in err
 
 

@@ -1,4 +1,10 @@
-"""`--kv-events-config`: vLLM's KVEventsConfig keys and defaults, endpoints and the topic."""
+"""`--kv-events-config`: vLLM's KVEventsConfig keys and defaults, endpoints and the topic.
+
+A tcp endpoint's port may be ZMQ's wildcard `*` (`tcp://*:*`, `tcp://127.0.0.1:*`): the
+system picks a free port when the socket is bound, and the publisher reports the endpoint
+with that port (GET /kv_event_sources). Such an endpoint is always bound (it has a `*`);
+with data parallelism each rank binds its own free port instead of port + rank.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +26,8 @@ __all__ = [
     "binds",
     "connectable",
     "offset_endpoint",
+    "wildcard_port",
+    "with_port",
 ]
 
 _WILDCARD_HOSTS = ("", "0.0.0.0", "::", "*", "[::]")
@@ -117,7 +125,8 @@ class KVEventsConfig:
         return cls(**dict(value))
 
     def endpoint_for(self, rank: int) -> str:
-        """The PUB endpoint of data-parallel rank `rank` (port + rank, as vLLM)."""
+        """The PUB endpoint of data-parallel rank `rank` (port + rank, as vLLM; a wildcard
+        port stays a wildcard: each rank binds a free port of its own)."""
         return offset_endpoint(self.endpoint, rank)
 
     def replay_endpoint_for(self, rank: int) -> str | None:
@@ -127,7 +136,8 @@ class KVEventsConfig:
 
     def check_ranks(self, size: int) -> None:
         """Refuse a layout where the ranks' bound ports collide: rank r binds endpoint port + r
-        and replay port + r, so the two ranges must not overlap."""
+        and replay port + r, so the two ranges must not overlap. (A wildcard port cannot
+        collide: the system hands each rank's socket a free port.)"""
         for rank in range(size):  # ports past 65535 fail here, before anything binds
             self.endpoint_for(rank)
             self.replay_endpoint_for(rank)
@@ -135,6 +145,8 @@ class KVEventsConfig:
         if size < 2 or replay is None or not binds(self.endpoint):
             return
         if not (self.endpoint.startswith("tcp://") and replay.startswith("tcp://")):
+            return
+        if wildcard_port(self.endpoint) or wildcard_port(replay):
             return
         pub = int(self.endpoint.rpartition(":")[2])
         rep = int(replay.rpartition(":")[2])
@@ -165,14 +177,26 @@ def _check_endpoint(key: str, endpoint: Any) -> None:
         _bad(key, endpoint, "the transport must be tcp, ipc or inproc")
     if scheme == "tcp":
         _, _, port = endpoint.rpartition(":")
-        if not port.isdigit() or not 0 < int(port) < 65536:
-            _bad(key, endpoint, "a tcp endpoint needs a port in [1, 65535]")
+        if port != "*" and (not port.isdigit() or not 0 < int(port) < 65536):
+            _bad(key, endpoint, "a tcp endpoint needs a port in [1, 65535], or * for a free one")
+
+
+def wildcard_port(endpoint: str) -> bool:
+    """A tcp endpoint whose port is ZMQ's `*`: bound to a port the system picks."""
+    return endpoint.startswith("tcp://") and endpoint.endswith(":*")
+
+
+def with_port(endpoint: str, port: int) -> str:
+    """`endpoint` with its tcp port replaced by `port` (the host kept as written)."""
+    base, _, _ = endpoint.rpartition(":")
+    return f"{base}:{port}"
 
 
 def offset_endpoint(endpoint: str, rank: int) -> str:
     """vLLM's rule: data-parallel rank r publishes on port + r (inproc: a `_dp{r}` suffix,
-    ipc: the same suffix, since a path has no port)."""
-    if rank == 0:
+    ipc: the same suffix, since a path has no port). A wildcard port is left as it is:
+    every rank's socket gets a free port of its own when it binds."""
+    if rank == 0 or wildcard_port(endpoint):
         return endpoint
     if endpoint.startswith("tcp://"):
         base, _, port = endpoint.rpartition(":")

@@ -14,7 +14,7 @@ import zmq
 
 from mocker.config import ConfigError
 from mocker.kv.events import AllBlocksCleared, KVEvent
-from mocker.kvevents.config import EventFormat, KVEventsConfig, binds
+from mocker.kvevents.config import EventFormat, KVEventsConfig, binds, wildcard_port, with_port
 from mocker.kvevents.wire import END_SEQ, BatchEncoder, seq_bytes
 
 __all__ = ["ZmqEventPublisher"]
@@ -63,7 +63,7 @@ class ZmqEventPublisher:
         self.endpoint = config.endpoint_for(rank)
         self.binds = binds(self.endpoint)
         self.replay_endpoint = config.replay_endpoint_for(rank)
-        if self.endpoint.startswith("tcp://0.0.0.0:"):
+        if self.endpoint.startswith("tcp://0.0.0.0:") and not self.binds:
             logger.warning(
                 "kv_events_config.endpoint=%r has no '*': by vLLM's rule it is connected to, "
                 "not bound; write tcp://*:PORT to bind every interface",
@@ -106,17 +106,21 @@ class ZmqEventPublisher:
             pub.setsockopt(zmq.IPV6, 1)  # tcp://[::]:PORT, as vLLM's `::` rule allows
         except (zmq.ZMQError, OverflowError, TypeError) as exc:
             raise ConfigError(f"invalid kv_events_config.hwm={config.hwm!r}: {exc}") from None
-        self._attach(pub, "endpoint", self.endpoint, bind=self.binds)
+        self.endpoint = self._attach(pub, "endpoint", self.endpoint, bind=self.binds)
         if self.replay_endpoint is not None:
             replay = self._replay = self._ctx.socket(zmq.ROUTER)
             # A whole replay must fit in the socket: past its HWM a ROUTER drops silently.
             replay.setsockopt(zmq.SNDHWM, min(_MAX_SOCKOPT, 2 * config.buffer_steps + 16))
             replay.setsockopt(zmq.LINGER, 0)
             replay.setsockopt(zmq.IPV6, 1)
-            self._attach(replay, "replay_endpoint", self.replay_endpoint, bind=True)
+            self.replay_endpoint = self._attach(
+                replay, "replay_endpoint", self.replay_endpoint, bind=True
+            )
 
     @staticmethod
-    def _attach(sock: zmq.Socket[bytes], key: str, endpoint: str, *, bind: bool) -> None:
+    def _attach(sock: zmq.Socket[bytes], key: str, endpoint: str, *, bind: bool) -> str:
+        """Bind or connect `sock`; returns the endpoint as bound: a wildcard port (`*`)
+        replaced by the port the system picked."""
         try:
             if bind:
                 sock.bind(endpoint)
@@ -127,6 +131,12 @@ class ZmqEventPublisher:
             raise ConfigError(
                 f"cannot {verb} kv_events_config.{key}={endpoint!r}: {exc.strerror}"
             ) from None
+        if not wildcard_port(endpoint):
+            return endpoint
+        # Only the port is taken from LAST_ENDPOINT: its host is the system's spelling (with
+        # IPV6 on, 127.0.0.1 reads back as [::ffff:127.0.0.1], which an IPv4 peer cannot dial).
+        bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        return with_port(endpoint, int(bound.rpartition(":")[2]))
 
     # -- producer side (the engine loop) ------------------------------------------------------
 

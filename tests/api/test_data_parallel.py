@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
+import zmq
 
-from mocker.kvevents.config import KVEventsConfig
+from mocker.kvevents.config import KVEventsConfig, connectable
 from tests.support.engines import req
 from tests.support.kv_consumer import Subscriber, replay
 from tests.support.parsing import samples
@@ -21,21 +21,21 @@ from tests.support.servers import AppClient, ServerThread, make_app, settings
 BLOCK = 16
 
 
-def free_port_pair() -> int:
-    """A loopback port P with P + 1 free too (rank r uses port + r)."""
-    for _ in range(200):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            if port >= 65535:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-                return port
-    raise RuntimeError("no two consecutive free ports")
+def subscribers_on_consecutive_ports(n: int) -> list[Subscriber]:
+    """n bound subscribers on loopback ports P, P + 1, ... (rank r's engine dials port + r):
+    P is the system's pick; each next port is bound at once, and the whole run is tried
+    again elsewhere if one is taken. No port is chosen first and bound later."""
+    for _ in range(50):
+        subs = [Subscriber("tcp://127.0.0.1:*", bind=True)]
+        port = int(subs[0].endpoint.rpartition(":")[2])
+        try:
+            for r in range(1, n):
+                subs.append(Subscriber(f"tcp://127.0.0.1:{port + r}", bind=True))
+            return subs
+        except zmq.ZMQError:
+            for sub in subs:
+                sub.close()
+    raise RuntimeError(f"no {n} consecutive free ports")
 
 
 def by_engine(text: str, name: str, **labels: str) -> dict[str, float]:
@@ -165,15 +165,15 @@ async def test_queue_limit_is_per_rank() -> None:
 
 
 @pytest.fixture(scope="module")
-def dp_events_server() -> Iterator[tuple[ServerThread, int, int, list[Subscriber]]]:
+def dp_events_server() -> Iterator[tuple[ServerThread, int, list[Subscriber]]]:
     # The router binds (llm-d's layout): the engine of rank r dials port + r. Replay sockets
-    # are always bound by the engine, rank r on replay port + r.
-    sub_port, replay_port = free_port_pair(), free_port_pair()
-    subs = [Subscriber(f"tcp://127.0.0.1:{sub_port + r}", bind=True) for r in range(2)]
+    # are always bound by the engine; with a wildcard port each rank binds a free one.
+    subs = subscribers_on_consecutive_ports(2)
+    sub_port = int(subs[0].endpoint.rpartition(":")[2])
     config = KVEventsConfig(
         enable_kv_cache_events=True,
         endpoint=f"tcp://127.0.0.1:{sub_port}",
-        replay_endpoint=f"tcp://127.0.0.1:{replay_port}",
+        replay_endpoint="tcp://127.0.0.1:*",
         topic="kv@{host}:{port}@{model}",
     )
     app = make_app(
@@ -182,16 +182,16 @@ def dp_events_server() -> Iterator[tuple[ServerThread, int, int, list[Subscriber
     )
     try:
         with ServerThread(app) as srv:
-            yield srv, sub_port, replay_port, subs
+            yield srv, sub_port, subs
     finally:
         for sub in subs:
             sub.close()
 
 
 def test_each_rank_publishes_on_its_own_port(
-    dp_events_server: tuple[ServerThread, int, int, list[Subscriber]],
+    dp_events_server: tuple[ServerThread, int, list[Subscriber]],
 ) -> None:
-    srv, sub_port, replay_port, subs = dp_events_server
+    srv, sub_port, subs = dp_events_server
     body = httpx.get(srv.url + "/kv_event_sources", timeout=10).json()
     assert body["data_parallel_size"] == 2
     ranks = {s["data_parallel_rank"]: s for s in body["sources"]}
@@ -199,8 +199,11 @@ def test_each_rank_publishes_on_its_own_port(
     for r, source in ranks.items():
         assert source["endpoint"] == f"tcp://127.0.0.1:{sub_port + r}"
         assert source["mode"] == "connect"
-        assert source["replay_endpoint"] == f"tcp://127.0.0.1:{replay_port + r}"
+        # The port each rank's replay socket was given, not the wildcard.
+        assert re.fullmatch(r"tcp://127\.0\.0\.1:\d+", source["replay_endpoint"]), source
+        assert source["replay_connect"] == source["replay_endpoint"]
         assert source["topic"] == "kv@127.0.0.1:8200@dp"  # one topic; the rank is in the payload
+    assert ranks[0]["replay_endpoint"] != ranks[1]["replay_endpoint"]
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
     prompts = {r: [100 + 1000 * r + i for i in range(3 * BLOCK)] for r in (0, 1)}
     for r, prompt in prompts.items():
@@ -224,3 +227,50 @@ def test_each_rank_publishes_on_its_own_port(
         ]
         # Each rank announces its own prompt's blocks, and only those.
         assert stored == prompts[r][: 3 * BLOCK]
+
+
+def test_wildcard_endpoints_give_each_rank_its_own_port_named_in_sources() -> None:
+    # Bind mode (`*` in the endpoint): each rank's PUB and replay ROUTER bind ports the system
+    # picks, and /kv_event_sources names the real ones, ready to subscribe to.
+    config = KVEventsConfig(
+        enable_kv_cache_events=True, endpoint="tcp://*:*", replay_endpoint="tcp://*:*"
+    )
+    app = make_app(settings(kv_events=config, data_parallel_size=2), block_size=BLOCK)
+    # Subscribed at once, while the start-up batches wait for a subscriber.
+    subs = [Subscriber(connectable(p.endpoint, "127.0.0.1")) for p in app.state.mocker.publishers]
+    try:
+        with ServerThread(app) as srv:
+            body = httpx.get(srv.url + "/kv_event_sources", timeout=10).json()
+            sources = sorted(body["sources"], key=lambda s: s["data_parallel_rank"])
+            assert [s["data_parallel_rank"] for s in sources] == [0, 1]
+            for sub, source in zip(subs, sources, strict=True):
+                assert source["mode"] == "bind"
+                assert re.fullmatch(r"tcp://\*:\d+", source["endpoint"]), source
+                assert re.fullmatch(r"tcp://\*:\d+", source["replay_endpoint"]), source
+                assert sub.endpoint.rpartition(":")[2] == source["endpoint"].rpartition(":")[2]
+            ports = {
+                s[k].rpartition(":")[2] for s in sources for k in ("endpoint", "replay_endpoint")
+            }
+            assert len(ports) == 4  # four sockets, four ports
+            client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+            for r, (sub, source) in enumerate(zip(subs, sources, strict=True)):
+                prompt = [100 + 1000 * r + i for i in range(2 * BLOCK)]
+                client.completions.create(
+                    model="mocker",
+                    prompt=prompt,
+                    max_tokens=1,
+                    extra_headers={"X-data-parallel-rank": str(r)},
+                )
+                now = httpx.get(srv.url + "/kv_event_sources", timeout=10).json()["sources"][r]
+                got = {m.seq: m for m in sub.wait_for_seq(now["next_seq"] - 1)}
+                # Anything the PUB sent before the subscription arrived: from replay.
+                for m in replay(connectable(source["replay_endpoint"], "127.0.0.1"), 0):
+                    got.setdefault(m.seq, m)
+                assert sorted(got) == list(range(now["next_seq"]))
+                assert {m.batch.data_parallel_rank for m in got.values()} == {r}
+                stored = [t for m in got.values() for e in m.batch.events
+                          if type(e).__name__ == "BlockStored" for t in e.token_ids]  # fmt: skip
+                assert stored == prompt
+    finally:
+        for sub in subs:
+            sub.close()

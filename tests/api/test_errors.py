@@ -128,7 +128,9 @@ async def test_api_key_guards_v1_only() -> None:
 
 
 async def test_queue_beyond_max_num_queued_reqs_is_503() -> None:
-    app = make_app(settings(max_num_queued_reqs=1), max_num_seqs=1, speedup_ratio=1.0)
+    # A tenth of real time: the running request lasts ~25 s, so it is certainly still running
+    # (and the second still waiting) when the third comes, however loaded the machine.
+    app = make_app(settings(max_num_queued_reqs=1), max_num_seqs=1, speedup_ratio=0.1)
     async with AppClient(app) as c:
         long = {"prompt": [1, 2, 3], "max_tokens": 400}
         engine = c.state.engines[0]
@@ -148,7 +150,7 @@ async def test_queue_beyond_max_num_queued_reqs_is_503() -> None:
 
 
 async def test_duplicate_in_flight_request_id_is_400() -> None:
-    async with AppClient(make_app(speedup_ratio=1.0)) as c:
+    async with AppClient(make_app(speedup_ratio=0.1)) as c:  # the first runs for ~20 s
         headers = {"X-Request-Id": "same"}
         body = {"prompt": "x", "max_tokens": 300}
         first = asyncio.ensure_future(c.http.post("/v1/completions", json=body, headers=headers))

@@ -5,6 +5,7 @@ joiner converges through replay; a prefix-cache reset is announced and true."""
 from __future__ import annotations
 
 import random
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 from mocker.kvevents.config import KVEventsConfig
 from tests.support.kv_consumer import Received, Subscriber, replay
 from tests.support.kv_index import EventIndex
-from tests.support.servers import ServerThread, free_port, make_app, settings
+from tests.support.servers import ServerThread, make_app, settings
 
 BLOCK = 16
 
@@ -62,13 +63,13 @@ class Follower:
 @pytest.fixture(scope="module")
 def events_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerThread, str]]:
     # Bound on an ipc path (local, and bound by vLLM's rule, so several subscribers can join);
-    # the replay ROUTER on loopback TCP. A small pool, so prompts evict each other.
+    # the replay ROUTER on loopback TCP, on a port the system picks (read back from the
+    # publisher). A small pool, so prompts evict each other.
     folder = tmp_path_factory.mktemp("kv")
-    replay_url = f"tcp://127.0.0.1:{free_port()}"
     config = KVEventsConfig(
         enable_kv_cache_events=True,
         endpoint=f"ipc://{folder}/events",
-        replay_endpoint=replay_url,
+        replay_endpoint="tcp://127.0.0.1:*",
         topic="kv@{host}:{port}@{model}",
     )
     app = make_app(
@@ -79,6 +80,8 @@ def events_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Se
         speedup_ratio=200.0,
     )
     with ServerThread(app) as srv:
+        replay_url = srv.app.state.mocker.publishers[0].replay_endpoint
+        assert re.fullmatch(r"tcp://127\.0\.0\.1:\d+", replay_url), replay_url
         yield srv, replay_url
 
 

@@ -16,6 +16,9 @@ PROMPT = 1024
 PROMPTS = 16
 BLOCK_BYTES = BLOCK * 131072  # Llama-3-8B
 LOADED = (PROMPT - 1) // BLOCK
+# A quarter of the modelled speed: round 2's saving (~50 ms a request) stands well clear of
+# the few milliseconds a loaded machine adds to each live TTFT.
+SPEEDUP = 0.25
 
 
 def prefill_ms(t: int) -> float:
@@ -33,8 +36,10 @@ def scrape(url: str) -> dict[tuple[str, str | None], float]:
 
 @pytest.fixture(scope="module")
 def host_server() -> ServerThread:
-    # Real time (speedup 1), so the engine's own TTFTs can be compared with hand values.
-    app = make_app(speedup_ratio=1.0, block_size=BLOCK, num_gpu_blocks=256, num_host_blocks=2048)
+    # Real time (slowed down), so the engine's own TTFTs can be compared with hand values.
+    app = make_app(
+        speedup_ratio=SPEEDUP, block_size=BLOCK, num_gpu_blocks=256, num_host_blocks=2048
+    )
     with ServerThread(app) as srv:
         yield srv  # type: ignore[misc]
 
@@ -82,14 +87,18 @@ def test_working_set_4x_the_device_pool_is_served_from_host(host_server: ServerT
     # The engine's own TTFTs (not the client's). Round 1 computes all 1024 tokens (and,
     # once the pool is full, first waits for 32 evicted blocks to be copied out; the other
     # 32 were copied in the background). Round 2 loads what it found on host at 32 GB/s
-    # and computes the last 16 tokens. Means over each round.
+    # and computes the last 16 tokens. Means over each round, in modelled seconds / SPEEDUP.
     prefill_16 = prefill_ms(PROMPT - LOADED * BLOCK) / 1000
-    second = (host // BLOCK * BLOCK_BYTES / 32e9 + PROMPTS * prefill_16) / PROMPTS
+    second = (host // BLOCK * BLOCK_BYTES / 32e9 + PROMPTS * prefill_16) / PROMPTS / SPEEDUP
     first = (4 * prefill_ms(PROMPT) / 1000 + 12 * (32 * BLOCK_BYTES / 32e9 + prefill_ms(PROMPT)
-             / 1000)) / PROMPTS  # fmt: skip
+             / 1000)) / PROMPTS / SPEEDUP  # fmt: skip
     mean1 = ttft_sums[0] / PROMPTS
     mean2 = (ttft_sums[1] - ttft_sums[0]) / PROMPTS
-    # (Live passes start when the loop gets to them: allow for a loaded machine.)
-    assert mean1 == pytest.approx(first, rel=0.15, abs=0.004)
-    assert mean2 == pytest.approx(second, rel=0.15, abs=0.004)
-    assert mean1 - mean2 > 0.010
+    # Live passes start when the loop gets to them, so a loaded machine only adds to a TTFT
+    # (a few ms of wake-up delay each): the model bounds each mean from below (round 1 by
+    # its prefills alone, since a longer gap between requests may let a copy-out finish in
+    # the background) and a loose allowance bounds it from above.
+    assert prefill_ms(PROMPT) / 1000 / SPEEDUP * 0.99 <= mean1 <= first + 0.05, (mean1, first)
+    assert second * 0.99 <= mean2 <= second + 0.05, (mean2, second)
+    # Served from host, at least half the modelled saving shows (a delay hits both rounds).
+    assert mean1 - mean2 > (first - second) / 2, (mean1, mean2, first, second)

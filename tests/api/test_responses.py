@@ -37,26 +37,31 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks() -> None:
             assert engine.num_running == 1 and engine.core.pool.num_used > 0
         t0 = time.monotonic()
         _wait_idle(server)
-        # Within a pass or two of the disconnect, not at the request's natural end (~12 s).
-        assert time.monotonic() - t0 < 2.0
+        # Soon after the disconnect (a pass or two, plus a loaded machine's delays), not at
+        # the request's natural end (12 s or more).
+        assert time.monotonic() - t0 < 6.0
         assert metrics.finished["abort"] == 1
 
 
 def test_disconnect_while_waiting_for_a_full_response() -> None:
     with ServerThread(make_app(speedup_ratio=1.0)) as server:
-        engine = server.app.state.mocker.engines[0]
+        metrics = server.app.state.mocker.metrics[0]
         try:
+            # The client gives up after 2 s (long enough for a loaded server to have taken
+            # the request in), long before the request's natural end (12 s or more).
             httpx.post(
                 server.url + "/v1/completions",
                 json={"prompt": "x", "max_tokens": 2000},
-                timeout=0.3,
+                timeout=httpx.Timeout(30, read=2.0),
             )
         except httpx.TimeoutException:
             pass
         else:
             raise AssertionError("the request should still be running")
-        assert engine.core.requests or engine.num_waiting
         _wait_idle(server)
+        # It was in the engine when the client left (the server may already have noticed by
+        # the time the exception reaches us), and it ended by abort, not by running out.
+        assert metrics.finished["abort"] == 1
 
 
 async def test_nothing_is_written_after_the_last_message_even_behind_a_slow_reader() -> None:

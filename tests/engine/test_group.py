@@ -15,8 +15,9 @@ def group(k: int, **overrides: object) -> EngineGroup:
 
 
 async def test_waiting_counts_four_times_running() -> None:
-    # Real time (speedup 1): the requests below run for about a second.
-    g = group(3, speedup_ratio=1.0, num_gpu_blocks=512)
+    # A tenth of real time: the requests below run for about ten seconds, so all four are
+    # still running when counted, however late a loaded machine starts the loops.
+    g = group(3, speedup_ratio=0.1, num_gpu_blocks=512)
     # Engine loops are not started: requests stay waiting in the inbox, as a burst within
     # one pass would.
     g[0].add_request(req("a", [1] * 8, max_tokens=200))

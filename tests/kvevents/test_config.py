@@ -11,6 +11,8 @@ from mocker.kvevents.config import (
     binds,
     connectable,
     offset_endpoint,
+    wildcard_port,
+    with_port,
 )
 
 
@@ -48,6 +50,9 @@ def test_parse_json_and_mapping() -> None:
         ('{"publisher": "kafka"}', "kv_events_config.publisher"),
         ('{"endpoint": "localhost:5557"}', "kv_events_config.endpoint"),
         ('{"endpoint": "tcp://*:99999"}', "kv_events_config.endpoint"),
+        ('{"endpoint": "tcp://*:0"}', "or * for a free one"),
+        ('{"endpoint": "tcp://*:**"}', "kv_events_config.endpoint"),
+        ('{"replay_endpoint": "tcp://*:"}', "kv_events_config.replay_endpoint"),
         ('{"endpoint": "udp://*:5557"}', "kv_events_config.endpoint"),
         ('{"replay_endpoint": 5558}', "kv_events_config.replay_endpoint"),
         ('{"buffer_steps": 0}', "kv_events_config.buffer_steps"),
@@ -115,3 +120,25 @@ def test_connectable_fills_wildcard_host() -> None:
     assert connectable("tcp://[::]:5557", "fe80::1") == "tcp://[fe80::1]:5557"
     assert connectable("tcp://1.2.3.4:5557", "10.0.0.7") == "tcp://1.2.3.4:5557"
     assert connectable("ipc:///tmp/kv", "10.0.0.7") == "ipc:///tmp/kv"
+
+
+def test_a_wildcard_port_is_bound_per_rank_to_a_port_the_system_picks() -> None:
+    # ZMQ's `*` port: the system picks a free one at bind time. It has a `*`, so it is bound
+    # (vLLM's rule); every data-parallel rank binds its own free port, not port + rank.
+    config = KVEventsConfig.parse(
+        '{"endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://*:*"}'
+    )
+    assert binds(config.endpoint) and wildcard_port(config.endpoint)
+    assert config.endpoint_for(3) == "tcp://127.0.0.1:*"
+    assert config.replay_endpoint_for(2) == "tcp://*:*"
+    assert not wildcard_port("tcp://*:5557") and not wildcard_port("ipc:///tmp/kv:*")
+    assert with_port("tcp://*:*", 40123) == "tcp://*:40123"
+    assert with_port("tcp://[::1]:*", 40123) == "tcp://[::1]:40123"
+    assert connectable("tcp://*:40123", "10.0.0.7") == "tcp://10.0.0.7:40123"
+    # No port of a wildcard can collide with another rank's, whatever the other one is.
+    config.check_ranks(8)
+    KVEventsConfig(endpoint="tcp://*:5557", replay_endpoint="tcp://*:*").check_ranks(8)
+    KVEventsConfig(endpoint="tcp://*:*", replay_endpoint="tcp://*:5558").check_ranks(8)
+    # A numeric port next to a wildcard one is still offset (and checked) per rank.
+    with pytest.raises(ConfigError, match="port 65536"):
+        KVEventsConfig(endpoint="tcp://*:*", replay_endpoint="tcp://*:65535").check_ranks(2)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import re
 import socket
 import threading
 import time
@@ -13,10 +15,11 @@ import zmq
 
 from mocker.config import ConfigError
 from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
-from mocker.kvevents.config import EventFormat, KVEventsConfig
+from mocker.kvevents.config import EventFormat, KVEventsConfig, connectable
 from mocker.kvevents.publisher import ZmqEventPublisher
 from tests.support.kv_consumer import Subscriber, replay
-from tests.support.servers import free_port
+
+LOOPBACK_ANY = "tcp://127.0.0.1:*"  # a port the system picks at bind time
 
 STORED = BlockStored(
     block_hashes=(2**63 + 5, 11),
@@ -41,10 +44,9 @@ def test_connect_mode_frames_every_field(
     fmt: EventFormat, publishers: list[ZmqEventPublisher]
 ) -> None:
     # llm-d's layout: the indexer binds, the engine connects (no wildcard in the endpoint).
-    port = free_port()
-    sub = Subscriber(f"tcp://127.0.0.1:{port}", bind=True, array_like=fmt is EventFormat.ARRAY)
+    sub = Subscriber(LOOPBACK_ANY, bind=True, array_like=fmt is EventFormat.ARRAY)
     try:
-        config = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://127.0.0.1:{port}")
+        config = KVEventsConfig(enable_kv_cache_events=True, endpoint=sub.endpoint)
         publisher = ZmqEventPublisher(config, topic="kv@10.0.0.1:8000@m", fmt=fmt)
         publishers.append(publisher)
         assert not publisher.binds
@@ -89,10 +91,10 @@ def test_bind_mode_and_data_parallel_rank(
 
 
 def test_tcp_rank_offsets_the_port(publishers: list[ZmqEventPublisher]) -> None:
-    port = free_port()
+    sub = Subscriber(LOOPBACK_ANY, bind=True)
+    port = int(sub.endpoint.rpartition(":")[2])
     config = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://127.0.0.1:{port - 1}")
-    sub = Subscriber(f"tcp://127.0.0.1:{port}", bind=True)  # rank 1 dials port + 1
-    try:
+    try:  # rank 1 dials port + 1: the subscriber's
         publisher = ZmqEventPublisher(config, rank=1)
         publishers.append(publisher)
         assert sub.wait_for_seq(0)[0].batch.data_parallel_rank == 1
@@ -101,16 +103,16 @@ def test_tcp_rank_offsets_the_port(publishers: list[ZmqEventPublisher]) -> None:
 
 
 def test_replay_serves_the_buffer_with_end_marker(publishers: list[ZmqEventPublisher]) -> None:
-    port = free_port()
     config = KVEventsConfig(
         enable_kv_cache_events=True,
-        endpoint=f"tcp://127.0.0.1:{free_port()}",  # nobody listens: replay still works
-        replay_endpoint=f"tcp://127.0.0.1:{port}",  # always bound, no wildcard needed
+        endpoint=LOOPBACK_ANY,  # nobody subscribes: replay still works
+        replay_endpoint=LOOPBACK_ANY,
         buffer_steps=6,
     )
     publisher = ZmqEventPublisher(config, topic="t", first_subscriber_wait_s=0.05)
     publishers.append(publisher)
-    url = f"tcp://127.0.0.1:{port}"
+    url = publisher.replay_endpoint
+    assert url is not None
     deadline = time.monotonic() + 10
     while not (first := replay(url, 0)):  # sent once nobody subscribed within the wait
         assert time.monotonic() < deadline
@@ -129,17 +131,18 @@ def test_replay_serves_the_buffer_with_end_marker(publishers: list[ZmqEventPubli
 
 
 def test_replays_run_beside_live_publishing(publishers: list[ZmqEventPublisher]) -> None:
-    port, replay_port = free_port(), free_port()
-    sub = Subscriber(f"tcp://127.0.0.1:{port}", bind=True)
+    sub = Subscriber(LOOPBACK_ANY, bind=True)
     config = KVEventsConfig(
-        endpoint=f"tcp://127.0.0.1:{port}",
-        replay_endpoint=f"tcp://127.0.0.1:{replay_port}",
+        endpoint=sub.endpoint,
+        replay_endpoint=LOOPBACK_ANY,
         buffer_steps=3000,
         max_queue_size=8,
     )
     try:
         publisher = ZmqEventPublisher(config)
         publishers.append(publisher)
+        replay_url = publisher.replay_endpoint
+        assert replay_url is not None
         for i in range(3000):
             publisher.publish([BlockRemoved(block_hashes=(i,))])
         sub.wait_for_seq(3000)
@@ -147,7 +150,7 @@ def test_replays_run_beside_live_publishing(publishers: list[ZmqEventPublisher])
 
         def hammer() -> None:
             for _ in range(5):
-                results.append([m.seq for m in replay(f"tcp://127.0.0.1:{replay_port}", 0)])
+                results.append([m.seq for m in replay(replay_url, 0)])
 
         threads = [threading.Thread(target=hammer) for _ in range(3)]
         for t in threads:
@@ -168,14 +171,15 @@ def test_replays_run_beside_live_publishing(publishers: list[ZmqEventPublisher])
 def test_malformed_replay_request_still_gets_the_end_marker(
     publishers: list[ZmqEventPublisher],
 ) -> None:
-    port = free_port()
-    config = KVEventsConfig(replay_endpoint=f"tcp://127.0.0.1:{port}", endpoint="inproc://x")
-    publishers.append(ZmqEventPublisher(config))
+    config = KVEventsConfig(replay_endpoint=LOOPBACK_ANY, endpoint="inproc://x")
+    publisher = ZmqEventPublisher(config)
+    publishers.append(publisher)
+    assert publisher.replay_endpoint is not None
     ctx = zmq.Context()
     dealer = ctx.socket(zmq.DEALER)
     dealer.setsockopt(zmq.RCVTIMEO, 10_000)
     try:
-        dealer.connect(f"tcp://127.0.0.1:{port}")
+        dealer.connect(publisher.replay_endpoint)
         dealer.send_multipart([b"", b"\x01\x02"])  # a start sequence must be 8 bytes
         assert dealer.recv_multipart() == [b"", b"", b"\xff" * 8, b""]
     finally:
@@ -184,10 +188,9 @@ def test_malformed_replay_request_still_gets_the_end_marker(
 
 
 def test_full_queue_waits_instead_of_dropping(publishers: list[ZmqEventPublisher]) -> None:
-    port = free_port()
-    sub = Subscriber(f"tcp://127.0.0.1:{port}", bind=True)
+    sub = Subscriber(LOOPBACK_ANY, bind=True)
     try:
-        config = KVEventsConfig(endpoint=f"tcp://127.0.0.1:{port}", max_queue_size=1)
+        config = KVEventsConfig(endpoint=sub.endpoint, max_queue_size=1)
         publisher = ZmqEventPublisher(config)
         publishers.append(publisher)
         for i in range(300):  # most wait: the first batch holds the queue until we subscribe
@@ -199,14 +202,13 @@ def test_full_queue_waits_instead_of_dropping(publishers: list[ZmqEventPublisher
 
 def test_a_stalled_subscriber_never_blocks_the_engine(publishers: list[ZmqEventPublisher]) -> None:
     # A subscriber that reads nothing: past the high-water mark ZMQ drops for it.
-    port = free_port()
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.RCVHWM, 1)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.bind(f"tcp://127.0.0.1:{port}")
+    sub.bind(LOOPBACK_ANY)
     try:
-        config = KVEventsConfig(endpoint=f"tcp://127.0.0.1:{port}", hwm=4)
+        config = KVEventsConfig(endpoint=sub.getsockopt_string(zmq.LAST_ENDPOINT), hwm=4)
         publisher = ZmqEventPublisher(config, first_subscriber_wait_s=0.05)
         publishers.append(publisher)
         for i in range(20_000):
@@ -230,21 +232,68 @@ def test_bind_failure_is_a_config_error_naming_the_key() -> None:
 
 
 def test_close_during_the_first_subscriber_wait_is_prompt() -> None:
-    publisher = ZmqEventPublisher(KVEventsConfig(endpoint="inproc://w"))  # nobody subscribes
+    # Nobody subscribes and the start-up wait is a minute: close must cut it short. (Bounds
+    # far from both outcomes, so a loaded machine cannot blur them: a sender that sat out
+    # the wait would hold close for its whole 30 s join timeout and still be alive.)
+    config = KVEventsConfig(endpoint="inproc://w")
+    publisher = ZmqEventPublisher(config, first_subscriber_wait_s=60.0)
     started = time.monotonic()
-    publisher.close()
-    assert time.monotonic() - started < 2.0  # not the full start-up wait
+    publisher.close(timeout=30.0)
+    assert time.monotonic() - started < 20.0
     assert not publisher._sender.is_alive()
 
 
-def test_ipv6_wildcard_endpoint_binds(publishers: list[ZmqEventPublisher]) -> None:
-    config = KVEventsConfig(endpoint=f"tcp://[::1]:{free_port()}")  # `::` in it: bound
+def test_ipv6_endpoint_binds(publishers: list[ZmqEventPublisher]) -> None:
+    config = KVEventsConfig(endpoint="tcp://[::1]:*")  # `::` (and `*`) in it: bound
     try:
         publisher = ZmqEventPublisher(config, first_subscriber_wait_s=0.0)
     except ConfigError as exc:
         pytest.skip(f"no IPv6 loopback on this machine: {exc}")
     publishers.append(publisher)
     assert publisher.binds
+    assert re.fullmatch(r"tcp://\[::1\]:\d+", publisher.endpoint), publisher.endpoint
+
+
+def test_wildcard_ports_bind_ports_the_system_picks_and_report_them(
+    publishers: list[ZmqEventPublisher],
+) -> None:
+    # ZMQ's `*` port: the system picks a free port at bind time and the publisher names it.
+    # Data-parallel ranks do not offset a wildcard: each binds a free port of its own.
+    config = KVEventsConfig(endpoint=LOOPBACK_ANY, replay_endpoint="tcp://*:*")
+    ranks = [ZmqEventPublisher(config, rank=r) for r in range(2)]
+    publishers.extend(ranks)
+    for publisher in ranks:
+        assert publisher.binds
+        assert re.fullmatch(r"tcp://127\.0\.0\.1:\d+", publisher.endpoint), publisher.endpoint
+        assert re.fullmatch(r"tcp://\*:\d+", publisher.replay_endpoint or ""), publisher
+    ports = {p.endpoint.rpartition(":")[2] for p in ranks}
+    ports |= {(p.replay_endpoint or "").rpartition(":")[2] for p in ranks}
+    assert len(ports) == 4  # four sockets, four ports
+    for rank, publisher in enumerate(ranks):
+        sub = Subscriber(publisher.endpoint)  # the reported endpoint is the real one
+        try:
+            seq = publisher.publish([BlockRemoved(block_hashes=(rank,))])
+            got = sub.wait_for_seq(seq)
+            assert got[-1].batch.data_parallel_rank == rank
+            assert got[-1].batch.events[0].block_hashes == [rank]
+        finally:
+            sub.close()
+        replay_url = connectable(publisher.replay_endpoint or "", "127.0.0.1")
+        assert [m.seq for m in replay(replay_url, 0)] == [0, 1]
+
+
+def test_an_any_address_wildcard_port_is_bound_without_the_connect_warning(
+    publishers: list[ZmqEventPublisher], caplog: pytest.LogCaptureFixture
+) -> None:
+    # `tcp://0.0.0.0:PORT` has no `*`, so by vLLM's rule it is connected to (and warned
+    # about); `tcp://0.0.0.0:*` has one, and is bound.
+    with caplog.at_level(logging.WARNING, logger="mocker.kvevents.publisher"):
+        config = KVEventsConfig(endpoint="tcp://0.0.0.0:*")
+        publisher = ZmqEventPublisher(config, first_subscriber_wait_s=0.0)
+    publishers.append(publisher)
+    assert publisher.binds
+    assert re.fullmatch(r"tcp://0\.0\.0\.0:\d+", publisher.endpoint), publisher.endpoint
+    assert "has no '*'" not in caplog.text
 
 
 def test_publish_after_close_is_an_error() -> None:

@@ -62,7 +62,10 @@ class Received:
 
 @dataclass
 class Subscriber:
-    """A SUB socket read by a background thread; `bind` for the engine-connects layout."""
+    """A SUB socket read by a background thread; `bind` for the engine-connects layout.
+
+    Bound to a wildcard port (`tcp://127.0.0.1:*`), `endpoint` becomes the bound one, with
+    the port the system picked: the engine is then pointed at it."""
 
     endpoint: str
     bind: bool = False
@@ -72,12 +75,18 @@ class Subscriber:
     def __post_init__(self) -> None:
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.SUB)
-        self._sock.setsockopt(zmq.SUBSCRIBE, b"")
-        self._sock.setsockopt(zmq.RCVTIMEO, 50)
-        if self.bind:
-            self._sock.bind(self.endpoint)
-        else:
-            self._sock.connect(self.endpoint)
+        try:
+            self._sock.setsockopt(zmq.SUBSCRIBE, b"")
+            self._sock.setsockopt(zmq.RCVTIMEO, 50)
+            if self.bind:
+                self._sock.bind(self.endpoint)
+                self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            else:
+                self._sock.connect(self.endpoint)
+        except zmq.ZMQError:
+            self._sock.close(linger=0)
+            self._ctx.term()
+            raise
         self._decode = decoder(self.array_like).decode
         self._stop = threading.Event()
         self._lock = threading.Lock()

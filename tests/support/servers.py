@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -63,10 +64,8 @@ class AppClient:
         await self.state.engines.stop()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# `mocker serve`'s start-up line names the port it bound (with --port 0, the system's pick).
+_SERVING = re.compile(r"^mocker \S+: serving .* at http://(\S+):(\d+)/v1 ", re.M)
 
 
 def wait_healthy(proc: subprocess.Popen[str], url: str, timeout: float = 30) -> None:
@@ -82,17 +81,32 @@ def wait_healthy(proc: subprocess.Popen[str], url: str, timeout: float = 30) -> 
         time.sleep(0.05)
 
 
+def served_url(proc: subprocess.Popen[str], timeout: float = 30) -> str:
+    """The URL `mocker serve` in `proc` (started by serve()) says it listens at, read from its
+    start-up line on stderr (fails if the process exits first)."""
+    deadline = time.monotonic() + timeout
+    while not (found := _SERVING.search(stderr_of(proc))):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"no start-up line from mocker serve:\n{stderr_of(proc)}")
+        time.sleep(0.05)
+    return f"http://{found[1]}:{found[2]}"
+
+
 @contextmanager
-def serve(*flags: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    port = free_port()
-    argv = [sys.executable, "-m", "mocker", "serve", "--port", str(port),
-            "--disable-uvicorn-access-log", *flags]  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
+def serve(
+    *args: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`python -m mocker serve --port 0 ARGS` (the system picks the port, so it cannot be
+    taken by the time the server binds it): yields the process once /health answers, and
+    its URL as its start-up line names it."""
+    argv = [sys.executable, "-m", "mocker", "serve", "--port", "0",
+            "--disable-uvicorn-access-log", *args]  # fmt: skip
     # stderr to a file: a pipe nobody reads could fill up and block the server.
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, text=True)
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, text=True, env=env)
         proc.log = log  # type: ignore[attr-defined]
         try:
+            url = served_url(proc)
             wait_healthy(proc, url)
             yield proc, url
         finally:
@@ -107,15 +121,21 @@ def stderr_of(proc: subprocess.Popen[str]) -> str:
 
 
 class ServerThread:
-    """A real uvicorn server on a free loopback port, in a background thread."""
+    """A real uvicorn server on a loopback port, in a background thread.
+
+    The listening socket is bound here, to port 0, and handed to uvicorn: the port is the
+    system's pick and held from the start, never chosen first and bound later."""
 
     def __init__(self, app: FastAPI) -> None:
         self.app = app
-        self.port = free_port()
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self.sock.getsockname()[1]
         self.server = uvicorn.Server(
             uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
         )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
 
     @property
     def url(self) -> str:
@@ -126,6 +146,7 @@ class ServerThread:
         deadline = time.monotonic() + 20
         while not self.server.started:
             if not self.thread.is_alive() or time.monotonic() > deadline:
+                self.sock.close()
                 raise RuntimeError("uvicorn did not start")
             time.sleep(0.01)
         return self
@@ -133,3 +154,4 @@ class ServerThread:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=20)
+        self.sock.close()
