@@ -24,9 +24,11 @@ import httpx
 from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore
 from mocker.engine.outputs import StepResult
+from mocker.engine.stats import FinishedRequestStats
+from mocker.mixing import splitmix64
 from mocker.replay.runner import replay
 from mocker.replay.trace import TraceRequest
-from mocker.request import EngineRequest, Request
+from mocker.request import EngineRequest
 from tests.support.servers import ServerThread, make_app, tokenizer
 
 TBS = 64
@@ -40,7 +42,6 @@ ENGINE: dict[str, Any] = {
     "max_num_seqs": 8,
 }
 GROUPS, GAP = 4, 0.125  # request i: prefix group i % 4, sent at i × 125 ms
-_MASK = (1 << 64) - 1
 
 
 def make_trace(num_requests: int = 16) -> list[TraceRequest]:
@@ -56,10 +57,9 @@ def make_trace(num_requests: int = 16) -> list[TraceRequest]:
 
 def _token(hash_id: int, position: int) -> int:
     """Prompt token `position` of trace block `hash_id` for the live requests: a fixed
-    function of both, so equal ids give equal blocks there too (as REFERENCE §7 asks)."""
-    x = (hash_id * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9) & _MASK
-    x ^= x >> 29
-    return 100 + x % 20_000
+    function of both, so equal ids give equal blocks there too (as a trace's hash ids mean
+    equal content)."""
+    return 100 + splitmix64(splitmix64(hash_id) ^ position) % 20_000
 
 
 def live_prompt(item: TraceRequest) -> list[int]:
@@ -85,13 +85,15 @@ async def send_live(url: str, trace: list[TraceRequest]) -> None:
 
 def rerun(
     config: EngineConfig, requests: list[EngineRequest], passes: list[StepResult]
-) -> tuple[list[StepResult], dict[str, Request]]:
+) -> tuple[list[StepResult], dict[str, FinishedRequestStats]]:
     """The live run again on a virtual clock: a fresh core is given each request at its live
     arrival and stepped at each live pass's start. (Before each pass, the live loop adds
     exactly the requests that arrived by the pass's start.)"""
     core = EngineCore(config, output_palette=tokenizer().palette)  # as the server's
     pending = sorted(requests, key=lambda r: r.arrival_time)
-    results, finished, i = [], {}, 0
+    results: list[StepResult] = []
+    finished: dict[str, FinishedRequestStats] = {}
+    i = 0
     for live in passes:
         while i < len(pending) and pending[i].arrival_time <= live.start:
             core.add_request(pending[i])
@@ -108,9 +110,9 @@ def composition(result: StepResult) -> tuple[object, ...]:
     return result.start, result.end, result.stats, outputs
 
 
-def timeline(r: Request) -> tuple[object, ...]:
+def timeline(r: FinishedRequestStats) -> tuple[object, ...]:
     return (r.arrival_time, r.first_scheduled_time, r.first_token_time, r.finished_time,
-            r.num_cached_tokens, r.num_output_tokens)  # fmt: skip
+            r.num_cached_tokens, r.num_generation_tokens)  # fmt: skip
 
 
 def test_live_and_replay_agree() -> None:
@@ -122,7 +124,7 @@ def test_live_and_replay_agree() -> None:
     app = make_app(**ENGINE)
     engine = app.state.mocker.engines[0]
     passes: list[StepResult] = []
-    finished: dict[str, Request] = {}
+    finished: dict[str, FinishedRequestStats] = {}
     sent: dict[str, EngineRequest] = {}
     observe, add = engine.on_step, engine.add_request
 
