@@ -183,22 +183,35 @@ smoke_test() {
 	echo "image build: $((SECONDS - t0)) s"
 
 	step "podman run, /health, HEALTHCHECK, a streamed completion, SIGTERM"
-	local port url
-	port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-	url=http://127.0.0.1:$port
-	# Flags after the image go to `mocker serve`; MOCKER_PORT tells the HEALTHCHECK the port.
-	# podman's stderr (it cannot arm healthcheck timers without systemd) goes to a log.
-	CID=$(podman run -d --network host --env "MOCKER_PORT=$port" localhost/mocker:smoke \
-		--host 127.0.0.1 --port "$port" --speedup-ratio 100 2>"$SMOKE_DIR/podman-run.log") ||
-		{ cat "$SMOKE_DIR/podman-run.log" >&2; fail "podman run"; }
-	t0=$SECONDS
-	until http "$url/health" >/dev/null 2>&1; do
-		if ((SECONDS - t0 > 60)) || [[ $(podman inspect -f '{{.State.Running}}' "$CID") != true ]]; then
-			podman logs "$CID" >&2 || true
-			fail "/health did not answer 200 within 60 s"
-		fi
-		sleep 0.5
+	local port url attempt up=0
+	# A port is picked free, then the container binds it: another process may take it in
+	# between (a shared machine). Then mocker exits at once saying so, and we try another.
+	for attempt in 1 2 3 4 5; do
+		port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+		url=http://127.0.0.1:$port
+		# Flags after the image go to `mocker serve`; MOCKER_PORT tells the HEALTHCHECK the
+		# port. podman's stderr (it cannot arm healthcheck timers without systemd) goes to a log.
+		CID=$(podman run -d --network host --env "MOCKER_PORT=$port" localhost/mocker:smoke \
+			--host 127.0.0.1 --port "$port" --speedup-ratio 100 2>"$SMOKE_DIR/podman-run.log") ||
+			{ cat "$SMOKE_DIR/podman-run.log" >&2; fail "podman run"; }
+		t0=$SECONDS
+		until http "$url/health" >/dev/null 2>&1; do
+			if [[ $(podman inspect -f '{{.State.Running}}' "$CID") != true ]] &&
+				podman logs "$CID" 2>&1 | grep -q "Address already in use"; then
+				echo "port $port was taken before the container bound it; trying another"
+				podman rm -f "$CID" >/dev/null 2>&1 || true
+				continue 2
+			fi
+			if ((SECONDS - t0 > 60)) || [[ $(podman inspect -f '{{.State.Running}}' "$CID") != true ]]; then
+				podman logs "$CID" >&2 || true
+				fail "/health did not answer 200 within 60 s"
+			fi
+			sleep 0.5
+		done
+		up=1
+		break
 	done
+	((up)) || fail "no free port could be bound in 5 attempts"
 	echo "/health 200 after $((SECONDS - t0)) s"
 	timeout 30 podman healthcheck run "$CID" || fail "the image's HEALTHCHECK did not pass"
 	echo "HEALTHCHECK: healthy"

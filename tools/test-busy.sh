@@ -44,7 +44,9 @@ LOGS=$(mktemp -d /tmp/test-busy.XXXXXX)
 echo "test-busy: $COMMIT cloned into $DIR; logs in $LOGS"
 
 for _ in 1 2; do
-	python3 -c 'while True: pass' &
+	# Spins until stopped, or until this script is gone (killed too hard to run its trap).
+	python3 -c 'import os; parent = os.getppid()
+while os.getppid() == parent: pass' &
 	HOGS+=($!)
 done
 echo "test-busy: CPU hogs running: PIDs ${HOGS[*]} ($(nproc) cores)"

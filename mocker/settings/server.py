@@ -157,7 +157,9 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         "vLLM's KV-event config as JSON, e.g. '{\"enable_kv_cache_events\": true, "
         '"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", '
         '"topic": "kv@{host}:{port}@{model}"}\'; the topic\'s {host} is $POD_IP or this '
-        "server's address, {port} its HTTP port, {model} the served model name",
+        "server's address, {port} its HTTP port, {model} the served model name; a tcp port "
+        "of * (tcp://*:* or tcp://127.0.0.1:*) binds a free port, named in GET "
+        "/kv_event_sources (each data-parallel rank gets its own)",
         None,
         "json",
         metavar="JSON",
