@@ -13,7 +13,9 @@ from mocker.api.state import ServerState
 __all__ = ["Headers", "State", "accepting", "get_state"]
 
 
-def get_state(request: Request) -> ServerState:
+async def get_state(request: Request) -> ServerState:
+    # async: FastAPI runs a plain `def` dependency in a worker thread, a thread hop (and GIL
+    # contention with the engine loop) on every request.
     state: ServerState = request.app.state.mocker
     return state
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
+
 from fastapi import FastAPI
 
+from mocker.api import auth, dependencies
 from tests.support.servers import make_app, settings
 
 ROUTES = {
@@ -33,3 +36,12 @@ async def test_the_lifespan_runs_the_engines_and_stops_them() -> None:
     async with app.router.lifespan_context(app):
         assert all(e.is_running for e in engines)
     assert not any(e.is_running for e in engines) and engines.is_dead
+
+
+def test_dependencies_are_async_so_no_request_takes_a_thread_hop() -> None:
+    # FastAPI runs a plain `def` dependency in a worker thread: a hop per request, and
+    # worker threads contending for the GIL with the engine loop.
+    for module in (dependencies, auth):
+        for name, fn in vars(module).items():
+            if inspect.isfunction(fn) and fn.__module__ == module.__name__ and name[0] != "_":
+                assert inspect.iscoroutinefunction(fn), f"{module.__name__}.{name}"
