@@ -7,7 +7,7 @@ from collections.abc import Collection, Sequence
 
 import numpy as np
 
-from mocker.mixing import MASK64, splitmix64, splitmix64_array
+from mocker.mixing import GOLDEN, MASK64, splitmix64, splitmix64_array
 
 __all__ = ["OutputTokenSampler"]
 
@@ -47,7 +47,13 @@ class OutputTokenSampler:
 
     def token(self, request_seed: int, index: int, eos_allowed: bool) -> int:
         """Token at output position `index`; EOS only where `eos_allowed`."""
-        x = splitmix64((request_seed + index) & MASK64)
+        # splitmix64 (mocker.mixing), inlined: this runs once per generated token, and the
+        # call costs a few percent of the streaming path. tests/test_output_tokens.py checks
+        # it against mocker.mixing.splitmix64.
+        x = (request_seed + index + GOLDEN) & MASK64
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+        x ^= x >> 31
         threshold = self._eos_threshold
         if eos_allowed and threshold and (splitmix64(x) >> 11) < threshold:
             return self.eos_token_id

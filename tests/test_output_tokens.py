@@ -2,6 +2,7 @@
 
 import pytest
 
+from mocker.mixing import MASK64, splitmix64
 from mocker.output_tokens import OutputTokenSampler
 
 
@@ -32,3 +33,13 @@ def test_eos_probability_rate_and_gate() -> None:
     assert eos not in [s.token(seed, k, False) for k in range(4000)]
     always = OutputTokenSampler(range(100), 1, 1.0, 0)
     assert all(always.token(seed, k, True) == 1 for k in range(100))
+
+
+def test_the_inlined_mixer_is_splitmix64() -> None:
+    s = OutputTokenSampler(range(1000), eos_token_id=1, eos_probability=0.0, seed=0)
+    palette = [t for t in range(1000) if t != 1]  # EOS is never drawn from the palette
+    seed = s.request_seed("req-1")
+    for k in range(200):
+        x = splitmix64((seed + k) & MASK64)
+        assert s.token(seed, k, False) == palette[(x >> 7) % len(palette)]
+    assert s.tokens(seed, 0, 200) == [s.token(seed, k, False) for k in range(200)]

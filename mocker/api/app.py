@@ -8,9 +8,10 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from mocker import __version__
+from mocker.api.auth import require_api_key
 from mocker.api.errors import install_error_handlers
 from mocker.api.raw_send import RawSendApp
 from mocker.api.routes import admin, openai, operations
@@ -61,7 +62,9 @@ def create_app(settings: ServerSettings, config: EngineConfig, tokenizer: TextTo
     )
     app.state.mocker = state
     install_error_handlers(app)
-    app.include_router(openai.router)
+    # The API key check only when one is set: a dependency costs every request its solving.
+    auth = [Depends(require_api_key)] if settings.api_key else []
+    app.include_router(openai.router, dependencies=auth)
     app.include_router(tokenizer_routes.router)
     app.include_router(operations.router)
     if settings.admin_token:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
+from types import CoroutineType
 from typing import Any
 
 import orjson
@@ -60,7 +61,8 @@ class Emitter:
             return
         sending = self._send(message)
         # Servers' `send` is an `async def` (uvicorn's is): a coroutine, stepped right here.
-        coro = sending if isinstance(sending, Coroutine) else _awaited(sending)
+        # (The concrete coroutine type, not the Coroutine ABC: this runs once per chunk.)
+        coro = sending if isinstance(sending, CoroutineType) else _awaited(sending)
         try:
             waiting_on = coro.send(None)
         except StopIteration:

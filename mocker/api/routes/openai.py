@@ -5,14 +5,14 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 from starlette.responses import Response
 
-from mocker.api.auth import require_api_key
 from mocker.api.dependencies import Headers, State, accepting
 from mocker.api.protocol import ChatCompletionRequest, CompletionRequest, ModelCard
 from mocker.api.responses import json_response
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
+# With --api-key, create_app adds `require_api_key` to every route here.
+router = APIRouter(prefix="/v1")
 
 
 @router.post("/completions", dependencies=[Depends(accepting)])
