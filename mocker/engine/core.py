@@ -9,7 +9,7 @@ from mocker.engine.intake import RequestRejected, check_request, request_id_in_u
 from mocker.engine.kv_stack import build_kv_stack
 from mocker.engine.outputs import RequestOutput, StepResult
 from mocker.engine.stats import EngineSnapshot, FinishedRequestStats, SchedulerStats
-from mocker.engine.stopping import next_token, stop_status
+from mocker.engine.stopping import stop_status, unmasked
 from mocker.kv.events import KVEvent
 from mocker.kv.hashing import BlockHash, BlockHasher
 from mocker.output_tokens import OutputTokenSampler
@@ -140,7 +140,7 @@ class EngineCore:
 
     def num_cached_prefix_blocks(self, block_hashes: Sequence[BlockHash]) -> int:
         """How many leading blocks of these hashes the device prefix cache holds."""
-        return len(self.pool.lookup_prefix(block_hashes))
+        return self.pool.num_cached_prefix(block_hashes)
 
     def has_pending_transfers(self) -> bool:
         """Host-tier transfers in flight: the core needs driving until they end."""
@@ -278,7 +278,7 @@ class EngineCore:
         finished: list[FinishedRequestStats] = []
         bs = self.config.block_size
         sampler = self.sampler
-        eos = sampler.eos_token_id
+        token, eos = sampler.token, sampler.eos_token_id
         stage = self._write_through
         for request, n in sched.num_scheduled.items():
             computed = request.num_computed_tokens + n
@@ -289,7 +289,10 @@ class EngineCore:
             if computed < num_tokens:
                 continue  # a prefill chunk that does not reach the end of the prompt
             k = num_tokens - request.num_prompt_tokens  # index of the token sampled now
-            tok = next_token(sampler, request, k)
+            sp = request.sampling
+            tok = token(request.token_seed, k, not sp.ignore_eos and k >= sp.min_tokens)
+            if k < sp.min_tokens and tok in sp.stop_token_ids:
+                tok = unmasked(sampler, request, k)
             request.append_output_token(tok)
             first = request.first_token_time is None
             if first:

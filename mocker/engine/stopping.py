@@ -5,18 +5,14 @@ from __future__ import annotations
 from mocker.output_tokens import OutputTokenSampler
 from mocker.request import Request, RequestStatus
 
-__all__ = ["next_token", "stop_status"]
+__all__ = ["stop_status", "unmasked"]
 
 
-def next_token(sampler: OutputTokenSampler, request: Request, k: int) -> int:
-    """Output token `k` of the request: EOS may be drawn only once min_tokens are out and
-    not with ignore_eos; while min_tokens is unmet a stop token id is masked (redrawn), as
-    vLLM's sampler masks them."""
-    sp = request.sampling
-    tok = sampler.token(request.token_seed, k, not sp.ignore_eos and k >= sp.min_tokens)
-    if k < sp.min_tokens and tok in sp.stop_token_ids:
-        tok = sampler.token_avoiding(request.token_seed, k, sp.stop_token_ids)
-    return tok
+def unmasked(sampler: OutputTokenSampler, request: Request, k: int) -> int:
+    """Output token `k` redrawn outside the stop token ids: while min_tokens is unmet vLLM's
+    sampler masks them (and EOS), so the engine, which draws EOS only once min_tokens are
+    out, redraws a stop id it drew before then. (The plain draw is inlined in the pass.)"""
+    return sampler.token_avoiding(request.token_seed, k, request.sampling.stop_token_ids)
 
 
 def stop_status(request: Request, tok: int, num_out: int, eos: int) -> RequestStatus | None:

@@ -130,6 +130,17 @@ class BlockPool:
             del found[found.index(None) :]
         return found  # type: ignore[return-value]  # the Nones were cut off just above
 
+    def num_cached_prefix(self, block_hashes: Sequence[BlockHash]) -> int:
+        """How many leading hashes are cached, stopping at the first miss (a router asks
+        this of every engine for every request: no list of blocks is built)."""
+        cached = self._cached
+        n = 0
+        for block_hash in block_hashes:
+            if block_hash not in cached:
+                break
+            n += 1
+        return n
+
     def num_reviving(self, blocks: Sequence[KVBlock]) -> int:
         """How many of these cached blocks are free and reusable: taking them as prefix hits
         takes them off the free side."""
