@@ -87,7 +87,11 @@ class StreamRenderer:
             self._cut(choice, text, emitter)
             return
         writer = self._writer
-        usage = (choice.num_prompt_tokens, choice.completion_tokens, choice.cached_tokens)
+        usage = (
+            (choice.num_prompt_tokens, choice.completion_tokens, choice.cached_tokens)
+            if writer.continuous_usage
+            else None
+        )
         chunk = self._first[choice.index] + writer.text(
             choice.index, text, choice.finish_reason, choice.stop_reason, usage
         )
