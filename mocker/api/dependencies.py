@@ -1,4 +1,4 @@
-"""What routes get from FastAPI per request: the server state, the headers, the intake gate."""
+"""What routes get per request: the server state, the headers, the intake gate."""
 
 from __future__ import annotations
 
@@ -10,14 +10,20 @@ from mocker.api.errors import OpenAIError
 from mocker.api.serving import RequestHeaders
 from mocker.api.state import ServerState
 
-__all__ = ["Headers", "State", "accepting", "get_state"]
+__all__ = ["Headers", "State", "check_accepting", "get_state", "server_state"]
+
+
+def server_state(request: Request) -> ServerState:
+    """The state create_app put on the app (the generation routes read it so, directly:
+    every dependency FastAPI solves costs each request tens of microseconds)."""
+    state: ServerState = request.app.state.mocker
+    return state
 
 
 async def get_state(request: Request) -> ServerState:
     # async: FastAPI runs a plain `def` dependency in a worker thread, a thread hop (and GIL
     # contention with the engine loop) on every request.
-    state: ServerState = request.app.state.mocker
-    return state
+    return server_state(request)
 
 
 State = Annotated[ServerState, Depends(get_state)]
@@ -35,7 +41,7 @@ async def request_headers(
 Headers = Annotated[RequestHeaders, Depends(request_headers)]
 
 
-async def accepting(state: State) -> None:
+def check_accepting(state: ServerState) -> None:
     """503 for new generation work while the server drains or is still starting."""
     if state.draining:
         raise OpenAIError(503, "The server is shutting down; send the request elsewhere.")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from mocker.api.dependencies import Headers, State, accepting
+from mocker.api.dependencies import Headers, State, check_accepting, server_state
 from mocker.api.protocol import ChatCompletionRequest, CompletionRequest, ModelCard
 from mocker.api.responses import json_response
 
@@ -15,13 +15,19 @@ __all__ = ["router"]
 router = APIRouter(prefix="/v1")
 
 
-@router.post("/completions", dependencies=[Depends(accepting)])
-async def completions(body: CompletionRequest, headers: Headers, state: State) -> Response:
+@router.post("/completions")
+async def completions(body: CompletionRequest, headers: Headers, request: Request) -> Response:
+    state = server_state(request)
+    check_accepting(state)
     return state.serving.completions(body, headers)
 
 
-@router.post("/chat/completions", dependencies=[Depends(accepting)])
-async def chat_completions(body: ChatCompletionRequest, headers: Headers, state: State) -> Response:
+@router.post("/chat/completions")
+async def chat_completions(
+    body: ChatCompletionRequest, headers: Headers, request: Request
+) -> Response:
+    state = server_state(request)
+    check_accepting(state)
     return state.serving.chat(body, headers)
 
 
