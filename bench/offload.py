@@ -66,7 +66,7 @@ from mocker.engine.outputs import StepResult
 from mocker.engine.stats import FinishedRequestStats
 from mocker.engine.virtual import VirtualDriver, VirtualRun
 from mocker.request import EngineRequest, SamplingParams
-from mocker.tiers.offload import TransferKind
+from mocker.tiers.transfers import TransferKind
 
 # -- the scenario (shared by all three parts) --
 BLOCK_SIZE = 16  # 2 MiB per block with the default llama-3-8b shape
@@ -233,7 +233,7 @@ def replay_once(cfg: Config, requests: list[EngineRequest]) -> dict[str, Any]:
     by_round = [
         hit_summary([r for r in run.finished if round_of(r.request_id) == k]) for k in range(ROUNDS)
     ]
-    offload = core.offload
+    offload = core.connector
     block_bytes = core.config.block_bytes
     all_summary = hit_summary(run.finished)
     return {

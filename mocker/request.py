@@ -104,7 +104,7 @@ class Request:
     num_host_cached_tokens: int = 0  # of which loaded from the host tier
     # Hits of the admission whose KV is loading from host (device, host), in tokens.
     load_hits: tuple[int, int] = (0, 0)
-    skip_host_load: bool = False  # a load timed out: recompute from now on
+    skip_tier_load: bool = False  # a load timed out: recompute from now on
     num_preemptions: int = 0
     first_scheduled_time: float | None = None
     first_token_time: float | None = None

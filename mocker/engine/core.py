@@ -15,7 +15,9 @@ from mocker.kv.hashing import BlockHash, BlockHasher
 from mocker.output_tokens import OutputTokenSampler
 from mocker.request import EngineRequest, Request, RequestId, RequestStatus
 from mocker.scheduler.scheduler import Scheduler, SchedulerOutput
-from mocker.tiers.offload import Direction, OffloadManager, TransferRecord
+from mocker.tiers.connector import TierConnector
+from mocker.tiers.lru import LruTier
+from mocker.tiers.transfers import Direction, TransferRecord
 from mocker.timing import PassShape, TimingModel, load_timing_model, pass_duration_s
 
 __all__ = ["EngineCore", "RequestRejected"]
@@ -34,18 +36,16 @@ class EngineCore:
         *,
         timing: TimingModel | None = None,
         output_palette: Sequence[int] | None = None,
+        cpu_tier: LruTier | None = None,
     ) -> None:
+        """`cpu_tier`: a CPU tier built outside (shared, or inspected by a test)."""
         self.config = config
         self.timing = timing if timing is not None else load_timing_model(config.timing_profile)
-        stack = build_kv_stack(config, self.timing.prefill_ms)
-        self.pool, self.host, self.offload, self.kv = (
-            stack.pool,
-            stack.host,
-            stack.offload,
-            stack.kv,
-        )
-        self._write_through, self._evict_ahead = stack.write_through, stack.evict_ahead
-        self.scheduler = Scheduler(config, self.kv)
+        stack = build_kv_stack(config, self.timing.prefill_ms, cpu=cpu_tier)
+        self.pool, self.kv = stack.pool, stack.kv
+        self.cpu: LruTier | None = stack.cpu
+        self.connector: TierConnector | None = stack.connector
+        self.scheduler = Scheduler(config, self.kv, self.connector)
         self.time = 0.0  # the latest time the core was driven to
         self.hasher = BlockHasher(config.seed)
         self.sampler = OutputTokenSampler(
@@ -108,8 +108,8 @@ class EngineCore:
         request = self.requests.pop(request_id, None)
         if request is None:
             return None
-        if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS and self.offload is not None:
-            self.offload.cancel_load(now, request)
+        if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS and self.connector is not None:
+            self.connector.cancel_load(now, request)
         self.scheduler.finish(request, status)
         request.finished_time = now
         return request
@@ -133,7 +133,7 @@ class EngineCore:
             num_running=len(self.scheduler.running),
             num_waiting=self.scheduler.num_waiting,
             kv_usage=self.pool.usage,
-            host_usage=self.host.usage if self.host is not None else 0.0,
+            host_usage=self.cpu.usage if self.cpu is not None else 0.0,
             num_unfinished=len(self.requests),
             num_used_blocks=self.pool.num_used,
         )
@@ -143,12 +143,12 @@ class EngineCore:
         return self.pool.num_cached_prefix(block_hashes)
 
     def has_pending_transfers(self) -> bool:
-        """Host-tier transfers in flight: the core needs driving until they end."""
-        return self.offload is not None and self.offload.has_pending
+        """Tier transfers in flight: the core needs driving until they end."""
+        return self.connector is not None and self.connector.has_pending
 
     def next_transfer_deadline(self, direction: Direction | None = None) -> float | None:
         """When a transfer next ends or a load times out (None: nothing in flight)."""
-        return None if self.offload is None else self.offload.next_deadline(direction)
+        return None if self.connector is None else self.connector.next_deadline(direction)
 
     def stall_error(self) -> RuntimeError:
         """What a driver raises when a pass scheduled nothing although requests remain (a bug:
@@ -172,31 +172,32 @@ class EngineCore:
         self.time = max(self.time, now)
         pending = self._take_events()  # recorded before the reset: they go out first
         cleared = self.pool.reset_prefix_cache()
-        if self.host is not None:
-            self.host.announce()
+        if self.cpu is not None:
+            self.cpu.announce()
         events = pending + self._take_events()
         return cleared, StepResult(now, now, [], self._stats(), [], events, [])
 
     def _poll_transfers(self, now: float) -> list[TransferRecord]:
-        offload = self.offload
-        if offload is None:
+        connector = self.connector
+        if connector is None:
             return []
-        loaded, timed_out = offload.poll(now)
+        loaded, timed_out = connector.poll(now)
         for request in loaded:
+            # The loaded blocks are in the CPU tier (pinned while read): nothing to store.
             self.kv.finish_load(request)
             self.scheduler.resume(request)
         for request in timed_out:
             self.kv.free(request)  # its load was cancelled: recompute, never load again
-            request.skip_host_load = True
+            request.skip_tier_load = True
             self.scheduler.requeue(request)
-        return offload.take_records()
+        return connector.take_records()
 
     def _take_events(self) -> list[KVEvent]:
         events = self.pool.take_events()
-        if self.host is not None:
-            host_events = self.host.take_events()
-            if host_events:
-                events = events + host_events
+        if self.cpu is not None:
+            tier_events = self.cpu.take_events()
+            if tier_events:
+                events = events + tier_events
         return events
 
     def _stats(
@@ -229,11 +230,11 @@ class EngineCore:
         self.time = max(self.time, now)
         records = self._poll_transfers(now)
         sched = self.scheduler.schedule()
-        offload = self.offload
-        if offload is not None:
+        connector = self.connector
+        if connector is not None:
             for request, start, num_blocks in sched.loads:
-                offload.start_load(now, request, start, num_blocks)
-            offload.offload_evicted(now)
+                connector.start_load(now, request, start, num_blocks)
+            connector.store_displaced(now)
         end = now + self.pass_duration(
             sched.num_prefill_tokens, sched.num_decodes, self.pool.num_used
         )
@@ -241,33 +242,19 @@ class EngineCore:
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
         outputs, finished = self._advance(sched, end)
-        if offload is not None:
-            if self._write_through:
-                offload.start_staged(end)  # copies of this pass's new prompt blocks
-            elif self._evict_ahead:
-                self._evict_in_background(offload, end)
+        if connector is not None:
+            connector.policy.end_pass(end)
         stats = self._stats(sched, len(outputs))
         return StepResult(now, end, outputs, stats, finished, self._take_events(), records)
 
-    def _evict_in_background(self, offload: OffloadManager, end: float) -> None:
-        """Start copying the least recently used dirty blocks while reusable ones (counting
-        copies in flight) are fewer than the evict-ahead mark."""
-        pool = self.pool
-        short = self._evict_ahead - pool.num_reusable - pool.num_in_flight
-        if short > 0 and pool.num_dirty_free:
-            pool.evict_dirty(short)
-            offload.offload_evicted(end)
-
-    def _cache_computed(self, request: Request, stage: bool) -> None:
-        """Register the request's newly full blocks; write-through also pins the new full
-        prompt blocks for their copy now, before the request can finish and free them."""
-        bs = self.config.block_size
+    def _cache_computed(self, request: Request) -> None:
+        """Register the request's newly full blocks, and tell the store policy (write-through
+        pins the new full prompt blocks for their copy now, before the request can finish
+        and free them)."""
         before = request.num_cached_blocks
         self.kv.cache_blocks(request)
-        if stage and self.offload is not None:
-            stop = min(request.num_cached_blocks, request.num_prompt_tokens // bs)
-            if stop > before:
-                self.offload.stage_stores(request, request.blocks[before:stop])
+        if self.connector is not None:
+            self.connector.policy.on_cached(request, before)
 
     def _advance(
         self, sched: SchedulerOutput, end: float
@@ -279,12 +266,11 @@ class EngineCore:
         bs = self.config.block_size
         sampler = self.sampler
         token, eos = sampler.token, sampler.eos_token_id
-        stage = self._write_through
         for request, n in sched.num_scheduled.items():
             computed = request.num_computed_tokens + n
             request.num_computed_tokens = computed
             if computed // bs > request.num_cached_blocks:
-                self._cache_computed(request, stage)
+                self._cache_computed(request)
             num_tokens = len(request.all_token_ids)
             if computed < num_tokens:
                 continue  # a prefill chunk that does not reach the end of the prompt
@@ -322,6 +308,6 @@ class EngineCore:
         the running list once the pass is applied)."""
         request.status = status
         request.finished_time = end
-        self.kv.free_finished(request)
+        self.scheduler.free_finished(request)
         del self.requests[request.request_id]
         return FinishedRequestStats.of(request)

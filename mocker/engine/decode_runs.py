@@ -56,7 +56,7 @@ def run_decodes(core: EngineCore, now: float, stop_at: float) -> DecodeRun | Non
 
 def _decode_batch(core: EngineCore) -> list[Request] | None:
     """The running requests, if the next passes can be run at once."""
-    if core.offload is not None or core.pool.record_events:
+    if core.connector is not None or core.pool.record_events:
         return None
     batch = core.scheduler.decode_batch()
     if batch is None:

@@ -1,4 +1,4 @@
-"""An engine's KV storage, assembled from its config: device pool, host tier, offload, manager."""
+"""An engine's KV storage, assembled from its config: device pool, CPU tier, connector, manager."""
 
 from __future__ import annotations
 
@@ -8,56 +8,51 @@ from dataclasses import dataclass
 from mocker.config import EngineConfig, OffloadPolicy
 from mocker.kv.block_pool import BlockPool
 from mocker.kv.manager import KVCacheManager
-from mocker.tiers.host import HostTier
-from mocker.tiers.offload import OffloadManager
+from mocker.tiers.connector import TierConnector
+from mocker.tiers.lru import LruTier
 
 __all__ = ["KVStack", "build_kv_stack"]
 
 
 @dataclass(frozen=True, slots=True)
 class KVStack:
-    """The parts, and the offload policy's two knobs the engine applies after a pass."""
+    """The parts: the device pool, its manager, and (with tiers) the CPU tier and connector."""
 
     pool: BlockPool
-    host: HostTier | None
-    offload: OffloadManager | None
     kv: KVCacheManager
-    write_through: bool  # copy new full prompt blocks to host after their pass
-    # Offload on eviction: keep this many device blocks reusable (or on their way) by
-    # copying dirty ones in the background; 0 for none.
-    evict_ahead: int
+    cpu: LruTier | None = None
+    connector: TierConnector | None = None
 
 
-def build_kv_stack(config: EngineConfig, prefill_ms: Callable[[int], float]) -> KVStack:
-    """`prefill_ms` (the timing model's) decides whether a host hit is worth loading."""
-    host = None
-    if config.has_host_tier:
-        host = HostTier(
-            config.num_host_blocks, config.block_size, record_events=config.enable_kv_cache_events
-        )
-    evict = host is not None and config.offload_policy is OffloadPolicy.EVICT
+def build_kv_stack(
+    config: EngineConfig, prefill_ms: Callable[[int], float], *, cpu: LruTier | None = None
+) -> KVStack:
+    """`prefill_ms` (the timing model's) decides whether a tier hit is worth loading. A `cpu`
+    tier given from outside is used instead of one built from the config."""
     pool = BlockPool(
         config.num_gpu_blocks,
         config.block_size,
         enable_caching=config.enable_prefix_caching,
         eviction_policy=config.eviction_policy,
         record_events=config.enable_kv_cache_events,
-        keep_tokens=host is not None,
-        host_holds=host.holds if evict and host is not None else None,
+        keep_tokens=config.has_host_tier or cpu is not None,
     )
-    offload = OffloadManager(config, pool, host, prefill_ms) if host is not None else None
-    # Offload on eviction copies in the background, as KVBM does, to keep about one
-    # pass's worth of blocks reusable (or on their way): admissions then rarely wait
-    # for a copy. Capped at 1/8 of the pool, so the device cache stays mostly intact.
+    if cpu is None and config.has_host_tier:
+        cpu = LruTier(
+            config.num_host_blocks, config.block_size, record_events=config.enable_kv_cache_events
+        )
+    if cpu is None:
+        return KVStack(pool, KVCacheManager(pool))
+    write_back = config.offload_policy is OffloadPolicy.EVICT
+    # Write-back copies in the background, as KVBM does, to keep about one pass's worth
+    # of blocks reusable (or on their way): admissions then rarely wait for a copy.
+    # Capped at 1/8 of the pool, so the device cache stays mostly intact.
     evict_ahead = 0
-    if evict:
+    if write_back:
         pass_blocks = -(-config.max_num_batched_tokens // config.block_size)
         evict_ahead = min(pass_blocks, config.num_gpu_blocks // 8)
-    return KVStack(
-        pool=pool,
-        host=host,
-        offload=offload,
-        kv=KVCacheManager(pool, offload),
-        write_through=offload is not None and not evict,
-        evict_ahead=evict_ahead,
+    connector = TierConnector(
+        config, pool, cpu, prefill_ms, write_back=write_back, evict_ahead=evict_ahead
     )
+    kv = KVCacheManager(pool, make_room=connector.policy.make_room)
+    return KVStack(pool, kv, cpu, connector)

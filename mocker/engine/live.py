@@ -115,7 +115,7 @@ class LiveEngine:
         if self._task is None:
             loop = asyncio.get_running_loop()
             self._task = loop.create_task(self._run(), name="engine-loop")
-            if self.core.offload is not None:
+            if self.core.connector is not None:
                 self._workers.start()
 
     async def stop(self) -> None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from mocker.engine.stats import FinishedRequestStats, SchedulerStats
 from mocker.kv.events import KVEvent
 from mocker.request import FinishReason, Request
-from mocker.tiers.offload import TransferRecord
+from mocker.tiers.transfers import TransferRecord
 
 __all__ = ["RequestOutput", "StepResult"]
 

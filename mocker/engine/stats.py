@@ -158,7 +158,7 @@ class FinishedRequestStats:
             num_cached_tokens=max(request.num_cached_tokens, 0),
             num_host_cached_tokens=request.num_host_cached_tokens,
             num_preemptions=request.num_preemptions,
-            load_timed_out=request.skip_host_load,
+            load_timed_out=request.skip_tier_load,
         )
 
     @property

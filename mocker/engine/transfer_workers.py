@@ -8,13 +8,13 @@ from collections.abc import Callable
 
 from mocker.clock import WallClock
 from mocker.engine.core import EngineCore
-from mocker.tiers.offload import Direction
+from mocker.tiers.transfers import Direction
 
 __all__ = ["TransferWorkers"]
 
 
 class TransferWorkers:
-    """Wake the engine loop when a host-tier transfer is due. A worker only sleeps and calls
+    """Wake the engine loop when a tier transfer is due. A worker only sleeps and calls
     `due()` (which posts to the loop's inbox); the loop applies the transfers and, whenever
     the set of transfers changed, `rearm()`s the workers to look at the deadlines again."""
 
@@ -42,9 +42,9 @@ class TransferWorkers:
     def rearm(self) -> None:
         """Called by the loop after it changed engine state: wake the workers if a transfer
         started or ended since they last looked."""
-        offload = self._core.offload
-        if offload is not None and offload.version != self._version:
-            self._version = offload.version
+        connector = self._core.connector
+        if connector is not None and connector.version != self._version:
+            self._version = connector.version
             for event in self._rearm.values():
                 event.set()
 

@@ -24,11 +24,12 @@ class KVBlock:
     parent_hash: BlockHash | None = None
     # Cached blocks whose parent is this block; only the lineage policy reads it.
     num_cached_children: int = 0
-    # Offload on eviction: cached, and its hash is not (yet) on the host tier, so evicting
-    # it means copying it first.
-    dirty: bool = False
-    # Kept only with a host tier: what a host copy of this block records, its tokens (the
-    # request's token list, append-only, and where this block starts in it) and LoRA.
+    # Its holder must copy it out before the slot is reused (write-back): eviction displaces
+    # it to the holder instead of reusing it (see BlockPool).
+    retained: bool = False
+    # Kept when the pool keeps tokens: what a copy of this block records elsewhere (a lower
+    # tier, a re-announced BlockStored): its tokens (the request's token list, append-only,
+    # and where this block starts in it) and LoRA.
     token_src: Sequence[int] | None = None
     token_start: int = 0
     lora_name: str | None = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from operator import attrgetter
 
 from mocker.config import EvictionPolicyName
@@ -24,14 +24,15 @@ class BlockPool:
         in use        ref_cnt > 0 (may be cached, i.e. findable by hash)
         cached-free   ref_cnt == 0 and findable by hash until it is reused
         free          ref_cnt == 0 and holding nothing
-        offloading    evicted, but its slot stays occupied until its copy to the
-                      host tier ends (offload on eviction only)
+        displaced     evicted, but its slot stays occupied until its holder returns
+                      it (write-back only)
 
-    The eviction policy owns the order of the two free states. With offload on
-    eviction, a cached-free block whose hash the host tier does not hold is
-    *dirty*: it cannot be reused until it has been copied, so `num_reusable`
-    excludes it, and evicting it moves it to `offloading` (the offload manager
-    drains those with `take_evicting` and returns them with `finish_offload`).
+    The eviction policy owns the order of the two free states. A cached block can be
+    *retained* by a holder that must copy it out before its slot is reused (a write-back
+    store policy; the pool does not know what the copy is): a retained free block is
+    not reusable, so `num_reusable` excludes it, and evicting it *displaces* it: it leaves
+    the prefix cache but keeps its slot, hash and tokens until the holder, which drains
+    those with `take_displaced`, gives it back with `return_displaced`.
     A hash maps to at most
     one block: when a request computes a block whose hash is already cached
     (two requests prefilling the same prefix at once), the request adopts the
@@ -41,18 +42,16 @@ class BlockPool:
 
     __slots__ = (
         "_cached",
+        "_displaced",
         "_events",
-        "_evicting",
-        "_host_holds",
         "_policy",
         "block_size",
         "blocks",
         "enable_caching",
         "keep_tokens",
-        "num_dirty_free",
-        "num_in_flight",
+        "num_displaced",
+        "num_retained_free",
         "num_used",
-        "offload_on_evict",
         "record_events",
     )
 
@@ -65,19 +64,14 @@ class BlockPool:
         eviction_policy: EvictionPolicyName = EvictionPolicyName.LRU,
         record_events: bool = False,
         keep_tokens: bool = False,
-        host_holds: Callable[[BlockHash], bool] | None = None,
     ) -> None:
-        """`keep_tokens`: cached blocks remember their tokens (a host tier copies them).
-        `host_holds`: given, evicting a cached block whose hash it does not hold means
-        offloading it first (KVBM's offload on eviction)."""
+        """`keep_tokens`: cached blocks remember their tokens (a lower tier copies them)."""
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.record_events = record_events
-        # A host copy records its block's tokens; so does a BlockStored re-announced after
-        # a reset.
-        self.keep_tokens = keep_tokens or record_events or host_holds is not None
-        self.offload_on_evict = host_holds is not None
-        self._host_holds = host_holds
+        # A copy in a lower tier records its block's tokens; so does a BlockStored
+        # re-announced after a reset.
+        self.keep_tokens = keep_tokens or record_events
         self.blocks = [KVBlock(BlockId(i)) for i in range(num_blocks)]
         self._policy: EvictionPolicy = make_policy(eviction_policy)
         # Unhashed blocks are pushed to the head, so push in reverse to hand out 0, 1, 2, …
@@ -86,9 +80,9 @@ class BlockPool:
         self._cached: dict[BlockHash, KVBlock] = {}
         self._events: list[KVEvent] = []
         self.num_used = 0
-        self.num_dirty_free = 0  # free cached blocks that must be copied before reuse
-        self.num_in_flight = 0  # evicted blocks whose copy to host has not ended
-        self._evicting: list[KVBlock] = []
+        self.num_retained_free = 0  # free cached blocks their holder must copy before reuse
+        self.num_displaced = 0  # evicted retained blocks not yet returned by their holder
+        self._displaced: list[KVBlock] = []
 
     # -- capacity -----------------------------------------------------------------------------
 
@@ -103,14 +97,14 @@ class BlockPool:
 
     @property
     def num_reusable(self) -> int:
-        """Blocks `get_new_blocks` can hand out now: free ones minus those awaiting a copy."""
-        return len(self._policy) - self.num_dirty_free
+        """Blocks `get_new_blocks` can hand out now: free ones minus retained ones."""
+        return len(self._policy) - self.num_retained_free
 
     @property
     def usage(self) -> float:
         """vLLM's kv_cache_usage_perc: cached blocks nobody references count as free; a
-        slot being copied to the host tier is still occupied."""
-        return (self.num_used + self.num_in_flight) / len(self.blocks)
+        displaced slot is still occupied."""
+        return (self.num_used + self.num_displaced) / len(self.blocks)
 
     @property
     def policy(self) -> EvictionPolicy:
@@ -144,9 +138,9 @@ class BlockPool:
     def num_reviving(self, blocks: Sequence[KVBlock]) -> int:
         """How many of these cached blocks are free and reusable: taking them as prefix hits
         takes them off the free side."""
-        if not self.num_dirty_free:  # no dirty block anywhere: count the free ones at C speed
+        if not self.num_retained_free:  # nothing retained: count the free ones at C speed
             return list(map(_REF_CNT, blocks)).count(0)
-        return sum(1 for b in blocks if b.ref_cnt == 0 and not b.dirty)
+        return sum(1 for b in blocks if b.ref_cnt == 0 and not b.retained)
 
     def cached_hashes(self) -> dict[BlockHash, BlockId]:
         """A copy of the hash → block map (for tests and consistency checks)."""
@@ -171,7 +165,7 @@ class BlockPool:
             return
         cached = self._cached
         policy = self._policy
-        keep, holds = self.keep_tokens, self._host_holds
+        keep = self.keep_tokens
         lineage = policy.tracks_lineage
         bs = self.block_size
         run_start = -1  # first index of the current run of newly stored blocks
@@ -187,8 +181,6 @@ class BlockPool:
                     block.token_src = token_ids
                     block.token_start = i * bs
                     block.lora_name = lora_name
-                if holds is not None:
-                    block.dirty = not holds(block_hash)  # held blocks are referenced: no count
                 if lineage:
                     parent = cached.get(block_hashes[i - 1]) if i > 0 else None
                     policy.on_cached(block, parent)
@@ -241,90 +233,100 @@ class BlockPool:
         if self.record_events:
             self._events.append(BlockRemoved(block_hashes=(block_hash,)))
 
-    # -- offload on eviction ------------------------------------------------------------------
+    # -- retained blocks (write-back) ---------------------------------------------------------
 
-    def _begin_offload(self, block: KVBlock) -> None:
-        """Evict a dirty free block: it leaves the prefix cache now (a copy in flight is
-        findable in no tier), but keeps its slot, hash and tokens until `finish_offload`."""
+    def retain(self, blocks: Iterable[KVBlock]) -> None:
+        """Cached blocks whose holder must copy them before their slots are reused (blocks
+        already retained, or no longer cached, are left as they are)."""
+        for block in blocks:
+            if block.retained or block.block_hash is None:
+                continue
+            block.retained = True
+            if block.ref_cnt == 0:
+                self.num_retained_free += 1
+
+    def _displace(self, block: KVBlock) -> None:
+        """Evict a retained free block: it leaves the prefix cache now (its copy in flight
+        is findable nowhere), but keeps its slot, hash and tokens until `return_displaced`."""
         block_hash = block.block_hash
         assert block_hash is not None and block.ref_cnt == 0
         del self._cached[block_hash]
         parent_hash = block.parent_hash
         parent = self._cached.get(parent_hash) if parent_hash is not None else None
         self._policy.on_uncached(block, parent)
-        block.dirty = False
-        self.num_in_flight += 1
-        self._evicting.append(block)
+        block.retained = False
+        self.num_displaced += 1
+        self._displaced.append(block)
         if self.record_events:
             self._events.append(BlockRemoved(block_hashes=(block_hash,)))
 
-    def evict_dirty(self, n: int) -> int:
-        """Start evicting up to `n` dirty free blocks, in eviction order; returns how many.
-        Called when too few blocks are reusable: the copies make room once they end."""
-        if n <= 0 or not self.num_dirty_free:
+    def displace_retained(self, n: int) -> int:
+        """Displace up to `n` retained free blocks, in eviction order; returns how many.
+        Called when too few blocks are reusable: they are reusable once returned."""
+        if n <= 0 or not self.num_retained_free:
             return 0
-        chosen = self._first_dirty(n)
+        chosen = self._first_retained(n)
         for block in chosen:
             self._policy.remove(block)
-            self.num_dirty_free -= 1
-            self._begin_offload(block)
+            self.num_retained_free -= 1
+            self._displace(block)
         return len(chosen)
 
-    def _first_dirty(self, n: int) -> list[KVBlock]:
-        """The first n dirty free blocks in eviction order; if the policy's own candidates
+    def _first_retained(self, n: int) -> list[KVBlock]:
+        """The first n retained free blocks in eviction order; if the policy's own candidates
         run short (lineage skips parents), then in plain LRU order."""
         chosen: list[KVBlock] = []
         for block in self._policy.candidates():
-            if block.dirty:
+            if block.retained:
                 chosen.append(block)
                 if len(chosen) == n:
                     return chosen
         taken = set(map(id, chosen))
         for block in self._policy:
-            if block.dirty and id(block) not in taken:
+            if block.retained and id(block) not in taken:
                 chosen.append(block)
                 if len(chosen) == n:
                     break
         return chosen
 
-    def take_evicting(self) -> list[KVBlock]:
-        """Blocks evicted since the last call that need a copy to the host tier."""
-        if not self._evicting:
+    def take_displaced(self) -> list[KVBlock]:
+        """Blocks displaced since the last call, for their holder to copy and return."""
+        if not self._displaced:
             return []
-        out, self._evicting = self._evicting, []
+        out, self._displaced = self._displaced, []
         return out
 
-    def finish_offload(self, blocks: Iterable[KVBlock]) -> None:
-        """Copies ended (or were never possible): the slots are free and hold nothing."""
+    def return_displaced(self, blocks: Iterable[KVBlock]) -> None:
+        """The holder is done with displaced blocks: the slots are free and hold nothing."""
         push = self._policy.push
         for block in blocks:
             block.block_hash = block.parent_hash = None
             block.token_src = None
-            self.num_in_flight -= 1
+            self.num_displaced -= 1
             push(block)
 
-    def set_dirty(self, block_hash: BlockHash, dirty: bool) -> None:
-        """The host tier gained (False) or lost (True) this hash; a cached device block
-        with it now can (or can no longer) be evicted without a copy."""
+    def set_retained(self, block_hash: BlockHash, retained: bool) -> None:
+        """Retain (or release) the cached block with this hash, if any: its holder lost (or
+        gained) a copy elsewhere."""
         block = self._cached.get(block_hash)
-        if block is None or block.dirty == dirty or not self.offload_on_evict:
+        if block is None or block.retained == retained:
             return
-        block.dirty = dirty
+        block.retained = retained
         if block.ref_cnt == 0:
-            self.num_dirty_free += 1 if dirty else -1
+            self.num_retained_free += 1 if retained else -1
 
     # -- allocation ---------------------------------------------------------------------------
 
     def get_new_blocks(self, n: int) -> list[KVBlock]:
         """Take n blocks off the free side, evicting cached ones as the policy orders.
 
-        A dirty block whose turn comes is evicted all the same, in LRU order, but not
-        handed out: its copy to host begins and the next block is taken. Callers check
+        A retained block whose turn comes is evicted all the same, in LRU order, but not
+        handed out: it is displaced to its holder and the next block is taken. Callers check
         `num_reusable` first; running short here is a bug.
         """
         if n > self.num_reusable:
             raise ValueError(f"cannot allocate {n} blocks, only {self.num_reusable} reusable")
-        if not self.num_dirty_free and not self._policy.tracks_lineage:
+        if not self.num_retained_free and not self._policy.tracks_lineage:
             # Nothing to skip and no eviction that changes what pop() picks next (lineage
             # counts drop as parents lose children): take them in one go.
             out = self._policy.pop_many(n)
@@ -338,9 +340,9 @@ class BlockPool:
         pop = self._policy.pop
         while len(out) < n:
             block = pop()
-            if block.dirty:
-                self.num_dirty_free -= 1
-                self._begin_offload(block)
+            if block.retained:
+                self.num_retained_free -= 1
+                self._displace(block)
                 continue
             if block.block_hash is not None:
                 self._evict(block)
@@ -356,8 +358,8 @@ class BlockPool:
             if block.ref_cnt == 0:
                 remove(block)
                 self.num_used += 1
-                if block.dirty:
-                    self.num_dirty_free -= 1
+                if block.retained:
+                    self.num_retained_free -= 1
             block.ref_cnt += 1
 
     def free_blocks(self, ordered_blocks: Iterable[KVBlock]) -> None:
@@ -366,8 +368,8 @@ class BlockPool:
         for block in ordered_blocks:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                if block.dirty:
-                    self.num_dirty_free += 1
+                if block.retained:
+                    self.num_retained_free += 1
                 freed.append(block)
             elif block.ref_cnt < 0:
                 self.num_used -= len(freed)  # the ones before it are freed all the same
@@ -402,9 +404,9 @@ class BlockPool:
             del cached[block_hash]
             block.block_hash = block.parent_hash = None
             block.token_src = None
-            if block.dirty:
-                block.dirty = False
-                self.num_dirty_free -= 1
+            if block.retained:
+                block.retained = False
+                self.num_retained_free -= 1
             policy.push(block)  # now holding nothing: reused first
             cleared += 1
         kept = parents_first(

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 from mocker.kv.block import KVBlock
 from mocker.kv.block_pool import BlockPool
 from mocker.request import Request
-
-if TYPE_CHECKING:
-    from mocker.tiers.offload import OffloadManager
 
 __all__ = ["KVCacheManager"]
 
@@ -18,11 +14,13 @@ __all__ = ["KVCacheManager"]
 class KVCacheManager:
     """The scheduler's only door to the block pool: it speaks in requests and tokens."""
 
-    __slots__ = ("block_size", "enable_caching", "offload", "pool")
+    __slots__ = ("_make_room", "block_size", "enable_caching", "pool")
 
-    def __init__(self, pool: BlockPool, offload: OffloadManager | None = None) -> None:
+    def __init__(self, pool: BlockPool, *, make_room: Callable[[int], None] | None = None) -> None:
+        """`make_room(n)`: told when an allocation of n blocks found too few reusable ones
+        (a write-back store policy then displaces retained blocks)."""
         self.pool = pool
-        self.offload = offload
+        self._make_room = make_room
         self.block_size = pool.block_size
         self.enable_caching = pool.enable_caching
 
@@ -40,20 +38,6 @@ class KVCacheManager:
             return []
         max_blocks = (request.num_tokens - 1) // self.block_size
         return self.pool.lookup_prefix(request.block_hashes[:max_blocks])
-
-    def host_hit_blocks(self, request: Request, num_device_blocks: int) -> int:
-        """Blocks to load from the host tier after a device hit of `num_device_blocks`: the
-        contiguous continuation found there, if loading it pays off (else 0: recompute)."""
-        offload = self.offload
-        if offload is None or request.skip_host_load:
-            return 0
-        max_blocks = (request.num_tokens - 1) // self.block_size  # as the device lookup
-        n = offload.host_match(request, num_device_blocks, max_blocks)
-        return n if n and offload.load_pays_off(n) else 0
-
-    @property
-    def transfers_pending(self) -> bool:
-        return self.offload is not None and self.offload.has_pending
 
     def allocate_slots(
         self,
@@ -75,14 +59,16 @@ class KVCacheManager:
             # was not reusable anyway, so it does not count against the reusable ones).
             revived = pool.num_reviving(computed_blocks)
             if num_needed + revived > pool.num_reusable:
-                self._make_room(num_needed + revived)
+                if self._make_room is not None:
+                    self._make_room(num_needed + revived)
                 return False
             pool.touch(computed_blocks)
             held.extend(computed_blocks)
             request.num_cached_blocks = len(held)
         if num_needed > 0:
             if num_needed > pool.num_reusable:
-                self._make_room(num_needed)
+                if self._make_room is not None:
+                    self._make_room(num_needed)
                 return False
             held.extend(pool.get_new_blocks(num_needed))
         return True
@@ -100,18 +86,11 @@ class KVCacheManager:
         """Give a decoding request `num_blocks` more blocks (the caller checked the room)."""
         request.blocks.extend(self.pool.get_new_blocks(num_blocks))
 
-    def _make_room(self, num_blocks: int) -> None:
-        """Short of reusable blocks with offload on eviction: start copying enough dirty
-        ones (counting the copies already in flight) that they will be reusable soon."""
-        pool = self.pool
-        if pool.num_dirty_free:
-            pool.evict_dirty(num_blocks - pool.num_reusable - pool.num_in_flight)
-
     @property
-    def awaiting_offload(self) -> bool:
-        """Blocks are being copied to host and will be reusable when the copies end: a
-        request short of blocks waits for them rather than preempting another."""
-        return self.pool.num_in_flight > 0
+    def awaiting_displaced(self) -> bool:
+        """Displaced blocks are on their way back (their copies end soon): a request short
+        of blocks waits for them rather than preempting another."""
+        return self.pool.num_displaced > 0
 
     def cache_blocks(self, request: Request) -> None:
         """Register the request's fully computed blocks in the prefix cache."""
@@ -130,17 +109,9 @@ class KVCacheManager:
         request.num_cached_blocks = num_full
 
     def finish_load(self, request: Request) -> None:
-        """Host KV landed in the request's reserved blocks: they are computed, and cached."""
+        """Loaded KV landed in the request's reserved blocks: they are computed, and cached."""
         request.num_computed_tokens = len(request.blocks) * self.block_size
         self.cache_blocks(request)
-
-    def free_finished(self, request: Request) -> None:
-        """Release a finished request's blocks: now, or (write-through) when the copies of
-        its blocks to host have ended."""
-        if self.offload is not None and self.offload.hold_if_storing(request):
-            request.num_cached_blocks = 0
-            return
-        self.free(request)
 
     def free(self, request: Request) -> None:
         """Release every block; the tail goes first so a shared prefix outlives it."""

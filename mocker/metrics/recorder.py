@@ -18,7 +18,7 @@ from mocker.metrics.histogram import (
     Histogram,
     one_two_five_buckets,
 )
-from mocker.tiers.offload import TransferKind, TransferRecord
+from mocker.tiers.transfers import TransferKind, TransferRecord
 
 __all__ = ["FINISH_REASONS", "StatsRecorder"]
 

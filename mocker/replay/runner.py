@@ -17,7 +17,7 @@ from mocker.replay.prompts import PromptBuilder
 from mocker.replay.router import RoutingPolicy, make_router
 from mocker.replay.trace import TraceRequest
 from mocker.request import EngineRequest, SamplingParams
-from mocker.tiers.offload import TransferKind
+from mocker.tiers.transfers import TransferKind
 
 __all__ = ["EngineSample", "ReplayResult", "RequestRecord", "replay"]
 

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from mocker.config import EngineConfig, PreemptionVictim
 from mocker.kv.manager import KVCacheManager
 from mocker.request import Request, RequestStatus
 from mocker.scheduler.waiting_queue import WaitingQueue
+
+if TYPE_CHECKING:
+    from mocker.tiers.connector import TierConnector
 
 __all__ = ["Scheduler", "SchedulerOutput"]
 
@@ -19,7 +23,7 @@ class SchedulerOutput:
     num_scheduled: dict[Request, int] = field(default_factory=dict)
     preempted: list[Request] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)
-    # Host-tier loads to start: (request, first block, number of blocks); the device slots
+    # Tier loads to start: (request, first block, number of blocks); the device slots
     # are reserved and the request waits for its KV (WAITING_FOR_REMOTE_KVS).
     loads: list[tuple[Request, int, int]] = field(default_factory=list)
     # Pass composition, for the timing model: a decode computes the last sampled token.
@@ -28,8 +32,8 @@ class SchedulerOutput:
     # Prefix-cache accounting of the requests admitted in this pass (tokens).
     prefix_queries: int = 0
     prefix_hits: int = 0
-    external_queries: int = 0  # with a host tier: prompt tokens queried there
-    external_hits: int = 0  # of which loaded from it
+    external_queries: int = 0  # with tiers below the device: prompt tokens queried there
+    external_hits: int = 0  # of which loaded from them
 
 
 def _is_decode(request: Request, num_new: int) -> bool:
@@ -43,16 +47,17 @@ def _is_decode(request: Request, num_new: int) -> bool:
 
 
 class Scheduler:
-    """Decides each pass; allocates through the KV manager, never touches the pool directly."""
+    """Decides each pass; allocates through the KV manager, never touches the pool directly,
+    and asks the connector (if tiers are below the device) what they hold."""
 
     __slots__ = (
         "_block_size",
         "_carry",
         "_chunked",
-        "_host_tier",
         "_max_seqs",
         "_token_budget",
         "_victim",
+        "connector",
         "kv",
         "loading",
         "num_preemptions",
@@ -61,15 +66,17 @@ class Scheduler:
         "waiting",
     )
 
-    def __init__(self, config: EngineConfig, kv: KVCacheManager) -> None:
+    def __init__(
+        self, config: EngineConfig, kv: KVCacheManager, connector: TierConnector | None = None
+    ) -> None:
         self.kv = kv
+        self.connector = connector
         self.running: list[Request] = []
         self.waiting = WaitingQueue()
-        # Host tier: requests waiting for their KV to load, and those whose KV has landed,
+        # Tiers: requests waiting for their KV to load, and those whose KV has landed,
         # which resume ahead of fresh admissions.
         self.loading: set[Request] = set()
         self.ready: list[Request] = []
-        self._host_tier = kv.offload is not None
         # Prefix counts of loads that ended between passes, reported by the next pass.
         self._carry = SchedulerOutput()
         self.num_preemptions = 0
@@ -95,7 +102,16 @@ class Scheduler:
         elif not self.waiting.remove(request) and request in self.ready:
             self.ready.remove(request)
         request.status = status
-        self.kv.free_finished(request)
+        self.free_finished(request)
+
+    def free_finished(self, request: Request) -> None:
+        """Release a finished request's blocks: now, or (write-through) when the connector's
+        copies of them have ended (vLLM's request_finished → delay_free)."""
+        connector = self.connector
+        if connector is not None and connector.request_finished(request):
+            request.num_cached_blocks = 0
+            return
+        self.kv.free(request)
 
     def resume(self, request: Request) -> None:
         """Its KV loaded: it computes the rest of its prompt before fresh admissions. Its
@@ -170,7 +186,12 @@ class Scheduler:
         """Requests with loaded KV hold blocks while they wait to resume. If none can resume
         and nothing runs or is in flight to free blocks, the newest gives its blocks back
         (they stay cached on the device) and waits again, so the others can go on."""
-        if not self.ready or self.kv.transfers_pending or self.kv.awaiting_offload:
+        connector = self.connector
+        if (
+            not self.ready
+            or (connector is not None and connector.has_pending)
+            or self.kv.awaiting_displaced
+        ):
             return False
         request = self.ready.pop()
         self.kv.free(request)
@@ -195,9 +216,9 @@ class Scheduler:
             if computed + num_new > len(request.blocks) * bs:
                 room = True
                 while not allocate(request, num_new):
-                    if self.kv.awaiting_offload:
-                        # Blocks are on their way back from host copies: wait for them
-                        # rather than preempt (no capacity exists before a copy ends).
+                    if self.kv.awaiting_displaced:
+                        # Blocks are on their way back from copies to the CPU tier: wait
+                        # for them rather than preempt (no capacity exists before then).
                         room = False
                         break
                     victim = self._pick_victim()
@@ -266,7 +287,7 @@ class Scheduler:
         request.num_host_cached_tokens = host
         out.prefix_queries += request.num_tokens
         out.prefix_hits += device
-        if self._host_tier:
+        if self.connector is not None:
             out.external_queries += request.num_tokens
             out.external_hits += host
 
@@ -289,16 +310,16 @@ class Scheduler:
 
     def _schedule_waiting(self, budget: int, out: SchedulerOutput) -> None:
         waiting = self.waiting
-        kv = self.kv
+        kv, connector = self.kv, self.connector
         bs = kv.block_size
         while budget > 0 and len(self.running) < self._max_seqs and waiting:
             request = waiting.peek()
             assert request is not None
             hits = kv.get_computed_blocks(request)
             num_hit = len(hits) * bs
-            num_host = kv.host_hit_blocks(request, len(hits)) if self._host_tier else 0
+            num_host = 0 if connector is None else connector.num_matched_blocks(request, len(hits))
             if num_host:
-                # Reserve device slots for the host blocks and park the request until its
+                # Reserve device slots for the tier's blocks and park the request until its
                 # KV has loaded; it needs no budget until then.
                 if not kv.allocate_slots(request, num_host * bs, hits):
                     break

@@ -1,10 +1,12 @@
-"""KV stack assembly: which parts an engine config gives, and the offload policy's knobs."""
+"""KV stack assembly: which parts an engine config gives, and the store policy's knobs."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from mocker.engine.kv_stack import KVStack, build_kv_stack
+from mocker.tiers.lru import LruTier
+from mocker.tiers.store_policy import WriteBack, WriteThrough
 from mocker.timing import PolynomialTiming
 from tests.support.engines import small_config
 
@@ -15,19 +17,29 @@ def _stack(**changes: Any) -> KVStack:
 
 def test_device_only_without_a_host_tier() -> None:
     stack = _stack()
-    assert stack.host is None and stack.offload is None
+    assert stack.cpu is None and stack.connector is None
     assert stack.kv.pool is stack.pool and stack.pool.num_blocks == 64
-    assert not stack.write_through and stack.evict_ahead == 0
 
 
-def test_offload_on_eviction_copies_ahead_an_eighth_of_the_pool_at_most() -> None:
+def test_write_back_copies_ahead_an_eighth_of_the_pool_at_most() -> None:
     stack = _stack(num_host_blocks=32, max_num_batched_tokens=64)
-    assert stack.host is not None and stack.offload is not None
-    assert stack.pool.offload_on_evict and not stack.write_through
-    assert stack.evict_ahead == min(64 // 4, 64 // 8)
+    assert stack.cpu is not None and stack.connector is not None
+    assert stack.cpu.capacity == 32 and stack.connector.cpu is stack.cpu
+    policy = stack.connector.policy
+    assert isinstance(policy, WriteBack) and stack.connector.write_back
+    assert policy.evict_ahead == min(64 // 4, 64 // 8)
 
 
-def test_write_through_leaves_eviction_plain() -> None:
+def test_write_through_is_the_other_store_policy() -> None:
     stack = _stack(num_host_blocks=32, offload_policy="write-through")
-    assert stack.write_through and stack.evict_ahead == 0
-    assert not stack.pool.offload_on_evict
+    assert stack.connector is not None and not stack.connector.write_back
+    assert isinstance(stack.connector.policy, WriteThrough)
+
+
+def test_a_tier_given_from_outside_is_used_and_can_be_shared() -> None:
+    shared = LruTier(100, 16)
+    config = small_config(offload_policy="write-through")
+    a = build_kv_stack(config, PolynomialTiming().prefill_ms, cpu=shared)
+    b = build_kv_stack(config, PolynomialTiming().prefill_ms, cpu=shared)
+    assert a.cpu is b.cpu is shared and a.pool is not b.pool
+    assert a.connector is not None and a.connector.cpu is shared

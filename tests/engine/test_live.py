@@ -304,7 +304,7 @@ async def test_stores_finish_after_the_last_request_without_new_work() -> None:
     assert engine.core.pool.num_used == 8 and engine.core.has_pending_transfers()
     await _until(lambda: not engine.core.has_pending_transfers())
     assert engine.core.pool.num_used == 0
-    assert engine.core.host is not None and engine.core.host.num_resident == 8
+    assert engine.core.cpu is not None and engine.core.cpu.num_resident == 8
     assert sum(t.num_blocks for s in steps for t in s.transfers) == 8
     await engine.stop()
 
@@ -323,13 +323,15 @@ async def test_abort_during_a_live_load_frees_everything() -> None:
         await _run_one(engine, f"r{k}", prompt)
     await _until(lambda: not engine.core.has_pending_transfers())
     stream = engine.add_request(req("again", prompts[0], max_tokens=1))
-    await _until(lambda: engine.core.offload is not None and engine.core.offload.num_loading == 1)
+    connector = engine.core.connector
+    assert connector is not None
+    await _until(lambda: connector.num_loading == 1)
     engine.abort("again", stream)
     out = await stream.get()
     assert out.finished and out.finish_reason == FinishReason.ABORT
     await _until(lambda: not engine.core.has_pending_transfers() and not engine.core.requests)
     assert engine.core.pool.num_used == 0
-    assert engine.core.host is not None and engine.core.host.num_pinned() == 0
+    assert engine.core.cpu is not None and engine.core.cpu.num_pinned() == 0
     await engine.stop()
 
 

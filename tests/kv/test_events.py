@@ -38,7 +38,7 @@ def check_index(index: EventIndex, core: EngineCore) -> None:
     """The index equals the engine's cached set per tier, and every block's tokens and
     parent hash to the engine's own hash for it."""
     assert index.hashes("GPU") == set(core.pool.cached_hashes())
-    host_hashes = core.host.resident_hashes() if core.host is not None else set()
+    host_hashes = core.cpu.resident_keys() if core.cpu is not None else set()
     assert index.hashes("CPU") == host_hashes
     hasher = core.hasher
     for medium in ("GPU", "CPU"):
@@ -87,9 +87,9 @@ def random_workload(seed: int, seen: Counter[str]) -> None:
     seen["preemptions"] += core.scheduler.num_preemptions
     seen["aborted"] += len(run.aborted)
     seen["removed"] += index.counts["BlockRemoved"]
-    if core.offload is not None:
-        seen["host_loads"] += core.offload.loaded_blocks
-        seen["host_stores"] += core.offload.stored_blocks
+    if core.connector is not None:
+        seen["host_loads"] += core.connector.loaded_blocks
+        seen["host_stores"] += core.connector.stored_blocks
     assert not core.requests
 
 

@@ -20,24 +20,28 @@ from tests.support.workloads import random_geometry, random_requests
 
 
 def check_invariants(core: EngineCore) -> None:
-    pool, host, offload = core.pool, core.host, core.offload
+    pool, host, offload = core.pool, core.cpu, core.connector
     assert host is not None and offload is not None
     # Device: free + used + in flight = the pool; the counters match a recount.
     free = pool.policy.order()  # type: ignore[attr-defined]
     assert len(free) == pool.num_free
     assert sum(1 for b in pool.blocks if b.ref_cnt > 0) == pool.num_used
-    assert pool.num_free + pool.num_used + pool.num_in_flight == pool.num_blocks
-    assert sum(1 for b in free if b.dirty) == pool.num_dirty_free
+    assert pool.num_free + pool.num_used + pool.num_displaced == pool.num_blocks
+    assert sum(1 for b in free if b.retained) == pool.num_retained_free
     assert all(b.ref_cnt == 0 for b in free)
     cached = pool.cached_hashes()
     storing = offload.storing_blocks()
-    if pool.offload_on_evict:
-        assert len(storing) == pool.num_in_flight
+    if offload.write_back:
+        # Retained: exactly the cached device blocks the CPU tier does not hold.
+        for block in pool.blocks:
+            if block.block_hash is not None and cached.get(block.block_hash) == block.block_id:
+                assert block.retained == (not host.holds(block.block_hash))
+        assert len(storing) == pool.num_displaced
         for block in storing:  # evicted: slot held, findable nowhere on the device
             assert block.ref_cnt == 0 and block.prev_free is None
             assert cached.get(block.block_hash) != block.block_id  # type: ignore[arg-type]
     else:
-        assert pool.num_in_flight == 0
+        assert pool.num_displaced == 0 and pool.num_retained_free == 0
         assert all(b.ref_cnt > 0 and b.prev_free is None for b in storing)  # pinned
     # Host: resident + incoming = used <= capacity.
     assert host.num_resident + host.num_incoming == host.num_used <= host.capacity
@@ -59,11 +63,11 @@ def check_invariants(core: EngineCore) -> None:
 
 def assert_drained(core: EngineCore) -> None:
     assert not core.requests and not core.has_pending_transfers()
-    assert core.pool.num_used == 0 and core.pool.num_in_flight == 0
+    assert core.pool.num_used == 0 and core.pool.num_displaced == 0
     assert core.pool.num_free == core.pool.num_blocks
-    assert core.host is not None and core.host.num_incoming == 0 and core.host.num_pinned() == 0
-    assert core.offload is not None and len(core.offload.d2h) == len(core.offload.h2d) == 0
-    assert core.offload.num_held_blocks == 0
+    assert core.cpu is not None and core.cpu.num_incoming == 0 and core.cpu.num_pinned() == 0
+    assert core.connector is not None and len(core.connector.d2h) == len(core.connector.h2d) == 0
+    assert core.connector.num_held_blocks == 0
 
 
 @dataclass
@@ -103,8 +107,8 @@ def random_workload(seed: int, seen: Seen) -> None:
             # The events are true: applied in order, they give each tier's cached set.
             indexer.apply(result.kv_events)
             assert indexer.hashes("GPU") == set(core.pool.cached_hashes())
-            assert core.host is not None
-            assert indexer.hashes("CPU") == core.host.resident_hashes()
+            assert core.cpu is not None
+            assert indexer.hashes("CPU") == core.cpu.resident_keys()
             seen.counts["events"] += len(result.kv_events)
     assert_drained(core)
     # Counts reach the metrics even from passes that computed nothing.
@@ -112,14 +116,14 @@ def random_workload(seed: int, seen: Seen) -> None:
     host_hits = sum(r.num_host_cached_tokens for r in run.finished)
     host_hits += sum(o.num_host_cached_tokens for o in run.aborted)
     assert metrics.external_prefix_hits == host_hits
-    assert core.offload is not None
-    seen.counts["loaded_blocks"] += core.offload.loaded_blocks
-    seen.counts["stored_blocks"] += core.offload.stored_blocks
+    assert core.connector is not None
+    seen.counts["loaded_blocks"] += core.connector.loaded_blocks
+    seen.counts["stored_blocks"] += core.connector.stored_blocks
     seen.counts["preemptions"] += core.scheduler.num_preemptions
     seen.counts["aborted"] += len(run.aborted)
     seen.counts["timeouts"] += sum(r.load_timed_out for r in run.finished)
-    assert core.host is not None
-    seen.counts["host_full"] += core.host.num_used == core.host.capacity
+    assert core.cpu is not None
+    seen.counts["host_full"] += core.cpu.num_used == core.cpu.capacity
     assert len(run.finished) + len(run.aborted) + len(run.rejected) == len(requests)
 
 

@@ -60,8 +60,8 @@ def test_second_round_is_served_from_host(policy: str) -> None:
     )
     core = EngineCore(config)
     metrics = StatsRecorder(config)
-    assert core.host is not None
-    host = core.host
+    assert core.cpu is not None
+    host = core.cpu
     metrics.snapshot = core.snapshot
     events: Counter[tuple[str, str]] = Counter()
     finished = {}
@@ -111,8 +111,8 @@ def test_second_round_is_served_from_host(policy: str) -> None:
 
     # Metrics and events add up with what the requests saw.
     total_blocks = PROMPTS * PROMPT // BLOCK
-    assert core.offload is not None
-    stored = core.offload.stored_blocks
+    assert core.connector is not None
+    stored = core.connector.stored_blocks
     assert stored == total_blocks or (policy == "evict" and stored >= total_blocks - 4 * 64)
     assert metrics.offload_store_bytes == stored * BLOCK_BYTES
     assert metrics.offload_load_bytes == host_hits // BLOCK * BLOCK_BYTES

@@ -1,4 +1,4 @@
-"""Host-tier offload on the virtual clock: both policies, batching, onboarding, timeouts, aborts.
+"""The tier connector on the virtual clock: both store policies, batching, loads, timeouts, aborts.
 
 Expected times are computed here from the models' formulas (Dynamo's prefill polynomial; a
 link moves bytes at its bandwidth, shared equally by concurrent transfers) and the block
@@ -16,7 +16,7 @@ from mocker.engine.core import EngineCore
 from mocker.engine.virtual import Abort, VirtualDriver, VirtualRun
 from mocker.kv.events import BlockRemoved, BlockStored
 from mocker.request import EngineRequest, RequestStatus, SamplingParams
-from mocker.tiers.offload import TransferKind
+from mocker.tiers.transfers import TransferKind
 from tests.support.engines import small_config
 
 BLOCK_BYTES = 4 * 32 * 2 * 8 * 128 * 2  # block_size 4 × Llama-3-8B's 131072 B/token
@@ -61,12 +61,12 @@ def finished(result: VirtualRun) -> dict[str, Any]:
 
 def assert_quiescent(core: EngineCore) -> None:
     assert core.pool.num_used == 0
-    assert core.pool.num_in_flight == 0
+    assert core.pool.num_displaced == 0
     assert core.pool.num_free == core.pool.num_blocks
-    assert core.host is not None and core.host.num_incoming == 0
-    assert core.host.num_pinned() == 0
-    assert core.offload is not None and not core.offload.has_pending
-    assert len(core.offload.d2h) == 0 and len(core.offload.h2d) == 0
+    assert core.cpu is not None and core.cpu.num_incoming == 0
+    assert core.cpu.num_pinned() == 0
+    assert core.connector is not None and not core.connector.has_pending
+    assert len(core.connector.d2h) == 0 and len(core.connector.h2d) == 0
 
 
 # -- evict policy ------------------------------------------------------------------------------
@@ -82,7 +82,7 @@ def test_evict_keeps_the_device_slot_until_its_copy_ends() -> None:
     assert b.first_token_time == pytest.approx(1.0 + 6 * BLOCK_S + prefill_ms(28) / 1000)
     # After b, every free block is dirty: the background evictor copies the least recently
     # used one, to keep 1 block (an eighth of this pool) reusable.
-    assert core.offload is not None and core.offload.stored_blocks == 6 + 1
+    assert core.connector is not None and core.connector.stored_blocks == 6 + 1
     assert core.pool.num_reusable == 1
     assert_quiescent(core)
 
@@ -94,18 +94,18 @@ def test_evict_while_copying_counts_the_slot_as_used() -> None:
     core.add_request(one("b", prompt(1, 28), end))
     result = core.step(end)
     assert result.idle  # b waits for the copies
-    assert core.pool.num_in_flight == 6 and core.pool.num_used == 0
+    assert core.pool.num_displaced == 6 and core.pool.num_used == 0
     assert core.pool.usage == pytest.approx(6 / 8)
     removed = [e for e in result.kv_events if isinstance(e, BlockRemoved)]
     assert sum(len(e.block_hashes) for e in removed) == 6
     assert all(e.medium == "GPU" for e in removed)
     deadline = core.next_transfer_deadline()
     assert deadline == pytest.approx(end + 6 * BLOCK_S)
-    assert core.host is not None and core.host.num_resident == 0  # nothing visible yet
+    assert core.cpu is not None and core.cpu.num_resident == 0  # nothing visible yet
     landed = core.step(deadline)
     stored = [e for e in landed.kv_events if isinstance(e, BlockStored) and e.medium == "CPU"]
     assert sum(len(e.block_hashes) for e in stored) == 6
-    assert core.host.num_resident == 6
+    assert core.cpu.num_resident == 6
     # b runs once the slots are free: its whole prompt, in the pass that starts then.
     assert landed.stats.num_scheduled_tokens == 28 and landed.start == deadline
     [record] = landed.transfers
@@ -123,10 +123,10 @@ def test_blocks_already_on_host_are_not_copied_again() -> None:
             t += 1.0
     result = run(core, reqs)
     assert len(result.finished) == 12
-    assert core.offload is not None
+    assert core.connector is not None
     # Every distinct full block is copied to host at most once.
-    assert core.offload.stored_blocks <= 4 * 8
-    assert core.offload.loaded_blocks > 0
+    assert core.connector.stored_blocks <= 4 * 8
+    assert core.connector.loaded_blocks > 0
     assert_quiescent(core)
 
 
@@ -136,8 +136,8 @@ def test_evictions_are_copied_in_batches_of_offload_batch_size() -> None:
     end = core.step(0.0).end
     core.add_request(one("b", prompt(1, 280), end))  # 10 free: 60 must be copied out
     core.step(end)
-    assert core.offload is not None
-    sizes = sorted(core.offload.store_batches())
+    assert core.connector is not None
+    sizes = sorted(core.connector.store_batches())
     assert sizes == [28, 32]
     # Both share the link: the 28-block one ends first, then the other at 60 blocks' time.
     done = core.step(core.next_transfer_deadline()).transfers  # type: ignore[arg-type]
@@ -156,12 +156,12 @@ def test_write_through_holds_a_finished_request_until_its_stores_end() -> None:
     # Its whole block table (7 full blocks + the partial one) is held, as vLLM's delay_free,
     # though the request is gone.
     assert core.pool.num_used == 8
-    assert core.host is not None and core.host.num_incoming == 7
-    assert core.host.num_resident == 0  # not visible until the copy ends
+    assert core.cpu is not None and core.cpu.num_incoming == 7
+    assert core.cpu.num_resident == 0  # not visible until the copy ends
     deadline = core.next_transfer_deadline()
     assert deadline == pytest.approx(result.end + 7 * BLOCK_S)
     idle = core.advance_transfers(deadline)  # type: ignore[arg-type]
-    assert core.host.num_resident == 7 and core.pool.num_used == 0
+    assert core.cpu.num_resident == 7 and core.pool.num_used == 0
     assert [t.num_blocks for t in idle.transfers] == [7]
     assert_quiescent(core)
 
@@ -170,7 +170,7 @@ def test_write_through_copies_only_full_prompt_blocks() -> None:
     core = EngineCore(host_config(offload_policy="write-through"))
     # 10 prompt tokens (2 full blocks) + 14 generated tokens fill 6 blocks in all.
     run(core, [one("a", prompt(0, 10), 0.0, max_tokens=15)])
-    assert core.offload is not None and core.offload.stored_blocks == 2
+    assert core.connector is not None and core.connector.stored_blocks == 2
 
 
 def test_eviction_is_free_under_write_through() -> None:
@@ -204,7 +204,7 @@ def test_host_hit_loads_parks_the_request_and_resumes_it() -> None:
     assert RequestStatus.WAITING_FOR_REMOTE_KVS in statuses
     ttft = 7 * BLOCK_S + prefill_ms(4) / 1000
     assert a2.first_token_time - a2.arrival_time == pytest.approx(ttft)
-    assert core.offload is not None and core.offload.loaded_blocks == 7
+    assert core.connector is not None and core.connector.loaded_blocks == 7
     assert_quiescent(core)
 
 
@@ -227,14 +227,14 @@ def test_short_host_hits_are_recomputed() -> None:
     core, result, _ = evicted_then_again(min_load_blocks=8)
     a2 = finished(result)["a2"]
     assert a2.num_host_cached_tokens == 0 and a2.num_cached_tokens == 0
-    assert core.offload is not None and core.offload.loaded_blocks == 0
+    assert core.connector is not None and core.connector.loaded_blocks == 0
 
 
 def test_loads_slower_than_prefill_are_recomputed() -> None:
     # 7 blocks at 0.0002 GB/s take ~18 s, far above prefill(28) ≈ 17 ms.
     core, result, _ = evicted_then_again(host_h2d_bandwidth_gbps=0.0002)
     assert finished(result)["a2"].num_host_cached_tokens == 0
-    assert core.offload is not None and core.offload.loaded_blocks == 0
+    assert core.connector is not None and core.connector.loaded_blocks == 0
 
 
 def test_a_load_past_its_timeout_recomputes_and_leaks_nothing() -> None:
@@ -245,7 +245,7 @@ def test_a_load_past_its_timeout_recomputes_and_leaks_nothing() -> None:
     assert a2.num_host_cached_tokens == 0 and a2.num_cached_tokens == 0
     # Waited the timeout, then computed the whole prompt.
     assert a2.first_token_time - a2.arrival_time == pytest.approx(0.001 + prefill_ms(32) / 1000)
-    assert core.offload is not None and core.offload.loaded_blocks == 0
+    assert core.connector is not None and core.connector.loaded_blocks == 0
     assert_quiescent(core)
 
 
@@ -256,7 +256,7 @@ def test_abort_during_a_load_releases_everything() -> None:
     result = run(core, reqs, [Abort(3.0 + BLOCK_S, "a2")])  # mid-load
     assert [o.request_id for o in result.aborted] == ["a2"]
     assert "a2" not in finished(result)
-    assert core.offload is not None and core.offload.loaded_blocks == 0
+    assert core.connector is not None and core.connector.loaded_blocks == 0
     assert_quiescent(core)
 
 
@@ -264,7 +264,7 @@ def test_instant_links_still_go_through_the_transfer_path() -> None:
     core, result, _ = evicted_then_again(host_d2h_bandwidth_gbps=0, host_h2d_bandwidth_gbps=0)
     a2 = finished(result)["a2"]
     assert a2.num_host_cached_tokens == 28
-    assert core.offload is not None and core.offload.loaded_blocks == 7
+    assert core.connector is not None and core.connector.loaded_blocks == 7
     assert a2.first_token_time - a2.arrival_time == pytest.approx(prefill_ms(4) / 1000)
     assert_quiescent(core)
 

@@ -1,10 +1,12 @@
-"""Transfers between the device pool and the host tier: stores (offload), loads (onboard), links.
+"""The scheduler-side connector (vLLM's KVConnector scheduler hooks) to the tiers below the
+device: how many more blocks they hold for a request, loads into reserved device slots, stores
+as the store policy decides, whether a finished request's free must wait.
 
-The offload manager turns the engine's decisions into transfers on two links
-(device→host, host→device) and applies their completions. It is driven by the
-engine core with explicit times, like everything in the core: the live driver's
-transfer workers only sleep until `next_deadline()` and ask the engine loop to
-`poll`; the replay driver jumps its virtual clock there. Same code, two clocks.
+It turns the engine's decisions into transfers on two links (device→CPU, CPU→device)
+and applies their completions. It is driven by the engine core with explicit times, like
+everything in the core: the live driver's transfer workers only sleep until
+`next_deadline()` and ask the engine loop to `poll`; the replay driver jumps its virtual
+clock there. Same code, two clocks.
 """
 
 from __future__ import annotations
@@ -12,42 +14,19 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from enum import IntEnum
 
-from mocker.config import EngineConfig, OffloadPolicy
+from mocker.config import EngineConfig
 from mocker.kv.block import KVBlock
 from mocker.kv.block_pool import BlockPool
 from mocker.kv.hashing import BlockHash
 from mocker.request import Request
-from mocker.tiers.host import HostBlock, HostTier
 from mocker.tiers.link import Link, TransferId
+from mocker.tiers.lru import LruTier
+from mocker.tiers.store_policy import StorePolicy, WriteBack, WriteThrough
+from mocker.tiers.tier import TierBlock
+from mocker.tiers.transfers import Direction, TransferKind, TransferRecord
 
-__all__ = ["Direction", "OffloadManager", "TransferKind", "TransferRecord"]
-
-
-class Direction(IntEnum):
-    D2H = 0  # device to host: stores
-    H2D = 1  # host to device: loads
-
-
-class TransferKind(IntEnum):
-    STORE = 0
-    LOAD = 1
-
-
-@dataclass(frozen=True, slots=True)
-class TransferRecord:
-    """A finished transfer, for metrics and reports (times on the engine's clock)."""
-
-    kind: TransferKind
-    num_blocks: int
-    nbytes: int
-    start: float
-    end: float
-
-    @property
-    def duration(self) -> float:
-        return self.end - self.start
+__all__ = ["TierConnector"]
 
 
 @dataclass(slots=True, eq=False)
@@ -67,30 +46,37 @@ class _Load:
     deadline: float  # the load timeout
 
 
-class OffloadManager:
-    """Owns the host tier, both links and every transfer in flight.
+class TierConnector:
+    """Owns the CPU tier's links and every transfer in flight; the store policy
+    (mocker.tiers.store_policy) decides what is copied when.
 
-    Evict policy (KVBM): the pool hands over dirty blocks as it evicts them
-    (`offload_evicted`); their slots stay occupied until the copy ends, then the
-    pool gets them back empty. Write-through (vLLM's OffloadingConnector): newly
-    computed full prompt blocks are pinned (one extra reference) and copied after
-    their pass (`stage_stores` + `start_staged`); the pin holds even a finished
-    request's blocks until the copy ends. Either way a block becomes visible on
-    host only when its copy completes. Loads pin their host blocks, copy them into
-    device slots the scheduler reserved, and either finish or time out.
+    Write-back (KVBM): the pool displaces retained blocks as it evicts them
+    (`store_displaced`); their slots stay occupied until the copy ends, then the pool
+    gets them back empty. Write-through (vLLM's OffloadingConnector): newly computed full
+    prompt blocks are pinned (one extra reference) and copied after their pass
+    (`stage_stores` + `start_staged`); the pin holds even a finished request's blocks
+    until the copy ends. Either way a block becomes visible in the CPU tier only when its
+    copy completes. Loads pin their CPU blocks, copy them into device slots the scheduler
+    reserved, and either finish or time out.
     """
 
     def __init__(
         self,
         config: EngineConfig,
         pool: BlockPool,
-        host: HostTier,
+        cpu: LruTier,
         prefill_ms: Callable[[int], float],
+        *,
+        write_back: bool = False,
+        evict_ahead: int = 0,
     ) -> None:
         self.config = config
         self.pool = pool
-        self.host = host
-        self.policy = config.offload_policy
+        self.cpu = cpu
+        self.policy: StorePolicy = (
+            WriteBack(self, evict_ahead) if write_back else WriteThrough(self)
+        )
+        self.write_back = write_back
         self.block_bytes = config.block_bytes
         self.batch_size = config.offload_batch_size
         self.block_size = config.block_size
@@ -122,9 +108,17 @@ class OffloadManager:
 
     # -- planning (no state change) -----------------------------------------------------------
 
-    def host_match(self, request: Request, start: int, stop: int) -> int:
-        """Blocks of the request found on host contiguously from block `start` (< stop)."""
-        return self.host.match(request.block_hashes, start, min(stop, len(request.block_hashes)))
+    def num_matched_blocks(self, request: Request, num_device_blocks: int) -> int:
+        """Blocks to load after a device hit of `num_device_blocks` (vLLM's
+        get_num_new_matched_tokens, in blocks): the contiguous continuation the CPU tier
+        holds, if loading it pays off (else 0: recompute). The lookup stops one token short
+        of the prompt, as the device's does."""
+        if request.skip_tier_load:
+            return 0
+        hashes = request.block_hashes
+        stop = min((request.num_tokens - 1) // self.block_size, len(hashes))
+        n = self.cpu.lookup(hashes, num_device_blocks, stop)
+        return n if n and self.load_pays_off(n) else 0
 
     def load_pays_off(self, num_blocks: int) -> bool:
         """Load rather than recompute: enough blocks, and copying them is faster than
@@ -150,15 +144,15 @@ class OffloadManager:
         return len(self._loads)
 
     def loading_blocks(self) -> list[tuple[Request, list[BlockHash]]]:
-        """Requests whose KV is loading and the host hashes they read (for checks)."""
+        """Requests whose KV is loading and the CPU-tier keys they read (for checks)."""
         return [(ld.request, ld.hashes) for ld in self._loads.values()]
 
     def store_batches(self) -> list[int]:
-        """Blocks in each device-to-host copy in flight (for checks)."""
+        """Blocks in each device-to-CPU copy in flight (for checks)."""
         return [len(s.blocks) for s in self._stores.values()]
 
     def storing_blocks(self) -> list[KVBlock]:
-        """Device blocks whose copy to host is in flight (for checks)."""
+        """Device blocks whose copy to the CPU tier is in flight (for checks)."""
         return [b for s in self._stores.values() for b in s.blocks]
 
     def next_deadline(self, direction: Direction | None = None) -> float | None:
@@ -187,56 +181,52 @@ class OffloadManager:
 
     # -- stores -------------------------------------------------------------------------------
 
-    def _reserve(self, block: KVBlock, block_hash: BlockHash) -> bool:
-        """Claim a host slot for a copy of `block`; evicted host hashes make any device
-        block with them dirty again (offload on eviction)."""
+    def _plan(self, blocks: Sequence[KVBlock]) -> list[KVBlock]:
+        """Reserve CPU slots for copies of these cached blocks; returns the blocks to copy
+        (not held there yet, and room found). Keys the CPU tier evicts to make room are
+        retained again on the device under write-back (they now exist nowhere else)."""
+        cpu = self.cpu
         # The tokens are only needed for the Stored event when the copy lands.
-        tokens = block.token_ids(self.block_size) if self.host.record_events else ()
-        host_block = HostBlock(block_hash, block.parent_hash, tokens, block.lora_name)
-        evicted = self.host.reserve(host_block)
-        if evicted is None:
-            return False
-        for gone in evicted:
-            self.pool.set_dirty(gone, True)
-        return True
+        keep = cpu.record_events
+        bs = self.block_size
+        tier_blocks = [
+            TierBlock(b.cached_hash, b.parent_hash, b.token_ids(bs) if keep else (), b.lora_name)
+            for b in blocks
+        ]
+        plan = cpu.prepare_store(tier_blocks)
+        if self.write_back:
+            for gone in plan.evicted:
+                self.pool.set_retained(gone, True)
+        if len(plan.keys) == len(blocks):
+            return list(blocks)
+        chosen = set(plan.keys)
+        return [b for b in blocks if b.block_hash in chosen]
 
-    def offload_evicted(self, now: float) -> None:
-        """Evict policy: copy the blocks the pool evicted since the last call, in batches."""
-        evicted = self.pool.take_evicting()
-        if not evicted:
+    def store_displaced(self, now: float) -> None:
+        """Write-back: copy the blocks the pool displaced since the last call, in batches;
+        those with nothing to copy (held already, or no room) go straight back."""
+        displaced = self.pool.take_displaced()
+        if not displaced:
             return
-        batch: list[KVBlock] = []
-        dropped: list[KVBlock] = []
-        for block in evicted:
-            block_hash = block.block_hash
-            assert block_hash is not None
-            if self.host.holds(block_hash) or not self._reserve(block, block_hash):
-                dropped.append(block)  # already there, or no host slot: nothing to copy
-            else:
-                batch.append(block)
-        if dropped:
-            self.pool.finish_offload(dropped)
+        batch = self._plan(displaced)
+        if len(batch) < len(displaced):
+            kept = set(map(id, batch))
+            self.pool.return_displaced(b for b in displaced if id(b) not in kept)
         self._start_stores(now, batch)
 
     def stage_stores(self, request: Request, blocks: Sequence[KVBlock]) -> None:
         """Write-through: pin newly cached prompt blocks now (before their request may free
         them); `start_staged` copies them once their pass has ended."""
-        pinned: list[KVBlock] = []
-        for block in blocks:
-            block_hash = block.block_hash
-            if block_hash is None or self.host.holds(block_hash):
-                continue
-            if not self._reserve(block, block_hash):
-                break  # every host block is pinned by loads: skip the rest too
-            pinned.append(block)
-            self._staged.append((block, block_hash, request))
+        pinned = self._plan([b for b in blocks if b.block_hash is not None])
         if pinned:
             self.pool.touch(pinned)
+            self._staged.extend((b, b.cached_hash, request) for b in pinned)
             self._storing[request] = self._storing.get(request, 0) + len(pinned)
 
-    def hold_if_storing(self, request: Request) -> bool:
-        """A request finished while copies of its blocks are in flight: hold its whole block
-        table until the last one ends (vLLM's delay_free). False: free it now."""
+    def request_finished(self, request: Request) -> bool:
+        """A request finished: if copies of its blocks are in flight, hold its whole block
+        table until the last one ends and answer True (vLLM's delay_free); False: free it
+        now."""
         if request not in self._storing:
             return False
         self._held[request] = request.blocks
@@ -268,9 +258,9 @@ class OffloadManager:
             self.version += 1
 
     def _finish_store(self, store: _Store, end: float) -> None:
-        self.host.commit(store.hashes)
-        if self.policy is OffloadPolicy.EVICT:
-            self.pool.finish_offload(store.blocks)
+        self.cpu.complete_store(store.hashes)
+        if self.write_back:
+            self.pool.return_displaced(store.blocks)
         else:
             # Unpin tail first, as a request frees its blocks, so a chain is evicted leaf first.
             self.pool.free_blocks(reversed(store.blocks))
@@ -291,10 +281,10 @@ class OffloadManager:
     # -- loads --------------------------------------------------------------------------------
 
     def start_load(self, now: float, request: Request, start: int, num_blocks: int) -> None:
-        """Copy blocks [start, start + num_blocks) of the request from host into the device
-        slots the scheduler reserved for them."""
+        """Copy blocks [start, start + num_blocks) of the request from the CPU tier into the
+        device slots the scheduler reserved for them."""
         hashes = request.block_hashes[start : start + num_blocks]
-        self.host.pin(hashes)
+        self.cpu.prepare_load(hashes)
         tid = self.h2d.start(now, num_blocks * self.block_bytes)
         load = _Load(request, tid, hashes, now, now + self._load_timeout)
         self._loads[tid] = load
@@ -303,14 +293,14 @@ class OffloadManager:
         self.version += 1
 
     def cancel_load(self, now: float, request: Request) -> bool:
-        """Drop a request's load (abort, timeout); its host blocks are unpinned. The
+        """Drop a request's load (abort, timeout); its CPU blocks are unpinned. The
         caller frees the device slots."""
         load = self._load_of.pop(request, None)
         if load is None:
             return False
         del self._loads[load.tid]
         self.h2d.cancel(now, load.tid)
-        self.host.unpin(load.hashes)
+        self.cpu.complete_load(load.hashes)
         self.version += 1
         return True
 
@@ -352,7 +342,7 @@ class OffloadManager:
             for tid, end in finished:
                 load = self._loads.pop(tid)
                 del self._load_of[load.request]
-                self.host.unpin(load.hashes)
+                self.cpu.complete_load(load.hashes)
                 n = len(load.hashes)
                 self.loaded_blocks += n
                 self._records.append(

@@ -1,0 +1,106 @@
+"""The residency protocol every storage level below the device implements (vLLM's
+`OffloadingManager` verbs), and the records its verbs take and give."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+from mocker.kv.events import KVEvent
+from mocker.kv.hashing import BlockHash
+
+__all__ = ["BlockKey", "Locality", "Medium", "StorePlan", "Tier", "TierBlock"]
+
+# What a tier is keyed by: the device block's hash (the prefix chain, LoRA and salt are in
+# it), never a request.
+BlockKey = BlockHash
+
+
+class Medium(StrEnum):
+    """vLLM's KV-event medium constants."""
+
+    GPU = "GPU"
+    CPU = "CPU"
+    STORAGE = "STORAGE"
+
+
+class Locality(StrEnum):
+    """vLLM's optional KV-event `locality`: relative to the engine publishing the event."""
+
+    LOCAL = "LOCAL"
+    REMOTE = "REMOTE"
+
+
+@dataclass(slots=True, eq=False)
+class TierBlock:
+    """One block's KV in a tier (or on its way there): what a BlockStored event names."""
+
+    key: BlockKey
+    parent: BlockKey | None
+    token_ids: tuple[int, ...]
+    lora_name: str | None = None
+    pins: int = 0  # loads reading it; a pinned block is never evicted
+
+
+@dataclass(slots=True)
+class StorePlan:
+    """What `prepare_store` reserved: the keys to copy (slots claimed, not yet visible), the
+    keys it evicted to make room, and how many it skipped for want of room (every resident
+    block pinned: vLLM's `kv_offload_stores_skipped`). Keys the tier already holds are
+    neither stored nor skipped."""
+
+    keys: list[BlockKey] = field(default_factory=list)
+    evicted: list[BlockKey] = field(default_factory=list)
+    skipped: int = 0
+
+
+class Tier(Protocol):
+    """A storage level below the device. Knows nothing of time, links or requests.
+
+    A block is *incoming* from `prepare_store` until `complete_store`, and *resident* after a
+    successful one; only resident blocks are found by `lookup`, and only resident, unpinned
+    ones are evicted. `prepare_load` pins blocks for a read until `complete_load`.
+    """
+
+    name: str
+    medium: Medium
+    capacity: int
+
+    def lookup(self, keys: Sequence[BlockKey], start: int, stop: int) -> int:
+        """How many of keys[start:stop] are resident, contiguously from `start`."""
+        ...
+
+    def holds(self, key: BlockKey) -> bool:
+        """Resident or incoming: storing this key again would copy it twice."""
+        ...
+
+    def touch(self, keys: Sequence[BlockKey]) -> None:
+        """Make resident keys the most recently used, the chain's root most of all."""
+        ...
+
+    def prepare_load(self, keys: Sequence[BlockKey]) -> None:
+        """Pin resident keys for a read (and touch them)."""
+        ...
+
+    def complete_load(self, keys: Sequence[BlockKey]) -> None:
+        """The read ended (or was dropped): unpin."""
+        ...
+
+    def prepare_store(self, blocks: Sequence[TierBlock]) -> StorePlan:
+        """Reserve slots for the blocks not held yet, evicting as needed (see StorePlan)."""
+        ...
+
+    def complete_store(self, keys: Sequence[BlockKey], success: bool = True) -> None:
+        """Copies ended: resident and visible; or failed: the reserved slots are freed."""
+        ...
+
+    def take_events(self) -> list[KVEvent]:
+        """Drain the BlockStored / BlockRemoved events recorded since the last call."""
+        ...
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the capacity resident or incoming."""
+        ...

@@ -1,0 +1,134 @@
+"""The LRU tier: incoming vs resident, LRU eviction, pins, capacity and medium-tagged events."""
+
+from __future__ import annotations
+
+import pytest
+
+from mocker.kv.events import BlockRemoved, BlockStored
+from mocker.kv.hashing import BlockHash
+from mocker.tiers.lru import LruTier
+from mocker.tiers.tier import Medium, TierBlock
+
+
+def blk(h: int, parent: int | None = None) -> TierBlock:
+    return TierBlock(BlockHash(h), None if parent is None else BlockHash(parent), (h, h + 1), None)
+
+
+def reserve(tier: LruTier, block: TierBlock) -> list[BlockHash] | None:
+    """One block's prepare_store: the keys evicted for it, or None if it was skipped."""
+    plan = tier.prepare_store([block])
+    return None if plan.skipped else plan.evicted
+
+
+def test_blocks_are_visible_only_once_their_copy_commits() -> None:
+    host = LruTier(4, 2, record_events=True)
+    assert reserve(host, blk(1)) == []
+    assert host.holds(BlockHash(1)) and BlockHash(1) not in host
+    assert host.num_incoming == 1 and host.num_used == 1
+    assert host.take_events() == []
+    host.complete_store([BlockHash(1)])
+    assert BlockHash(1) in host and host.num_resident == 1 and host.num_incoming == 0
+    [event] = host.take_events()
+    assert event == BlockStored((BlockHash(1),), None, (1, 2), 2, None, "CPU")
+
+
+def test_a_committed_chain_is_one_stored_event_with_its_parent() -> None:
+    host = LruTier(8, 2, record_events=True)
+    for h, parent in ((10, 9), (11, 10), (20, None)):
+        reserve(host, blk(h, parent))
+    host.complete_store([BlockHash(10), BlockHash(11), BlockHash(20)])
+    first, second = host.take_events()
+    assert isinstance(first, BlockStored) and isinstance(second, BlockStored)
+    assert first.block_hashes == (10, 11) and first.parent_block_hash == 9
+    assert first.token_ids == (10, 11, 11, 12)
+    assert second.block_hashes == (20,) and second.parent_block_hash is None
+
+
+def test_full_tier_evicts_least_recently_used_unpinned() -> None:
+    host = LruTier(3, 2, record_events=True)
+    for h in (1, 2, 3):
+        reserve(host, blk(h))
+    host.complete_store([BlockHash(1), BlockHash(2), BlockHash(3)])
+    host.take_events()
+    host.prepare_load([BlockHash(1)])  # a load of 1: also makes it most recently used
+    assert reserve(host, blk(4)) == [BlockHash(2)]
+    assert host.take_events() == [BlockRemoved((BlockHash(2),), "CPU")]
+    host.complete_load([BlockHash(1)])
+    assert reserve(host, blk(5)) == [BlockHash(3)]
+    assert host.num_used == 3 <= host.capacity
+
+
+def test_reserve_fails_cleanly_when_everything_is_pinned_or_incoming() -> None:
+    host = LruTier(2, 2)
+    reserve(host, blk(1))
+    host.complete_store([BlockHash(1)])
+    host.prepare_load([BlockHash(1)])
+    reserve(host, blk(2))  # incoming: never evicted
+    assert reserve(host, blk(3)) is None
+    assert host.num_used == 2 and not host.holds(BlockHash(3))
+
+
+def test_match_counts_a_contiguous_resident_run() -> None:
+    host = LruTier(8, 2)
+    for h in (1, 2, 4):
+        reserve(host, blk(h))
+    host.complete_store([BlockHash(1), BlockHash(2)])
+    hashes = [BlockHash(h) for h in (0, 1, 2, 3, 4)]
+    assert host.lookup(hashes, 1, 5) == 2
+    assert host.lookup(hashes, 0, 5) == 0
+    assert host.lookup(hashes, 1, 2) == 1  # bounded by stop
+    assert host.lookup(hashes, 4, 5) == 0  # 4 is still incoming
+
+
+def test_unpin_more_than_pinned_is_a_bug() -> None:
+    host = LruTier(2, 2)
+    reserve(host, blk(1))
+    host.complete_store([BlockHash(1)])
+    with pytest.raises(ValueError, match="unpinned more often"):
+        host.complete_load([BlockHash(1)])
+
+
+@pytest.mark.parametrize("order", [(1, 2, 3), (3, 2, 1)])
+def test_a_chain_is_evicted_leaf_first_after_a_store_or_a_load(order: tuple[int, ...]) -> None:
+    host = LruTier(3, 2)
+    for h in order:  # 1 <- 2 <- 3, committed in either order
+        reserve(host, blk(h, h - 1 if h > 1 else None))
+    host.complete_store([BlockHash(h) for h in order])
+    assert reserve(host, blk(9)) == [BlockHash(3)]  # the leaf, never the root
+    host.complete_store([BlockHash(9)])
+    host.prepare_load([BlockHash(1), BlockHash(2)])  # a load reads the chain root first
+    host.complete_load([BlockHash(1), BlockHash(2)])
+    assert reserve(host, blk(10)) == [BlockHash(9)]
+    assert reserve(host, blk(11)) == [BlockHash(2)]  # then the chain, leaf first
+    assert reserve(host, blk(12)) == [BlockHash(1)]
+
+
+def test_a_batch_plan_skips_held_keys_and_stops_where_no_room_is_left() -> None:
+    host = LruTier(3, 2)
+    reserve(host, blk(1))
+    host.complete_store([BlockHash(1)])
+    host.prepare_load([BlockHash(1)])  # pinned: never evicted
+    plan = host.prepare_store([blk(1), blk(2), blk(3), blk(4), blk(1)])
+    assert plan.keys == [BlockHash(2), BlockHash(3)] and plan.evicted == []
+    assert plan.skipped == 1  # 4 found no room; 1 is held, neither stored nor skipped
+
+
+def test_a_failed_store_frees_its_slots_and_shows_nothing() -> None:
+    tier = LruTier(2, 2, name="fs", medium=Medium.STORAGE, record_events=True)
+    assert tier.prepare_store([blk(1), blk(2)]).keys == [BlockHash(1), BlockHash(2)]
+    tier.complete_store([BlockHash(1)], success=False)
+    tier.complete_store([BlockHash(2)])
+    assert not tier.holds(BlockHash(1)) and BlockHash(2) in tier and tier.num_used == 1
+    [event] = tier.take_events()
+    assert event == BlockStored((BlockHash(2),), None, (2, 3), 2, None, "STORAGE")
+
+
+def test_touch_makes_a_chain_most_recently_used_root_last() -> None:
+    tier = LruTier(3, 2)
+    reserve(tier, blk(1))
+    reserve(tier, blk(2, 1))
+    reserve(tier, blk(3))
+    tier.complete_store([BlockHash(1), BlockHash(2), BlockHash(3)])
+    tier.touch([BlockHash(1), BlockHash(2)])
+    assert reserve(tier, blk(4)) == [BlockHash(3)]
+    assert reserve(tier, blk(5)) == [BlockHash(2)]  # leaf before root
