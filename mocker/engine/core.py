@@ -17,7 +17,7 @@ from mocker.request import EngineRequest, Request, RequestId, RequestStatus
 from mocker.scheduler.scheduler import Scheduler, SchedulerOutput
 from mocker.tiers.connector import TierConnector
 from mocker.tiers.lru import LruTier
-from mocker.tiers.transfers import Direction, TransferRecord
+from mocker.tiers.transfers import TransferRecord
 from mocker.timing import PassShape, TimingModel, load_timing_model, pass_duration_s
 
 __all__ = ["EngineCore", "RequestRejected"]
@@ -146,9 +146,10 @@ class EngineCore:
         """Tier transfers in flight: the core needs driving until they end."""
         return self.connector is not None and self.connector.has_pending
 
-    def next_transfer_deadline(self, direction: Direction | None = None) -> float | None:
-        """When a transfer next ends or a load times out (None: nothing in flight)."""
-        return None if self.connector is None else self.connector.next_deadline(direction)
+    def next_transfer_deadline(self) -> float | None:
+        """When a transfer next ends, a load times out or a posted store starts (None:
+        nothing in flight)."""
+        return None if self.connector is None else self.connector.next_deadline()
 
     def stall_error(self) -> RuntimeError:
         """What a driver raises when a pass scheduled nothing although requests remain (a bug:

@@ -27,7 +27,7 @@ class FinishEarly:
 
 @dataclass(frozen=True, slots=True)
 class TransfersDue:
-    """A transfer worker saw a link's deadline pass: apply the transfers due."""
+    """The transfer timer saw the KV stack's deadline pass: apply what is due."""
 
 
 @dataclass(frozen=True, slots=True)

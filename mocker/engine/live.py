@@ -23,7 +23,7 @@ from mocker.engine.intake import request_id_in_use
 from mocker.engine.outputs import RequestOutput, StepResult
 from mocker.engine.stats import EngineSnapshot, FinishedRequestStats
 from mocker.engine.stream import EngineDeadError, RequestStream, deliver
-from mocker.engine.transfer_workers import TransferWorkers
+from mocker.engine.transfer_timer import TransferTimer
 from mocker.request import EngineRequest, FinishReason, RequestStatus
 
 __all__ = ["EngineDeadError", "LiveEngine", "RequestStream"]
@@ -40,9 +40,9 @@ class LiveEngine:
     sleep overshoot does not drift the simulated clock (unless the loop falls
     more than `max_lag_s` behind, when it resynchronises to the wall clock).
 
-    With a host tier, transfer workers (mocker.engine.transfer_workers) sleep until
-    a link's next deadline and post to the inbox; the loop then applies the
-    completions. Only the loop changes block and tier state.
+    With tiers, a transfer timer (mocker.engine.transfer_timer) sleeps until the KV
+    stack's next deadline and posts to the inbox; the loop then applies what is due.
+    Only the loop changes block and tier state.
     """
 
     def __init__(
@@ -69,7 +69,7 @@ class LiveEngine:
         # while the loop could still deliver an old output under it.
         self._streams: dict[str, RequestStream] = {}
         self._task: asyncio.Task[None] | None = None
-        self._workers = TransferWorkers(self.core, self.clock, lambda: self._post(TransfersDue()))
+        self._timer = TransferTimer(self.core, self.clock, lambda: self._post(TransfersDue()))
         self.dead_error: BaseException | None = None
 
     # -- state --------------------------------------------------------------------------------
@@ -116,13 +116,13 @@ class LiveEngine:
             loop = asyncio.get_running_loop()
             self._task = loop.create_task(self._run(), name="engine-loop")
             if self.core.connector is not None:
-                self._workers.start()
+                self._timer.start()
 
     async def stop(self) -> None:
         """Cancel the loop; open streams end with an error and new requests are refused."""
         self._die(EngineDeadError("engine stopped"))
         task, self._task = self._task, None
-        for t in [task, *self._workers.cancel()]:
+        for t in [task, *self._timer.cancel()]:
             if t is not None:
                 t.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -204,7 +204,7 @@ class LiveEngine:
 
     def _drain_inbox(self) -> tuple[float | None, bool]:
         """Apply queued messages; returns the latest arrival time drained, and whether a
-        transfer worker reported a deadline passed."""
+        transfer timer reported a deadline passed."""
         inbox = self._inbox
         latest: float | None = None
         transfers_due = False
@@ -280,7 +280,7 @@ class LiveEngine:
                 prev_end = None
                 await self._idle()
                 continue
-            self._workers.rearm()
+            self._timer.rearm()
             await clock.sleep_until(result.end)
             prev_end = result.end
             deliver(self._streams, result)
@@ -288,21 +288,21 @@ class LiveEngine:
                 self.on_step(result)
 
     async def _idle(self) -> None:
-        """Sleep until a request, an abort or a transfer worker wakes the loop."""
-        self._workers.rearm()
+        """Sleep until a request, an abort or the transfer timer wakes the loop."""
+        self._timer.rearm()
         self._wake.clear()
         await self._wake.wait()
 
     def _observe(self, result: StepResult) -> None:
         """A result without a pass: news only if it carries transfers, events or counts."""
-        self._workers.rearm()
+        self._timer.rearm()
         if self.on_step is not None and result.newsworthy:
             self.on_step(result)
 
     def _die(self, error: BaseException) -> None:
         if self.dead_error is None:
             self.dead_error = error
-        self._workers.cancel()  # nothing left to wake
+        self._timer.cancel()  # nothing left to wake
         streams, self._streams = self._streams, {}
         for message in self._inbox:
             if isinstance(message, ResetPrefixCache) and not message.done.done():

@@ -2,18 +2,23 @@
 device: how many more blocks they hold for a request, loads into reserved device slots, stores
 as the store policy decides, whether a finished request's free must wait.
 
-It turns the engine's decisions into transfers on two links (device→CPU, CPU→device)
-and applies their completions. It is driven by the engine core with explicit times, like
-everything in the core: the live driver's transfer workers only sleep until
-`next_deadline()` and ask the engine loop to `poll`; the replay driver jumps its virtual
-clock there. Same code, two clocks.
+It turns the engine's decisions into transfers on links keyed by (source tier,
+destination tier) and applies their completions. It is driven by the engine core with
+explicit times, like everything in the core, and never acts in the future: a copy that
+follows a pass is posted for the pass's end and started by the first `poll` that reaches
+that time, in time order with the links' completions (so a tier shared by several engines
+never sees times out of order). The live driver's transfer timer only sleeps until
+`next_deadline()` and asks the engine loop to `poll`; a virtual-clock driver jumps there.
+Same code, two clocks.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 from mocker.config import EngineConfig
 from mocker.kv.block import KVBlock
@@ -24,9 +29,14 @@ from mocker.tiers.link import Link, TransferId
 from mocker.tiers.lru import LruTier
 from mocker.tiers.store_policy import StorePolicy, WriteBack, WriteThrough
 from mocker.tiers.tier import TierBlock
-from mocker.tiers.transfers import Direction, TransferKind, TransferRecord
+from mocker.tiers.transfers import TransferKind, TransferRecord
 
-__all__ = ["TierConnector"]
+__all__ = ["DEVICE", "TierConnector"]
+
+DEVICE = "gpu"  # the device's name in link keys
+
+# A store posted for a pass's end: (time, order, blocks, keys, owners).
+_Posted: TypeAlias = tuple[float, int, list[KVBlock], list[BlockHash], "list[Request] | None"]
 
 
 @dataclass(slots=True, eq=False)
@@ -83,11 +93,19 @@ class TierConnector:
         self._prefill_ms = prefill_ms
         speedup = config.speedup_ratio
         latency_s = config.transfer_latency_ms / 1000.0
-        # Unscaled links answer "does this load pay off"; the scaled ones carry transfers.
-        self._d2h_model = Link(config.host_d2h_bandwidth_gbps * 1e9, latency_s)
+        # An unscaled model answers "does this load pay off"; the scaled links carry
+        # transfers, keyed by (source tier, destination tier).
         self._h2d_model = Link(config.host_h2d_bandwidth_gbps * 1e9, latency_s)
         self.d2h = Link(config.host_d2h_bandwidth_gbps * 1e9 * speedup, latency_s / speedup)
         self.h2d = Link(config.host_h2d_bandwidth_gbps * 1e9 * speedup, latency_s / speedup)
+        self.links: dict[tuple[str, str], Link] = {
+            (DEVICE, cpu.name): self.d2h,
+            (cpu.name, DEVICE): self.h2d,
+        }
+        self._time = -math.inf  # the latest time the connector was driven to
+        # Stores posted for a pass's end: (time, order, blocks, keys, owners), a heap.
+        self._posted: list[_Posted] = []
+        self._order = 0
         self._load_timeout = config.load_timeout / speedup
         self._stores: dict[TransferId, _Store] = {}
         self._loads: dict[TransferId, _Load] = {}
@@ -100,7 +118,7 @@ class TierConnector:
         self._held: dict[Request, list[KVBlock]] = {}
         self._records: list[TransferRecord] = []
         # Bumped whenever a transfer starts, ends or is cancelled: the live driver re-arms
-        # its transfer workers when it changes.
+        # its transfer timer when it changes.
         self.version = 0
         # Cumulative totals (reports; metrics use the records).
         self.stored_blocks = 0
@@ -132,7 +150,7 @@ class TierConnector:
 
     @property
     def has_pending(self) -> bool:
-        return bool(self._stores or self._loads or self._staged)
+        return bool(self._stores or self._loads or self._staged or self._posted)
 
     @property
     def num_held_blocks(self) -> int:
@@ -152,25 +170,21 @@ class TierConnector:
         return [len(s.blocks) for s in self._stores.values()]
 
     def storing_blocks(self) -> list[KVBlock]:
-        """Device blocks whose copy to the CPU tier is in flight (for checks)."""
-        return [b for s in self._stores.values() for b in s.blocks]
+        """Device blocks whose copy to the CPU tier is in flight or posted (for checks)."""
+        started = [b for s in self._stores.values() for b in s.blocks]
+        return started + [b for posted in self._posted for b in posted[2]]
 
-    def next_deadline(self, direction: Direction | None = None) -> float | None:
-        """When something next needs the engine's attention on a link (None: nothing)."""
-        times: list[float] = []
-        if direction is not Direction.H2D:
-            d = self.d2h.next_deadline()
-            if d is not None:
-                times.append(d)
-        if direction is not Direction.D2H:
-            d = self.h2d.next_deadline()
-            if d is not None:
-                times.append(d)
-            timeouts, loads = self._timeouts, self._loads
-            while timeouts and timeouts[0][1] not in loads:
-                heapq.heappop(timeouts)
-            if timeouts:
-                times.append(timeouts[0][0])
+    def next_deadline(self) -> float | None:
+        """When something next needs the engine's attention: a transfer ends, a load times
+        out, or a posted store is due (None: nothing)."""
+        times = [t for link in self.links.values() if (t := link.next_deadline()) is not None]
+        timeouts, loads = self._timeouts, self._loads
+        while timeouts and timeouts[0][1] not in loads:
+            heapq.heappop(timeouts)
+        if timeouts:
+            times.append(timeouts[0][0])
+        if self._posted:
+            times.append(self._posted[0][0])
         return min(times) if times else None
 
     def take_records(self) -> list[TransferRecord]:
@@ -202,7 +216,7 @@ class TierConnector:
         chosen = set(plan.keys)
         return [b for b in blocks if b.block_hash in chosen]
 
-    def store_displaced(self, now: float) -> None:
+    def store_displaced(self, at: float) -> None:
         """Write-back: copy the blocks the pool displaced since the last call, in batches;
         those with nothing to copy (held already, or no room) go straight back."""
         displaced = self.pool.take_displaced()
@@ -212,7 +226,7 @@ class TierConnector:
         if len(batch) < len(displaced):
             kept = set(map(id, batch))
             self.pool.return_displaced(b for b in displaced if id(b) not in kept)
-        self._start_stores(now, batch)
+        self._start_stores(at, batch)
 
     def stage_stores(self, request: Request, blocks: Sequence[KVBlock]) -> None:
         """Write-through: pin newly cached prompt blocks now (before their request may free
@@ -233,22 +247,33 @@ class TierConnector:
         request.blocks = []
         return True
 
-    def start_staged(self, now: float) -> None:
+    def start_staged(self, at: float) -> None:
+        """Copy the staged blocks from `at` (a pass's end)."""
         if self._staged:
             staged, self._staged = self._staged, []
             self._start_stores(
-                now, [s[0] for s in staged], [s[1] for s in staged], [s[2] for s in staged]
+                at, [s[0] for s in staged], [s[1] for s in staged], [s[2] for s in staged]
             )
 
     def _start_stores(
         self,
-        now: float,
+        at: float,
         blocks: list[KVBlock],
         hashes: list[BlockHash] | None = None,
         owners: list[Request] | None = None,
     ) -> None:
+        """Copy the blocks from `at`: now if the connector has been driven that far, else
+        posted until a poll reaches it (their slots were reserved already)."""
+        if not blocks:
+            return
         if hashes is None:
             hashes = [b.cached_hash for b in blocks]
+        if at > self._time:
+            heapq.heappush(self._posted, (at, self._order, blocks, hashes, owners))
+            self._order += 1
+            self.version += 1
+            return
+        now = at
         size = self.batch_size
         for lo in range(0, len(blocks), size):
             chunk = blocks[lo : lo + size]
@@ -307,12 +332,26 @@ class TierConnector:
     # -- completions --------------------------------------------------------------------------
 
     def poll(self, now: float) -> tuple[list[Request], list[Request]]:
-        """Apply everything due by `now`, in time order: finished stores and loads, and
-        load timeouts. Returns (requests whose KV loaded, requests whose load timed out)."""
+        """Apply everything due by `now`, in time order: posted stores start, stores and
+        loads finish, loads time out. Returns (requests whose KV loaded, requests whose
+        load timed out)."""
+        posted = self._posted
+        while posted and posted[0][0] <= now:
+            at, _, blocks, hashes, owners = heapq.heappop(posted)
+            self._finish_stores(at)
+            self._time = max(self._time, at)
+            self._start_stores(at, blocks, hashes, owners)
+        self._time = max(self._time, now)
+        self._finish_stores(now)
+        return self._finish_loads(now)
+
+    def _finish_stores(self, now: float) -> None:
         if self._stores:
             for tid, end in self.d2h.advance_to(now):
                 self._finish_store(self._stores.pop(tid), end)
                 self.version += 1
+
+    def _finish_loads(self, now: float) -> tuple[list[Request], list[Request]]:
         loaded: list[Request] = []
         timed_out: list[Request] = []
         if not self._loads:

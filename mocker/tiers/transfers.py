@@ -5,12 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum
 
-__all__ = ["Direction", "TransferKind", "TransferRecord"]
-
-
-class Direction(IntEnum):
-    D2H = 0  # device to CPU tier: stores
-    H2D = 1  # CPU tier to device: loads
+__all__ = ["TransferKind", "TransferRecord"]
 
 
 class TransferKind(IntEnum):

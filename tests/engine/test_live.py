@@ -275,7 +275,7 @@ async def _run_one(engine: LiveEngine, rid: str, prompt: list[int]) -> list:  # 
     return [out async for out in engine.generate(req(rid, prompt, max_tokens=1, ignore_eos=True))]
 
 
-async def test_transfer_workers_drive_a_load_while_the_loop_idles() -> None:
+async def test_the_transfer_timer_drives_a_load_while_the_loop_idles() -> None:
     steps: list[StepResult] = []
     engine = LiveEngine(_host_config(offload_policy="write-through"), on_step=steps.append)
     engine.start()
@@ -285,7 +285,7 @@ async def test_transfer_workers_drive_a_load_while_the_loop_idles() -> None:
         await _until(lambda: not engine.core.has_pending_transfers())
     outs = await asyncio.wait_for(_run_one(engine, "again", prompts[0]), timeout=10)
     # Its KV came from host: the loop slept while only the load was in flight, and the
-    # transfer worker woke it when the load's deadline passed.
+    # transfer timer woke it when the load's deadline passed.
     assert outs[-1].finished and outs[-1].num_host_cached_tokens == 28
     assert outs[-1].num_cached_tokens == 28
     loads = [t for s in steps for t in s.transfers if t.kind == 1]

@@ -158,6 +158,11 @@ def test_write_through_holds_a_finished_request_until_its_stores_end() -> None:
     assert core.pool.num_used == 8
     assert core.cpu is not None and core.cpu.num_incoming == 7
     assert core.cpu.num_resident == 0  # not visible until the copy ends
+    # The copy is an event at the pass's end, not a transfer started in the future: the
+    # link sees nothing until the clock gets there.
+    assert core.next_transfer_deadline() == result.end and not len(core.connector.d2h)
+    assert core.advance_transfers(result.end).transfers == []
+    assert len(core.connector.d2h) == 1
     deadline = core.next_transfer_deadline()
     assert deadline == pytest.approx(result.end + 7 * BLOCK_S)
     idle = core.advance_transfers(deadline)  # type: ignore[arg-type]
@@ -281,7 +286,8 @@ def test_write_through_releases_a_finished_request_tail_first() -> None:
     a = core.add_request(one("a", prompt(0, 30), 0.0))
     [finished] = core.step(0.0).finished
     assert finished.request_id == "a"
-    core.advance_transfers(core.next_transfer_deadline())  # type: ignore[arg-type]
+    while (deadline := core.next_transfer_deadline()) is not None:  # the start, then the end
+        core.advance_transfers(deadline)
     cached_order = [b.block_hash for b in core.pool.policy.order() if b.block_hash is not None]  # type: ignore[attr-defined]
     # Leaf first, as vLLM frees a request's table: the chain's root is evicted last.
     assert cached_order == list(reversed(a.block_hashes[:7]))

@@ -1,0 +1,65 @@
+"""The live driver's transfer timer: one task sleeps until the KV stack's next deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+from mocker.clock import WallClock
+from mocker.engine.core import EngineCore
+
+__all__ = ["TransferTimer"]
+
+
+class TransferTimer:
+    """Wake the engine loop when a tier transfer, a load timeout or a posted store is due.
+    The task only sleeps and calls `due()` (which posts to the loop's inbox); the loop
+    applies what is due and, whenever the set of transfers changed, `rearm()`s the timer
+    to look at the next deadline again."""
+
+    def __init__(self, core: EngineCore, clock: WallClock, due: Callable[[], None]) -> None:
+        self._core = core
+        self._clock = clock
+        self._due = due
+        self._rearm = asyncio.Event()
+        self._version = -1
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="transfer-timer")
+
+    def cancel(self) -> list[asyncio.Task[None]]:
+        """Cancel the task; returns it (if any), for the caller to await."""
+        task, self._task = self._task, None
+        if task is None:
+            return []
+        task.cancel()
+        return [task]
+
+    def rearm(self) -> None:
+        """Called by the loop after it changed engine state: wake the timer if a transfer
+        started, ended or was posted since it last looked."""
+        connector = self._core.connector
+        if connector is not None and connector.version != self._version:
+            self._version = connector.version
+            self._rearm.set()
+
+    async def _run(self) -> None:
+        rearm = self._rearm
+        core, clock = self._core, self._clock
+        while True:
+            rearm.clear()
+            deadline = core.next_transfer_deadline()
+            if deadline is None:
+                await rearm.wait()
+                continue
+            delay = deadline - clock.now()
+            if delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(rearm.wait(), delay)
+                continue  # re-armed, or time is up: look again (timers may fire early)
+            self._due()
+            # The loop applies it at a time >= deadline, which changes the transfer set and
+            # re-arms the timer.
+            await rearm.wait()
