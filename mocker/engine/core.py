@@ -235,7 +235,7 @@ class EngineCore:
         if connector is not None:
             for request, start, num_blocks in sched.loads:
                 connector.start_load(now, request, start, num_blocks)
-            connector.store_displaced(now)
+            connector.policy.after_schedule(now)
         end = now + self.pass_duration(
             sched.num_prefill_tokens, sched.num_decodes, self.pool.num_used
         )

@@ -44,7 +44,7 @@ class _Store:
     blocks: list[KVBlock]
     hashes: list[BlockHash]
     start: float
-    owners: list[Request] | None = None  # write-through: the request of each block
+    owners: list[Request] | None = None  # the policy's tag of each block (see start_stores)
 
 
 @dataclass(slots=True, eq=False)
@@ -60,14 +60,10 @@ class TierConnector:
     """Owns the CPU tier's links and every transfer in flight; the store policy
     (mocker.tiers.store_policy) decides what is copied when.
 
-    Write-back (KVBM): the pool displaces retained blocks as it evicts them
-    (`store_displaced`); their slots stay occupied until the copy ends, then the pool
-    gets them back empty. Write-through (vLLM's OffloadingConnector): newly computed full
-    prompt blocks are pinned (one extra reference) and copied after their pass
-    (`stage_stores` + `start_staged`); the pin holds even a finished request's blocks
-    until the copy ends. Either way a block becomes visible in the CPU tier only when its
-    copy completes. Loads pin their CPU blocks, copy them into device slots the scheduler
-    reserved, and either finish or time out.
+    The policy reserves CPU slots through `plan_store` and copies through `start_stores`;
+    when a copy ends the block becomes visible in the CPU tier and the policy is told
+    (`stored`), to release the device side. Loads pin their CPU blocks, copy them into
+    device slots the scheduler reserved, and either finish or time out.
     """
 
     def __init__(
@@ -86,7 +82,6 @@ class TierConnector:
         self.policy: StorePolicy = (
             WriteBack(self, evict_ahead) if write_back else WriteThrough(self)
         )
-        self.write_back = write_back
         self.block_bytes = config.block_bytes
         self.batch_size = config.offload_batch_size
         self.block_size = config.block_size
@@ -111,11 +106,6 @@ class TierConnector:
         self._loads: dict[TransferId, _Load] = {}
         self._load_of: dict[Request, _Load] = {}
         self._timeouts: list[tuple[float, TransferId]] = []  # lazily pruned
-        self._staged: list[tuple[KVBlock, BlockHash, Request]] = []  # write-through, pinned
-        # Write-through, as vLLM's delay_free: a request's copies in flight, and the block
-        # tables of finished requests held until their last copy ends.
-        self._storing: dict[Request, int] = {}
-        self._held: dict[Request, list[KVBlock]] = {}
         self._records: list[TransferRecord] = []
         # Bumped whenever a transfer starts, ends or is cancelled: the live driver re-arms
         # its transfer timer when it changes.
@@ -149,13 +139,17 @@ class TierConnector:
     # -- state --------------------------------------------------------------------------------
 
     @property
+    def write_back(self) -> bool:
+        return isinstance(self.policy, WriteBack)
+
+    @property
     def has_pending(self) -> bool:
-        return bool(self._stores or self._loads or self._staged or self._posted)
+        return bool(self._stores or self._loads or self._posted or self.policy.has_staged)
 
     @property
     def num_held_blocks(self) -> int:
         """Blocks of finished requests held until their copies end (for checks)."""
-        return sum(len(blocks) for blocks in self._held.values())
+        return self.policy.num_held_blocks
 
     @property
     def num_loading(self) -> int:
@@ -195,10 +189,10 @@ class TierConnector:
 
     # -- stores -------------------------------------------------------------------------------
 
-    def _plan(self, blocks: Sequence[KVBlock]) -> list[KVBlock]:
+    def plan_store(self, blocks: Sequence[KVBlock]) -> list[KVBlock]:
         """Reserve CPU slots for copies of these cached blocks; returns the blocks to copy
-        (not held there yet, and room found). Keys the CPU tier evicts to make room are
-        retained again on the device under write-back (they now exist nowhere else)."""
+        (not held there yet, and room found). The policy hears of the keys the CPU tier
+        evicted to make room."""
         cpu = self.cpu
         # The tokens are only needed for the Stored event when the copy lands.
         keep = cpu.record_events
@@ -208,62 +202,28 @@ class TierConnector:
             for b in blocks
         ]
         plan = cpu.prepare_store(tier_blocks)
-        if self.write_back:
-            for gone in plan.evicted:
-                self.pool.set_retained(gone, True)
+        if plan.evicted:
+            self.policy.cpu_evicted(plan.evicted)
         if len(plan.keys) == len(blocks):
             return list(blocks)
         chosen = set(plan.keys)
         return [b for b in blocks if b.block_hash in chosen]
 
-    def store_displaced(self, at: float) -> None:
-        """Write-back: copy the blocks the pool displaced since the last call, in batches;
-        those with nothing to copy (held already, or no room) go straight back."""
-        displaced = self.pool.take_displaced()
-        if not displaced:
-            return
-        batch = self._plan(displaced)
-        if len(batch) < len(displaced):
-            kept = set(map(id, batch))
-            self.pool.return_displaced(b for b in displaced if id(b) not in kept)
-        self._start_stores(at, batch)
-
-    def stage_stores(self, request: Request, blocks: Sequence[KVBlock]) -> None:
-        """Write-through: pin newly cached prompt blocks now (before their request may free
-        them); `start_staged` copies them once their pass has ended."""
-        pinned = self._plan([b for b in blocks if b.block_hash is not None])
-        if pinned:
-            self.pool.touch(pinned)
-            self._staged.extend((b, b.cached_hash, request) for b in pinned)
-            self._storing[request] = self._storing.get(request, 0) + len(pinned)
-
     def request_finished(self, request: Request) -> bool:
-        """A request finished: if copies of its blocks are in flight, hold its whole block
-        table until the last one ends and answer True (vLLM's delay_free); False: free it
-        now."""
-        if request not in self._storing:
-            return False
-        self._held[request] = request.blocks
-        request.blocks = []
-        return True
+        """A request finished: True if its blocks must wait for copies in flight (vLLM's
+        delay_free; the policy holds them), False to free them now."""
+        return self.policy.request_finished(request)
 
-    def start_staged(self, at: float) -> None:
-        """Copy the staged blocks from `at` (a pass's end)."""
-        if self._staged:
-            staged, self._staged = self._staged, []
-            self._start_stores(
-                at, [s[0] for s in staged], [s[1] for s in staged], [s[2] for s in staged]
-            )
-
-    def _start_stores(
+    def start_stores(
         self,
         at: float,
         blocks: list[KVBlock],
         hashes: list[BlockHash] | None = None,
         owners: list[Request] | None = None,
     ) -> None:
-        """Copy the blocks from `at`: now if the connector has been driven that far, else
-        posted until a poll reaches it (their slots were reserved already)."""
+        """Copy the blocks (CPU slots reserved by `plan_store`) from `at`: now if the
+        connector has been driven that far, else posted until a poll reaches it. `owners`:
+        the policy's tag of each block, handed back to it when the copy ends."""
         if not blocks:
             return
         if hashes is None:
@@ -284,19 +244,7 @@ class TierConnector:
 
     def _finish_store(self, store: _Store, end: float) -> None:
         self.cpu.complete_store(store.hashes)
-        if self.write_back:
-            self.pool.return_displaced(store.blocks)
-        else:
-            # Unpin tail first, as a request frees its blocks, so a chain is evicted leaf first.
-            self.pool.free_blocks(reversed(store.blocks))
-            storing = self._storing
-            for owner in store.owners or ():
-                storing[owner] -= 1
-                if not storing[owner]:
-                    del storing[owner]
-                    held = self._held.pop(owner, None)
-                    if held:
-                        self.pool.free_blocks(reversed(held))
+        self.policy.stored(store.blocks, store.owners)
         n = len(store.blocks)
         self.stored_blocks += n
         self._records.append(
@@ -340,7 +288,7 @@ class TierConnector:
             at, _, blocks, hashes, owners = heapq.heappop(posted)
             self._finish_stores(at)
             self._time = max(self._time, at)
-            self._start_stores(at, blocks, hashes, owners)
+            self.start_stores(at, blocks, hashes, owners)
         self._time = max(self._time, now)
         self._finish_stores(now)
         return self._finish_loads(now)

@@ -1,11 +1,14 @@
 """When device blocks are copied to the CPU tier: write-through (vLLM's OffloadingConnector) or
-write-back on eviction (KVBM), as strategies the connector calls at fixed points."""
+write-back on eviction (KVBM), as strategies the connector and the engine core call at fixed
+points."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from mocker.kv.block import KVBlock
+from mocker.kv.hashing import BlockHash
 from mocker.request import Request
 
 if TYPE_CHECKING:
@@ -15,10 +18,14 @@ __all__ = ["StorePolicy", "WriteBack", "WriteThrough"]
 
 
 class StorePolicy(Protocol):
-    """The connector's store decisions; every hook is called by the engine core's pass."""
+    """What is copied when, and what a finished copy releases on the device."""
 
     def on_cached(self, request: Request, before: int) -> None:
         """The request's blocks [before, num_cached_blocks) became findable on the device."""
+        ...
+
+    def after_schedule(self, now: float) -> None:
+        """The scheduling pass at `now` allocated its blocks."""
         ...
 
     def end_pass(self, end: float) -> None:
@@ -29,44 +36,121 @@ class StorePolicy(Protocol):
         """An allocation of `num_blocks` found too few reusable device blocks."""
         ...
 
+    def cpu_evicted(self, keys: Sequence[BlockHash]) -> None:
+        """The CPU tier evicted these keys to make room for a store."""
+        ...
+
+    def stored(self, blocks: list[KVBlock], owners: list[Request] | None) -> None:
+        """A copy of these device blocks ended (they are in the CPU tier now)."""
+        ...
+
+    def request_finished(self, request: Request) -> bool:
+        """True: the request's blocks wait for its copies (the policy frees them later)."""
+        ...
+
+    @property
+    def has_staged(self) -> bool:
+        """Copies are decided but not yet handed to the connector."""
+        ...
+
+    @property
+    def num_held_blocks(self) -> int:
+        """Blocks of finished requests held until their copies end (for checks)."""
+        ...
+
 
 class WriteThrough:
     """vLLM's OffloadingConnector: a request's newly computed full prompt blocks are pinned
     (one extra reference) when they are cached and copied once their pass has ended; a
-    finished request's blocks wait for those copies (vLLM's delay_free)."""
+    finished request's whole block table waits for those copies (vLLM's delay_free), then
+    is freed tail first. Eviction from the device is then free."""
 
-    __slots__ = ("_connector", "_prompt_only")
+    __slots__ = ("_connector", "_held", "_prompt_only", "_staged", "_storing")
 
     def __init__(self, connector: TierConnector, *, prompt_only: bool = True) -> None:
         self._connector = connector
         self._prompt_only = prompt_only
+        self._staged: list[tuple[KVBlock, Request]] = []  # pinned, copied at the pass's end
+        # A request's copies in flight, and the block tables of finished requests held until
+        # their last copy ends.
+        self._storing: dict[Request, int] = {}
+        self._held: dict[Request, list[KVBlock]] = {}
+
+    @property
+    def has_staged(self) -> bool:
+        return bool(self._staged)
+
+    @property
+    def num_held_blocks(self) -> int:
+        return sum(len(blocks) for blocks in self._held.values())
 
     def on_cached(self, request: Request, before: int) -> None:
+        """Pin the newly cached (prompt) blocks now, before their request may free them."""
+        connector = self._connector
         stop = request.num_cached_blocks
         if self._prompt_only:
-            stop = min(stop, request.num_prompt_tokens // self._connector.block_size)
-        if stop > before:
-            self._connector.stage_stores(request, request.blocks[before:stop])
+            stop = min(stop, request.num_prompt_tokens // connector.block_size)
+        if stop <= before:
+            return
+        blocks = [b for b in request.blocks[before:stop] if b.block_hash is not None]
+        pinned = connector.plan_store(blocks)
+        if pinned:
+            connector.pool.touch(pinned)
+            self._staged.extend((b, request) for b in pinned)
+            self._storing[request] = self._storing.get(request, 0) + len(pinned)
+
+    def after_schedule(self, now: float) -> None:
+        """Nothing: allocation displaces nothing under write-through."""
 
     def end_pass(self, end: float) -> None:
-        self._connector.start_staged(end)
+        if self._staged:
+            staged, self._staged = self._staged, []
+            blocks = [b for b, _ in staged]
+            hashes = [b.cached_hash for b in blocks]
+            self._connector.start_stores(end, blocks, hashes, [r for _, r in staged])
 
     def make_room(self, num_blocks: int) -> None:
-        """Nothing to do: with write-through every free device block is reusable."""
+        """Nothing to do: every free device block is reusable."""
+
+    def cpu_evicted(self, keys: Sequence[BlockHash]) -> None:
+        """Nothing: device blocks are not retained under write-through."""
+
+    def stored(self, blocks: list[KVBlock], owners: list[Request] | None) -> None:
+        pool = self._connector.pool
+        # Unpin tail first, as a request frees its blocks, so a chain is evicted leaf first.
+        pool.free_blocks(reversed(blocks))
+        storing = self._storing
+        for owner in owners or ():
+            storing[owner] -= 1
+            if not storing[owner]:
+                del storing[owner]
+                held = self._held.pop(owner, None)
+                if held:
+                    pool.free_blocks(reversed(held))
+
+    def request_finished(self, request: Request) -> bool:
+        if request not in self._storing:
+            return False
+        self._held[request] = request.blocks
+        request.blocks = []
+        return True
 
 
 class WriteBack:
     """KVBM's offload on eviction: a cached device block the CPU tier does not hold is
-    *retained* in the pool; when eviction reaches it the pool displaces it, and the
-    connector copies it (in batches) and returns the slot once the copy ends. To keep
-    admissions from waiting on copies, about one pass's worth of blocks is kept reusable
-    (or on its way) by copying in the background after each pass."""
+    *retained* in the pool; when eviction reaches it the pool displaces it, and it is
+    copied (in batches) and its slot returned once the copy ends. To keep admissions from
+    waiting on copies, about one pass's worth of blocks is kept reusable (or on its way)
+    by copying in the background after each pass."""
 
     __slots__ = ("_connector", "evict_ahead")
 
     def __init__(self, connector: TierConnector, evict_ahead: int) -> None:
         self._connector = connector
         self.evict_ahead = evict_ahead
+
+    has_staged = False
+    num_held_blocks = 0
 
     def on_cached(self, request: Request, before: int) -> None:
         connector = self._connector
@@ -78,14 +162,18 @@ class WriteBack:
         if blocks:
             connector.pool.retain(blocks)
 
+    def after_schedule(self, now: float) -> None:
+        self._store_displaced(now)
+
     def end_pass(self, end: float) -> None:
-        """Start copying the least recently used retained blocks while reusable ones
-        (counting displaced ones on their way back) are fewer than the evict-ahead mark."""
+        """Displace the least recently used retained blocks while reusable ones (counting
+        displaced ones on their way back) are fewer than the evict-ahead mark; their copies
+        start at the pass's end."""
         pool = self._connector.pool
         short = self.evict_ahead - pool.num_reusable - pool.num_displaced
         if short > 0 and pool.num_retained_free:
             pool.displace_retained(short)
-            self._connector.store_displaced(end)
+            self._store_displaced(end)
 
     def make_room(self, num_blocks: int) -> None:
         """Displace enough retained blocks (counting those already on their way) that the
@@ -93,3 +181,28 @@ class WriteBack:
         pool = self._connector.pool
         if pool.num_retained_free:
             pool.displace_retained(num_blocks - pool.num_reusable - pool.num_displaced)
+
+    def cpu_evicted(self, keys: Sequence[BlockHash]) -> None:
+        """The keys exist nowhere else now: a device block with one must be copied again."""
+        set_retained = self._connector.pool.set_retained
+        for key in keys:
+            set_retained(key, True)
+
+    def stored(self, blocks: list[KVBlock], owners: list[Request] | None) -> None:
+        self._connector.pool.return_displaced(blocks)
+
+    def request_finished(self, request: Request) -> bool:
+        return False
+
+    def _store_displaced(self, at: float) -> None:
+        """Copy the blocks the pool displaced since the last call, from `at`; those with
+        nothing to copy (held already, or no room) go straight back."""
+        connector = self._connector
+        displaced = connector.pool.take_displaced()
+        if not displaced:
+            return
+        batch = connector.plan_store(displaced)
+        if len(batch) < len(displaced):
+            kept = set(map(id, batch))
+            connector.pool.return_displaced(b for b in displaced if id(b) not in kept)
+        connector.start_stores(at, batch)
