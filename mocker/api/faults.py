@@ -100,20 +100,23 @@ class FaultInjector:
 
 
 def failure_error(fault: FaultType, max_model_len: int, param: str) -> OpenAIError:
-    """The error an injected failure answers with (all but `abort`, which streams first)."""
+    """The error an injected failure answers with (all but `abort`, which streams first), with
+    the fault type's status."""
     if fault is FaultType.RATE_LIMIT:
-        return OpenAIError(429, "Rate limit reached; retry after a short wait (injected fault).")
+        return OpenAIError(
+            fault.status, "Rate limit reached; retry after a short wait (injected fault)."
+        )
     if fault is FaultType.OVERLOADED:
-        return OpenAIError(503, "The server is overloaded; retry later (injected fault).")
+        return OpenAIError(fault.status, "The server is overloaded; retry later (injected fault).")
     if fault is FaultType.CONTEXT_LENGTH:
         return OpenAIError(
-            400,
+            fault.status,
             f"This model's maximum context length is {max_model_len} tokens. However, your "
             "request has more tokens than that. Please reduce the length of the input "
             "(injected fault).",
             param,
         )
-    return OpenAIError(500, "Internal server error (injected fault).")
+    return OpenAIError(fault.status, "Internal server error (injected fault).")
 
 
 class JitteredEmitter:

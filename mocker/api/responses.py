@@ -51,10 +51,16 @@ class Emitter:
         self._ended = False  # the last message is written or queued: nothing may follow it
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    def emit(self, chunk: bytes, *, last: bool = False) -> None:
+    def emit(
+        self, chunk: bytes, *, last: bool = False, on_sent: Callable[[], None] | None = None
+    ) -> None:
+        """Write a chunk (or queue it behind a blocked one); `on_sent` is called if it is
+        accepted, i.e. the response was still open."""
         if self._ended or self.closed.done():
             return
         self._ended = last
+        if on_sent is not None:
+            on_sent()
         message = {"type": "http.response.body", "body": chunk, "more_body": not last}
         if self._pending is not None:
             self._backlog.append(message)

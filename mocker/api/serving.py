@@ -219,11 +219,13 @@ class OpenAIServing:
             raise OpenAIError(400, str(exc), "data_parallel_rank") from None
         specs = self._specs(body, prompts, max_tokens, request_id, param)
         fault = self._inject(headers.fault, param)
+        stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+        stop = tuple(s for s in stop if s)
         choices: list[Choice] = []
         try:
             for i, spec in enumerate(specs):
                 engine = self._engine_for(rank)
-                choices.append(self._choice(body, i, spec, engine, fault))
+                choices.append(self._choice(body, i, spec, engine, fault, stop))
         except BaseException as exc:
             for choice in choices:
                 choice.cancel()
@@ -241,12 +243,11 @@ class OpenAIServing:
         spec: EngineRequest,
         engine: LiveEngine,
         fault: FaultType | None,
+        stop: tuple[str, ...],
     ) -> Choice:
-        stream = engine.add_request(spec)
+        stream = engine.add_request(spec, checked=True)  # by _specs, just before
         sampling = spec.sampling
         max_out = sampling.max_tokens or 1
-        stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-        stop = tuple(s for s in stop if s)
         if self.settings.log_requests:
             logger.info(
                 "request %s: %d prompt tokens, max_tokens %s, stream %s",

@@ -113,8 +113,4 @@ class StreamRenderer:
         chunk = first + self._writer.text(choice.index, text) if text else first
         cancel_all(self._response.choices)
         payload = chunk + error_event(500, ABORTED) + DONE
-        if isinstance(emitter, JitteredEmitter):  # counted if it reaches the client
-            emitter.emit(payload, last=True, on_sent=self._record_abort)
-        elif not emitter.closed.done():
-            emitter.emit(payload, last=True)
-            self._record_abort()
+        emitter.emit(payload, last=True, on_sent=self._record_abort)  # counted if it is sent

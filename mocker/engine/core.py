@@ -5,7 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mocker.config import EngineConfig
-from mocker.engine.intake import RequestRejected, check_request, request_id_in_use
+from mocker.engine.intake import (
+    RequestRejected,
+    check_request,
+    request_id_in_use,
+    resolve_max_tokens,
+)
 from mocker.engine.kv_stack import build_kv_stack
 from mocker.engine.outputs import RequestOutput, StepResult
 from mocker.engine.stats import EngineSnapshot, FinishedRequestStats, SchedulerStats
@@ -66,8 +71,11 @@ class EngineCore:
             raise request_id_in_use(spec.request_id)
         return check_request(self.config, spec)
 
-    def add_request(self, spec: EngineRequest) -> Request:
-        max_tokens = self.check_request(spec)
+    def add_request(self, spec: EngineRequest, *, checked: bool = False) -> Request:
+        """`checked`: the driver validated it already (the live engine does, at its door);
+        only max_tokens is resolved again."""
+        config = self.config
+        max_tokens = resolve_max_tokens(config, spec) if checked else self.check_request(spec)
         request = Request(
             request_id=RequestId(spec.request_id),
             all_token_ids=list(spec.prompt_token_ids),

@@ -19,6 +19,7 @@ __all__ = [
     "check_prompt_length",
     "check_request",
     "request_id_in_use",
+    "resolve_max_tokens",
 ]
 
 
@@ -92,6 +93,11 @@ def _check_fits_the_pool(config: EngineConfig, n: int, max_tokens: int) -> None:
             f"{config.num_gpu_blocks} blocks (num_gpu_blocks); lower max_tokens",
             "max_tokens",
         )
+
+
+def resolve_max_tokens(config: EngineConfig, spec: EngineRequest) -> int:
+    """The max_tokens of a request that passed `check_request` (its prompt is known good)."""
+    return _resolve_max_tokens(config, spec, len(spec.prompt_token_ids))
 
 
 def check_request(config: EngineConfig, spec: EngineRequest) -> int:

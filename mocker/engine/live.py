@@ -119,10 +119,12 @@ class LiveEngine:
                 self._timer.start()
 
     async def stop(self) -> None:
-        """Cancel the loop; open streams end with an error and new requests are refused."""
+        """Cancel the loop and the transfer timer, and wait for both to end; open streams end
+        with an error and new requests are refused."""
+        timer_tasks = self._timer.cancel()  # before _die, which cancels it without waiting
         self._die(EngineDeadError("engine stopped"))
         task, self._task = self._task, None
-        for t in [task, *self._timer.cancel()]:
+        for t in [task, *timer_tasks]:
             if t is not None:
                 t.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -137,13 +139,16 @@ class LiveEngine:
 
     # -- intake -------------------------------------------------------------------------------
 
-    def add_request(self, spec: EngineRequest) -> RequestStream:
-        """Queue a request; raises RequestRejected (client error) or EngineDeadError."""
+    def add_request(self, spec: EngineRequest, *, checked: bool = False) -> RequestStream:
+        """Queue a request; raises RequestRejected (client error) or EngineDeadError.
+        `checked`: the caller validated it against this engine's configuration just now
+        (the request id is still checked here)."""
         if self.dead_error is not None:
             raise EngineDeadError(f"engine is dead: {self.dead_error}")
         if spec.request_id in self._streams:
             raise request_id_in_use(spec.request_id)
-        self.core.check_request(spec)
+        if not checked:
+            self.core.check_request(spec)
         spec = replace(spec, arrival_time=self.clock.now())
         stream = RequestStream(spec.request_id)
         self._streams[spec.request_id] = stream
@@ -215,7 +220,7 @@ class LiveEngine:
                     stream = self._streams.get(spec.request_id)
                     if stream is None or stream.finished:
                         continue  # aborted before it reached the engine; its abort follows
-                    self.core.add_request(spec)  # checked at the door by check_request
+                    self.core.add_request(spec, checked=True)  # checked at the door
                     arrival = spec.arrival_time
                     latest = arrival if latest is None else max(latest, arrival)
                 case FinishEarly(request_id, status):

@@ -110,7 +110,7 @@ class TierConnector:
         # Bumped whenever a transfer starts, ends or is cancelled: the live driver re-arms
         # its transfer timer when it changes.
         self.version = 0
-        # Cumulative totals (reports; metrics use the records).
+        # Cumulative totals, for checks (metrics and reports read the records).
         self.stored_blocks = 0
         self.loaded_blocks = 0
 

@@ -134,9 +134,9 @@ def test_live_and_replay_agree() -> None:
         if observe is not None:
             observe(result)
 
-    def record(spec: EngineRequest):  # type: ignore[no-untyped-def]
+    def record(spec: EngineRequest, **options: bool):  # type: ignore[no-untyped-def]
         sent[spec.request_id] = spec
-        return add(spec)
+        return add(spec, **options)
 
     engine.on_step = tap
     engine.add_request = record  # type: ignore[method-assign]
