@@ -171,7 +171,7 @@ def hit_summary(requests: list[FinishedRequestStats]) -> dict[str, Any]:
     """Hit rate by tier (hit tokens / prompt tokens) and engine TTFT over these requests."""
     prompt = sum(r.num_prompt_tokens for r in requests)
     cached = sum(r.num_cached_tokens for r in requests)
-    host = sum(r.num_host_cached_tokens for r in requests)
+    host = sum(r.num_tier_cached_tokens for r in requests)
     ttfts = [
         (r.first_token_time - r.arrival_time) * 1000
         for r in requests

@@ -15,6 +15,8 @@ __all__ = [
     "ModelShape",
     "OffloadPolicy",
     "PreemptionVictim",
+    "StorageKind",
+    "StorageTierSpec",
 ]
 
 
@@ -92,6 +94,44 @@ MODEL_PRESETS: dict[str, ModelShape] = {
 }
 
 
+class StorageKind(StrEnum):
+    """vLLM's secondary tier types (tiering): local files, or an object store shared by every
+    engine of the process."""
+
+    FS = "fs"
+    OBJ = "obj"
+
+
+@dataclass(frozen=True, slots=True)
+class StorageTierSpec:
+    """A secondary tier below the CPU tier. Bandwidths in GB/s (10^9 bytes/s, <= 0: instant),
+    a fixed latency per transfer, and the chance that a copy to or from it fails."""
+
+    kind: StorageKind
+    capacity_blocks: int
+    read_gbps: float
+    write_gbps: float
+    latency_ms: float = 0.0
+    failure_rate: float = 0.0
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "kind", StorageKind(self.kind))
+        except ValueError:
+            _fail("type", self.kind, "must be one of fs, obj")
+        _int_in("capacity_blocks", self.capacity_blocks, 1, 1 << 40)
+        for name in ("read_gbps", "write_gbps"):
+            _finite(name, getattr(self, name))
+        _finite("latency_ms", self.latency_ms, minimum=0.0)
+        fr = self.failure_rate
+        if isinstance(fr, bool) or not isinstance(fr, int | float) or not (0.0 <= fr <= 1.0):
+            _fail("failure_rate", fr, "must be in [0, 1]")
+
+    @property
+    def name(self) -> str:
+        return self.kind.value
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     """Everything the engine core needs; frozen, checked once at construction."""
@@ -127,6 +167,10 @@ class EngineConfig:
     transfer_latency_ms: float = 0.0  # fixed cost added to every transfer
     min_load_blocks: int = 1  # shorter host hits are recomputed
     load_timeout: float = 10.0  # a longer load is cancelled and the request recomputes
+    # Write-through stores only prompt blocks (vLLM's offload_prompt_only, default true).
+    offload_prompt_only: bool = True
+    # Tiers below the CPU tier, in lookup order (vLLM's tiering secondary_tiers).
+    storage_tiers: tuple[StorageTierSpec, ...] = ()
 
     def __post_init__(self) -> None:
         bs = self.block_size
@@ -140,7 +184,8 @@ class EngineConfig:
         _int_in("seed", self.seed, 0, 1 << 63)
         _int_in("vocab_size", self.vocab_size, 2, 1 << 31)
         _int_in("eos_token_id", self.eos_token_id, 0, self.vocab_size - 1)
-        for name in ("enable_prefix_caching", "enable_chunked_prefill", "enable_kv_cache_events"):
+        for name in ("enable_prefix_caching", "enable_chunked_prefill", "enable_kv_cache_events",
+                     "offload_prompt_only"):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 _fail(name, getattr(self, name), "must be true or false")
         self._coerce_enum("preemption_victim", PreemptionVictim)
@@ -172,6 +217,14 @@ class EngineConfig:
                 "offloaded blocks are found again by their prefix hashes; drop "
                 "--no-enable-prefix-caching or the host tier"
             )
+        if self.storage_tiers and not self.num_host_blocks:
+            raise ConfigError(
+                "secondary tiers need a CPU tier: every store cascades from it and every load "
+                "is staged through it; set cpu_bytes_to_use (or --num-host-blocks)"
+            )
+        kinds = [t.kind for t in self.storage_tiers]
+        if len(set(kinds)) != len(kinds):
+            raise ConfigError(f"secondary_tiers: each type at most once, got {[str(k) for k in kinds]}")
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ConfigError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "

@@ -101,10 +101,13 @@ class Request:
     num_cached_blocks: int = 0  # leading blocks registered in the prefix cache
     block_hashes: list[BlockHash] = field(default_factory=list)
     num_cached_tokens: int = -1  # prefix-hit tokens at first admission (-1: not yet admitted)
-    num_host_cached_tokens: int = 0  # of which loaded from the host tier
-    # Hits of the admission whose KV is loading from host (device, host), in tokens.
+    # Of those, the tokens loaded from each tier below the device: (tier name, tokens).
+    tier_hits: tuple[tuple[str, int], ...] = ()
+    # Hits of the admission whose KV is loading from the tiers (device, tiers), in tokens.
     load_hits: tuple[int, int] = (0, 0)
-    skip_tier_load: bool = False  # a load timed out: recompute from now on
+    # What a promotion brought to the CPU tier for it: (tier name, blocks), until it loads.
+    promoted: tuple[str, int] | None = None
+    skip_tier_load: bool = False  # a load or promotion failed: recompute from now on
     num_preemptions: int = 0
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
@@ -114,6 +117,11 @@ class Request:
     _block_size: int = 16
     _extra: bytes = b""
     _first_extra: bytes = b""
+
+    @property
+    def num_tier_cached_tokens(self) -> int:
+        """Prefix-hit tokens loaded from the tiers below the device."""
+        return sum(n for _, n in self.tier_hits)
 
     def enable_hashing(self, hasher: BlockHasher, block_size: int, cache_salt: str | None) -> None:
         """Hash the full blocks so far, and every block that fills from now on."""

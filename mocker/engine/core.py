@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from mocker.config import EngineConfig
 from mocker.engine.intake import (
@@ -13,7 +14,12 @@ from mocker.engine.intake import (
 )
 from mocker.engine.kv_stack import build_kv_stack
 from mocker.engine.outputs import RequestOutput, StepResult
-from mocker.engine.stats import EngineSnapshot, FinishedRequestStats, SchedulerStats
+from mocker.engine.stats import (
+    EngineSnapshot,
+    FinishedRequestStats,
+    SchedulerStats,
+    TierSnapshot,
+)
 from mocker.engine.stopping import stop_status, unmasked
 from mocker.kv.events import KVEvent
 from mocker.kv.hashing import BlockHash, BlockHasher
@@ -22,6 +28,7 @@ from mocker.request import EngineRequest, Request, RequestId, RequestStatus
 from mocker.scheduler.scheduler import Scheduler, SchedulerOutput
 from mocker.tiers.connector import TierConnector
 from mocker.tiers.lru import LruTier
+from mocker.tiers.storage import StorageTier
 from mocker.tiers.transfers import TransferRecord
 from mocker.timing import PassShape, TimingModel, load_timing_model, pass_duration_s
 
@@ -42,11 +49,15 @@ class EngineCore:
         timing: TimingModel | None = None,
         output_palette: Sequence[int] | None = None,
         cpu_tier: LruTier | None = None,
+        shared_tiers: Mapping[str, StorageTier] | None = None,
+        engine_id: int = 0,
     ) -> None:
-        """`cpu_tier`: a CPU tier built outside (shared, or inspected by a test)."""
+        """`cpu_tier`: a CPU tier built outside (shared, or inspected by a test);
+        `shared_tiers`: secondary tiers shared with other engines (mocker.engine.kv_stack)."""
         self.config = config
         self.timing = timing if timing is not None else load_timing_model(config.timing_profile)
-        stack = build_kv_stack(config, self.timing.prefill_ms, cpu=cpu_tier)
+        stack = build_kv_stack(config, self.timing.prefill_ms, cpu=cpu_tier,
+                               shared=shared_tiers, engine_id=engine_id)  # fmt: skip
         self.pool, self.kv = stack.pool, stack.kv
         self.cpu: LruTier | None = stack.cpu
         self.connector: TierConnector | None = stack.connector
@@ -116,8 +127,12 @@ class EngineCore:
         request = self.requests.pop(request_id, None)
         if request is None:
             return None
-        if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS and self.connector is not None:
-            self.connector.cancel_load(now, request)
+        connector = self.connector
+        if connector is not None:
+            if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                connector.cancel_load(now, request)
+            else:
+                connector.drop_request(now, request)  # a promotion or a hold it has
         self.scheduler.finish(request, status)
         request.finished_time = now
         return request
@@ -141,10 +156,23 @@ class EngineCore:
             num_running=len(self.scheduler.running),
             num_waiting=self.scheduler.num_waiting,
             kv_usage=self.pool.usage,
-            host_usage=self.cpu.usage if self.cpu is not None else 0.0,
+            cpu_usage=self.cpu.usage if self.cpu is not None else 0.0,
             num_unfinished=len(self.requests),
             num_used_blocks=self.pool.num_used,
+            **self._tier_snapshot(),
         )
+
+    def _tier_snapshot(self) -> dict[str, Any]:
+        connector = self.connector
+        if connector is None:
+            return {}
+        tiers = tuple(
+            TierSnapshot(t.name, t.tier.usage, c.block_queries, c.block_hits,
+                         c.promotion_failures, c.cascade_failures)
+            for t in connector.storage
+            for c in (connector.counters[t.name],)
+        )  # fmt: skip
+        return {"stores_skipped": connector.stores_skipped, "tiers": tiers}
 
     def num_cached_prefix_blocks(self, block_hashes: Sequence[BlockHash]) -> int:
         """How many leading blocks of these hashes the device prefix cache holds."""
@@ -181,8 +209,8 @@ class EngineCore:
         self.time = max(self.time, now)
         pending = self._take_events()  # recorded before the reset: they go out first
         cleared = self.pool.reset_prefix_cache()
-        if self.cpu is not None:
-            self.cpu.announce()
+        if self.connector is not None:
+            self.connector.announce()
         events = pending + self._take_events()
         return cleared, StepResult(now, now, [], self._stats(), [], events, [])
 
@@ -198,13 +226,14 @@ class EngineCore:
         for request in timed_out:
             self.kv.free(request)  # its load was cancelled: recompute, never load again
             request.skip_tier_load = True
+            request.tier_hits = ()
             self.scheduler.requeue(request)
         return connector.take_records()
 
     def _take_events(self) -> list[KVEvent]:
         events = self.pool.take_events()
-        if self.cpu is not None:
-            tier_events = self.cpu.take_events()
+        if self.connector is not None:
+            tier_events = self.connector.take_events()
             if tier_events:
                 events = events + tier_events
         return events
@@ -243,6 +272,7 @@ class EngineCore:
         if connector is not None:
             for request, start, num_blocks in sched.loads:
                 connector.start_load(now, request, start, num_blocks)
+            connector.end_schedule()
             connector.policy.after_schedule(now)
         end = now + self.pass_duration(
             sched.num_prefill_tokens, sched.num_decodes, self.pool.num_used
@@ -298,7 +328,7 @@ class EngineCore:
             request.last_token_time = end
             out = RequestOutput(
                 request.request_id, [tok], end, False, None, request.num_prompt_tokens,
-                request.num_cached_tokens, request.num_host_cached_tokens, first, latency,
+                request.num_cached_tokens, request.tier_hits, first, latency,
             )  # fmt: skip
             status = stop_status(request, tok, k + 1, eos)
             if status is not None:

@@ -1,17 +1,22 @@
-"""An engine's KV storage, assembled from its config: device pool, CPU tier, connector, manager."""
+"""An engine's KV storage, assembled from its config: device pool, CPU tier, secondary tiers,
+connector, manager. Tiers built outside (a shared `obj`, a CPU tier a test inspects) are
+plugged in instead of built."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mocker.config import EngineConfig, OffloadPolicy
+from collections.abc import Mapping
+
+from mocker.config import EngineConfig, OffloadPolicy, StorageKind
 from mocker.kv.block_pool import BlockPool
 from mocker.kv.manager import KVCacheManager
 from mocker.tiers.connector import TierConnector
 from mocker.tiers.lru import LruTier
+from mocker.tiers.storage import StorageTier
 
-__all__ = ["KVStack", "build_kv_stack"]
+__all__ = ["KVStack", "build_kv_stack", "build_shared_tiers"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,11 +29,36 @@ class KVStack:
     connector: TierConnector | None = None
 
 
+def build_shared_tiers(config: EngineConfig) -> dict[str, StorageTier]:
+    """The tiers one process builds once and every engine shares: `obj` (by name)."""
+    return {
+        spec.name: _storage_tier(config, spec.name)
+        for spec in config.storage_tiers
+        if spec.kind is StorageKind.OBJ
+    }
+
+
+def _storage_tier(config: EngineConfig, name: str) -> StorageTier:
+    spec = next(t for t in config.storage_tiers if t.name == name)
+    return StorageTier(
+        spec, config.block_size, config.block_bytes, speedup=config.speedup_ratio,
+        record_events=config.enable_kv_cache_events, seed=config.seed,
+    )  # fmt: skip
+
+
 def build_kv_stack(
-    config: EngineConfig, prefill_ms: Callable[[int], float], *, cpu: LruTier | None = None
+    config: EngineConfig,
+    prefill_ms: Callable[[int], float],
+    *,
+    cpu: LruTier | None = None,
+    shared: Mapping[str, StorageTier] | None = None,
+    engine_id: int = 0,
 ) -> KVStack:
     """`prefill_ms` (the timing model's) decides whether a tier hit is worth loading. A `cpu`
-    tier given from outside is used instead of one built from the config."""
+    tier given from outside is used instead of one built from the config; so are the
+    `shared` secondary tiers (by name: the process's one `obj`). Without them an `obj`
+    tier is built for this engine alone. `engine_id` tells a shared tier's subscribers
+    apart (the data-parallel rank, or the replay engine's index)."""
     pool = BlockPool(
         config.num_gpu_blocks,
         config.block_size,
@@ -51,8 +81,14 @@ def build_kv_stack(
     if write_back:
         pass_blocks = -(-config.max_num_batched_tokens // config.block_size)
         evict_ahead = min(pass_blocks, config.num_gpu_blocks // 8)
+    shared = shared or {}
+    storage = [
+        shared[spec.name] if spec.name in shared else _storage_tier(config, spec.name)
+        for spec in config.storage_tiers
+    ]
     connector = TierConnector(
-        config, pool, cpu, prefill_ms, write_back=write_back, evict_ahead=evict_ahead
-    )
+        config, pool, cpu, prefill_ms, write_back=write_back, evict_ahead=evict_ahead,
+        storage=storage, engine_id=engine_id,
+    )  # fmt: skip
     kv = KVCacheManager(pool, make_room=connector.policy.make_room)
     return KVStack(pool, kv, cpu, connector)

@@ -265,6 +265,7 @@ class LiveEngine:
             if transfers_due:
                 # A deadline passed on the wall clock: apply it now, pass or no pass.
                 self._observe(core.advance_transfers(max(clock.now(), core.time)))
+                self._timer.rearm(force=True)
             if not core.has_unfinished_requests():
                 prev_end = None
                 await self._idle()

@@ -22,12 +22,16 @@ class RequestOutput:
     finished: bool = False
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
-    num_cached_tokens: int = 0  # prefix hits, device and host
-    num_host_cached_tokens: int = 0  # of which loaded from the host tier
+    num_cached_tokens: int = 0  # prefix hits, device and tiers
+    tier_hits: tuple[tuple[str, int], ...] = ()  # of which loaded from each tier
     # Its first token: `latency` is then the time since arrival (TTFT), else the time
     # since the request's previous token (ITL).
     first_token: bool = False
     latency: float = 0.0
+
+    @property
+    def num_tier_cached_tokens(self) -> int:
+        return sum(n for _, n in self.tier_hits)
 
     @classmethod
     def final(cls, request: Request, now: float) -> RequestOutput:
@@ -40,7 +44,7 @@ class RequestOutput:
             finish_reason=request.finish_reason,
             num_prompt_tokens=request.num_prompt_tokens,
             num_cached_tokens=max(request.num_cached_tokens, 0),
-            num_host_cached_tokens=request.num_host_cached_tokens,
+            tier_hits=request.tier_hits,
         )
 
 
@@ -54,7 +58,7 @@ class StepResult:
     stats: SchedulerStats
     finished: list[FinishedRequestStats] = field(default_factory=list)
     kv_events: list[KVEvent] = field(default_factory=list)
-    # Host-tier transfers that ended since the previous result.
+    # Transfers between tiers that ended since the previous result.
     transfers: list[TransferRecord] = field(default_factory=list)
 
     @property

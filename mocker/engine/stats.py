@@ -34,15 +34,30 @@ def queue_score(num_waiting: int, num_running: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class TierSnapshot:
+    """One secondary tier as one engine sees it: usage, and that engine's cumulative
+    lookups and failed jobs there (vLLM's tiering counters)."""
+
+    name: str
+    usage: float
+    block_queries: int = 0
+    block_hits: int = 0
+    promotion_failures: int = 0
+    cascade_failures: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class EngineSnapshot:
     """A read-only view of one engine's state at one instant (gauges, routing, samples)."""
 
     num_running: int
     num_waiting: int
     kv_usage: float  # vLLM's kv_cache_usage_perc, 0..1
-    host_usage: float = 0.0  # host tier: used / capacity
+    cpu_usage: float = 0.0  # CPU tier: used / capacity
     num_unfinished: int = 0  # requests the engine holds (running, waiting, loading)
     num_used_blocks: int = 0  # device blocks referenced by requests
+    stores_skipped: int = 0  # blocks the CPU tier had no room for (vLLM's counter)
+    tiers: tuple[TierSnapshot, ...] = ()  # the secondary tiers, in lookup order
 
     @property
     def queue_score(self) -> int:
@@ -98,8 +113,8 @@ class IterationStats:
 
     num_generation_tokens: int = 0
     num_prompt_tokens: int = 0  # of requests whose first token this pass made
-    num_cached_tokens: int = 0  # of those prompts, prefix hits (device and host)
-    num_host_cached_tokens: int = 0  # of which loaded from the host tier
+    num_cached_tokens: int = 0  # of those prompts, prefix hits (device and tiers)
+    tier_cached: dict[str, int] = field(default_factory=dict)  # of which from each tier
     time_to_first_tokens: list[float] = field(default_factory=list)
     inter_token_latencies: list[float] = field(default_factory=list)
 
@@ -116,7 +131,8 @@ class IterationStats:
             if out.first_token:
                 stats.num_prompt_tokens += out.num_prompt_tokens
                 stats.num_cached_tokens += out.num_cached_tokens
-                stats.num_host_cached_tokens += out.num_host_cached_tokens
+                for tier, n in out.tier_hits:
+                    stats.tier_cached[tier] = stats.tier_cached.get(tier, 0) + n
                 stats.time_to_first_tokens.append(out.latency)
             else:
                 itls.append(out.latency)
@@ -137,10 +153,10 @@ class FinishedRequestStats:
     num_prompt_tokens: int
     num_generation_tokens: int
     max_tokens: int  # the resolved max_tokens parameter
-    num_cached_tokens: int  # prefix hits at its first admission, device and host
-    num_host_cached_tokens: int  # of which loaded from the host tier
+    num_cached_tokens: int  # prefix hits at its first admission, device and tiers
+    tier_hits: tuple[tuple[str, int], ...]  # of which loaded from each tier below the device
     num_preemptions: int
-    load_timed_out: bool = False  # a host-tier load timed out; it recomputed instead
+    load_timed_out: bool = False  # a tier load or promotion failed; it recomputed instead
 
     @classmethod
     def of(cls, request: Request) -> FinishedRequestStats:
@@ -156,7 +172,7 @@ class FinishedRequestStats:
             num_generation_tokens=request.num_output_tokens,
             max_tokens=request.max_tokens,
             num_cached_tokens=max(request.num_cached_tokens, 0),
-            num_host_cached_tokens=request.num_host_cached_tokens,
+            tier_hits=request.tier_hits,
             num_preemptions=request.num_preemptions,
             load_timed_out=request.skip_tier_load,
         )
@@ -200,5 +216,12 @@ class FinishedRequestStats:
         return None if decode is None or n < 2 else decode / (n - 1)
 
     @property
+    def num_tier_cached_tokens(self) -> int:
+        return sum(n for _, n in self.tier_hits)
+
+    def tier_cached_tokens(self, tier: str) -> int:
+        return sum(n for name, n in self.tier_hits if name == tier)
+
+    @property
     def num_device_cached_tokens(self) -> int:
-        return self.num_cached_tokens - self.num_host_cached_tokens
+        return self.num_cached_tokens - self.num_tier_cached_tokens

@@ -71,7 +71,7 @@ class RequestStream:
                 out.finish_reason,
                 out.num_prompt_tokens,
                 out.num_cached_tokens,
-                out.num_host_cached_tokens,
+                out.tier_hits,
                 pending.first_token,
                 pending.latency,  # of the first token merged
             )

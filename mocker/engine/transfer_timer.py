@@ -37,11 +37,13 @@ class TransferTimer:
         task.cancel()
         return [task]
 
-    def rearm(self) -> None:
+    def rearm(self, *, force: bool = False) -> None:
         """Called by the loop after it changed engine state: wake the timer if a transfer
-        started, ended or was posted since it last looked."""
+        started, ended or was posted since it last looked (or `force`: the loop applied a
+        deadline the timer reported, which on a channel shared with other engines may have
+        moved without any change of this engine's own)."""
         connector = self._core.connector
-        if connector is not None and connector.version != self._version:
+        if connector is not None and (force or connector.version != self._version):
             self._version = connector.version
             self._rearm.set()
 

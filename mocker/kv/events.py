@@ -23,6 +23,9 @@ class BlockStored:
     block_size: int
     lora_name: str | None = None
     medium: str = "GPU"
+    # vLLM's optional trailing field: "LOCAL" / "REMOTE" relative to the publishing engine
+    # (set for storage tiers only; None is not sent).
+    locality: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +34,7 @@ class BlockRemoved:
 
     block_hashes: tuple[BlockHash, ...]
     medium: str = "GPU"
+    locality: str | None = None  # as BlockStored's
 
 
 @dataclass(frozen=True, slots=True)

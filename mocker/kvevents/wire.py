@@ -24,8 +24,9 @@ def _as_map(event: KVEvent) -> dict[str, Any]:
     # Key order follows vLLM's structs: the "type" tag, then the fields as declared.
     # parent_block_hash, lora_id, medium and lora_name have no default there, so they are
     # always written, null or not (vLLM's decoder rejects an event without them).
+    # The optional trailing fields (vLLM omits defaults) are written only when set.
     if type(event) is BlockStored:
-        return {
+        stored = {
             "type": "BlockStored",
             "block_hashes": event.block_hashes,
             "parent_block_hash": event.parent_block_hash,
@@ -35,8 +36,15 @@ def _as_map(event: KVEvent) -> dict[str, Any]:
             "medium": event.medium,
             "lora_name": event.lora_name,
         }
+        if event.locality is not None:
+            stored["locality"] = event.locality
+        return stored
     if type(event) is BlockRemoved:
-        return {"type": "BlockRemoved", "block_hashes": event.block_hashes, "medium": event.medium}
+        removed = {"type": "BlockRemoved", "block_hashes": event.block_hashes,
+                   "medium": event.medium}  # fmt: skip
+        if event.locality is not None:
+            removed["locality"] = event.locality
+        return removed
     if type(event) is AllBlocksCleared:
         return {"type": "AllBlocksCleared"}
     raise TypeError(f"not a KV event: {event!r}")
@@ -44,8 +52,10 @@ def _as_map(event: KVEvent) -> dict[str, Any]:
 
 def _as_array(event: KVEvent) -> tuple[Any, ...]:
     # The positional layout: the tag first, then the same fields in the same order.
+    # A set locality is written after the optional fields before it (extra_keys, group_idx,
+    # kv_cache_spec_kind, kv_cache_spec_sliding_window), left null.
     if type(event) is BlockStored:
-        return (
+        stored: tuple[Any, ...] = (
             "BlockStored",
             event.block_hashes,
             event.parent_block_hash,
@@ -55,7 +65,12 @@ def _as_array(event: KVEvent) -> tuple[Any, ...]:
             event.medium,
             event.lora_name,
         )
+        if event.locality is not None:
+            stored += (None, None, None, None, event.locality)
+        return stored
     if type(event) is BlockRemoved:
+        if event.locality is not None:  # after group_idx
+            return ("BlockRemoved", event.block_hashes, event.medium, None, event.locality)
         return ("BlockRemoved", event.block_hashes, event.medium)
     if type(event) is AllBlocksCleared:
         return ("AllBlocksCleared",)

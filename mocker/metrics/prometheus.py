@@ -53,17 +53,43 @@ class Family:
 
 
 def _by_source(m: StatsRecorder, s: EngineSnapshot) -> Value:
-    host = m.prompt_tokens_cached_host
+    tiers = m.prompt_tokens_cached_tiers
     return [
         ("local_compute", m.prompt_tokens - m.prompt_tokens_cached),
-        ("local_cache_hit", m.prompt_tokens_cached - host),
-        ("external_kv_transfer", host),
+        ("local_cache_hit", m.prompt_tokens_cached - tiers),
+        ("external_kv_transfer", tiers),
     ]
 
 
+def _tier_names(m: StatsRecorder) -> list[str]:
+    """The tiers below the device this engine has: cpu, then the secondary tiers."""
+    config = m.config
+    return (["cpu"] if config.has_host_tier else []) + [t.name for t in config.storage_tiers]
+
+
 def _cached_by_tier(m: StatsRecorder, s: EngineSnapshot) -> Value:
-    host = m.prompt_tokens_cached_host
-    return [("device", m.prompt_tokens_cached - host), ("host", host)]
+    by_tier = m.prompt_tokens_cached_by_tier
+    device = [("device", m.prompt_tokens_cached - m.prompt_tokens_cached_tiers)]
+    return device + [(tier, by_tier.get(tier, 0)) for tier in _tier_names(m)]
+
+
+def _per_tier(table: Callable[[StatsRecorder], Mapping[str, float]]) -> Source:
+    """A tiering counter from the recorder's table, one series per secondary tier."""
+
+    def source(m: StatsRecorder, s: EngineSnapshot) -> Value:
+        values = table(m)
+        return [(t.name, values.get(t.name, 0)) for t in m.config.storage_tiers]
+
+    return source
+
+
+def _tier_counter(attr: str) -> Source:
+    """A tiering counter from the engine's snapshot, one series per secondary tier."""
+
+    def source(m: StatsRecorder, s: EngineSnapshot) -> Value:
+        return [(t.name, getattr(t, attr)) for t in s.tiers]
+
+    return source
 
 
 def _hit_rate(m: StatsRecorder, s: EngineSnapshot) -> float:
@@ -115,8 +141,29 @@ FAMILIES: tuple[Family, ...] = (
     Family("vllm:kv_offload_load_time", "Seconds spent in KV offload loads.", C,
            lambda m, s: m.offload_load_time),
     Family("vllm:kv_offload_cpu_cache_usage_perc",
-           "CPU (host tier) KV-cache usage. 1 means 100 percent usage.", G,
-           lambda m, s: s.host_usage),
+           "CPU tier KV-cache usage. 1 means 100 percent usage.", G,
+           lambda m, s: s.cpu_usage),
+    Family("vllm:kv_offload_stores_skipped",
+           "Blocks not stored to the CPU tier for want of room (every block pinned).", C,
+           lambda m, s: s.stores_skipped),
+    Family("vllm:kv_offload_tiering_write_bytes", "Bytes cascaded from the CPU tier.", C,
+           _per_tier(lambda m: m.tier_write_bytes), label="tier"),
+    Family("vllm:kv_offload_tiering_write_time", "Seconds spent in cascades from the CPU tier.",
+           C, _per_tier(lambda m: m.tier_write_time), label="tier"),
+    Family("vllm:kv_offload_tiering_read_bytes", "Bytes promoted to the CPU tier.", C,
+           _per_tier(lambda m: m.tier_read_bytes), label="tier"),
+    Family("vllm:kv_offload_tiering_read_time", "Seconds spent in promotions to the CPU tier.",
+           C, _per_tier(lambda m: m.tier_read_time), label="tier"),
+    Family("vllm:kv_offload_tiering_block_queries", "Blocks looked up in a secondary tier.", C,
+           _tier_counter("block_queries"), label="tier"),
+    Family("vllm:kv_offload_tiering_block_hits", "Blocks found in a secondary tier.", C,
+           _tier_counter("block_hits"), label="tier"),
+    Family("vllm:kv_offload_tiering_promotion_job_failures",
+           "Promotions to the CPU tier that failed or timed out.", C,
+           _tier_counter("promotion_failures"), label="tier"),
+    Family("vllm:kv_offload_tiering_cascade_job_failures",
+           "Cascades from the CPU tier that failed.", C,
+           _tier_counter("cascade_failures"), label="tier"),
     Family("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
            H, lambda m, s: m.ttft),
     Family("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
@@ -150,7 +197,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("vllm:gpu_cache_usage_perc", "GPU KV-cache usage (V0 name).", G,
            lambda m, s: s.kv_usage, legacy=True),
     Family("vllm:cpu_cache_usage_perc", "CPU KV-cache usage (V0 name).", G,
-           lambda m, s: s.host_usage, legacy=True),
+           lambda m, s: s.cpu_usage, legacy=True),
     Family("vllm:num_requests_swapped", "Requests swapped to CPU (V0 name).", G,
            lambda m, s: 0, legacy=True),
     Family("vllm:gpu_prefix_cache_hit_rate", "Prefix cache hit rate (V0 name).", G, _hit_rate,
@@ -223,8 +270,9 @@ class MetricsCollector(Collector):
         return metric
 
     def _cache_config_info(self) -> GaugeMetricFamily:
+        # vLLM's labels, then the secondary tiers (mocker): "fs=BLOCKS,obj=BLOCKS" or None.
         names = ["block_size", "cache_dtype", "enable_prefix_caching", "num_cpu_blocks",
-                 "num_gpu_blocks", "kv_offloading_size", "engine"]  # fmt: skip
+                 "num_gpu_blocks", "kv_offloading_size", "secondary_tiers", "engine"]  # fmt: skip
         info = GaugeMetricFamily(
             "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=names
         )
@@ -233,9 +281,10 @@ class MetricsCollector(Collector):
             # vLLM renders every value with str(): True/False, None.
             cpu_blocks = str(cfg.num_host_blocks) if cfg.has_host_tier else "None"
             offload_gib = str(cfg.kv_offloading_size)  # as given (None with --num-host-blocks)
+            tiers = ",".join(f"{t.name}={t.capacity_blocks}" for t in cfg.storage_tiers)
             info.add_metric(
                 [str(cfg.block_size), "auto", str(cfg.enable_prefix_caching), cpu_blocks,
-                 str(cfg.num_gpu_blocks), offload_gib, m.engine],
+                 str(cfg.num_gpu_blocks), offload_gib, tiers or "None", m.engine],
                 1.0,
             )  # fmt: skip
         return info

@@ -40,7 +40,8 @@ class StatsRecorder:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     prompt_tokens_cached: int = 0
-    prompt_tokens_cached_host: int = 0
+    prompt_tokens_cached_tiers: int = 0  # loaded from the tiers below the device
+    prompt_tokens_cached_by_tier: dict[str, int] = field(default_factory=dict)
     prefix_queries: int = 0
     prefix_hits: int = 0
     external_prefix_queries: int = 0
@@ -50,6 +51,11 @@ class StatsRecorder:
     offload_load_bytes: int = 0
     offload_store_time: float = 0.0
     offload_load_time: float = 0.0
+    # Secondary tiers (vLLM's tiering): bytes and seconds written to / read from each.
+    tier_write_bytes: dict[str, int] = field(default_factory=dict)
+    tier_write_time: dict[str, float] = field(default_factory=dict)
+    tier_read_bytes: dict[str, int] = field(default_factory=dict)
+    tier_read_time: dict[str, float] = field(default_factory=dict)
     finished: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS, 0))
     ttft: Histogram = field(default_factory=_histogram(TTFT_BUCKETS))
     itl: Histogram = field(default_factory=_histogram(ITL_BUCKETS))
@@ -101,7 +107,11 @@ class StatsRecorder:
         self.generation_tokens += stats.num_generation_tokens
         self.prompt_tokens += stats.num_prompt_tokens
         self.prompt_tokens_cached += stats.num_cached_tokens
-        self.prompt_tokens_cached_host += stats.num_host_cached_tokens
+        if stats.tier_cached:
+            by_tier = self.prompt_tokens_cached_by_tier
+            for tier, n in stats.tier_cached.items():
+                by_tier[tier] = by_tier.get(tier, 0) + n
+                self.prompt_tokens_cached_tiers += n
         observe = self.ttft.observe
         for ttft in stats.time_to_first_tokens:
             observe(ttft)
@@ -110,6 +120,16 @@ class StatsRecorder:
             observe(itl)
 
     def _transfer(self, t: TransferRecord) -> None:
+        if not t.touches_device:  # CPU ↔ a secondary tier
+            tier = t.tier
+            nbytes, time = (
+                (self.tier_write_bytes, self.tier_write_time)
+                if t.kind is TransferKind.STORE
+                else (self.tier_read_bytes, self.tier_read_time)
+            )
+            nbytes[tier] = nbytes.get(tier, 0) + t.nbytes
+            time[tier] = time.get(tier, 0.0) + t.duration
+            return
         if t.kind is TransferKind.STORE:
             self.offload_store_bytes += t.nbytes
             self.offload_store_time += t.duration

@@ -51,7 +51,7 @@ class EngineSample:
     time: float
     engine: int
     kv_usage: float
-    host_usage: float
+    cpu_usage: float
     running: int
     waiting: int
 
@@ -92,7 +92,7 @@ def _record(r: FinishedRequestStats, engine: int, line: int) -> RequestRecord:
         mean_itl=r.mean_time_per_output_token,
         e2e=r.e2e_latency,
         cached_tokens_device=r.num_device_cached_tokens,
-        cached_tokens_host=r.num_host_cached_tokens,
+        cached_tokens_host=r.num_tier_cached_tokens,
         preemptions=r.num_preemptions,
     )
 
@@ -276,7 +276,7 @@ class _ReplayRun:
             snap = self.cores[k].snapshot()
             result.samples.append(
                 EngineSample(
-                    end, k, snap.kv_usage, snap.host_usage, snap.num_running, snap.num_waiting
+                    end, k, snap.kv_usage, snap.cpu_usage, snap.num_running, snap.num_waiting
                 )
             )
         if self.progress is not None and finished:

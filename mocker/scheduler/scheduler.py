@@ -119,8 +119,8 @@ class Scheduler:
         self.loading.discard(request)
         request.status = RequestStatus.WAITING
         self.ready.append(request)
-        device, host = request.load_hits
-        self._count_prefix(request, device, host, self._carry)
+        device, tiers = request.load_hits
+        self._count_prefix(request, device, tiers, self._carry)
 
     def requeue(self, request: Request) -> None:
         """Its load was dropped (timeout) and its blocks freed: it waits again, in front."""
@@ -279,17 +279,19 @@ class Scheduler:
         out.num_scheduled[request] = num_new
         out.num_prefill_tokens += num_new
 
-    def _count_prefix(self, request: Request, device: int, host: int, out: SchedulerOutput) -> None:
-        """Prefix-cache accounting, once per request: at its first admission."""
+    def _count_prefix(
+        self, request: Request, device: int, tiers: int, out: SchedulerOutput
+    ) -> None:
+        """Prefix-cache accounting, once per request: at its first admission (what each tier
+        contributed is in `request.tier_hits`, set by the connector when the load started)."""
         if request.num_cached_tokens >= 0:
             return
-        request.num_cached_tokens = device + host
-        request.num_host_cached_tokens = host
+        request.num_cached_tokens = device + tiers
         out.prefix_queries += request.num_tokens
         out.prefix_hits += device
         if self.connector is not None:
             out.external_queries += request.num_tokens
-            out.external_hits += host
+            out.external_hits += tiers
 
     def _schedule_ready(self, budget: int, out: SchedulerOutput) -> int:
         """Resume requests whose KV loaded, in the order their loads ended."""
@@ -312,22 +314,31 @@ class Scheduler:
         waiting = self.waiting
         kv, connector = self.kv, self.connector
         bs = kv.block_size
+        skipped: list[tuple[Request, int]] = []
         while budget > 0 and len(self.running) < self._max_seqs and waiting:
             request = waiting.peek()
             assert request is not None
             hits = kv.get_computed_blocks(request)
             num_hit = len(hits) * bs
-            num_host = 0 if connector is None else connector.num_matched_blocks(request, len(hits))
-            if num_host:
+            num_loaded = 0
+            if connector is not None:
+                matched = connector.num_matched_blocks(request, len(hits))
+                if matched is None:
+                    # Retry later (its KV is being promoted to the CPU tier): it keeps its
+                    # place, and the requests behind it go on (vLLM skips it this pass).
+                    skipped.append(waiting.pop_entry())
+                    continue
+                num_loaded = matched
+            if num_loaded:
                 # Reserve device slots for the tier's blocks and park the request until its
                 # KV has loaded; it needs no budget until then.
-                if not kv.allocate_slots(request, num_host * bs, hits):
+                if not kv.allocate_slots(request, num_loaded * bs, hits):
                     break
                 waiting.pop()
                 request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
-                request.load_hits = (num_hit, num_host * bs)
+                request.load_hits = (num_hit, num_loaded * bs)
                 self.loading.add(request)
-                out.loads.append((request, len(hits), num_host))
+                out.loads.append((request, len(hits), num_loaded))
                 continue
             num_new = request.num_tokens - num_hit
             if num_new > budget:
@@ -341,3 +352,5 @@ class Scheduler:
             request.num_computed_tokens = num_hit
             self._admit(request, num_new, out)
             budget -= num_new
+        for request, order in skipped:
+            waiting.restore(request, order)

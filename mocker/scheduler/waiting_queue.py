@@ -64,6 +64,17 @@ class WaitingQueue:
         del self._live[request]
         return request
 
+    def pop_entry(self) -> tuple[Request, int]:
+        """Pop the first request with its order, to `restore` it later in the same place
+        (a request skipped by one pass keeps its turn)."""
+        self._settle()
+        _, order, request = heapq.heappop(self._heap)
+        del self._live[request]
+        return request, order
+
+    def restore(self, request: Request, order: int) -> None:
+        self._push(request, order)
+
     def remove(self, request: Request) -> bool:
         return self._live.pop(request, None) is not None
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mocker.config import MODEL_PRESETS, ConfigError, EngineConfig, OffloadPolicy
+from mocker.settings.kv_transfer import parse_kv_transfer_config
 from mocker.settings.option import Option
 
 __all__ = ["ENGINE_OPTIONS", "engine_config_from"]
@@ -142,6 +143,14 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         "float",
         metavar="SECONDS",
     ),
+    Option(
+        "kv_transfer_config",
+        "vLLM's KV connector config as JSON; OffloadingConnector builds the CPU tier "
+        "(cpu_bytes_to_use) and its secondary_tiers (fs, obj); see the README",
+        None,
+        "str",
+        metavar="JSON",
+    ),
 )
 
 
@@ -168,6 +177,26 @@ def _num_host_blocks(values: Mapping[str, Any]) -> int:
     return blocks or 0
 
 
+def _offload(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Tier settings: from an OffloadingConnector --kv-transfer-config, or the flags."""
+    shape = MODEL_PRESETS[values["model_shape"]]
+    offload = parse_kv_transfer_config(
+        values["kv_transfer_config"], values["block_size"], shape.kv_bytes_per_token
+    )
+    if not offload:
+        return {"num_host_blocks": _num_host_blocks(values),
+                "offload_policy": values["offload_policy"],
+                "min_load_blocks": values["min_load_blocks"]}  # fmt: skip
+    for flag in ("num_host_blocks", "kv_offloading_size"):
+        if values[flag] is not None:
+            raise ConfigError(
+                f"set either --{flag.replace('_', '-')} or an OffloadingConnector "
+                "--kv-transfer-config (cpu_bytes_to_use), not both: they size the same CPU tier"
+            )
+    offload["min_load_blocks"] = max(offload["min_load_blocks"], values["min_load_blocks"])
+    return dict(offload)
+
+
 def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
     """The engine configuration from resolved option values (validated)."""
     config = EngineConfig(
@@ -185,15 +214,13 @@ def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
         preemption_victim=values["preemption_victim"],
         eviction_policy=values["eviction_policy"],
         eos_probability=values["eos_probability"],
-        num_host_blocks=_num_host_blocks(values),
         kv_offloading_size=values["kv_offloading_size"],
-        offload_policy=values["offload_policy"],
         host_d2h_bandwidth_gbps=values["host_d2h_bandwidth_gbps"],
         host_h2d_bandwidth_gbps=values["host_h2d_bandwidth_gbps"],
         offload_batch_size=values["offload_batch_size"],
         transfer_latency_ms=values["transfer_latency_ms"],
-        min_load_blocks=values["min_load_blocks"],
         load_timeout=values["load_timeout"],
+        **_offload(values),
         **extra,
     )
     kv_tokens = config.num_gpu_blocks * config.block_size

@@ -1,15 +1,18 @@
 """The scheduler-side connector (vLLM's KVConnector scheduler hooks) to the tiers below the
-device: how many more blocks they hold for a request, loads into reserved device slots, stores
-as the store policy decides, whether a finished request's free must wait.
+device: how many more blocks they hold for a request (or "retry later" while a promotion is
+in flight), loads into reserved device slots, stores as the store policy decides, cascades
+to secondary tiers, and whether a finished request's free must wait.
 
-It turns the engine's decisions into transfers on links keyed by (source tier,
+It turns the engine's decisions into transfers on channels keyed by (source tier,
 destination tier) and applies their completions. It is driven by the engine core with
 explicit times, like everything in the core, and never acts in the future: a copy that
 follows a pass is posted for the pass's end and started by the first `poll` that reaches
-that time, in time order with the links' completions (so a tier shared by several engines
-never sees times out of order). The live driver's transfer timer only sleeps until
-`next_deadline()` and asks the engine loop to `poll`; a virtual-clock driver jumps there.
-Same code, two clocks.
+that time. A poll applies what is due one event at a time, in time order (a store that
+ends starts its cascade at its end time, a promotion that ends frees its hold then), so the
+same code is exact on a virtual clock. A channel of a tier shared by several engines (`obj`)
+is advanced by whichever engine polls first; each transfer calls back the engine that
+started it. The live driver's transfer timer only sleeps until `next_deadline()` and asks
+the engine loop to `poll`; a virtual-clock driver jumps there. Same code, two clocks.
 """
 
 from __future__ import annotations
@@ -23,32 +26,29 @@ from typing import TypeAlias
 from mocker.config import EngineConfig
 from mocker.kv.block import KVBlock
 from mocker.kv.block_pool import BlockPool
+from mocker.kv.events import KVEvent
 from mocker.kv.hashing import BlockHash
 from mocker.request import Request
+from mocker.tiers.channel import Channel, Done
 from mocker.tiers.link import Link, TransferId
 from mocker.tiers.lru import LruTier
+from mocker.tiers.storage import StorageTier
 from mocker.tiers.store_policy import StorePolicy, WriteBack, WriteThrough
-from mocker.tiers.tier import TierBlock
-from mocker.tiers.transfers import TransferKind, TransferRecord
+from mocker.tiers.tier import BlockKey, TierBlock
+from mocker.tiers.transfers import TierCounters, TransferKind, TransferRecord
 
 __all__ = ["DEVICE", "TierConnector"]
 
-DEVICE = "gpu"  # the device's name in link keys
+DEVICE = "gpu"  # the device's name in channel keys
 
 # A store posted for a pass's end: (time, order, blocks, keys, owners).
 _Posted: TypeAlias = tuple[float, int, list[KVBlock], list[BlockHash], "list[Request] | None"]
 
 
 @dataclass(slots=True, eq=False)
-class _Store:
-    blocks: list[KVBlock]
-    hashes: list[BlockHash]
-    start: float
-    owners: list[Request] | None = None  # the policy's tag of each block (see start_stores)
-
-
-@dataclass(slots=True, eq=False)
 class _Load:
+    """A CPU → device copy for a request (the second hop of a staged load)."""
+
     request: Request
     tid: TransferId
     hashes: list[BlockHash]
@@ -56,14 +56,33 @@ class _Load:
     deadline: float  # the load timeout
 
 
+@dataclass(slots=True, eq=False)
+class _Promotion:
+    """A secondary tier → CPU copy for a request (the first hop of a staged load): the
+    tier's blocks are pinned, the CPU slots reserved, and the request's CPU run pinned
+    (its hold) so that nothing it will load is evicted meanwhile."""
+
+    request: Request
+    tier: StorageTier
+    tid: TransferId
+    keys: list[BlockKey]
+    hold: list[BlockKey]
+    start: float
+    deadline: float
+
+
 class TierConnector:
-    """Owns the CPU tier's links and every transfer in flight; the store policy
-    (mocker.tiers.store_policy) decides what is copied when.
+    """Owns the CPU tier's channels, the secondary tiers' use by this engine and every
+    transfer it started; the store policy (mocker.tiers.store_policy) decides what is
+    copied to the CPU tier when.
 
     The policy reserves CPU slots through `plan_store` and copies through `start_stores`;
-    when a copy ends the block becomes visible in the CPU tier and the policy is told
-    (`stored`), to release the device side. Loads pin their CPU blocks, copy them into
-    device slots the scheduler reserved, and either finish or time out.
+    when a copy ends the block becomes visible in the CPU tier, the policy is told
+    (`stored`) to release the device side, and the block is cascaded to every secondary
+    tier (its CPU copy pinned until each cascade ends). A lookup that finds the request's
+    continuation in a secondary tier starts a promotion to the CPU tier and answers "retry
+    later"; the next lookup after it lands finds the blocks in the CPU tier and loads them
+    into device slots the scheduler reserved.
     """
 
     def __init__(
@@ -75,12 +94,18 @@ class TierConnector:
         *,
         write_back: bool = False,
         evict_ahead: int = 0,
+        storage: Sequence[StorageTier] = (),
+        engine_id: int = 0,
     ) -> None:
         self.config = config
         self.pool = pool
         self.cpu = cpu
+        self.storage = list(storage)
+        self.engine_id = engine_id
         self.policy: StorePolicy = (
-            WriteBack(self, evict_ahead) if write_back else WriteThrough(self)
+            WriteBack(self, evict_ahead)
+            if write_back
+            else WriteThrough(self, prompt_only=config.offload_prompt_only)
         )
         self.block_bytes = config.block_bytes
         self.batch_size = config.offload_batch_size
@@ -88,24 +113,35 @@ class TierConnector:
         self._prefill_ms = prefill_ms
         speedup = config.speedup_ratio
         latency_s = config.transfer_latency_ms / 1000.0
-        # An unscaled model answers "does this load pay off"; the scaled links carry
+        # An unscaled model answers "does this load pay off"; the scaled channels carry
         # transfers, keyed by (source tier, destination tier).
         self._h2d_model = Link(config.host_h2d_bandwidth_gbps * 1e9, latency_s)
-        self.d2h = Link(config.host_d2h_bandwidth_gbps * 1e9 * speedup, latency_s / speedup)
-        self.h2d = Link(config.host_h2d_bandwidth_gbps * 1e9 * speedup, latency_s / speedup)
-        self.links: dict[tuple[str, str], Link] = {
-            (DEVICE, cpu.name): self.d2h,
-            (cpu.name, DEVICE): self.h2d,
-        }
+        d2h_link = Link(config.host_d2h_bandwidth_gbps * 1e9 * speedup, latency_s / speedup)
+        h2d_link = Link(config.host_h2d_bandwidth_gbps * 1e9 * speedup, latency_s / speedup)
+        self.d2h = Channel(d2h_link, DEVICE, cpu.name)
+        self.h2d = Channel(h2d_link, cpu.name, DEVICE)
+        self.channels: list[Channel] = [self.d2h, self.h2d]
+        for tier in self.storage:
+            tier.subscribe(engine_id)
+            self.channels += [tier.write, tier.read]
+        self.counters: dict[str, TierCounters] = {t.name: TierCounters() for t in self.storage}
+        self.stores_skipped = 0  # blocks the CPU tier had no room for (all pinned)
         self._time = -math.inf  # the latest time the connector was driven to
         # Stores posted for a pass's end: (time, order, blocks, keys, owners), a heap.
         self._posted: list[_Posted] = []
         self._order = 0
         self._load_timeout = config.load_timeout / speedup
-        self._stores: dict[TransferId, _Store] = {}
-        self._loads: dict[TransferId, _Load] = {}
-        self._load_of: dict[Request, _Load] = {}
-        self._timeouts: list[tuple[float, TransferId]] = []  # lazily pruned
+        self._loads: dict[Request, _Load] = {}
+        self._promotions: dict[Request, _Promotion] = {}
+        self._promoting: dict[BlockKey, _Promotion] = {}  # keys on their way to the CPU tier
+        self._holds: dict[Request, list[BlockKey]] = {}  # promoted runs kept for a retry
+        self._released: list[list[BlockKey]] = []  # holds to unpin after this pass's loads
+        self._num_stores = 0  # device → CPU copies in flight
+        self._num_cascades = 0
+        self._storing: list[list[KVBlock]] = []  # for checks: blocks of copies in flight
+        self._cascading: list[list[BlockKey]] = []  # CPU keys pinned by cascades in flight
+        self._loaded: list[Request] = []  # loads that ended since the last poll returned
+        self._timeouts: list[tuple[float, int, _Load | _Promotion]] = []
         self._records: list[TransferRecord] = []
         # Bumped whenever a transfer starts, ends or is cancelled: the live driver re-arms
         # its transfer timer when it changes.
@@ -114,27 +150,44 @@ class TierConnector:
         self.stored_blocks = 0
         self.loaded_blocks = 0
 
-    # -- planning (no state change) -----------------------------------------------------------
+    @property
+    def links(self) -> dict[tuple[str, str], Link]:
+        return {ch.key: ch.link for ch in self.channels}
 
-    def num_matched_blocks(self, request: Request, num_device_blocks: int) -> int:
+    # -- planning -----------------------------------------------------------------------------
+
+    def num_matched_blocks(self, request: Request, num_device_blocks: int) -> int | None:
         """Blocks to load after a device hit of `num_device_blocks` (vLLM's
         get_num_new_matched_tokens, in blocks): the contiguous continuation the CPU tier
-        holds, if loading it pays off (else 0: recompute). The lookup stops one token short
-        of the prompt, as the device's does."""
+        holds, if loading it pays off (else 0: recompute); None ("retry later") while the
+        continuation is being promoted from a secondary tier. The lookup stops one token
+        short of the prompt, as the device's does."""
+        if request in self._promotions:
+            return None
+        hold = self._holds.pop(request, None)
+        if hold is not None:
+            self._released.append(hold)  # unpinned once this pass's loads have pinned theirs
         if request.skip_tier_load:
             return 0
         hashes = request.block_hashes
         stop = min((request.num_tokens - 1) // self.block_size, len(hashes))
         n = self.cpu.lookup(hashes, num_device_blocks, stop)
+        pos = num_device_blocks + n
+        if self.storage and pos < stop:
+            if hashes[pos] in self._promoting:
+                return None  # another request's promotion brings it: wait for that
+            if self._promote(request, hashes, num_device_blocks, pos, stop):
+                return None
         return n if n and self.load_pays_off(n) else 0
 
-    def load_pays_off(self, num_blocks: int) -> bool:
-        """Load rather than recompute: enough blocks, and copying them is faster than
-        prefilling their tokens (both unscaled model times, transfers alone on the link)."""
+    def load_pays_off(self, num_blocks: int, promote_s: float = 0.0) -> bool:
+        """Load rather than recompute: enough blocks, and copying them (after a promotion of
+        `promote_s`) is faster than prefilling their tokens (unscaled model times, the
+        transfers alone on their links)."""
         if num_blocks < self.config.min_load_blocks:
             return False
-        transfer_ms = self._h2d_model.duration(num_blocks * self.block_bytes) * 1000.0
-        return transfer_ms < self._prefill_ms(num_blocks * self.block_size)
+        transfer_s = promote_s + self._h2d_model.duration(num_blocks * self.block_bytes)
+        return transfer_s * 1000.0 < self._prefill_ms(num_blocks * self.block_size)
 
     # -- state --------------------------------------------------------------------------------
 
@@ -144,7 +197,16 @@ class TierConnector:
 
     @property
     def has_pending(self) -> bool:
-        return bool(self._stores or self._loads or self._posted or self.policy.has_staged)
+        return bool(
+            self._num_stores or self._loads or self._promotions or self._num_cascades
+            or self._posted or self.policy.has_staged
+        )  # fmt: skip
+
+    @property
+    def has_shared_tier(self) -> bool:
+        """A tier shared with other engines: a virtual-clock driver must poll this engine at
+        every deadline, even during a pass, so the shared channels see times in order."""
+        return any(t.shared for t in self.storage)
 
     @property
     def num_held_blocks(self) -> int:
@@ -155,28 +217,41 @@ class TierConnector:
     def num_loading(self) -> int:
         return len(self._loads)
 
+    @property
+    def num_promoting(self) -> int:
+        return len(self._promotions)
+
     def loading_blocks(self) -> list[tuple[Request, list[BlockHash]]]:
         """Requests whose KV is loading and the CPU-tier keys they read (for checks)."""
         return [(ld.request, ld.hashes) for ld in self._loads.values()]
 
+    def cpu_pins(self) -> dict[BlockKey, int]:
+        """The pins the connector holds on CPU-tier keys: loads, holds, cascades (checks)."""
+        pins: dict[BlockKey, int] = {}
+        runs = [ld.hashes for ld in self._loads.values()] + list(self._holds.values())
+        runs += [p.hold for p in self._promotions.values()] + self._released
+        runs += self._cascading
+        for run in runs:
+            for key in run:
+                pins[key] = pins.get(key, 0) + 1
+        return pins
+
     def store_batches(self) -> list[int]:
         """Blocks in each device-to-CPU copy in flight (for checks)."""
-        return [len(s.blocks) for s in self._stores.values()]
+        return [len(blocks) for blocks in self._storing]
 
     def storing_blocks(self) -> list[KVBlock]:
         """Device blocks whose copy to the CPU tier is in flight or posted (for checks)."""
-        started = [b for s in self._stores.values() for b in s.blocks]
+        started = [b for blocks in self._storing for b in blocks]
         return started + [b for posted in self._posted for b in posted[2]]
 
     def next_deadline(self) -> float | None:
-        """When something next needs the engine's attention: a transfer ends, a load times
-        out, or a posted store is due (None: nothing)."""
-        times = [t for link in self.links.values() if (t := link.next_deadline()) is not None]
-        timeouts, loads = self._timeouts, self._loads
-        while timeouts and timeouts[0][1] not in loads:
-            heapq.heappop(timeouts)
-        if timeouts:
-            times.append(timeouts[0][0])
+        """When something next needs the engine's attention: a transfer ends, a load or
+        promotion times out, or a posted store is due (None: nothing)."""
+        times = [t for ch in self.channels if (t := ch.next_deadline()) is not None]
+        t = self._next_timeout()
+        if t is not None:
+            times.append(t)
         if self._posted:
             times.append(self._posted[0][0])
         return min(times) if times else None
@@ -187,6 +262,21 @@ class TierConnector:
         out, self._records = self._records, []
         return out
 
+    def take_events(self) -> list[KVEvent]:
+        """The CPU tier's and the secondary tiers' events since the last call."""
+        events = self.cpu.take_events()
+        for tier in self.storage:
+            more = tier.take_events(self.engine_id)
+            if more:
+                events = events + more
+        return events
+
+    def announce(self) -> None:
+        """Every tier records a BlockStored for what it holds (after AllBlocksCleared)."""
+        self.cpu.announce()
+        for tier in self.storage:
+            tier.announce()
+
     # -- stores -------------------------------------------------------------------------------
 
     def plan_store(self, blocks: Sequence[KVBlock]) -> list[KVBlock]:
@@ -194,14 +284,16 @@ class TierConnector:
         (not held there yet, and room found). The policy hears of the keys the CPU tier
         evicted to make room."""
         cpu = self.cpu
-        # The tokens are only needed for the Stored event when the copy lands.
-        keep = cpu.record_events
+        # The tokens are needed for the Stored event when the copy lands, and for the
+        # cascade's (the secondary tiers copy the CPU tier's block).
+        keep = cpu.record_events or bool(self.storage)
         bs = self.block_size
         tier_blocks = [
             TierBlock(b.cached_hash, b.parent_hash, b.token_ids(bs) if keep else (), b.lora_name)
             for b in blocks
         ]
         plan = cpu.prepare_store(tier_blocks)
+        self.stores_skipped += plan.skipped
         if plan.evicted:
             self.policy.cpu_evicted(plan.evicted)
         if len(plan.keys) == len(blocks):
@@ -228,50 +320,207 @@ class TierConnector:
             return
         if hashes is None:
             hashes = [b.cached_hash for b in blocks]
+        self.version += 1
         if at > self._time:
             heapq.heappush(self._posted, (at, self._order, blocks, hashes, owners))
             self._order += 1
-            self.version += 1
             return
-        now = at
         size = self.batch_size
         for lo in range(0, len(blocks), size):
             chunk = blocks[lo : lo + size]
-            tid = self.d2h.start(now, len(chunk) * self.block_bytes)
             chunk_owners = owners[lo : lo + size] if owners is not None else None
-            self._stores[tid] = _Store(chunk, hashes[lo : lo + size], now, chunk_owners)
+            done = self._store_done(chunk, hashes[lo : lo + size], at, chunk_owners)
+            self.d2h.start(at, len(chunk) * self.block_bytes, done)
+            self._num_stores += 1
+            self._storing.append(chunk)
+
+    def _store_done(
+        self, blocks: list[KVBlock], hashes: list[BlockHash], start: float,
+        owners: list[Request] | None,
+    ) -> Done:  # fmt: skip
+        def done(end: float) -> None:
+            self.version += 1
+            self._num_stores -= 1
+            self._storing.remove(blocks)
+            self.cpu.complete_store(hashes)
+            self.policy.stored(blocks, owners)
+            n = len(blocks)
+            self.stored_blocks += n
+            self._record(TransferKind.STORE, DEVICE, self.cpu.name, n, start, end)
+            self._cascade(hashes, end)
+
+        return done
+
+    def _cascade(self, keys: list[BlockKey], now: float) -> None:
+        """Write-through from the CPU tier to every secondary tier, in parallel; the CPU
+        copies are pinned until each copy ends."""
+        cpu = self.cpu
+        for tier in self.storage:
+            copies = []
+            for key in keys:
+                b = cpu.block(key)
+                copies.append(TierBlock(key, b.parent, b.token_ids, b.lora_name))
+            plan = tier.prepare_store(copies, self.engine_id)
+            if not plan.keys:
+                continue
+            run = plan.keys
+            cpu.pin(run)
+            self._cascading.append(run)
+            self._num_cascades += 1
+            tier.write.start(now, len(run) * self.block_bytes, self._cascade_done(tier, run, now))
+
+    def _cascade_done(self, tier: StorageTier, keys: list[BlockKey], start: float) -> Done:
+        def done(end: float) -> None:
+            self._num_cascades -= 1
+            self._cascading.remove(keys)
+            ok = not tier.fails()
+            tier.complete_store(keys, ok)
+            self.cpu.unpin(keys)
+            if ok:
+                self._record(TransferKind.STORE, self.cpu.name, tier.name, len(keys), start, end)
+            else:
+                self.counters[tier.name].cascade_failures += 1
             self.version += 1
 
-    def _finish_store(self, store: _Store, end: float) -> None:
-        self.cpu.complete_store(store.hashes)
-        self.policy.stored(store.blocks, store.owners)
-        n = len(store.blocks)
-        self.stored_blocks += n
-        self._records.append(
-            TransferRecord(TransferKind.STORE, n, n * self.block_bytes, store.start, end)
-        )
+        return done
 
-    # -- loads --------------------------------------------------------------------------------
+    # -- promotions (secondary tier → CPU) ----------------------------------------------------
+
+    def _promote(
+        self, request: Request, hashes: list[BlockHash], dev: int, pos: int, stop: int
+    ) -> bool:
+        """Start promoting the request's continuation from the first secondary tier that
+        holds it, if loading all of it then pays off. True: started (retry later)."""
+        for tier in self.storage:
+            m = tier.tier.lookup(hashes, pos, stop)
+            counters = self.counters[tier.name]
+            counters.block_queries += stop - pos
+            counters.block_hits += m
+            if m:
+                break
+        else:
+            return False
+        promote_s = tier.read_model.duration(m * self.block_bytes)
+        if not self.load_pays_off(pos - dev + m, promote_s):
+            return False
+        cpu = self.cpu
+        copies = []
+        for key in hashes[pos : pos + m]:
+            b = tier.tier.block(key)
+            copies.append(TierBlock(key, b.parent, b.token_ids, b.lora_name))
+        plan = cpu.prepare_store(copies)
+        if plan.evicted:
+            self.policy.cpu_evicted(plan.evicted)
+        # Only the contiguous run the CPU tier found room for (it lacks the first key).
+        keys = plan.keys
+        if not keys:
+            return False
+        hold = hashes[dev:pos]
+        cpu.prepare_load(hold)
+        tier.tier.prepare_load(keys)
+        now = self._time
+        promotion = _Promotion(request, tier, TransferId(-1), keys, hold, now,
+                               now + self._load_timeout)  # fmt: skip
+        promotion.tid = tier.read.start(now, len(keys) * self.block_bytes,
+                                        self._promotion_done(promotion))  # fmt: skip
+        self._promotions[request] = promotion
+        for key in keys:
+            self._promoting[key] = promotion
+        self._push_timeout(promotion.deadline, promotion)
+        self.version += 1
+        return True
+
+    def _promotion_done(self, promotion: _Promotion) -> Done:
+        def done(end: float) -> None:
+            tier = promotion.tier
+            if tier.fails():
+                self.counters[tier.name].promotion_failures += 1
+                self._unwind(promotion)
+                return
+            self._end_promotion(promotion)  # bumps the version
+            tier.tier.complete_load(promotion.keys)
+            self.cpu.complete_store(promotion.keys)
+            # The landed blocks join the hold: pinned until the request's retry.
+            self.cpu.prepare_load(promotion.keys)
+            self._holds[promotion.request] = promotion.hold + promotion.keys
+            promotion.request.promoted = (tier.name, len(promotion.keys))
+            n = len(promotion.keys)
+            self._record(TransferKind.LOAD, tier.name, self.cpu.name, n, promotion.start, end)
+
+        return done
+
+    def _end_promotion(self, promotion: _Promotion) -> None:
+        del self._promotions[promotion.request]
+        for key in promotion.keys:
+            del self._promoting[key]
+        self.version += 1
+
+    def _unwind(self, promotion: _Promotion) -> None:
+        """A promotion failed or timed out: free both hops' reservations; the request
+        recomputes (its next lookup answers 0)."""
+        self._end_promotion(promotion)
+        promotion.tier.tier.complete_load(promotion.keys)
+        self.cpu.complete_store(promotion.keys, success=False)
+        self.cpu.complete_load(promotion.hold)
+        promotion.request.skip_tier_load = True
+
+    def drop_request(self, now: float, request: Request) -> None:
+        """The request ended (abort, finish) outside a load: its promotion is cancelled and
+        its hold released."""
+        promotion = self._promotions.get(request)
+        if promotion is not None:
+            promotion.tier.read.cancel(now, promotion.tid)
+            self._unwind(promotion)
+        hold = self._holds.pop(request, None)
+        if hold is not None:
+            self.cpu.complete_load(hold)
+
+    def end_schedule(self) -> None:
+        """The pass's loads have pinned their CPU blocks: the holds they replace go."""
+        released, self._released = self._released, []
+        for hold in released:
+            self.cpu.complete_load(hold)
+
+    # -- loads (CPU → device) -----------------------------------------------------------------
 
     def start_load(self, now: float, request: Request, start: int, num_blocks: int) -> None:
         """Copy blocks [start, start + num_blocks) of the request from the CPU tier into the
         device slots the scheduler reserved for them."""
         hashes = request.block_hashes[start : start + num_blocks]
         self.cpu.prepare_load(hashes)
-        tid = self.h2d.start(now, num_blocks * self.block_bytes)
-        load = _Load(request, tid, hashes, now, now + self._load_timeout)
-        self._loads[tid] = load
-        self._load_of[request] = load
-        heapq.heappush(self._timeouts, (load.deadline, tid))
+        promoted, request.promoted = request.promoted, None
+        if request.num_cached_tokens < 0:  # its hits are counted once, at its first admission
+            # What a promotion brought counts for its tier, the rest for the CPU tier.
+            tokens = num_blocks * self.block_size
+            from_tier = 0 if promoted is None else min(promoted[1], num_blocks) * self.block_size
+            hits = [(self.cpu.name, tokens - from_tier)]
+            if from_tier:
+                hits.append((promoted[0], from_tier))  # type: ignore[index]
+            request.tier_hits = tuple((name, n) for name, n in hits if n)
+        load = _Load(request, TransferId(-1), hashes, now, now + self._load_timeout)
+        load.tid = self.h2d.start(now, num_blocks * self.block_bytes, self._load_done(load))
+        self._loads[request] = load
+        self._push_timeout(load.deadline, load)
         self.version += 1
+
+    def _load_done(self, load: _Load) -> Done:
+        def done(end: float) -> None:
+            del self._loads[load.request]
+            self.cpu.complete_load(load.hashes)
+            n = len(load.hashes)
+            self.loaded_blocks += n
+            self._record(TransferKind.LOAD, self.cpu.name, DEVICE, n, load.start, end)
+            self._loaded.append(load.request)
+            self.version += 1
+
+        return done
 
     def cancel_load(self, now: float, request: Request) -> bool:
         """Drop a request's load (abort, timeout); its CPU blocks are unpinned. The
         caller frees the device slots."""
-        load = self._load_of.pop(request, None)
+        load = self._loads.pop(request, None)
         if load is None:
             return False
-        del self._loads[load.tid]
         self.h2d.cancel(now, load.tid)
         self.cpu.complete_load(load.hashes)
         self.version += 1
@@ -280,61 +529,66 @@ class TierConnector:
     # -- completions --------------------------------------------------------------------------
 
     def poll(self, now: float) -> tuple[list[Request], list[Request]]:
-        """Apply everything due by `now`, in time order: posted stores start, stores and
-        loads finish, loads time out. Returns (requests whose KV loaded, requests whose
-        load timed out)."""
-        posted = self._posted
-        while posted and posted[0][0] <= now:
-            at, _, blocks, hashes, owners = heapq.heappop(posted)
-            self._finish_stores(at)
-            self._time = max(self._time, at)
-            self.start_stores(at, blocks, hashes, owners)
-        self._time = max(self._time, now)
-        self._finish_stores(now)
-        return self._finish_loads(now)
-
-    def _finish_stores(self, now: float) -> None:
-        if self._stores:
-            for tid, end in self.d2h.advance_to(now):
-                self._finish_store(self._stores.pop(tid), end)
-                self.version += 1
-
-    def _finish_loads(self, now: float) -> tuple[list[Request], list[Request]]:
-        loaded: list[Request] = []
+        """Apply everything due by `now`, one event at a time in time order: posted stores
+        start, transfers end (on this engine's channels and on shared ones, whoever started
+        them), loads and promotions time out. Returns (requests whose KV loaded, requests
+        whose load timed out). Requests whose promotion failed are still waiting: their
+        next lookup answers 0."""
         timed_out: list[Request] = []
-        if not self._loads:
-            return loaded, timed_out
-        timeouts = self._timeouts
+        channels, posted = self.channels, self._posted
         while True:
-            # Whichever comes first, a load ending or a load timing out.
-            link_next = self.h2d.next_deadline()
-            while timeouts and timeouts[0][1] not in self._loads:
-                heapq.heappop(timeouts)
-            timeout_next = timeouts[0][0] if timeouts else None
-            if (
-                timeout_next is not None
-                and timeout_next <= now
-                and (link_next is None or timeout_next < link_next)
-            ):
-                _, tid = heapq.heappop(timeouts)
-                load = self._loads[tid]
-                self.cancel_load(timeout_next, load.request)
-                timed_out.append(load.request)
-                continue
-            if link_next is None or link_next > now:
+            t, channel = math.inf, None
+            for ch in channels:
+                d = ch.next_deadline()
+                if d is not None and d < t:
+                    t, channel = d, ch
+            first_post = posted[0][0] if posted else math.inf
+            timeout = self._next_timeout()
+            # At one instant: copies end first (a timeout then loses: the copy made it),
+            # then posted stores start.
+            t_next = min(t, first_post, math.inf if timeout is None else timeout)
+            if t_next > now:
                 break
-            finished = self.h2d.advance_to(link_next)
-            if not finished:
-                break  # a backstop: the link always finishes what its deadline promised
-            for tid, end in finished:
-                load = self._loads.pop(tid)
-                del self._load_of[load.request]
-                self.cpu.complete_load(load.hashes)
-                n = len(load.hashes)
-                self.loaded_blocks += n
-                self._records.append(
-                    TransferRecord(TransferKind.LOAD, n, n * self.block_bytes, load.start, end)
-                )
-                loaded.append(load.request)
-                self.version += 1
+            self._time = max(self._time, t_next)
+            if channel is not None and t == t_next:
+                channel.finish(t)
+            elif timeout is not None and timeout == t_next:
+                self._time_out(timeout, timed_out)
+            else:
+                at, _, blocks, hashes, owners = heapq.heappop(posted)
+                self.start_stores(at, blocks, hashes, owners)
+        self._time = max(self._time, now)
+        loaded, self._loaded = self._loaded, []
         return loaded, timed_out
+
+    def _time_out(self, now: float, timed_out: list[Request]) -> None:
+        _, _, job = heapq.heappop(self._timeouts)
+        request = job.request
+        if isinstance(job, _Load):
+            self.cancel_load(now, request)
+            timed_out.append(request)
+        else:
+            job.tier.read.cancel(now, job.tid)
+            self.counters[job.tier.name].promotion_failures += 1
+            self._unwind(job)
+
+    def _push_timeout(self, deadline: float, job: _Load | _Promotion) -> None:
+        heapq.heappush(self._timeouts, (deadline, self._order, job))
+        self._order += 1
+
+    def _next_timeout(self) -> float | None:
+        timeouts = self._timeouts
+        while timeouts and not self._live(timeouts[0][2]):
+            heapq.heappop(timeouts)
+        return timeouts[0][0] if timeouts else None
+
+    def _live(self, job: _Load | _Promotion) -> bool:
+        jobs = self._loads if isinstance(job, _Load) else self._promotions
+        return jobs.get(job.request) is job
+
+    def _record(
+        self, kind: TransferKind, src: str, dst: str, n: int, start: float, end: float
+    ) -> None:
+        self._records.append(
+            TransferRecord(kind, n, n * self.block_bytes, start, end, src, dst)
+        )

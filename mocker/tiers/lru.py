@@ -160,12 +160,26 @@ class LruTier:
             resident.move_to_end(key)
 
     def complete_load(self, keys: Sequence[BlockKey]) -> None:
+        self.unpin(keys)
+
+    def pin(self, keys: Sequence[BlockKey]) -> None:
+        """Keep resident keys from eviction while they are read (a cascade), without
+        touching their recency."""
+        resident = self._resident
+        for key in keys:
+            resident[key].pins += 1
+
+    def unpin(self, keys: Sequence[BlockKey]) -> None:
         resident = self._resident
         for key in keys:
             block = resident[key]
             if block.pins <= 0:
                 raise ValueError(f"{self.name} block {key} unpinned more often than pinned")
             block.pins -= 1
+
+    def block(self, key: BlockKey) -> TierBlock:
+        """The resident block of this key (its parent and tokens, for a copy elsewhere)."""
+        return self._resident[key]
 
     # -- eviction and events ------------------------------------------------------------------
 

@@ -1,28 +1,52 @@
-"""Records of finished transfers between tiers, for metrics and reports."""
+"""Records of finished transfers between tiers, and per-tier counters, for metrics and
+reports."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
 
-__all__ = ["TransferKind", "TransferRecord"]
+__all__ = ["TierCounters", "TransferKind", "TransferRecord"]
 
 
 class TransferKind(IntEnum):
-    STORE = 0
-    LOAD = 1
+    STORE = 0  # towards slower storage (device → CPU, CPU → a secondary tier)
+    LOAD = 1  # towards the device (CPU → device, a secondary tier → CPU)
 
 
 @dataclass(frozen=True, slots=True)
 class TransferRecord:
-    """A finished transfer (times on the engine's clock)."""
+    """A finished transfer (times on the engine's clock) from tier `src` to tier `dst`
+    (tier names: "gpu", "cpu", "fs", "obj")."""
 
     kind: TransferKind
     num_blocks: int
     nbytes: int
     start: float
     end: float
+    src: str = "gpu"
+    dst: str = "cpu"
 
     @property
     def duration(self) -> float:
         return self.end - self.start
+
+    @property
+    def touches_device(self) -> bool:
+        """A device ↔ CPU copy (vLLM's flat kv_offload_* metrics count only these)."""
+        return self.src == "gpu" or self.dst == "gpu"
+
+    @property
+    def tier(self) -> str:
+        """The tier below the device end: the destination of a store, the source of a load."""
+        return self.dst if self.kind is TransferKind.STORE else self.src
+
+
+@dataclass(slots=True)
+class TierCounters:
+    """One engine's cumulative use of one secondary tier (vLLM's tiering counters)."""
+
+    block_queries: int = 0
+    block_hits: int = 0
+    promotion_failures: int = 0
+    cascade_failures: int = 0

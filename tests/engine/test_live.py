@@ -286,7 +286,7 @@ async def test_the_transfer_timer_drives_a_load_while_the_loop_idles() -> None:
     outs = await asyncio.wait_for(_run_one(engine, "again", prompts[0]), timeout=10)
     # Its KV came from host: the loop slept while only the load was in flight, and the
     # transfer timer woke it when the load's deadline passed.
-    assert outs[-1].finished and outs[-1].num_host_cached_tokens == 28
+    assert outs[-1].finished and outs[-1].num_tier_cached_tokens == 28
     assert outs[-1].num_cached_tokens == 28
     loads = [t for s in steps for t in s.transfers if t.kind == 1]
     assert [t.num_blocks for t in loads] == [7]

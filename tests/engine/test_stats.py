@@ -40,14 +40,14 @@ def test_a_request_aborted_while_waiting_has_no_phase_times() -> None:
 def test_iteration_stats_split_first_tokens_from_later_ones() -> None:
     outputs = [
         RequestOutput("a", [5], 1.0, num_prompt_tokens=10, num_cached_tokens=4,
-                      num_host_cached_tokens=2, first_token=True, latency=0.3),
+                      tier_hits=(("cpu", 1), ("fs", 1)), first_token=True, latency=0.3),
         RequestOutput("b", [6], 1.0, latency=0.05),
         RequestOutput("c", [], 1.0, finished=True, latency=9.0),  # no token: not counted
     ]  # fmt: skip
     stats = IterationStats.of(outputs)
     assert stats.num_generation_tokens == 2
     assert (stats.num_prompt_tokens, stats.num_cached_tokens) == (10, 4)
-    assert stats.num_host_cached_tokens == 2
+    assert stats.tier_cached == {"cpu": 1, "fs": 1}
     assert stats.time_to_first_tokens == [0.3] and stats.inter_token_latencies == [0.05]
 
 

@@ -18,7 +18,11 @@ def test_ignored_vllm_flags_warn_once_each() -> None:
 
 
 def test_deployment_vllm_flags_are_accepted_and_data_parallel_is_read() -> None:
-    ns = parse_flags(["--kv-transfer-config", "{}", "--data-parallel-size", "2"])
+    ns = parse_flags(["--kv-offloading-backend", "native", "--data-parallel-size", "2",
+                      "--kv-transfer-config", '{"kv_connector": "NixlConnector"}'])  # fmt: skip
     values, warnings = resolve(ns, ALL, environ={})
-    assert warnings == ["ignoring --kv-transfer-config: no meaning for a mock engine"]
+    assert warnings == ["ignoring --kv-offloading-backend: no meaning for a mock engine"]
     assert server_settings_from(values).data_parallel_size == 2
+    # Read, not ignored (mocker.settings.kv_transfer); a connector other than
+    # OffloadingConnector changes nothing yet.
+    assert values["kv_transfer_config"] == '{"kv_connector": "NixlConnector"}'

@@ -205,7 +205,7 @@ def test_host_hit_loads_parks_the_request_and_resumes_it() -> None:
     core, result, statuses = evicted_then_again()
     a2 = finished(result)["a2"]
     # No device hit; 7 blocks on host (the lookup stops one token short of the prompt).
-    assert a2.num_cached_tokens == 28 and a2.num_host_cached_tokens == 28
+    assert a2.num_cached_tokens == 28 and a2.num_tier_cached_tokens == 28
     assert RequestStatus.WAITING_FOR_REMOTE_KVS in statuses
     ttft = 7 * BLOCK_S + prefill_ms(4) / 1000
     assert a2.first_token_time - a2.arrival_time == pytest.approx(ttft)
@@ -225,20 +225,20 @@ def test_device_hit_then_host_continuation() -> None:
     ]
     a2 = finished(run(core, reqs))["a2"]
     assert a2.num_cached_tokens == 28
-    assert 0 < a2.num_host_cached_tokens < 28  # part device hit, the rest loaded from host
+    assert 0 < a2.num_tier_cached_tokens < 28  # part device hit, the rest loaded from host
 
 
 def test_short_host_hits_are_recomputed() -> None:
     core, result, _ = evicted_then_again(min_load_blocks=8)
     a2 = finished(result)["a2"]
-    assert a2.num_host_cached_tokens == 0 and a2.num_cached_tokens == 0
+    assert a2.num_tier_cached_tokens == 0 and a2.num_cached_tokens == 0
     assert core.connector is not None and core.connector.loaded_blocks == 0
 
 
 def test_loads_slower_than_prefill_are_recomputed() -> None:
     # 7 blocks at 0.0002 GB/s take ~18 s, far above prefill(28) ≈ 17 ms.
     core, result, _ = evicted_then_again(host_h2d_bandwidth_gbps=0.0002)
-    assert finished(result)["a2"].num_host_cached_tokens == 0
+    assert finished(result)["a2"].num_tier_cached_tokens == 0
     assert core.connector is not None and core.connector.loaded_blocks == 0
 
 
@@ -247,7 +247,7 @@ def test_a_load_past_its_timeout_recomputes_and_leaks_nothing() -> None:
     core, result, statuses = evicted_then_again(load_timeout=0.001)
     a2 = finished(result)["a2"]
     assert RequestStatus.WAITING_FOR_REMOTE_KVS in statuses
-    assert a2.num_host_cached_tokens == 0 and a2.num_cached_tokens == 0
+    assert a2.num_tier_cached_tokens == 0 and a2.num_cached_tokens == 0
     # Waited the timeout, then computed the whole prompt.
     assert a2.first_token_time - a2.arrival_time == pytest.approx(0.001 + prefill_ms(32) / 1000)
     assert core.connector is not None and core.connector.loaded_blocks == 0
@@ -268,7 +268,7 @@ def test_abort_during_a_load_releases_everything() -> None:
 def test_instant_links_still_go_through_the_transfer_path() -> None:
     core, result, _ = evicted_then_again(host_d2h_bandwidth_gbps=0, host_h2d_bandwidth_gbps=0)
     a2 = finished(result)["a2"]
-    assert a2.num_host_cached_tokens == 28
+    assert a2.num_tier_cached_tokens == 28
     assert core.connector is not None and core.connector.loaded_blocks == 7
     assert a2.first_token_time - a2.arrival_time == pytest.approx(prefill_ms(4) / 1000)
     assert_quiescent(core)

@@ -113,8 +113,8 @@ def random_workload(seed: int, seen: Seen) -> None:
     assert_drained(core)
     # Counts reach the metrics even from passes that computed nothing.
     assert metrics.num_preemptions == core.scheduler.num_preemptions
-    host_hits = sum(r.num_host_cached_tokens for r in run.finished)
-    host_hits += sum(o.num_host_cached_tokens for o in run.aborted)
+    host_hits = sum(r.num_tier_cached_tokens for r in run.finished)
+    host_hits += sum(o.num_tier_cached_tokens for o in run.aborted)
     assert metrics.external_prefix_hits == host_hits
     assert core.connector is not None
     seen.counts["loaded_blocks"] += core.connector.loaded_blocks

@@ -97,7 +97,7 @@ def test_second_round_is_served_from_host(policy: str) -> None:
     for k in range(PROMPTS):
         r = finished[f"round1-{k}"]
         assert r.num_cached_tokens == LOADED * BLOCK
-        loaded = r.num_host_cached_tokens
+        loaded = r.num_tier_cached_tokens
         host_hits, device_hits = host_hits + loaded, device_hits + r.num_cached_tokens - loaded
         if policy == "write-through" or 1 <= k <= 12:
             assert loaded == LOADED * BLOCK and ttft(f"round1-{k}") == pytest.approx(second)
@@ -118,7 +118,7 @@ def test_second_round_is_served_from_host(policy: str) -> None:
     assert metrics.offload_load_bytes == host_hits // BLOCK * BLOCK_BYTES
     assert metrics.offload_load_time == pytest.approx(copy_s(host_hits // BLOCK), rel=1e-9)
     assert metrics.external_prefix_queries == 2 * PROMPTS * PROMPT
-    assert metrics.external_prefix_hits == metrics.prompt_tokens_cached_host == host_hits
+    assert metrics.external_prefix_hits == metrics.prompt_tokens_cached_tiers == host_hits
     assert metrics.prefix_hits == device_hits
     assert metrics.prompt_tokens_cached == host_hits + device_hits
     # Events: a block is stored on the device when computed or loaded (a device hit, or a
@@ -140,7 +140,7 @@ def test_second_round_is_served_from_host(policy: str) -> None:
         for family in text_string_to_metric_families(text.decode())
         for sample in family.samples
     }
-    assert samples["vllm:prompt_tokens_cached_by_source_total", "host"].value == host_hits
+    assert samples["vllm:prompt_tokens_cached_by_source_total", "cpu"].value == host_hits
     assert samples["vllm:prompt_tokens_cached_by_source_total", "device"].value == device_hits
     assert samples["vllm:external_prefix_cache_hits_total", None].value == host_hits
     load_bytes = host_hits // BLOCK * BLOCK_BYTES

@@ -1,0 +1,163 @@
+"""vLLM's `--kv-transfer-config` for KV offloading (`OffloadingConnector`), parsed into the
+engine's tier settings; every mistake names its key and stops start-up."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from mocker.config import ConfigError, StorageKind, StorageTierSpec
+
+__all__ = ["STORAGE_DEFAULTS", "OffloadSettings", "parse_kv_transfer_config"]
+
+_ROLES = ("kv_both", "kv_producer", "kv_consumer")
+_SPECS = ("CPUOffloadingSpec", "TieringOffloadingSpec")
+# vLLM's extra-config keys this mock reads, and those it accepts without a use for them.
+_EXTRA_KEYS = {"spec_name", "cpu_bytes_to_use", "block_size", "eviction_policy",
+               "offload_prompt_only", "secondary_tiers", "store_threshold"}  # fmt: skip
+_EXTRA_IGNORED = {"spec_module_path", "num_cpu_blocks"}
+# Per secondary tier: the mock's keys, and vLLM's own keys that mean nothing here.
+_TIER_KEYS = {"type", "capacity_bytes", "read_gbps", "write_gbps", "latency_ms", "failure_rate"}
+_TIER_IGNORED = {"root_dir", "module_path", "num_threads", "num_read_threads",
+                 "num_write_threads", "read_threads", "write_threads", "bucket", "endpoint",
+                 "prefix"}  # fmt: skip
+
+# The mock's defaults per tier type (GB/s = 10^9 bytes/s; latency per transfer): a local
+# NVMe drive and a networked object store.
+STORAGE_DEFAULTS: dict[StorageKind, dict[str, float]] = {
+    StorageKind.FS: {"read_gbps": 8.0, "write_gbps": 4.0, "latency_ms": 0.1},
+    StorageKind.OBJ: {"read_gbps": 2.0, "write_gbps": 1.0, "latency_ms": 5.0},
+}
+
+
+class OffloadSettings(dict[str, Any]):
+    """EngineConfig fields set by an OffloadingConnector config (empty: none given)."""
+
+
+def _fail(key: str, value: Any, why: str) -> ConfigError:
+    return ConfigError(f"invalid kv_transfer_config {key}={value!r}: {why}")
+
+
+def _number(key: str, value: Any, *, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _fail(key, value, "must be a number")
+    if value < 0 or (positive and value <= 0):
+        raise _fail(key, value, "must be > 0" if positive else "must be >= 0")
+    return float(value)
+
+
+def parse_kv_transfer_config(
+    raw: str | Mapping[str, Any] | None, gpu_block_size: int, kv_bytes_per_token: int
+) -> OffloadSettings:
+    """The engine settings an `OffloadingConnector` config implies: the CPU tier's blocks
+    (from `cpu_bytes_to_use`), write-through stores, `offload_prompt_only`, the secondary
+    tiers, and the shortest load (vLLM's offload `block_size`, in device blocks). Another
+    connector is accepted and changes nothing here."""
+    if raw is None:
+        return OffloadSettings()
+    config = _load(raw)
+    for key in ("kv_connector", "kv_role"):
+        if key in config and not isinstance(config[key], str):
+            raise _fail(key, config[key], "must be a string")
+    role = config.get("kv_role")
+    if role is not None and role not in _ROLES:
+        raise _fail("kv_role", role, "must be one of " + ", ".join(_ROLES))
+    if config.get("kv_connector") != "OffloadingConnector":
+        return OffloadSettings()
+    extra = config.get("kv_connector_extra_config", {})
+    if not isinstance(extra, Mapping):
+        raise _fail("kv_connector_extra_config", extra, "must be an object")
+    for key in extra:
+        if key not in _EXTRA_KEYS | _EXTRA_IGNORED:
+            raise _fail(f"kv_connector_extra_config.{key}", extra[key], "unknown key")
+    spec_name = extra.get("spec_name", "CPUOffloadingSpec")
+    if spec_name not in _SPECS:
+        raise _fail("spec_name", spec_name, "must be one of " + ", ".join(_SPECS))
+    if "cpu_bytes_to_use" not in extra:
+        raise ConfigError(
+            "kv_transfer_config: OffloadingConnector needs kv_connector_extra_config."
+            "cpu_bytes_to_use (bytes of CPU memory for the CPU tier), as vLLM does"
+        )
+    gpu_block_bytes = gpu_block_size * kv_bytes_per_token
+    cpu_bytes = _number("cpu_bytes_to_use", extra["cpu_bytes_to_use"], positive=True)
+    cpu_blocks = int(cpu_bytes // gpu_block_bytes)
+    if cpu_blocks < 1:
+        raise _fail("cpu_bytes_to_use", extra["cpu_bytes_to_use"],
+                    f"holds no block of {gpu_block_bytes} bytes")  # fmt: skip
+    block_size = extra.get("block_size", gpu_block_size)
+    if (
+        isinstance(block_size, bool)
+        or not isinstance(block_size, int)
+        or block_size < gpu_block_size
+        or block_size % gpu_block_size
+    ):
+        raise _fail("block_size", block_size,
+                    f"must be a multiple of the GPU block size ({gpu_block_size})")  # fmt: skip
+    policy = extra.get("eviction_policy", "lru")
+    if policy == "arc":
+        raise _fail("eviction_policy", policy, "arc is not modelled by mocker; use lru")
+    if policy != "lru":
+        raise _fail("eviction_policy", policy, "must be lru (or vLLM's arc, not modelled)")
+    threshold = extra.get("store_threshold", 0)
+    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold > 1:
+        raise _fail("store_threshold", threshold,
+                    "mocker stores every block on first sight: only 0 or 1")  # fmt: skip
+    prompt_only = extra.get("offload_prompt_only", True)
+    if not isinstance(prompt_only, bool):
+        raise _fail("offload_prompt_only", prompt_only, "must be true or false")
+    tiers_raw = extra.get("secondary_tiers", [])
+    if not isinstance(tiers_raw, list):
+        raise _fail("secondary_tiers", tiers_raw, "must be a list of tier objects")
+    if tiers_raw and spec_name != "TieringOffloadingSpec":
+        raise _fail("secondary_tiers", tiers_raw,
+                    "needs spec_name TieringOffloadingSpec, as vLLM")  # fmt: skip
+    tiers = tuple(_tier(i, t, gpu_block_bytes) for i, t in enumerate(tiers_raw))
+    return OffloadSettings(
+        num_host_blocks=cpu_blocks,
+        offload_policy="write-through",
+        offload_prompt_only=prompt_only,
+        storage_tiers=tiers,
+        min_load_blocks=block_size // gpu_block_size,
+    )
+
+
+def _load(raw: str | Mapping[str, Any]) -> Mapping[str, Any]:
+    if isinstance(raw, Mapping):
+        return raw
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"kv_transfer_config is not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"kv_transfer_config must be a JSON object, got {raw!r}")
+    return config
+
+
+def _tier(index: int, raw: Any, block_bytes: int) -> StorageTierSpec:
+    where = f"secondary_tiers[{index}]"
+    if not isinstance(raw, Mapping):
+        raise _fail(where, raw, "must be an object")
+    for key in raw:
+        if key not in _TIER_KEYS | _TIER_IGNORED:
+            raise _fail(f"{where}.{key}", raw[key], "unknown key")
+    kind = raw.get("type")
+    if kind not in ("fs", "obj"):
+        raise _fail(f"{where}.type", kind, "must be fs or obj")
+    kind = StorageKind(kind)
+    if "capacity_bytes" not in raw:
+        raise ConfigError(f"kv_transfer_config {where}: capacity_bytes is required (mocker)")
+    capacity = _number(f"{where}.capacity_bytes", raw["capacity_bytes"], positive=True)
+    blocks = int(capacity // block_bytes)
+    if blocks < 1:
+        raise _fail(f"{where}.capacity_bytes", raw["capacity_bytes"],
+                    f"holds no block of {block_bytes} bytes")  # fmt: skip
+    values = dict(STORAGE_DEFAULTS[kind])
+    for key in ("read_gbps", "write_gbps", "latency_ms"):
+        if key in raw:
+            values[key] = _number(f"{where}.{key}", raw[key])
+    failure = _number(f"{where}.failure_rate", raw.get("failure_rate", 0.0))
+    if failure > 1:
+        raise _fail(f"{where}.failure_rate", failure, "must be in [0, 1]")
+    return StorageTierSpec(kind, blocks, values["read_gbps"], values["write_gbps"],
+                           values["latency_ms"], failure)  # fmt: skip
