@@ -224,7 +224,9 @@ class EngineConfig:
             )
         kinds = [t.kind for t in self.storage_tiers]
         if len(set(kinds)) != len(kinds):
-            raise ConfigError(f"secondary_tiers: each type at most once, got {[str(k) for k in kinds]}")
+            raise ConfigError(
+                f"secondary_tiers: each type at most once, got {[str(k) for k in kinds]}"
+            )
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ConfigError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "

@@ -4,10 +4,8 @@ plugged in instead of built."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-
-from collections.abc import Mapping
 
 from mocker.config import EngineConfig, OffloadPolicy, StorageKind
 from mocker.kv.block_pool import BlockPool

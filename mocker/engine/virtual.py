@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from mocker.clock import VirtualClock
 from mocker.engine.core import EngineCore
+from mocker.engine.event_loop import EventLoop
 from mocker.engine.intake import RequestRejected
 from mocker.engine.outputs import RequestOutput, StepResult
 from mocker.engine.stats import FinishedRequestStats
@@ -35,13 +36,10 @@ class VirtualRun:
 
 
 class VirtualDriver:
-    """Discrete-event loop: arrivals and aborts are applied at the start of the first pass at or
-    after their time; while idle, time jumps straight to the next arrival.
-
-    (Replay's `_ReplayRun` is the other virtual-clock loop: K engines, routing, closed
-    loops, the decode fast path. This one drives one core with aborts and yields every
-    result, for tests and benchmarks. They are to merge into one event-driven clock with
-    the tiered KV stack.)"""
+    """One core on the discrete-event loop (mocker.engine.event_loop), fed with engine
+    requests and aborts; yields every result, for tests and benchmarks. Arrivals and aborts
+    are applied at the start of the first pass at or after their time; while idle, time
+    jumps straight to the next arrival."""
 
     def __init__(self, core: EngineCore, clock: VirtualClock | None = None) -> None:
         self.core = core
@@ -55,53 +53,22 @@ class VirtualDriver:
         run: VirtualRun | None = None,
     ) -> Iterator[StepResult]:
         """Yield each pass's result, after the clock has moved to its end; also the idle
-        results of instants when only host-tier transfers ended (they carry the transfers
-        and KV events). The run ends when every request has ended and every transfer has
+        results of instants when only tier transfers ended (they carry the transfers and KV
+        events). The run ends when every request has ended and every transfer has
         drained."""
         run = run if run is not None else VirtualRun()
-        timed: list[tuple[float, int, EngineRequest | Abort]] = [
-            (r.arrival_time, 0, r) for r in requests
-        ]
-        timed += [(a.time, 1, a) for a in aborts]
-        # Same time: arrivals before aborts, so an abort can target a same-instant arrival.
-        timed.sort(key=lambda item: (item[0], item[1]))
-        core, clock = self.core, self.clock
-        i = 0
-        idle_at_same_time = 0
-        while True:
-            now = clock.now()
-            while i < len(timed) and timed[i][0] <= now:
-                self._apply(timed[i][2], now, run)
-                i += 1
-            if core.has_unfinished_requests() or core.has_pending_transfers():
-                result = core.step(now)
-                if not result.idle:
-                    idle_at_same_time = 0
-                    clock.advance_to(result.end)
-                    run.num_steps += 1
-                    run.finished.extend(result.finished)
-                    yield result
-                    continue
-                # Nothing can run now: jump to the next transfer deadline or arrival.
-                if result.newsworthy:
-                    yield result
-                nexts = [t for t in (core.next_transfer_deadline(),) if t is not None]
-                if i < len(timed):
-                    nexts.append(timed[i][0])
-                if not nexts:
-                    if core.has_unfinished_requests():
-                        raise core.stall_error()
-                    continue
-                target = max(now, min(nexts))
-                idle_at_same_time = idle_at_same_time + 1 if target == now else 0
-                if idle_at_same_time > 100:  # every idle step at `now` applies what is due
-                    raise core.stall_error()
-                clock.advance_to(target)
-            elif i < len(timed):
-                clock.advance_to(max(now, timed[i][0]))
-            else:
-                run.end_time = now
-                return
+        timeline = _Timeline(self, requests, aborts, run)
+        loop = EventLoop([self.core], timeline, start=self.clock.now())
+        timeline.loop = loop
+        clock = self.clock
+        for _, result in loop.run():
+            clock.advance_to(loop.clocks[0])
+            if not result.idle:
+                run.num_steps += 1
+                run.finished.extend(result.finished)
+            yield result
+        clock.advance_to(loop.clocks[0])
+        run.end_time = clock.now()
 
     def run(self, requests: Iterable[EngineRequest], aborts: Iterable[Abort] = ()) -> VirtualRun:
         """Run until every request has finished, been aborted or been rejected."""
@@ -110,13 +77,44 @@ class VirtualDriver:
             pass
         return run
 
-    def _apply(self, item: EngineRequest | Abort, now: float, run: VirtualRun) -> None:
+
+class _Timeline:
+    """Requests and aborts in time order (same time: arrivals first, so an abort can
+    target a same-instant arrival)."""
+
+    def __init__(
+        self,
+        driver: VirtualDriver,
+        requests: Iterable[EngineRequest],
+        aborts: Iterable[Abort],
+        run: VirtualRun,
+    ) -> None:
+        timed: list[tuple[float, int, EngineRequest | Abort]] = [
+            (r.arrival_time, 0, r) for r in requests
+        ]
+        timed += [(a.time, 1, a) for a in aborts]
+        timed.sort(key=lambda item: (item[0], item[1]))
+        self.timed = timed
+        self.i = 0
+        self.core = driver.core
+        self.run = run
+        self.loop: EventLoop | None = None
+
+    def next_time(self) -> float | None:
+        return self.timed[self.i][0] if self.i < len(self.timed) else None
+
+    def apply(self, now: float) -> None:
+        loop = self.loop
+        assert loop is not None
+        _, _, item = self.timed[self.i]
+        self.i += 1
+        loop.wake(0, now)
         if isinstance(item, Abort):
-            out = self.core.abort_request(item.request_id, now)
+            out = self.core.abort_request(item.request_id, loop.clocks[0])
             if out is not None:
-                run.aborted.append(out)
+                self.run.aborted.append(out)
             return
         try:
             self.core.add_request(item)
         except RequestRejected as exc:
-            run.rejected.append((item, str(exc)))
+            self.run.rejected.append((item, str(exc)))

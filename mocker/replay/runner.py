@@ -10,7 +10,9 @@ from dataclasses import dataclass, field, replace
 from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore
 from mocker.engine.decode_runs import run_decodes
+from mocker.engine.event_loop import EventLoop
 from mocker.engine.intake import RequestRejected
+from mocker.engine.kv_stack import build_shared_tiers
 from mocker.engine.outputs import StepResult
 from mocker.engine.stats import FinishedRequestStats
 from mocker.replay.prompts import PromptBuilder
@@ -125,12 +127,8 @@ def replay(
 
 
 class _ReplayRun:
-    """One replay: K cores with their own clocks, the trace cursor, rows and samples.
-
-    (The single-engine `VirtualDriver` is the other virtual-clock loop: it takes engine
-    requests and aborts and yields every result, for tests and benchmarks; this one routes
-    trace requests over K engines, runs closed loops and the decode fast path. They are
-    to merge into one event-driven clock with the tiered KV stack.)"""
+    """One replay: K cores on the discrete-event loop (mocker.engine.event_loop), which this
+    feeds as its `Arrivals` (the trace cursor, routing, closed-loop users); rows, samples."""
 
     def __init__(
         self,
@@ -145,8 +143,13 @@ class _ReplayRun:
     ) -> None:
         self.started = time.perf_counter()
         self.trace = trace
-        self.cores = [EngineCore(config) for _ in range(num_engines)]
-        self.clocks = [0.0] * num_engines
+        # One `obj` tier for all the engines, as one process's engines share it.
+        shared = build_shared_tiers(config)
+        self.cores = [
+            EngineCore(config, shared_tiers=shared, engine_id=k) for k in range(num_engines)
+        ]
+        self.loop = EventLoop(self.cores, self)
+        self.clocks = self.loop.clocks
         self.pick = make_router(router).pick
         self.builder = PromptBuilder(
             config.block_size, trace_block_size, config.vocab_size, config.seed
@@ -169,21 +172,23 @@ class _ReplayRun:
         self.finished_count = 0
 
     def run(self, fast: bool) -> ReplayResult:
-        cores, clocks = self.cores, self.clocks
-        while True:
-            busy = [k for k, c in enumerate(cores)
-                    if c.has_unfinished_requests() or c.has_pending_transfers()]  # fmt: skip
-            k = min(busy, key=lambda e: (clocks[e], e)) if busy else -1
-            arrival = self._next_arrival()
-            # Every busy engine has run the passes that start before `arrival`: routing sees
-            # the state then, and no later finish can free a user earlier.
-            if arrival is not None and (k < 0 or arrival <= clocks[k]):
-                self._arrive(arrival)
-            elif k < 0:
-                break
-            elif not (fast and self._decode_run(k, arrival, busy)):
-                self._step(k, arrival)
+        # Every busy engine has run the passes that start before an arrival when it is
+        # applied: routing sees the state then, and no later finish can free a user earlier.
+        loop, result = self.loop, self.result
+        loop.fast = self._decode_run if fast else None
+        for k, step in loop.run():
+            result.count_transfers(step)
+            if not step.idle:
+                result.num_steps += 1
+                self._collect(k, step.finished, step.end)
         return self._finish()
+
+    def next_time(self) -> float | None:
+        """The Arrivals protocol: the next trace request's arrival."""
+        return self._next_arrival()
+
+    def apply(self, now: float) -> None:
+        self._arrive(now)
 
     def _next_arrival(self) -> float | None:
         if self.i >= len(self.trace):
@@ -204,8 +209,7 @@ class _ReplayRun:
         tokens, hashes = self.builder.prompt(item)
         target = self.pick(self.cores, hashes)
         core = self.cores[target]
-        if not (core.has_unfinished_requests() or core.has_pending_transfers()):
-            self.clocks[target] = max(self.clocks[target], item.arrival)
+        self.loop.wake(target, item.arrival)
         sampling = SamplingParams(max_tokens=item.output_length, ignore_eos=True)
         spec = EngineRequest(rid, tokens, sampling, item.arrival, block_hashes=hashes)
         try:
@@ -228,14 +232,16 @@ class _ReplayRun:
             return
         self.lines[rid] = (item.line, target)
 
-    def _decode_run(self, k: int, arrival: float | None, busy: list[int]) -> bool:
+    def _decode_run(self, k: int, arrival: float) -> bool:
         """Runs of pure decode passes at once, up to the next arrival (routing reads every
         engine's state then) or sample: the same passes, one call. False: none to run."""
-        stop_at = min(_INF if arrival is None else arrival, self.next_sample[k])
+        stop_at = min(arrival, self.next_sample[k])
         if self.free_users is not None:
             # Closed loop: a finish elsewhere sends a request no earlier than that engine's
             # next pass ends, after its clock; stop before any such moment.
-            stop_at = min([stop_at] + [self.clocks[j] for j in busy if j != k])
+            busy = self.loop.busy
+            stop_at = min([stop_at] + [self.clocks[j] for j in range(len(self.cores))
+                                       if j != k and busy(j)])  # fmt: skip
         run = run_decodes(self.cores[k], self.clocks[k], stop_at)
         if run is None:
             return False
@@ -243,21 +249,6 @@ class _ReplayRun:
         self.clocks[k] = run.end
         self._collect(k, run.finished, run.end)
         return True
-
-    def _step(self, k: int, arrival: float | None) -> None:
-        core, now = self.cores[k], self.clocks[k]
-        step = core.step(now)
-        self.result.count_transfers(step)
-        if step.idle:
-            deadline = core.next_transfer_deadline()
-            targets = [t for t in (deadline, arrival) if t is not None]
-            if not targets:
-                raise core.stall_error()
-            self.clocks[k] = max(now, min(targets))
-            return
-        self.result.num_steps += 1
-        self.clocks[k] = step.end
-        self._collect(k, step.finished, step.end)
 
     def _collect(self, k: int, finished: list[FinishedRequestStats], end: float) -> None:
         """After a pass of engine k ending at `end`: rows of finished requests, a sample."""

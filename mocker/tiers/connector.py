@@ -589,6 +589,4 @@ class TierConnector:
     def _record(
         self, kind: TransferKind, src: str, dst: str, n: int, start: float, end: float
     ) -> None:
-        self._records.append(
-            TransferRecord(kind, n, n * self.block_bytes, start, end, src, dst)
-        )
+        self._records.append(TransferRecord(kind, n, n * self.block_bytes, start, end, src, dst))
