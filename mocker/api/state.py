@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
@@ -14,12 +14,14 @@ from mocker.api.serving import OpenAIServing
 from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore
 from mocker.engine.group import EngineGroup
+from mocker.engine.kv_stack import build_shared_tiers
 from mocker.engine.live import LiveEngine
 from mocker.engine.outputs import StepResult
 from mocker.kvevents.config import advertised_host
 from mocker.kvevents.publisher import ZmqEventPublisher
 from mocker.metrics import MetricsCollector, StatsRecorder, build_registry
 from mocker.settings import ServerSettings
+from mocker.tiers.storage import StorageTier
 from mocker.tokenizer import TextTokenizer
 
 __all__ = ["ServerState", "build_state", "engine_config_for"]
@@ -76,10 +78,15 @@ def _publishing(
 
 
 def _rank_engine(
-    settings: ServerSettings, config: EngineConfig, tokenizer: TextTokenizer, rank: int
+    settings: ServerSettings,
+    config: EngineConfig,
+    tokenizer: TextTokenizer,
+    rank: int,
+    shared: Mapping[str, StorageTier],
 ) -> tuple[LiveEngine, StatsRecorder, ZmqEventPublisher | None]:
-    """Data-parallel rank `rank`: its core and loop, its metrics, its KV-event publisher."""
-    core = EngineCore(config, output_palette=tokenizer.palette)
+    """Data-parallel rank `rank`: its core and loop, its metrics, its KV-event publisher.
+    `shared`: the process's tiers every rank uses (one `obj`)."""
+    core = EngineCore(config, output_palette=tokenizer.palette, shared_tiers=shared, engine_id=rank)
     metrics = StatsRecorder(config, engine=str(rank))
     publisher = None
     on_step: Callable[[StepResult], None] = metrics.on_step
@@ -106,9 +113,12 @@ def build_state(
     engines: list[LiveEngine] = []
     metrics: list[StatsRecorder] = []
     publishers: list[ZmqEventPublisher] = []
+    shared = build_shared_tiers(config)
     try:
         for rank in range(settings.data_parallel_size):
-            engine, rank_metrics, publisher = _rank_engine(settings, config, tokenizer, rank)
+            engine, rank_metrics, publisher = _rank_engine(
+                settings, config, tokenizer, rank, shared
+            )
             engines.append(engine)
             metrics.append(rank_metrics)
             if publisher is not None:

@@ -37,8 +37,15 @@ def summarize(result: ReplayResult) -> dict[str, Any]:
     prompt = sum(r.input_tokens for r in done)
     output = sum(r.output_tokens for r in done)
     device = sum(r.cached_tokens_device for r in done)
-    host = sum(r.cached_tokens_host for r in done)
-    offload = {"store_bytes": result.store_bytes, "load_bytes": result.load_bytes}
+    config = result.cores[0].config if result.cores else None
+    tiers = [] if config is None or not config.has_host_tier else ["cpu"]
+    tiers += [t.name for t in config.storage_tiers] if config is not None else []
+    by_tier = dict.fromkeys(tiers, 0)
+    for r in done:
+        for tier, n in r.cached_tokens_by_tier.items():
+            by_tier[tier] = by_tier.get(tier, 0) + n
+    offload = {"store_bytes": result.store_bytes, "load_bytes": result.load_bytes,
+               "link_bytes": dict(sorted(result.link_bytes.items()))}  # fmt: skip
     reasons: dict[str, int] = {}
     for r in rejected:
         reasons[r.status] = reasons.get(r.status, 0) + 1
@@ -54,9 +61,10 @@ def summarize(result: ReplayResult) -> dict[str, Any]:
         "output_tokens_per_s": round(output / duration, 2) if duration else None,
         "prompt_tokens": prompt,
         "output_tokens": output,
+        # Per tier: the device, then each tier below it (cpu, fs, obj) that the engines have.
         "prefix_hit_rate": {
-            "device": round(device / prompt, 6) if prompt else 0.0,
-            "host": round(host / prompt, 6) if prompt else 0.0,
+            tier: round(n / prompt, 6) if prompt else 0.0
+            for tier, n in {"device": device, **by_tier}.items()
         },
         "preemptions": sum(r.preemptions for r in done),
         "offload": offload,
@@ -88,7 +96,9 @@ def table(summary: dict[str, Any]) -> str:
         f"{summary['rejected']}) on {summary['engines']} engine(s)",
         f"throughput {summary['requests_per_s']} req/s, {summary['output_tokens_per_s']} "
         "output tokens/s",
-        f"prefix hits: device {hits['device']:.1%}, host {hits['host']:.1%}; preemptions "
+        "prefix hits: "
+        + ", ".join(f"{tier} {rate:.1%}" for tier, rate in hits.items())
+        + f"; preemptions "
         f"{summary['preemptions']}; offload stored {summary['offload']['store_bytes']} B, "
         f"loaded {summary['offload']['load_bytes']} B",
         f"simulated {summary['sim_duration_s']:.1f} s in {summary['wall_s']:.1f} s wall "

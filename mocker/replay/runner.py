@@ -44,7 +44,8 @@ class RequestRecord:
     mean_itl: float | None = None
     e2e: float | None = None
     cached_tokens_device: int = 0
-    cached_tokens_host: int = 0
+    # Of the prefix hits, the tokens loaded from each tier below the device (by name).
+    cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
     preemptions: int = 0
 
 
@@ -66,12 +67,18 @@ class ReplayResult:
     sim_duration: float = 0.0
     wall_s: float = 0.0
     num_steps: int = 0
-    # Host-tier transfer bytes, from the transfer records (as the metrics count them).
+    # Device ↔ CPU transfer bytes, from the transfer records (as the metrics count them),
+    # and the bytes of every link, keyed "src->dst" (e.g. "cpu->fs").
     store_bytes: int = 0
     load_bytes: int = 0
+    link_bytes: dict[str, int] = field(default_factory=dict)
 
     def count_transfers(self, step: StepResult) -> None:
         for record in step.transfers:
+            key = f"{record.src}->{record.dst}"
+            self.link_bytes[key] = self.link_bytes.get(key, 0) + record.nbytes
+            if not record.touches_device:
+                continue
             if record.kind is TransferKind.STORE:
                 self.store_bytes += record.nbytes
             else:
@@ -94,7 +101,7 @@ def _record(r: FinishedRequestStats, engine: int, line: int) -> RequestRecord:
         mean_itl=r.mean_time_per_output_token,
         e2e=r.e2e_latency,
         cached_tokens_device=r.num_device_cached_tokens,
-        cached_tokens_host=r.num_tier_cached_tokens,
+        cached_tokens_by_tier=dict(r.tier_hits),
         preemptions=r.num_preemptions,
     )
 

@@ -178,7 +178,15 @@ class TierConnector:
                 return None  # another request's promotion brings it: wait for that
             if self._promote(request, hashes, num_device_blocks, pos, stop):
                 return None
-        return n if n and self.load_pays_off(n) else 0
+        if not (n and self.load_pays_off(n)):
+            return 0
+        if self.storage:
+            # Another request's promotion in this same pass may make room in the CPU tier:
+            # the run is pinned until this pass's loads have pinned theirs.
+            run = hashes[num_device_blocks:pos]
+            self.cpu.pin(run)
+            self._released.append(run)
+        return n
 
     def load_pays_off(self, num_blocks: int, promote_s: float = 0.0) -> bool:
         """Load rather than recompute: enough blocks, and copying them (after a promotion of
@@ -408,15 +416,16 @@ class TierConnector:
         for key in hashes[pos : pos + m]:
             b = tier.tier.block(key)
             copies.append(TierBlock(key, b.parent, b.token_ids, b.lora_name))
+        # The request's CPU run is pinned first: making room must not evict it.
+        hold = hashes[dev:pos]
+        cpu.prepare_load(hold)
         plan = cpu.prepare_store(copies)
         if plan.evicted:
             self.policy.cpu_evicted(plan.evicted)
-        # Only the contiguous run the CPU tier found room for (it lacks the first key).
         keys = plan.keys
         if not keys:
+            cpu.complete_load(hold)
             return False
-        hold = hashes[dev:pos]
-        cpu.prepare_load(hold)
         tier.tier.prepare_load(keys)
         now = self._time
         promotion = _Promotion(request, tier, TransferId(-1), keys, hold, now,

@@ -41,7 +41,7 @@ def test_replay_writes_rows_summary_and_plots(
     assert len(rows) == 12 and all(r["status"] == "finished" for r in rows)
     assert {r["engine"] for r in rows} <= {0, 1}
     for key in ("arrival", "admit", "first_token", "finish", "ttft", "mean_itl",
-                "cached_tokens_device", "cached_tokens_host", "preemptions"):  # fmt: skip
+                "cached_tokens_device", "cached_tokens_by_tier", "preemptions"):  # fmt: skip
         assert key in rows[0]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["finished"] == 12 and summary["engines"] == 2

@@ -161,7 +161,10 @@ def test_live_and_replay_agree() -> None:
     # group's requests in the trace's order.
     records = {r.id: r for r in replay(trace, engine.core.config, trace_block_size=TBS).records}
     assert set(records) == set(ids)
-    cached = {rid: r.cached_tokens_device + r.cached_tokens_host for rid, r in records.items()}
+    cached = {
+        rid: r.cached_tokens_device + sum(r.cached_tokens_by_tier.values())
+        for rid, r in records.items()
+    }
     assert {rid: finished[rid].num_cached_tokens for rid in ids} == cached
     assert sorted(set(cached.values())) == [0, 64, 128]  # misses and hits of two depths
     for group in range(GROUPS):

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from mocker.config import EngineConfig
+from mocker.config import EngineConfig, StorageTierSpec
 from mocker.engine.core import EngineCore
 from mocker.engine.decode_runs import DecodeRun, run_decodes
 from mocker.engine.virtual import VirtualDriver
@@ -50,7 +50,7 @@ def test_one_request_by_hand() -> None:
     assert r.ttft == pytest.approx(prefill_s(100), abs=1e-12)
     assert r.mean_itl == pytest.approx(decode_s(7, 256), abs=1e-12)
     assert r.e2e == pytest.approx(prefill_s(100) + 2 * decode_s(7, 256), abs=1e-12)
-    assert (r.cached_tokens_device, r.cached_tokens_host, r.preemptions) == (0, 0, 0)
+    assert (r.cached_tokens_device, r.cached_tokens_by_tier, r.preemptions) == (0, {}, 0)
 
 
 def test_two_requests_sharing_a_prefix() -> None:
@@ -105,7 +105,7 @@ def test_host_tier_hit_by_hand(h2d_gbps: float) -> None:
     ]
     records = run(trace, cfg).records
     again = records[3]
-    assert (again.cached_tokens_host, again.cached_tokens_device) == (256, 0)
+    assert (again.cached_tokens_by_tier, again.cached_tokens_device) == ({"cpu": 256}, 0)
     load_s = 0.0 if not h2d_gbps else 16 * cfg.block_bytes / (h2d_gbps * 1e9)
     assert again.admit == pytest.approx(3.0 + load_s, abs=1e-12)  # it computes from then
     assert again.ttft == pytest.approx(load_s + prefill_s(1), abs=1e-12)
@@ -268,3 +268,32 @@ def test_decode_runs_leave_a_cached_duplicate_block_to_step() -> None:
     assert [b.block_id for b in fast.cores[0].pool.policy] == [
         b.block_id for b in slow.cores[0].pool.policy
     ]
+
+
+def test_shared_obj_tier_serves_another_engine_by_hand() -> None:
+    # Round robin over two engines sharing one obj tier: A's prompt is computed on engine 0
+    # (stored to its CPU tier, cascaded to obj); A's prompt plus one token then lands on
+    # engine 1, whose own tiers never saw it: it promotes the 16 blocks obj → CPU, loads
+    # them CPU → device, and prefills one token.
+    obj = StorageTierSpec("obj", 1024, read_gbps=8.0, write_gbps=4.0, latency_ms=1.0)  # type: ignore[arg-type]
+    cfg = config(num_gpu_blocks=64, max_model_len=512, num_host_blocks=64,
+                 offload_policy="write-through", storage_tiers=(obj,))  # fmt: skip
+    trace = [
+        TraceRequest(0.0, 256, 1, (1, 2, 3, 4), 1),  # engine 0
+        TraceRequest(0.1, 64, 1, (11,), 2),  # engine 1
+        TraceRequest(0.2, 64, 1, (21,), 3),  # engine 0
+        TraceRequest(1.0, 257, 1, (1, 2, 3, 4, 5), 4),  # engine 1
+    ]
+    result = run(trace, cfg, num_engines=2)
+    again = result.records[3]
+    assert again.engine == 1
+    assert (again.cached_tokens_by_tier, again.cached_tokens_device) == ({"obj": 256}, 0)
+    promote_s = 1e-3 + 16 * cfg.block_bytes / 8e9
+    load_s = 16 * cfg.block_bytes / 32e9
+    assert again.admit == pytest.approx(1.0 + promote_s + load_s, abs=1e-12)
+    assert again.ttft == pytest.approx(promote_s + load_s + prefill_s(1), abs=1e-12)
+    # Both engines' stacks hold the same obj tier; engine 1 read from it, engine 0 wrote.
+    c0, c1 = (c.connector for c in result.cores)
+    assert c0 is not None and c1 is not None and c0.storage[0] is c1.storage[0]
+    assert result.link_bytes["obj->cpu"] == 16 * cfg.block_bytes
+    assert result.link_bytes["cpu->obj"] >= 16 * cfg.block_bytes

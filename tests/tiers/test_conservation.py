@@ -1,5 +1,6 @@
-"""Conservation of blocks across the device pool, the host tier and transfers in flight,
-checked after every step of random workloads with aborts, preemptions and load timeouts."""
+"""Conservation of blocks across the device pool, the CPU tier, the secondary tiers (fs, obj)
+and transfers in flight, checked after every step of random workloads with 1, 2 or 3 tiers
+below the device, aborts, preemptions, load timeouts and failing tiers."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mocker.config import EngineConfig
+from mocker.config import EngineConfig, StorageTierSpec
 from mocker.engine.core import EngineCore
 from mocker.engine.virtual import VirtualDriver, VirtualRun
+from mocker.kv.events import BlockStored
 from mocker.metrics import StatsRecorder
 from mocker.request import RequestStatus
 from tests.support.kv_index import EventIndex
@@ -54,7 +56,20 @@ def check_invariants(core: EngineCore) -> None:
         for h in hashes:
             assert h in host
             pins[h] += 1
-    assert dict(pins) == host.pins()
+    # Every CPU pin is a load's, a promotion's hold or a cascade's read.
+    assert dict(pins) == {k: n for k, n in pins.items() if n}
+    assert offload.cpu_pins() == host.pins()
+    for key, n in pins.items():
+        assert offload.cpu_pins()[key] >= n
+    # Secondary tiers: within capacity; pinned exactly by the promotions reading them.
+    promotions = list(offload._promotions.values())
+    for tier in offload.storage:
+        t = tier.tier
+        assert t.num_resident + t.num_incoming == t.num_used <= t.capacity
+        reading = Counter(k for p in promotions if p.tier is tier for k in p.keys)
+        if not tier.shared:  # a shared tier's pins are every engine's
+            assert t.pins() == dict(reading)
+    assert offload.num_promoting == len(offload._promotions)
     assert len(core.scheduler.loading) == offload.num_loading
     # Every live request's blocks are referenced.
     for request in core.requests.values():
@@ -68,6 +83,9 @@ def assert_drained(core: EngineCore) -> None:
     assert core.cpu is not None and core.cpu.num_incoming == 0 and core.cpu.num_pinned() == 0
     assert core.connector is not None and len(core.connector.d2h) == len(core.connector.h2d) == 0
     assert core.connector.num_held_blocks == 0
+    assert core.connector.cpu_pins() == {} and core.connector.num_promoting == 0
+    for tier in core.connector.storage:
+        assert tier.tier.num_incoming == 0 and tier.tier.num_pinned() == 0
 
 
 @dataclass
@@ -80,6 +98,11 @@ class Seen:
 def random_workload(seed: int, seen: Seen) -> None:
     rng = random.Random(seed)
     block_size = 4
+    failure = rng.choice([0.0, 0.0, 0.2])
+    fs = StorageTierSpec("fs", rng.choice([16, 64, 512]), rng.choice([0.0, 0.1, 8.0]),  # type: ignore[arg-type]
+                         rng.choice([0.0, 0.1, 4.0]), rng.choice([0.0, 0.2]), failure)  # fmt: skip
+    obj = StorageTierSpec("obj", rng.choice([32, 1024]), 1.0, 0.5, 1.0, failure)  # type: ignore[arg-type]
+    storage = rng.choice([(), (fs,), (fs, obj)])
     config = EngineConfig(
         **random_geometry(rng, block_size),
         num_host_blocks=rng.choice([8, 24, 64, 256]),
@@ -92,6 +115,7 @@ def random_workload(seed: int, seen: Seen) -> None:
         min_load_blocks=rng.randint(1, 3),
         load_timeout=rng.choice([10.0, 0.004, 0.0005]),
         enable_kv_cache_events=rng.random() < 0.5,
+        storage_tiers=storage,
         seed=seed,
     )
     core = EngineCore(config)
@@ -99,23 +123,48 @@ def random_workload(seed: int, seen: Seen) -> None:
     run = VirtualRun()
     indexer = EventIndex(block_size)
     metrics = StatsRecorder(config)
+    storage_index: Counter[int] = Counter()  # copies per key in the secondary tiers
     for result in VirtualDriver(core).steps(requests, aborts, run=run):
         metrics.on_step(result)
         check_invariants(core)
         seen.counts["idle"] += result.idle
         if config.enable_kv_cache_events:
             # The events are true: applied in order, they give each tier's cached set.
-            indexer.apply(result.kv_events)
+            # (STORAGE is checked below, as copies per key.)
+            indexer.apply(e for e in result.kv_events if getattr(e, "medium", "") != "STORAGE")
             assert indexer.hashes("GPU") == set(core.pool.cached_hashes())
             assert core.cpu is not None
             assert indexer.hashes("CPU") == core.cpu.resident_keys()
             seen.counts["events"] += len(result.kv_events)
+            # STORAGE events count copies (a key can be in fs and obj at once).
+            for event in result.kv_events:
+                if getattr(event, "medium", None) == "STORAGE":
+                    delta = 1 if isinstance(event, BlockStored) else -1
+                    for h in event.block_hashes:  # type: ignore[union-attr]
+                        storage_index[h] += delta
+            assert core.connector is not None
+            truth: Counter[int] = Counter()
+            for tier in core.connector.storage:
+                truth.update(tier.tier.resident_keys())
+            assert +storage_index == truth
     assert_drained(core)
     # Counts reach the metrics even from passes that computed nothing.
     assert metrics.num_preemptions == core.scheduler.num_preemptions
     host_hits = sum(r.num_tier_cached_tokens for r in run.finished)
     host_hits += sum(o.num_tier_cached_tokens for o in run.aborted)
     assert metrics.external_prefix_hits == host_hits
+    # Per tier too: the responses' cached tokens add up to the hit counters.
+    by_tier: Counter[str] = Counter()
+    for r in run.finished:
+        by_tier.update(dict(r.tier_hits))
+    for o in run.aborted:
+        by_tier.update(dict(o.tier_hits))
+    assert +by_tier == +Counter(metrics.prompt_tokens_cached_by_tier)
+    snap = core.snapshot()
+    seen.counts["tiers"] += len(storage)
+    seen.counts["storage_hits"] += sum(n for t, n in by_tier.items() if t in ("fs", "obj"))
+    seen.counts["tier_failures"] += sum(t.promotion_failures + t.cascade_failures
+                                        for t in snap.tiers)  # fmt: skip
     assert core.connector is not None
     seen.counts["loaded_blocks"] += core.connector.loaded_blocks
     seen.counts["stored_blocks"] += core.connector.stored_blocks
@@ -134,7 +183,7 @@ def test_conservation_over_seeded_workloads() -> None:
     # The property was exercised: hits, copies, preemptions, aborts, timeouts, idle waits,
     # a full host tier, events.
     for what in ("loaded_blocks", "stored_blocks", "preemptions", "aborted", "timeouts", "idle",
-                 "host_full", "events"):  # fmt: skip
+                 "host_full", "events", "tiers", "storage_hits", "tier_failures"):  # fmt: skip
         assert seen.counts[what] > 0, what
 
 

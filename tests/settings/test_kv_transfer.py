@@ -1,0 +1,97 @@
+"""vLLM's --kv-transfer-config for OffloadingConnector: honoured, and every mistake named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mocker.config import ConfigError, StorageKind
+from mocker.settings import resolve
+from mocker.settings.engine import engine_config_from
+from mocker.settings.kv_transfer import STORAGE_DEFAULTS, parse_kv_transfer_config
+from tests.support.settings import ALL, parse_flags
+
+BLOCK_BYTES = 16 * 131072  # Llama-3-8B, 16-token blocks: 2 MiB
+
+
+def offloading(**extra: object) -> str:
+    return json.dumps({"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                       "kv_connector_extra_config": extra})  # fmt: skip
+
+
+def test_cpu_tier_from_cpu_bytes_to_use() -> None:
+    s = parse_kv_transfer_config(offloading(cpu_bytes_to_use=64 * BLOCK_BYTES), 16, 131072)
+    assert s["num_host_blocks"] == 64 and s["offload_policy"] == "write-through"
+    assert s["offload_prompt_only"] is True and s["storage_tiers"] == ()
+
+
+def test_tiering_spec_with_fs_and_obj() -> None:
+    raw = offloading(
+        spec_name="TieringOffloadingSpec", cpu_bytes_to_use=8 * BLOCK_BYTES, block_size=32,
+        offload_prompt_only=False,
+        secondary_tiers=[
+            {"type": "fs", "root_dir": "/mnt/kv", "capacity_bytes": 100 * BLOCK_BYTES},
+            {"type": "obj", "capacity_bytes": 1000 * BLOCK_BYTES, "read_gbps": 3,
+             "latency_ms": 2, "failure_rate": 0.01},
+        ],
+    )  # fmt: skip
+    s = parse_kv_transfer_config(raw, 16, 131072)
+    fs, obj = s["storage_tiers"]
+    assert (fs.kind, fs.capacity_blocks) == (StorageKind.FS, 100)
+    assert fs.read_gbps == STORAGE_DEFAULTS[StorageKind.FS]["read_gbps"]
+    assert (obj.kind, obj.capacity_blocks, obj.read_gbps, obj.latency_ms, obj.failure_rate) == (
+        StorageKind.OBJ, 1000, 3.0, 2.0, 0.01
+    )  # fmt: skip
+    assert s["min_load_blocks"] == 2 and s["offload_prompt_only"] is False
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({}, "cpu_bytes_to_use"),
+        ({"cpu_bytes_to_use": 1}, "cpu_bytes_to_use"),
+        ({"cpu_bytes_to_use": BLOCK_BYTES, "eviction_policy": "arc"}, "eviction_policy"),
+        ({"cpu_bytes_to_use": BLOCK_BYTES, "block_size": 24}, "block_size"),
+        ({"cpu_bytes_to_use": BLOCK_BYTES, "spec_name": "Nope"}, "spec_name"),
+        ({"cpu_bytes_to_use": BLOCK_BYTES, "bogus": 1}, "bogus"),
+        ({"cpu_bytes_to_use": BLOCK_BYTES, "secondary_tiers": [{"type": "fs"}]},
+         "secondary_tiers"),  # without TieringOffloadingSpec
+        ({"cpu_bytes_to_use": BLOCK_BYTES, "spec_name": "TieringOffloadingSpec",
+          "secondary_tiers": [{"type": "p2p", "capacity_bytes": BLOCK_BYTES}]},
+         "secondary_tiers[0].type"),
+        ({"cpu_bytes_to_use": BLOCK_BYTES, "spec_name": "TieringOffloadingSpec",
+          "secondary_tiers": [{"type": "fs"}]}, "capacity_bytes"),
+        ({"cpu_bytes_to_use": BLOCK_BYTES, "spec_name": "TieringOffloadingSpec",
+          "secondary_tiers": [{"type": "fs", "capacity_bytes": BLOCK_BYTES, "speed": 1}]},
+         "secondary_tiers[0].speed"),
+        ({"cpu_bytes_to_use": BLOCK_BYTES, "spec_name": "TieringOffloadingSpec",
+          "secondary_tiers": [{"type": "fs", "capacity_bytes": BLOCK_BYTES,
+                               "failure_rate": 2}]}, "failure_rate"),
+    ],
+)  # fmt: skip
+def test_a_bad_config_names_its_key(extra: dict[str, object], named: str) -> None:
+    with pytest.raises(ConfigError, match=named.replace("[", r"\[").replace("]", r"\]")):
+        parse_kv_transfer_config(offloading(**extra), 16, 131072)
+
+
+def test_not_json_and_bad_role() -> None:
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        parse_kv_transfer_config("{kv_connector", 16, 131072)
+    with pytest.raises(ConfigError, match="kv_role"):
+        parse_kv_transfer_config('{"kv_connector": "OffloadingConnector", "kv_role": "x"}', 16, 1)
+
+
+def test_flag_builds_the_engine_config_and_conflicts_with_the_host_flags() -> None:
+    fs = {"type": "fs", "capacity_bytes": 64 * BLOCK_BYTES}
+    raw = offloading(
+        cpu_bytes_to_use=32 * BLOCK_BYTES, spec_name="TieringOffloadingSpec", secondary_tiers=[fs]
+    )
+    values, _ = resolve(parse_flags(["--kv-transfer-config", raw]), ALL, environ={})
+    config = engine_config_from(values)
+    assert config.num_host_blocks == 32 and config.storage_tiers[0].capacity_blocks == 64
+    values, _ = resolve(
+        parse_flags(["--kv-transfer-config", raw, "--num-host-blocks", "8"]), ALL, environ={}
+    )
+    with pytest.raises(ConfigError, match="num-host-blocks"):
+        engine_config_from(values)

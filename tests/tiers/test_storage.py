@@ -1,0 +1,194 @@
+"""Secondary tiers (fs, obj) below the CPU tier: the cascade, the staged promotion with its
+retry-later lookup, failures that unwind both hops, and the per-tier events and metrics.
+
+Times are computed by hand from the links: a copy of n blocks on a link of B GB/s with a
+latency of L ms alone takes L/1000 + n × block_bytes / (B × 10^9) seconds, and a pass of t
+new prompt tokens takes Dynamo's prefill polynomial (the core's own `pass_duration`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from mocker.config import EngineConfig, StorageTierSpec
+from mocker.engine.core import EngineCore
+from mocker.engine.virtual import VirtualDriver, VirtualRun
+from mocker.kv.events import BlockStored
+from mocker.request import EngineRequest, SamplingParams
+from mocker.tiers.transfers import TransferKind, TransferRecord
+
+BLOCK = 16
+PROMPT = 256  # 16 full blocks; the lookup stops one token short: 15 blocks
+LOADABLE = (PROMPT - 1) // BLOCK
+BLOCK_BYTES = BLOCK * 131072  # Llama-3-8B: 2 MiB per block
+FS = StorageTierSpec("fs", 64, read_gbps=8.0, write_gbps=4.0, latency_ms=0.1)  # type: ignore[arg-type]
+
+
+def config(**overrides: object) -> EngineConfig:
+    base = EngineConfig(
+        block_size=BLOCK, num_gpu_blocks=64, max_model_len=512, num_host_blocks=16,
+        offload_policy="write-through", storage_tiers=(FS,), enable_kv_cache_events=True,
+    )  # fmt: skip
+    return base.with_changes(**overrides)
+
+
+def prompt(k: int) -> list[int]:
+    return [1000 * (k + 1) + j for j in range(PROMPT)]
+
+
+def request(rid: str, k: int, at: float) -> EngineRequest:
+    sampling = SamplingParams(max_tokens=1, ignore_eos=True)
+    return EngineRequest(rid, prompt(k), sampling, arrival_time=at)
+
+
+def copy_s(blocks: int, gbps: float, latency_ms: float = 0.0) -> float:
+    return latency_ms / 1000 + blocks * BLOCK_BYTES / (gbps * 1e9)
+
+
+def warm_fs_only(core: EngineCore, driver: VirtualDriver) -> list[TransferRecord]:
+    """A's prompt reaches fs (through the CPU tier), then B's evicts it from the CPU tier
+    (16 slots), and the device's prefix cache is reset: A's KV is in fs only."""
+    records: list[TransferRecord] = []
+    for result in driver.steps([request("a", 0, 0.0), request("b", 1, 1.0)]):
+        records += result.transfers
+    assert core.connector is not None
+    fs = core.connector.storage[0].tier
+    cpu = core.connector.cpu
+    assert fs.num_resident == 32 and cpu.num_resident == 16  # A's 16 evicted by B's 16
+    core.reset_prefix_cache(driver.clock.now())
+    return records
+
+
+def test_cascade_then_three_hop_promotion_by_hand() -> None:
+    core = EngineCore(config())
+    driver = VirtualDriver(core)
+    warm = warm_fs_only(core, driver)
+    # Each prompt's 16 blocks: device → CPU after its pass, then CPU → fs when that copy ends.
+    stores = [(r.src, r.dst, r.num_blocks) for r in warm if r.kind is TransferKind.STORE]
+    assert stores == [("gpu", "cpu", 16), ("cpu", "fs", 16)] * 2
+    cascade = next(r for r in warm if r.dst == "fs")
+    store = next(r for r in warm if r.dst == "cpu")
+    assert cascade.start == store.end  # the cascade starts when the CPU copy lands
+    assert cascade.duration == pytest.approx(copy_s(16, 4.0, 0.1), abs=1e-12)
+
+    t0 = 10.0
+    run = VirtualRun()
+    records: list[TransferRecord] = []
+    for result in driver.steps([request("a2", 0, t0)], run=run):
+        records += result.transfers
+    (done,) = run.finished
+    promote, load = [r for r in records if r.kind is TransferKind.LOAD]
+    # The prompt's last block, computed, is stored to the CPU tier (fs holds it already).
+    stores = [(r.src, r.dst, r.num_blocks) for r in records if r.kind is TransferKind.STORE]
+    assert stores == [("gpu", "cpu", 1)]
+    # Hop 1, fs → CPU, starts at the arrival; hop 2, CPU → device, when it lands.
+    assert (promote.src, promote.dst, promote.start) == ("fs", "cpu", t0)
+    assert promote.end == pytest.approx(t0 + copy_s(LOADABLE, 8.0, 0.1), abs=1e-12)
+    assert (load.src, load.dst, load.start) == ("cpu", "gpu", promote.end)
+    assert load.end == pytest.approx(promote.end + copy_s(LOADABLE, 32.0), abs=1e-12)
+    # Then one pass computes the prompt's last block (16 tokens, 16 blocks in use).
+    ttft = load.end + core.pass_duration(PROMPT - LOADABLE * BLOCK, 0, 16) - t0
+    assert done.time_to_first_token == pytest.approx(ttft, abs=1e-12)
+    assert done.tier_hits == (("fs", LOADABLE * BLOCK),)
+    assert done.num_cached_tokens == LOADABLE * BLOCK
+    snap = core.snapshot()
+    assert snap.tiers[0].name == "fs" and snap.tiers[0].block_hits >= LOADABLE
+    assert_drained(core)
+
+
+def test_retry_later_keeps_the_queue_moving() -> None:
+    core = EngineCore(config())
+    driver = VirtualDriver(core)
+    warm_fs_only(core, driver)
+    t0 = 10.0
+    # a2 is first in line but must wait for its promotion; c, behind it, runs at once.
+    run = driver.run([request("a2", 0, t0), request("c", 2, t0)])
+    by_id = {r.request_id: r for r in run.finished}
+    assert by_id["c"].first_scheduled_time == t0
+    a2 = by_id["a2"]
+    assert a2.first_scheduled_time is not None and a2.first_scheduled_time > t0
+    assert a2.tier_hits == (("fs", LOADABLE * BLOCK),)
+    assert_drained(core)
+
+
+def test_failed_promotion_unwinds_both_hops_and_recomputes() -> None:
+    core = EngineCore(config())
+    driver = VirtualDriver(core)
+    warm_fs_only(core, driver)
+    assert core.connector is not None
+    tier = core.connector.storage[0]
+    tier.spec = replace(tier.spec, failure_rate=1.0)  # every copy from now on fails
+    run = driver.run([request("a2", 0, 10.0)])
+    (done,) = run.finished
+    assert done.num_cached_tokens == 0 and done.tier_hits == () and done.load_timed_out
+    assert core.snapshot().tiers[0].promotion_failures == 1
+    assert_drained(core)
+
+
+def test_failed_cascades_leave_nothing_behind() -> None:
+    fs = replace(FS, failure_rate=1.0)
+    core = EngineCore(config(storage_tiers=(fs,)))
+    run = VirtualDriver(core).run([request("a", 0, 0.0), request("b", 1, 1.0)])
+    assert len(run.finished) == 2
+    assert core.connector is not None
+    assert core.connector.storage[0].tier.num_resident == 0
+    assert core.snapshot().tiers[0].cascade_failures == 2
+    assert_drained(core)
+
+
+def test_slow_tier_times_out_and_recomputes() -> None:
+    # Promoting pays off on paper (about 4 ms against 20 ms of prefill), but the load
+    # timeout (1 ms) is shorter than the promotion.
+    core = EngineCore(config(load_timeout=0.001))
+    driver = VirtualDriver(core)
+    warm_fs_only(core, driver)
+    run = driver.run([request("a2", 0, 10.0)])
+    (done,) = run.finished
+    assert done.num_cached_tokens == 0 and done.load_timed_out
+    assert done.first_scheduled_time == 10.001  # recomputed once the promotion timed out
+    assert core.snapshot().tiers[0].promotion_failures == 1
+    assert_drained(core)
+
+
+def test_storage_events_say_storage_and_local() -> None:
+    core = EngineCore(config())
+    events = [e for r in VirtualDriver(core).steps([request("a", 0, 0.0)]) for e in r.kv_events]
+    storage = [e for e in events if isinstance(e, BlockStored) and e.medium == "STORAGE"]
+    assert sum(len(e.block_hashes) for e in storage) == 16
+    assert {e.locality for e in storage} == {"LOCAL"}
+    assert all(e.locality is None for e in events if getattr(e, "medium", "") == "CPU")
+
+
+def assert_drained(core: EngineCore) -> None:
+    """Nothing in flight, nothing pinned, nothing referenced."""
+    connector = core.connector
+    assert connector is not None and not connector.has_pending
+    assert connector.cpu.num_pinned() == 0 and connector.cpu.num_incoming == 0
+    for tier in connector.storage:
+        assert tier.tier.num_pinned() == 0 and tier.tier.num_incoming == 0
+    assert connector.cpu_pins() == {}
+    assert core.pool.num_used == 0
+
+
+def test_shared_tier_events_are_local_to_the_storer_and_remote_to_the_others() -> None:
+    from mocker.tiers.storage import StorageTier
+    from mocker.tiers.tier import TierBlock
+
+    obj = StorageTier(replace(FS, kind="obj"), BLOCK, BLOCK_BYTES, record_events=True)  # type: ignore[arg-type]
+    assert obj.shared
+    obj.subscribe(0)
+    obj.subscribe(1)
+    blocks = [TierBlock(1, None, (1,) * BLOCK), TierBlock(2, 1, (2,) * BLOCK)]
+    plan = obj.prepare_store(blocks, engine=0)
+    obj.complete_store(plan.keys, True)
+    (mine,) = obj.take_events(0)
+    (theirs,) = obj.take_events(1)
+    assert isinstance(mine, BlockStored) and isinstance(theirs, BlockStored)
+    assert (mine.medium, mine.locality, mine.block_hashes) == ("STORAGE", "LOCAL", (1, 2))
+    assert (theirs.medium, theirs.locality) == ("STORAGE", "REMOTE")
+    # A failed copy publishes nothing and frees its slots.
+    plan = obj.prepare_store([TierBlock(3, 2, (3,) * BLOCK)], engine=1)
+    obj.complete_store(plan.keys, False)
+    assert obj.take_events(0) == [] and obj.tier.num_used == 2
