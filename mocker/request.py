@@ -118,11 +118,6 @@ class Request:
     _extra: bytes = b""
     _first_extra: bytes = b""
 
-    @property
-    def num_tier_cached_tokens(self) -> int:
-        """Prefix-hit tokens loaded from the tiers below the device."""
-        return sum(n for _, n in self.tier_hits)
-
     def enable_hashing(self, hasher: BlockHasher, block_size: int, cache_salt: str | None) -> None:
         """Hash the full blocks so far, and every block that fills from now on."""
         self._hasher = hasher

@@ -219,9 +219,6 @@ class FinishedRequestStats:
     def num_tier_cached_tokens(self) -> int:
         return sum(n for _, n in self.tier_hits)
 
-    def tier_cached_tokens(self, tier: str) -> int:
-        return sum(n for name, n in self.tier_hits if name == tier)
-
     @property
     def num_device_cached_tokens(self) -> int:
         return self.num_cached_tokens - self.num_tier_cached_tokens

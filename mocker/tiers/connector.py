@@ -136,10 +136,10 @@ class TierConnector:
         self._promoting: dict[BlockKey, _Promotion] = {}  # keys on their way to the CPU tier
         self._holds: dict[Request, list[BlockKey]] = {}  # promoted runs kept for a retry
         self._released: list[list[BlockKey]] = []  # holds to unpin after this pass's loads
-        self._num_stores = 0  # device → CPU copies in flight
-        self._num_cascades = 0
-        self._storing: list[list[KVBlock]] = []  # for checks: blocks of copies in flight
-        self._cascading: list[list[BlockKey]] = []  # CPU keys pinned by cascades in flight
+        # Copies in flight, by the id of their block list: device → CPU (the device blocks)
+        # and CPU → secondary tiers (the CPU keys they pin).
+        self._storing: dict[int, list[KVBlock]] = {}
+        self._cascading: dict[int, list[BlockKey]] = {}
         self._loaded: list[Request] = []  # loads that ended since the last poll returned
         self._timeouts: list[tuple[float, int, _Load | _Promotion]] = []
         self._records: list[TransferRecord] = []
@@ -206,7 +206,7 @@ class TierConnector:
     @property
     def has_pending(self) -> bool:
         return bool(
-            self._num_stores or self._loads or self._promotions or self._num_cascades
+            self._storing or self._loads or self._promotions or self._cascading
             or self._posted or self.policy.has_staged
         )  # fmt: skip
 
@@ -238,7 +238,7 @@ class TierConnector:
         pins: dict[BlockKey, int] = {}
         runs = [ld.hashes for ld in self._loads.values()] + list(self._holds.values())
         runs += [p.hold for p in self._promotions.values()] + self._released
-        runs += self._cascading
+        runs += self._cascading.values()
         for run in runs:
             for key in run:
                 pins[key] = pins.get(key, 0) + 1
@@ -246,11 +246,11 @@ class TierConnector:
 
     def store_batches(self) -> list[int]:
         """Blocks in each device-to-CPU copy in flight (for checks)."""
-        return [len(blocks) for blocks in self._storing]
+        return [len(blocks) for blocks in self._storing.values()]
 
     def storing_blocks(self) -> list[KVBlock]:
         """Device blocks whose copy to the CPU tier is in flight or posted (for checks)."""
-        started = [b for blocks in self._storing for b in blocks]
+        started = [b for blocks in self._storing.values() for b in blocks]
         return started + [b for posted in self._posted for b in posted[2]]
 
     def next_deadline(self) -> float | None:
@@ -339,8 +339,7 @@ class TierConnector:
             chunk_owners = owners[lo : lo + size] if owners is not None else None
             done = self._store_done(chunk, hashes[lo : lo + size], at, chunk_owners)
             self.d2h.start(at, len(chunk) * self.block_bytes, done)
-            self._num_stores += 1
-            self._storing.append(chunk)
+            self._storing[id(chunk)] = chunk
 
     def _store_done(
         self, blocks: list[KVBlock], hashes: list[BlockHash], start: float,
@@ -348,8 +347,7 @@ class TierConnector:
     ) -> Done:  # fmt: skip
         def done(end: float) -> None:
             self.version += 1
-            self._num_stores -= 1
-            self._storing.remove(blocks)
+            del self._storing[id(blocks)]
             self.cpu.complete_store(hashes)
             self.policy.stored(blocks, owners)
             n = len(blocks)
@@ -364,23 +362,17 @@ class TierConnector:
         copies are pinned until each copy ends."""
         cpu = self.cpu
         for tier in self.storage:
-            copies = []
-            for key in keys:
-                b = cpu.block(key)
-                copies.append(TierBlock(key, b.parent, b.token_ids, b.lora_name))
-            plan = tier.prepare_store(copies, self.engine_id)
+            plan = tier.prepare_store(cpu.copies(keys), self.engine_id)
             if not plan.keys:
                 continue
             run = plan.keys
             cpu.pin(run)
-            self._cascading.append(run)
-            self._num_cascades += 1
+            self._cascading[id(run)] = run
             tier.write.start(now, len(run) * self.block_bytes, self._cascade_done(tier, run, now))
 
     def _cascade_done(self, tier: StorageTier, keys: list[BlockKey], start: float) -> Done:
         def done(end: float) -> None:
-            self._num_cascades -= 1
-            self._cascading.remove(keys)
+            del self._cascading[id(keys)]
             ok = not tier.fails()
             tier.complete_store(keys, ok)
             self.cpu.unpin(keys)
@@ -412,10 +404,7 @@ class TierConnector:
         if not self.load_pays_off(pos - dev + m, promote_s):
             return False
         cpu = self.cpu
-        copies = []
-        for key in hashes[pos : pos + m]:
-            b = tier.tier.block(key)
-            copies.append(TierBlock(key, b.parent, b.token_ids, b.lora_name))
+        copies = tier.tier.copies(hashes[pos : pos + m])
         # The request's CPU run is pinned first: making room must not evict it.
         hold = hashes[dev:pos]
         cpu.prepare_load(hold)
@@ -501,10 +490,11 @@ class TierConnector:
         if request.num_cached_tokens < 0:  # its hits are counted once, at its first admission
             # What a promotion brought counts for its tier, the rest for the CPU tier.
             tokens = num_blocks * self.block_size
-            from_tier = 0 if promoted is None else min(promoted[1], num_blocks) * self.block_size
-            hits = [(self.cpu.name, tokens - from_tier)]
-            if from_tier:
-                hits.append((promoted[0], from_tier))  # type: ignore[index]
+            hits = [(self.cpu.name, tokens)]
+            if promoted is not None:
+                name, blocks = promoted
+                from_tier = min(blocks, num_blocks) * self.block_size
+                hits = [(self.cpu.name, tokens - from_tier), (name, from_tier)]
             request.tier_hits = tuple((name, n) for name, n in hits if n)
         load = _Load(request, TransferId(-1), hashes, now, now + self._load_timeout)
         load.tid = self.h2d.start(now, num_blocks * self.block_bytes, self._load_done(load))

@@ -177,9 +177,10 @@ class LruTier:
                 raise ValueError(f"{self.name} block {key} unpinned more often than pinned")
             block.pins -= 1
 
-    def block(self, key: BlockKey) -> TierBlock:
-        """The resident block of this key (its parent and tokens, for a copy elsewhere)."""
-        return self._resident[key]
+    def copies(self, keys: Sequence[BlockKey]) -> list[TierBlock]:
+        """Unpinned copies of these resident blocks, to store in another tier."""
+        resident = self._resident
+        return [TierBlock(k, (b := resident[k]).parent, b.token_ids, b.lora_name) for k in keys]
 
     # -- eviction and events ------------------------------------------------------------------
 
