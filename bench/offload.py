@@ -145,7 +145,7 @@ def replay_requests(prompts: list[list[int]], rate: float) -> list[EngineRequest
 @dataclass(frozen=True, slots=True)
 class Config:
     name: str
-    num_host_blocks: int
+    num_cpu_blocks: int
     offload_policy: str = "evict"
 
     def engine(self, speedup: float) -> EngineConfig:
@@ -155,7 +155,7 @@ class Config:
             max_num_seqs=256,
             max_num_batched_tokens=8192,
             max_model_len=MAX_MODEL_LEN,
-            num_host_blocks=self.num_host_blocks,
+            num_cpu_blocks=self.num_cpu_blocks,
             offload_policy=self.offload_policy,
             speedup_ratio=speedup,
             seed=SEED,
@@ -496,7 +496,7 @@ def live_summary(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def live_once(cfg: Config, prompts: list[list[int]], logs: Path) -> dict[str, Any]:
-    with running(f"mocker-{cfg.name}", serve_argv(cfg.num_host_blocks), logs) as s:
+    with running(f"mocker-{cfg.name}", serve_argv(cfg.num_cpu_blocks), logs) as s:
         raw = uvloop.run(live_rounds(s.port, s.proc.pid, prompts))
     summary = live_summary(raw)
     issues = s.log_issues()
@@ -638,7 +638,7 @@ def main() -> int:
             "working_set_blocks": blocks,
             "working_set_over_device": round(blocks / NUM_GPU_BLOCKS, 2),
             "num_gpu_blocks": NUM_GPU_BLOCKS,
-            "num_host_blocks": NUM_HOST_BLOCKS,
+            "num_cpu_blocks": NUM_HOST_BLOCKS,
             "block_size": BLOCK_SIZE,
             "rounds": ROUNDS,
             "max_tokens": MAX_TOKENS,

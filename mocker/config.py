@@ -39,7 +39,7 @@ class EvictionPolicyName(StrEnum):
 
 
 class OffloadPolicy(StrEnum):
-    """When device KV blocks are copied to the host tier."""
+    """When device KV blocks are copied to the CPU tier."""
 
     EVICT = "evict"  # KVBM: a cached device block is copied when it is evicted
     # vLLM's OffloadingConnector: new full prompt blocks are copied after their pass.
@@ -155,17 +155,20 @@ class EngineConfig:
     vocab_size: int = 129280
     eos_token_id: int = 1
     enable_kv_cache_events: bool = False
-    # Host (G2) tier: 0 blocks = no host tier.
-    num_host_blocks: int = 0
-    kv_offloading_size: float | None = None  # GiB, when the host tier was sized that way
+    # CPU tier (KVBM's G2, vLLM's CPU offloading): 0 blocks = none. The flags keep vLLM's and
+    # KVBM's names (--num-host-blocks, --host-d2h-bandwidth-gbps, ...); the config speaks of
+    # tiers by name, as the rest of the engine does.
+    num_cpu_blocks: int = 0
+    kv_offloading_size: float | None = None  # GiB, when the CPU tier was sized that way
     offload_policy: OffloadPolicy = OffloadPolicy.EVICT
-    # GB/s = 10^9 bytes per second; <= 0 means instant. Transfer durations are divided by
-    # the speedup ratio like every simulated duration.
-    host_d2h_bandwidth_gbps: float = 32.0
-    host_h2d_bandwidth_gbps: float = 32.0
-    offload_batch_size: int = 32  # blocks per device-to-host transfer
+    # Device -> CPU (write) and CPU -> device (read), GB/s = 10^9 bytes per second; <= 0
+    # means instant. Transfer durations are divided by the speedup ratio like every
+    # simulated duration.
+    cpu_write_gbps: float = 32.0
+    cpu_read_gbps: float = 32.0
+    offload_batch_size: int = 32  # blocks per device-to-CPU transfer
     transfer_latency_ms: float = 0.0  # fixed cost added to every transfer
-    min_load_blocks: int = 1  # shorter host hits are recomputed
+    min_load_blocks: int = 1  # shorter tier hits are recomputed
     load_timeout: float = 10.0  # a longer load is cancelled and the request recomputes
     # Write-through stores only prompt blocks (vLLM's offload_prompt_only, default true).
     offload_prompt_only: bool = True
@@ -191,10 +194,10 @@ class EngineConfig:
         self._coerce_enum("preemption_victim", PreemptionVictim)
         self._coerce_enum("eviction_policy", EvictionPolicyName)
         self._coerce_enum("offload_policy", OffloadPolicy)
-        _int_in("num_host_blocks", self.num_host_blocks, 0, 1 << 30)
+        _int_in("num_cpu_blocks", self.num_cpu_blocks, 0, 1 << 30)
         _int_in("offload_batch_size", self.offload_batch_size, 1, 1 << 20)
         _int_in("min_load_blocks", self.min_load_blocks, 1, 1 << 30)
-        for name in ("host_d2h_bandwidth_gbps", "host_h2d_bandwidth_gbps"):
+        for name in ("cpu_write_gbps", "cpu_read_gbps"):
             _finite(name, getattr(self, name))
         _finite("transfer_latency_ms", self.transfer_latency_ms, minimum=0.0)
         if self.kv_offloading_size is not None:
@@ -211,13 +214,13 @@ class EngineConfig:
         if isinstance(ep, bool) or not isinstance(ep, int | float) or not (0.0 <= ep <= 1.0):
             _fail("eos_probability", ep, "must be in [0, 1]")
         # Combinations, checked as vLLM does at start-up.
-        if self.num_host_blocks and not self.enable_prefix_caching:
+        if self.num_cpu_blocks and not self.enable_prefix_caching:
             raise ConfigError(
-                f"a host tier (num_host_blocks={self.num_host_blocks}) needs prefix caching: "
+                f"a CPU tier (num_cpu_blocks={self.num_cpu_blocks}) needs prefix caching: "
                 "offloaded blocks are found again by their prefix hashes; drop "
-                "--no-enable-prefix-caching or the host tier"
+                "--no-enable-prefix-caching or the CPU tier"
             )
-        if self.storage_tiers and not self.num_host_blocks:
+        if self.storage_tiers and not self.num_cpu_blocks:
             raise ConfigError(
                 "secondary tiers need a CPU tier: every store cascades from it and every load "
                 "is staged through it; set cpu_bytes_to_use (or --num-host-blocks)"
@@ -253,8 +256,8 @@ class EngineConfig:
         return self.block_size * self.model.kv_bytes_per_token
 
     @property
-    def has_host_tier(self) -> bool:
-        return self.num_host_blocks > 0
+    def has_cpu_tier(self) -> bool:
+        return self.num_cpu_blocks > 0
 
     def with_changes(self, **changes: Any) -> EngineConfig:
         """A copy with some settings changed (validated again)."""

@@ -55,14 +55,14 @@ def test_strings_coerce_to_enums() -> None:
             {"enable_chunked_prefill": False},
             "max_num_batched_tokens (8192) is smaller than max_model_len (131072)",
         ),
-        ({"num_host_blocks": -1}, "num_host_blocks"),
-        ({"num_host_blocks": 8, "enable_prefix_caching": False}, "host tier .* needs prefix"),
+        ({"num_cpu_blocks": -1}, "num_cpu_blocks"),
+        ({"num_cpu_blocks": 8, "enable_prefix_caching": False}, "CPU tier .* needs prefix"),
         ({"offload_policy": "lazy"}, "evict, write-through"),
         ({"offload_batch_size": 0}, "offload_batch_size"),
         ({"min_load_blocks": 0}, "min_load_blocks"),
         ({"load_timeout": 0.0}, "load_timeout"),
         ({"transfer_latency_ms": -1.0}, "transfer_latency_ms"),
-        ({"host_d2h_bandwidth_gbps": float("nan")}, "host_d2h_bandwidth_gbps"),
+        ({"cpu_write_gbps": float("nan")}, "cpu_write_gbps"),
     ],
 )
 def test_invalid_settings_name_the_setting(changes: dict, names: str) -> None:

@@ -63,11 +63,11 @@ def build_kv_stack(
         enable_caching=config.enable_prefix_caching,
         eviction_policy=config.eviction_policy,
         record_events=config.enable_kv_cache_events,
-        keep_tokens=config.has_host_tier or cpu is not None,
+        keep_tokens=config.has_cpu_tier or cpu is not None,
     )
-    if cpu is None and config.has_host_tier:
+    if cpu is None and config.has_cpu_tier:
         cpu = LruTier(
-            config.num_host_blocks, config.block_size, record_events=config.enable_kv_cache_events
+            config.num_cpu_blocks, config.block_size, record_events=config.enable_kv_cache_events
         )
     if cpu is None:
         return KVStack(pool, KVCacheManager(pool))

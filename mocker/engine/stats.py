@@ -77,7 +77,7 @@ class SchedulerStats:
     num_preemptions: int  # preemptions this pass
     prefix_queries: int  # prompt tokens of requests admitted for the first time
     prefix_hits: int  # of which found in the device prefix cache
-    external_prefix_queries: int = 0  # with a host tier: prompt tokens queried there
+    external_prefix_queries: int = 0  # with tiers: prompt tokens queried there
     external_prefix_hits: int = 0  # of which loaded from it
 
     @classmethod

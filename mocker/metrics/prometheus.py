@@ -64,7 +64,7 @@ def _by_source(m: StatsRecorder, s: EngineSnapshot) -> Value:
 def _tier_names(m: StatsRecorder) -> list[str]:
     """The tiers below the device this engine has: cpu, then the secondary tiers."""
     config = m.config
-    return (["cpu"] if config.has_host_tier else []) + [t.name for t in config.storage_tiers]
+    return (["cpu"] if config.has_cpu_tier else []) + [t.name for t in config.storage_tiers]
 
 
 def _cached_by_tier(m: StatsRecorder, s: EngineSnapshot) -> Value:
@@ -189,9 +189,9 @@ FAMILIES: tuple[Family, ...] = (
            lambda m, s: m.iteration_tokens),
     Family("vllm:request_num_preemptions", "Number of preemptions of each preempted request.",
            H, lambda m, s: m.request_preemptions),
-    Family("vllm:kv_offload_store_size", "Bytes per KV offload store (device to host transfer).",
+    Family("vllm:kv_offload_store_size", "Bytes per KV offload store (GPU to CPU transfer).",
            H, lambda m, s: m.offload_store_size),
-    Family("vllm:kv_offload_load_size", "Bytes per KV offload load (host to device transfer).",
+    Family("vllm:kv_offload_load_size", "Bytes per KV offload load (CPU to GPU transfer).",
            H, lambda m, s: m.offload_load_size),
     # V0-era names some routers still read.
     Family("vllm:gpu_cache_usage_perc", "GPU KV-cache usage (V0 name).", G,
@@ -279,7 +279,7 @@ class MetricsCollector(Collector):
         for m in self.engines:
             cfg = m.config
             # vLLM renders every value with str(): True/False, None.
-            cpu_blocks = str(cfg.num_host_blocks) if cfg.has_host_tier else "None"
+            cpu_blocks = str(cfg.num_cpu_blocks) if cfg.has_cpu_tier else "None"
             offload_gib = str(cfg.kv_offloading_size)  # as given (None with --num-host-blocks)
             tiers = ",".join(f"{t.name}={t.capacity_blocks}" for t in cfg.storage_tiers)
             info.add_metric(

@@ -38,7 +38,7 @@ def summarize(result: ReplayResult) -> dict[str, Any]:
     output = sum(r.output_tokens for r in done)
     device = sum(r.cached_tokens_device for r in done)
     config = result.cores[0].config if result.cores else None
-    tiers = [] if config is None or not config.has_host_tier else ["cpu"]
+    tiers = [] if config is None or not config.has_cpu_tier else ["cpu"]
     tiers += [t.name for t in config.storage_tiers] if config is not None else []
     by_tier = dict.fromkeys(tiers, 0)
     for r in done:

@@ -83,61 +83,62 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         _D.eos_probability,
         "float",
     ),
-    # Host (G2) tier.
+    # CPU tier (KVBM G2; vLLM CPU offloading). The flag names are vLLM's and KVBM's.
     Option(
         "kv_offloading_size",
-        "GiB of host memory for offloaded KV blocks (host tier; blocks = bytes / block bytes)",
+        "GiB of CPU memory for offloaded KV blocks (the CPU tier; blocks = bytes / block bytes)",
         None,
         "float",
         metavar="GIB",
     ),
     Option(
         "num_host_blocks",
-        "KV blocks in the host tier, instead of --kv-offloading-size (mocker)",
+        "KV blocks in the CPU tier, instead of --kv-offloading-size (mocker)",
         None,
         "int",
     ),
     Option(
         "offload_policy",
-        "evict: copy a cached block to host when the device evicts it (KVBM); write-through: "
-        "copy new full prompt blocks after their pass (vLLM OffloadingConnector) (mocker)",
+        "evict: copy a cached block to the CPU tier when the device evicts it (KVBM); "
+        "write-through: copy new full prompt blocks after their pass (vLLM "
+        "OffloadingConnector) (mocker)",
         _D.offload_policy.value,
         "str",
         choices=tuple(p.value for p in OffloadPolicy),
     ),
     Option(
         "host_d2h_bandwidth_gbps",
-        "device-to-host bandwidth, GB/s (10^9 bytes/s); <= 0: instant (mocker)",
-        _D.host_d2h_bandwidth_gbps,
+        "device-to-CPU bandwidth, GB/s (10^9 bytes/s); <= 0: instant (mocker)",
+        _D.cpu_write_gbps,
         "float",
     ),
     Option(
         "host_h2d_bandwidth_gbps",
-        "host-to-device bandwidth, GB/s (10^9 bytes/s); <= 0: instant (mocker)",
-        _D.host_h2d_bandwidth_gbps,
+        "CPU-to-device bandwidth, GB/s (10^9 bytes/s); <= 0: instant (mocker)",
+        _D.cpu_read_gbps,
         "float",
     ),
     Option(
         "offload_batch_size",
-        "most blocks per device-to-host transfer (mocker)",
+        "most blocks per device-to-CPU transfer (mocker)",
         _D.offload_batch_size,
         "int",
     ),
     Option(
         "transfer_latency_ms",
-        "fixed latency added to every host-tier transfer, ms (mocker)",
+        "fixed latency added to every device <-> CPU transfer, ms (mocker)",
         _D.transfer_latency_ms,
         "float",
     ),
     Option(
         "min_load_blocks",
-        "shortest host hit worth loading; shorter ones are recomputed (mocker)",
+        "shortest tier hit worth loading; shorter ones are recomputed (mocker)",
         _D.min_load_blocks,
         "int",
     ),
     Option(
         "load_timeout",
-        "seconds a host-to-device load may take before the request recomputes instead "
+        "seconds a load from the tiers may take before the request recomputes instead "
         "(simulated: divided by the speedup ratio) (mocker)",
         _D.load_timeout,
         "float",
@@ -155,12 +156,12 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
 
 
 def _num_host_blocks(values: Mapping[str, Any]) -> int:
-    """Host blocks from --num-host-blocks or --kv-offloading-size GiB (not both)."""
+    """CPU-tier blocks from --num-host-blocks or --kv-offloading-size GiB (not both)."""
     blocks, gib = values["num_host_blocks"], values["kv_offloading_size"]
     if blocks is not None and gib is not None:
         raise ConfigError(
             "set either --num-host-blocks or --kv-offloading-size, not both: they size the same "
-            "host tier"
+            "CPU tier"
         )
     if gib is not None:
         if gib < 0:
@@ -184,7 +185,7 @@ def _offload(values: Mapping[str, Any]) -> dict[str, Any]:
         values["kv_transfer_config"], values["block_size"], shape.kv_bytes_per_token
     )
     if not offload:
-        return {"num_host_blocks": _num_host_blocks(values),
+        return {"num_cpu_blocks": _num_host_blocks(values),
                 "offload_policy": values["offload_policy"],
                 "min_load_blocks": values["min_load_blocks"]}  # fmt: skip
     for flag in ("num_host_blocks", "kv_offloading_size"):
@@ -215,8 +216,8 @@ def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
         eviction_policy=values["eviction_policy"],
         eos_probability=values["eos_probability"],
         kv_offloading_size=values["kv_offloading_size"],
-        host_d2h_bandwidth_gbps=values["host_d2h_bandwidth_gbps"],
-        host_h2d_bandwidth_gbps=values["host_h2d_bandwidth_gbps"],
+        cpu_write_gbps=values["host_d2h_bandwidth_gbps"],
+        cpu_read_gbps=values["host_h2d_bandwidth_gbps"],
         offload_batch_size=values["offload_batch_size"],
         transfer_latency_ms=values["transfer_latency_ms"],
         load_timeout=values["load_timeout"],

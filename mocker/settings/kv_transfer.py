@@ -114,7 +114,7 @@ def parse_kv_transfer_config(
                     "needs spec_name TieringOffloadingSpec, as vLLM")  # fmt: skip
     tiers = tuple(_tier(i, t, gpu_block_bytes) for i, t in enumerate(tiers_raw))
     return OffloadSettings(
-        num_host_blocks=cpu_blocks,
+        num_cpu_blocks=cpu_blocks,
         offload_policy="write-through",
         offload_prompt_only=prompt_only,
         storage_tiers=tiers,

@@ -1,1 +1,2 @@
-"""Memory tiers below the device pool: the host tier, its links and transfer scheduling."""
+"""Storage below the device pool: one residency protocol, the CPU and storage tiers, their
+links, store policies and the scheduler-side connector."""

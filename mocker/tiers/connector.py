@@ -115,9 +115,9 @@ class TierConnector:
         latency_s = config.transfer_latency_ms / 1000.0
         # An unscaled model answers "does this load pay off"; the scaled channels carry
         # transfers, keyed by (source tier, destination tier).
-        self._h2d_model = Link(config.host_h2d_bandwidth_gbps * 1e9, latency_s)
-        d2h_link = Link(config.host_d2h_bandwidth_gbps * 1e9 * speedup, latency_s / speedup)
-        h2d_link = Link(config.host_h2d_bandwidth_gbps * 1e9 * speedup, latency_s / speedup)
+        self._h2d_model = Link(config.cpu_read_gbps * 1e9, latency_s)
+        d2h_link = Link(config.cpu_write_gbps * 1e9 * speedup, latency_s / speedup)
+        h2d_link = Link(config.cpu_read_gbps * 1e9 * speedup, latency_s / speedup)
         self.d2h = Channel(d2h_link, DEVICE, cpu.name)
         self.h2d = Channel(h2d_link, cpu.name, DEVICE)
         self.channels: list[Channel] = [self.d2h, self.h2d]
@@ -168,6 +168,7 @@ class TierConnector:
         if hold is not None:
             self._released.append(hold)  # unpinned once this pass's loads have pinned theirs
         if request.skip_tier_load:
+            request.promoted = ()
             return 0
         hashes = request.block_hashes
         stop = min((request.num_tokens - 1) // self.block_size, len(hashes))
@@ -179,6 +180,7 @@ class TierConnector:
             if self._promote(request, hashes, num_device_blocks, pos, stop):
                 return None
         if not (n and self.load_pays_off(n)):
+            request.promoted = ()  # what was promoted for it is not loaded (now)
             return 0
         if self.storage:
             # Another request's promotion in this same pass may make room in the CPU tier:
@@ -441,7 +443,7 @@ class TierConnector:
             # The landed blocks join the hold: pinned until the request's retry.
             self.cpu.prepare_load(promotion.keys)
             self._holds[promotion.request] = promotion.hold + promotion.keys
-            promotion.request.promoted = (tier.name, len(promotion.keys))
+            promotion.request.promoted += ((tier.name, len(promotion.keys)),)
             n = len(promotion.keys)
             self._record(TransferKind.LOAD, tier.name, self.cpu.name, n, promotion.start, end)
 
@@ -486,21 +488,31 @@ class TierConnector:
         device slots the scheduler reserved for them."""
         hashes = request.block_hashes[start : start + num_blocks]
         self.cpu.prepare_load(hashes)
-        promoted, request.promoted = request.promoted, None
+        promoted, request.promoted = request.promoted, ()
         if request.num_cached_tokens < 0:  # its hits are counted once, at its first admission
-            # What a promotion brought counts for its tier, the rest for the CPU tier.
-            tokens = num_blocks * self.block_size
-            hits = [(self.cpu.name, tokens)]
-            if promoted is not None:
-                name, blocks = promoted
-                from_tier = min(blocks, num_blocks) * self.block_size
-                hits = [(self.cpu.name, tokens - from_tier), (name, from_tier)]
-            request.tier_hits = tuple((name, n) for name, n in hits if n)
+            request.tier_hits = self._tier_hits(promoted, num_blocks)
         load = _Load(request, TransferId(-1), hashes, now, now + self._load_timeout)
         load.tid = self.h2d.start(now, num_blocks * self.block_bytes, self._load_done(load))
         self._loads[request] = load
         self._push_timeout(load.deadline, load)
         self.version += 1
+
+    def _tier_hits(
+        self, promoted: tuple[tuple[str, int], ...], num_blocks: int
+    ) -> tuple[tuple[str, int], ...]:
+        """Tokens of a load of `num_blocks` per tier it came from. Promotions extend the
+        CPU run at its end, so the run's tail is the latest promotion's, the part before
+        it the one before, and what no promotion brought was in the CPU tier already."""
+        left = num_blocks
+        counts: list[tuple[str, int]] = []
+        for name, blocks in reversed(promoted):
+            n = min(blocks, left)
+            counts.append((name, n))
+            left -= n
+        hits = {self.cpu.name: left}
+        for name, n in reversed(counts):
+            hits[name] = hits.get(name, 0) + n
+        return tuple((name, n * self.block_size) for name, n in hits.items() if n)
 
     def _load_done(self, load: _Load) -> Done:
         def done(end: float) -> None:

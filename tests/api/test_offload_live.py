@@ -37,9 +37,7 @@ def scrape(url: str) -> dict[tuple[str, str | None], float]:
 @pytest.fixture(scope="module")
 def host_server() -> ServerThread:
     # Real time (slowed down), so the engine's own TTFTs can be compared with hand values.
-    app = make_app(
-        speedup_ratio=SPEEDUP, block_size=BLOCK, num_gpu_blocks=256, num_host_blocks=2048
-    )
+    app = make_app(speedup_ratio=SPEEDUP, block_size=BLOCK, num_gpu_blocks=256, num_cpu_blocks=2048)
     with ServerThread(app) as srv:
         yield srv  # type: ignore[misc]
 

@@ -55,7 +55,7 @@ def _dashboard() -> dict[str, Any]:
 def exposed() -> dict[str, str]:
     """Sample name (as Prometheus stores it: `_total`, `_bucket`, … included) -> family type,
     from a real server with a host tier, after one request."""
-    with ServerThread(make_app(num_host_blocks=256)) as srv:
+    with ServerThread(make_app(num_cpu_blocks=256)) as srv:
         r = httpx.post(
             srv.url + "/v1/completions", json={"prompt": "Hello there", "max_tokens": 4}, timeout=30
         )

@@ -22,7 +22,7 @@ def test_device_only_without_a_host_tier() -> None:
 
 
 def test_write_back_copies_ahead_an_eighth_of_the_pool_at_most() -> None:
-    stack = _stack(num_host_blocks=32, max_num_batched_tokens=64)
+    stack = _stack(num_cpu_blocks=32, max_num_batched_tokens=64)
     assert stack.cpu is not None and stack.connector is not None
     assert stack.cpu.capacity == 32 and stack.connector.cpu is stack.cpu
     policy = stack.connector.policy
@@ -31,7 +31,7 @@ def test_write_back_copies_ahead_an_eighth_of_the_pool_at_most() -> None:
 
 
 def test_write_through_is_the_other_store_policy() -> None:
-    stack = _stack(num_host_blocks=32, offload_policy="write-through")
+    stack = _stack(num_cpu_blocks=32, offload_policy="write-through")
     assert stack.connector is not None and not stack.connector.write_back
     assert isinstance(stack.connector.policy, WriteThrough)
 

@@ -263,9 +263,9 @@ def _host_config(**overrides):  # type: ignore[no-untyped-def]
         "num_gpu_blocks": 16,
         "max_num_batched_tokens": 512,
         "max_model_len": 64,
-        "num_host_blocks": 64,
-        "host_d2h_bandwidth_gbps": 1.0,
-        "host_h2d_bandwidth_gbps": 1.0,
+        "num_cpu_blocks": 64,
+        "cpu_write_gbps": 1.0,
+        "cpu_read_gbps": 1.0,
         "speedup_ratio": 20.0,
     }
     return small_config(**(settings | overrides))
@@ -313,9 +313,7 @@ async def test_abort_during_a_live_load_frees_everything() -> None:
     # 7 blocks at 0.25 GB/s: a 14.7 ms load (it pays off against a 16.9 ms prefill), in
     # real time, so the abort lands while it is in flight.
     engine = LiveEngine(
-        _host_config(
-            offload_policy="write-through", host_h2d_bandwidth_gbps=0.25, speedup_ratio=1.0
-        )
+        _host_config(offload_policy="write-through", cpu_read_gbps=0.25, speedup_ratio=1.0)
     )
     engine.start()
     prompts = [[1000 * (k + 1) + j for j in range(32)] for k in range(3)]

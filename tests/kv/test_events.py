@@ -61,10 +61,10 @@ def random_workload(seed: int, seen: Counter[str]) -> None:
     config = EngineConfig(
         **random_geometry(rng, block_size),
         eviction_policy=rng.choice(["lru", "lineage"]),
-        num_host_blocks=rng.choice([0, 0, 8, 64]),  # no host tier half the time
+        num_cpu_blocks=rng.choice([0, 0, 8, 64]),  # no host tier half the time
         offload_policy=rng.choice(["evict", "write-through"]),
-        host_d2h_bandwidth_gbps=rng.choice([0.0, 1.0, 32.0]),
-        host_h2d_bandwidth_gbps=rng.choice([0.0, 1.0, 32.0]),
+        cpu_write_gbps=rng.choice([0.0, 1.0, 32.0]),
+        cpu_read_gbps=rng.choice([0.0, 1.0, 32.0]),
         enable_kv_cache_events=True,
         seed=seed,
     )

@@ -114,3 +114,68 @@ def test_fixed_concurrency(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert "--rate or --concurrency" in capsys.readouterr().err
     assert main(["replay", "--synthetic", "--concurrency", "0"]) == 2
     assert "concurrency" in capsys.readouterr().err
+
+
+def test_kv_transfer_config_shares_obj_across_engines_by_hand(tmp_path: Path) -> None:
+    # The runner's shared-obj scenario through the command line: vLLM's OffloadingConnector
+    # config with a TieringOffloadingSpec obj tier, two engines round robin. A's prompt is
+    # computed on engine 0 (stored to its CPU tier, cascaded to obj); A's prompt plus one
+    # token lands on engine 1, which promotes the 16 blocks obj → CPU, loads them
+    # CPU → device and prefills one token.
+    block_bytes = 16 * 131072  # --block-size 16, the default Llama-3-8B shape: 2 MiB
+    tiering = {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {
+            "spec_name": "TieringOffloadingSpec",
+            "cpu_bytes_to_use": 64 * block_bytes,
+            "secondary_tiers": [
+                {
+                    "type": "obj",
+                    "capacity_bytes": 1024 * block_bytes,
+                    "read_gbps": 8,
+                    "write_gbps": 4,
+                    "latency_ms": 1,
+                }
+            ],
+        },
+    }
+    rows = [(0, 256, [1, 2, 3, 4]), (100, 64, [11]), (200, 64, [21]), (1000, 257, [1, 2, 3, 4, 5])]
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(
+        json.dumps({"timestamp": t, "input_length": n, "output_length": 1, "hash_ids": ids}) + "\n"
+        for t, n, ids in rows
+    ))  # fmt: skip
+    out = tmp_path / "out"
+    argv = ["replay", str(trace), "--output-dir", str(out), "--trace-block-size", "64",
+            "--block-size", "16", "--num-gpu-blocks-override", "64", "--max-model-len", "512",
+            "--num-engines", "2", "--quiet", "--no-plots",
+            "--kv-transfer-config", json.dumps(tiering)]  # fmt: skip
+    assert main(argv) == 0
+    records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    again = records[3]
+    assert again["engine"] == 1
+    assert (again["cached_tokens_by_tier"], again["cached_tokens_device"]) == ({"obj": 256}, 0)
+    promote_s = 1e-3 + 16 * block_bytes / 8e9  # obj → CPU: latency + 16 blocks at 8 GB/s
+    load_s = 16 * block_bytes / 32e9  # CPU → device at the default 32 GB/s
+    assert again["admit"] == pytest.approx(1.0 + promote_s + load_s, abs=1e-9)
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["prefix_hit_rate"]) == {"device", "cpu", "obj"}
+    prompt = sum(n for _, n, _ in rows)
+    assert summary["prefix_hit_rate"]["obj"] == round(256 / prompt, 6)
+    link_bytes = summary["offload"]["link_bytes"]
+    assert link_bytes["obj->cpu"] == 16 * block_bytes  # read once, by engine 1
+    assert link_bytes["cpu->obj"] >= 16 * block_bytes  # written by engine 0
+
+
+def test_kv_transfer_config_mistake_names_its_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fs = {"type": "fs", "capacity_bytes": 1 << 30, "read_gbps": "fast"}
+    extra = {"cpu_bytes_to_use": 1 << 30, "spec_name": "TieringOffloadingSpec",
+             "secondary_tiers": [fs]}  # fmt: skip
+    bad = {"kv_connector": "OffloadingConnector", "kv_connector_extra_config": extra}
+    argv = args(trace_file(tmp_path), tmp_path / "o", "--kv-transfer-config", json.dumps(bad))
+    assert main(argv) == 2
+    assert "read_gbps" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()  # nothing half-started

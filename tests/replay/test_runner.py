@@ -95,8 +95,8 @@ def test_host_tier_hit_by_hand(h2d_gbps: float) -> None:
     # host as they go), then D, A's prompt plus one token, arrives to an idle engine. Its
     # pass at 3.0 starts loading the 16 blocks (16 x block_bytes at the h2d bandwidth) and
     # computes nothing; the next pass, when the load ends, prefills D's one new token.
-    cfg = config(num_gpu_blocks=40, max_model_len=512, num_host_blocks=200,
-                 host_d2h_bandwidth_gbps=0.0, host_h2d_bandwidth_gbps=h2d_gbps)  # fmt: skip
+    cfg = config(num_gpu_blocks=40, max_model_len=512, num_cpu_blocks=200,
+                 cpu_write_gbps=0.0, cpu_read_gbps=h2d_gbps)  # fmt: skip
     trace = [
         TraceRequest(0.0, 256, 1, (1, 2, 3, 4), 1),
         TraceRequest(1.0, 320, 1, (11, 12, 13, 14, 15), 2),
@@ -276,7 +276,7 @@ def test_shared_obj_tier_serves_another_engine_by_hand() -> None:
     # engine 1, whose own tiers never saw it: it promotes the 16 blocks obj → CPU, loads
     # them CPU → device, and prefills one token.
     obj = StorageTierSpec("obj", 1024, read_gbps=8.0, write_gbps=4.0, latency_ms=1.0)  # type: ignore[arg-type]
-    cfg = config(num_gpu_blocks=64, max_model_len=512, num_host_blocks=64,
+    cfg = config(num_gpu_blocks=64, max_model_len=512, num_cpu_blocks=64,
                  offload_policy="write-through", storage_tiers=(obj,))  # fmt: skip
     trace = [
         TraceRequest(0.0, 256, 1, (1, 2, 3, 4), 1),  # engine 0

@@ -14,7 +14,7 @@ def test_host_tier_flags() -> None:
     values, _ = resolve(parse_flags([*small, "--kv-offloading-size", "4"]), ALL, environ={})
     config = engine_config_from(values)
     # 4 GiB of 2 MiB blocks (block_size 16 × Llama-3-8B's 128 KiB per token).
-    assert config.num_host_blocks == 2048 and config.offload_policy == "evict"
+    assert config.num_cpu_blocks == 2048 and config.offload_policy == "evict"
     assert config.kv_offloading_size == 4.0  # reported in vllm:cache_config_info
     argv = [*small, "--num-host-blocks", "100", "--offload-policy", "write-through",
             "--host-d2h-bandwidth-gbps", "8", "--host-h2d-bandwidth-gbps", "0",
@@ -22,13 +22,13 @@ def test_host_tier_flags() -> None:
             "--min-load-blocks", "2", "--load-timeout", "3"]  # fmt: skip
     values, _ = resolve(parse_flags(argv), ALL, environ={})
     config = engine_config_from(values)
-    assert (config.num_host_blocks, config.offload_policy) == (100, "write-through")
-    assert (config.host_d2h_bandwidth_gbps, config.host_h2d_bandwidth_gbps) == (8.0, 0.0)
+    assert (config.num_cpu_blocks, config.offload_policy) == (100, "write-through")
+    assert (config.cpu_write_gbps, config.cpu_read_gbps) == (8.0, 0.0)
     assert (config.offload_batch_size, config.transfer_latency_ms) == (4, 0.5)
     assert (config.min_load_blocks, config.load_timeout) == (2, 3.0)
     values, _ = resolve(parse_flags(small), ALL, environ={"MOCKER_NUM_HOST_BLOCKS": "7"})
-    assert engine_config_from(values).num_host_blocks == 7
-    assert engine_config_from(resolve(parse_flags(small), ALL, environ={})[0]).num_host_blocks == 0
+    assert engine_config_from(values).num_cpu_blocks == 7
+    assert engine_config_from(resolve(parse_flags(small), ALL, environ={})[0]).num_cpu_blocks == 0
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ def offloading(**extra: object) -> str:
 
 def test_cpu_tier_from_cpu_bytes_to_use() -> None:
     s = parse_kv_transfer_config(offloading(cpu_bytes_to_use=64 * BLOCK_BYTES), 16, 131072)
-    assert s["num_host_blocks"] == 64 and s["offload_policy"] == "write-through"
+    assert s["num_cpu_blocks"] == 64 and s["offload_policy"] == "write-through"
     assert s["offload_prompt_only"] is True and s["storage_tiers"] == ()
 
 
@@ -89,7 +89,7 @@ def test_flag_builds_the_engine_config_and_conflicts_with_the_host_flags() -> No
     )
     values, _ = resolve(parse_flags(["--kv-transfer-config", raw]), ALL, environ={})
     config = engine_config_from(values)
-    assert config.num_host_blocks == 32 and config.storage_tiers[0].capacity_blocks == 64
+    assert config.num_cpu_blocks == 32 and config.storage_tiers[0].capacity_blocks == 64
     values, _ = resolve(
         parse_flags(["--kv-transfer-config", raw, "--num-host-blocks", "8"]), ALL, environ={}
     )

@@ -32,9 +32,9 @@ def host_config(**overrides: Any) -> EngineConfig:
         "max_num_batched_tokens": 512,
         "max_model_len": 64,
         "num_gpu_blocks": 16,
-        "num_host_blocks": 64,
-        "host_d2h_bandwidth_gbps": 1.0,
-        "host_h2d_bandwidth_gbps": 1.0,
+        "num_cpu_blocks": 64,
+        "cpu_write_gbps": 1.0,
+        "cpu_read_gbps": 1.0,
         "enable_kv_cache_events": True,
     }
     return small_config(**(host | overrides))
@@ -131,7 +131,7 @@ def test_blocks_already_on_host_are_not_copied_again() -> None:
 
 
 def test_evictions_are_copied_in_batches_of_offload_batch_size() -> None:
-    core = EngineCore(host_config(num_gpu_blocks=80, num_host_blocks=200, max_model_len=512))
+    core = EngineCore(host_config(num_gpu_blocks=80, num_cpu_blocks=200, max_model_len=512))
     core.add_request(one("a", prompt(0, 280), 0.0))  # 70 cached blocks
     end = core.step(0.0).end
     core.add_request(one("b", prompt(1, 280), end))  # 10 free: 60 must be copied out
@@ -237,7 +237,7 @@ def test_short_host_hits_are_recomputed() -> None:
 
 def test_loads_slower_than_prefill_are_recomputed() -> None:
     # 7 blocks at 0.0002 GB/s take ~18 s, far above prefill(28) ≈ 17 ms.
-    core, result, _ = evicted_then_again(host_h2d_bandwidth_gbps=0.0002)
+    core, result, _ = evicted_then_again(cpu_read_gbps=0.0002)
     assert finished(result)["a2"].num_tier_cached_tokens == 0
     assert core.connector is not None and core.connector.loaded_blocks == 0
 
@@ -266,7 +266,7 @@ def test_abort_during_a_load_releases_everything() -> None:
 
 
 def test_instant_links_still_go_through_the_transfer_path() -> None:
-    core, result, _ = evicted_then_again(host_d2h_bandwidth_gbps=0, host_h2d_bandwidth_gbps=0)
+    core, result, _ = evicted_then_again(cpu_write_gbps=0, cpu_read_gbps=0)
     a2 = finished(result)["a2"]
     assert a2.num_tier_cached_tokens == 28
     assert core.connector is not None and core.connector.loaded_blocks == 7

@@ -105,11 +105,11 @@ def random_workload(seed: int, seen: Seen) -> None:
     storage = rng.choice([(), (fs,), (fs, obj)])
     config = EngineConfig(
         **random_geometry(rng, block_size),
-        num_host_blocks=rng.choice([8, 24, 64, 256]),
+        num_cpu_blocks=rng.choice([8, 24, 64, 256]),
         offload_policy=rng.choice(["evict", "write-through"]),
         eviction_policy=rng.choice(["lru", "lineage"]),
-        host_d2h_bandwidth_gbps=rng.choice([0.0, 0.05, 1.0, 32.0]),
-        host_h2d_bandwidth_gbps=rng.choice([0.0, 0.05, 1.0, 32.0]),
+        cpu_write_gbps=rng.choice([0.0, 0.05, 1.0, 32.0]),
+        cpu_read_gbps=rng.choice([0.0, 0.05, 1.0, 32.0]),
         offload_batch_size=rng.choice([1, 3, 32]),
         transfer_latency_ms=rng.choice([0.0, 0.5]),
         min_load_blocks=rng.randint(1, 3),

@@ -54,7 +54,7 @@ def test_second_round_is_served_from_host(policy: str) -> None:
         block_size=BLOCK,
         num_gpu_blocks=DEVICE_BLOCKS,
         max_model_len=4096,
-        num_host_blocks=HOST_BLOCKS,
+        num_cpu_blocks=HOST_BLOCKS,
         offload_policy=policy,
         enable_kv_cache_events=True,
     )

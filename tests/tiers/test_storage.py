@@ -17,6 +17,7 @@ from mocker.engine.core import EngineCore
 from mocker.engine.virtual import VirtualDriver, VirtualRun
 from mocker.kv.events import BlockStored
 from mocker.request import EngineRequest, SamplingParams
+from mocker.tiers.tier import TierBlock
 from mocker.tiers.transfers import TransferKind, TransferRecord
 
 BLOCK = 16
@@ -28,7 +29,7 @@ FS = StorageTierSpec("fs", 64, read_gbps=8.0, write_gbps=4.0, latency_ms=0.1)  #
 
 def config(**overrides: object) -> EngineConfig:
     base = EngineConfig(
-        block_size=BLOCK, num_gpu_blocks=64, max_model_len=512, num_host_blocks=16,
+        block_size=BLOCK, num_gpu_blocks=64, max_model_len=512, num_cpu_blocks=16,
         offload_policy="write-through", storage_tiers=(FS,), enable_kv_cache_events=True,
     )  # fmt: skip
     return base.with_changes(**overrides)
@@ -95,6 +96,45 @@ def test_cascade_then_three_hop_promotion_by_hand() -> None:
     assert done.num_cached_tokens == LOADABLE * BLOCK
     snap = core.snapshot()
     assert snap.tiers[0].name == "fs" and snap.tiers[0].block_hits >= LOADABLE
+    assert_drained(core)
+
+
+def test_a_run_promoted_from_two_tiers_counts_each_by_hand() -> None:
+    # fs (8 slots) keeps the first 8 of A's 16 blocks, obj all 16. With A gone from the
+    # CPU tier, its continuation is promoted in two stages, fs first (lookup order), then
+    # obj for the rest, and one load brings the 15 blocks to the device.
+    fs = replace(FS, capacity_blocks=8)
+    obj = replace(FS, kind="obj", capacity_blocks=64, read_gbps=16.0, latency_ms=0.2)  # type: ignore[arg-type]
+    core = EngineCore(config(storage_tiers=(fs, obj)))
+    driver = VirtualDriver(core)
+    driver.run([request("a", 0, 0.0)])
+    assert core.connector is not None
+    cpu = core.connector.cpu
+    fs_tier, obj_tier = (t.tier for t in core.connector.storage)
+    assert (fs_tier.num_resident, obj_tier.num_resident, cpu.num_resident) == (8, 16, 16)
+    # Other blocks fill the CPU tier (its 16 slots): A is in fs and obj only.
+    plan = cpu.prepare_store([TierBlock(-k, None, ()) for k in range(1, 17)])
+    cpu.complete_store(plan.keys)
+    assert len(plan.evicted) == 16
+    core.reset_prefix_cache(driver.clock.now())
+
+    t0 = 10.0
+    run = VirtualRun()
+    records: list[TransferRecord] = []
+    for result in driver.steps([request("a2", 0, t0)], run=run):
+        records += result.transfers
+    (done,) = run.finished
+    from_fs, from_obj, load = [r for r in records if r.kind is TransferKind.LOAD]
+    assert (from_fs.src, from_fs.dst, from_fs.num_blocks, from_fs.start) == ("fs", "cpu", 8, t0)
+    assert from_fs.end == pytest.approx(t0 + copy_s(8, 8.0, 0.1), abs=1e-12)
+    assert (from_obj.src, from_obj.num_blocks, from_obj.start) == ("obj", 7, from_fs.end)
+    assert from_obj.end == pytest.approx(from_fs.end + copy_s(7, 16.0, 0.2), abs=1e-12)
+    assert (load.src, load.num_blocks, load.start) == ("cpu", LOADABLE, from_obj.end)
+    assert load.end == pytest.approx(from_obj.end + copy_s(LOADABLE, 32.0), abs=1e-12)
+    ttft = load.end + core.pass_duration(PROMPT - LOADABLE * BLOCK, 0, 16) - t0
+    assert done.time_to_first_token == pytest.approx(ttft, abs=1e-12)
+    assert done.tier_hits == (("fs", 8 * BLOCK), ("obj", 7 * BLOCK))
+    assert done.num_cached_tokens == LOADABLE * BLOCK
     assert_drained(core)
 
 
@@ -174,7 +214,6 @@ def assert_drained(core: EngineCore) -> None:
 
 def test_shared_tier_events_are_local_to_the_storer_and_remote_to_the_others() -> None:
     from mocker.tiers.storage import StorageTier
-    from mocker.tiers.tier import TierBlock
 
     obj = StorageTier(replace(FS, kind="obj"), BLOCK, BLOCK_BYTES, record_events=True)  # type: ignore[arg-type]
     assert obj.shared
