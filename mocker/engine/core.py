@@ -226,7 +226,6 @@ class EngineCore:
         for request in timed_out:
             self.kv.free(request)  # its load was cancelled: recompute, never load again
             request.skip_tier_load = True
-            request.tier_hits = ()
             self.scheduler.requeue(request)
         return connector.take_records()
 

@@ -417,6 +417,7 @@ class TierConnector:
         if not keys:
             cpu.complete_load(hold)
             return False
+        self.policy.cpu_gained(keys)  # (undone by `_unwind` if the promotion fails)
         tier.tier.prepare_load(keys)
         now = self._time
         promotion = _Promotion(request, tier, TransferId(-1), keys, hold, now,
@@ -461,6 +462,10 @@ class TierConnector:
         self._end_promotion(promotion)
         promotion.tier.tier.complete_load(promotion.keys)
         self.cpu.complete_store(promotion.keys, success=False)
+        # While the keys were incoming the CPU tier "held" them, so a request that computed
+        # one of them meanwhile left its device block unretained (write-back): the policy
+        # must hear they are gone, or that block is later evicted without being copied.
+        self.policy.cpu_evicted(promotion.keys)
         self.cpu.complete_load(promotion.hold)
         promotion.request.skip_tier_load = True
 
@@ -534,6 +539,11 @@ class TierConnector:
             return False
         self.h2d.cancel(now, load.tid)
         self.cpu.complete_load(load.hashes)
+        if request.num_cached_tokens < 0:
+            # Its first load: the tier hits `start_load` set were never counted (they are
+            # when it resumes), so it reports none. A later load's (after a preemption) were
+            # counted at its first admission: they stay.
+            request.tier_hits = ()
         self.version += 1
         return True
 

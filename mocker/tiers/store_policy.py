@@ -37,7 +37,13 @@ class StorePolicy(Protocol):
         ...
 
     def cpu_evicted(self, keys: Sequence[BlockHash]) -> None:
-        """The CPU tier evicted these keys to make room for a store."""
+        """The CPU tier no longer holds these keys: evicted to make room for a store, or
+        reserved by a promotion that failed or timed out."""
+        ...
+
+    def cpu_gained(self, keys: Sequence[BlockHash]) -> None:
+        """The CPU tier holds these keys now (a promotion reserved them), not from a copy
+        of the device's."""
         ...
 
     def stored(self, blocks: list[KVBlock], owners: list[Request] | None) -> None:
@@ -115,6 +121,9 @@ class WriteThrough:
     def cpu_evicted(self, keys: Sequence[BlockHash]) -> None:
         """Nothing: device blocks are not retained under write-through."""
 
+    def cpu_gained(self, keys: Sequence[BlockHash]) -> None:
+        """Nothing: device blocks are not retained under write-through."""
+
     def stored(self, blocks: list[KVBlock], owners: list[Request] | None) -> None:
         pool = self._connector.pool
         # Unpin tail first, as a request frees its blocks, so a chain is evicted leaf first.
@@ -187,6 +196,13 @@ class WriteBack:
         set_retained = self._connector.pool.set_retained
         for key in keys:
             set_retained(key, True)
+
+    def cpu_gained(self, keys: Sequence[BlockHash]) -> None:
+        """A promotion can bring a key whose device block is still cached (the request's
+        device hit stopped at an evicted ancestor): that block need not be copied now."""
+        set_retained = self._connector.pool.set_retained
+        for key in keys:
+            set_retained(key, False)
 
     def stored(self, blocks: list[KVBlock], owners: list[Request] | None) -> None:
         self._connector.pool.return_displaced(blocks)

@@ -261,6 +261,8 @@ def test_abort_during_a_load_releases_everything() -> None:
     result = run(core, reqs, [Abort(3.0 + BLOCK_S, "a2")])  # mid-load
     assert [o.request_id for o in result.aborted] == ["a2"]
     assert "a2" not in finished(result)
+    # Its hits count when its load ends, so none were counted: its output claims none.
+    assert result.aborted[0].tier_hits == ()
     assert core.connector is not None and core.connector.loaded_blocks == 0
     assert_quiescent(core)
 

@@ -8,6 +8,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -185,6 +186,15 @@ def test_conservation_over_seeded_workloads() -> None:
     for what in ("loaded_blocks", "stored_blocks", "preemptions", "aborted", "timeouts", "idle",
                  "host_full", "events", "tiers", "storage_hits", "tier_failures"):  # fmt: skip
         assert seen.counts[what] > 0, what
+
+
+# Seeds the property once failed on, kept as fixed cases: a promotion that failed after a
+# block with one of its keys was computed (224812027), a promotion that brought the key of a
+# retained device block (598996197), and a second load timing out after the first's tier
+# hits were counted (1511).
+@pytest.mark.parametrize("seed", [224812027, 598996197, 1511])
+def test_conservation_regressions(seed: int) -> None:
+    random_workload(seed, Seen())
 
 
 @settings(max_examples=60, deadline=None)

@@ -8,14 +8,17 @@ new prompt tokens takes Dynamo's prefill polynomial (the core's own `pass_durati
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
 
+from mocker.clock import VirtualClock
 from mocker.config import EngineConfig, StorageTierSpec
 from mocker.engine.core import EngineCore
 from mocker.engine.virtual import VirtualDriver, VirtualRun
 from mocker.kv.events import BlockStored
+from mocker.kv.hashing import BlockHash
 from mocker.request import EngineRequest, SamplingParams
 from mocker.tiers.tier import TierBlock
 from mocker.tiers.transfers import TransferKind, TransferRecord
@@ -231,3 +234,87 @@ def test_shared_tier_events_are_local_to_the_storer_and_remote_to_the_others() -
     plan = obj.prepare_store([TierBlock(3, 2, (3,) * BLOCK)], engine=1)
     obj.complete_store(plan.keys, False)
     assert obj.take_events(0) == [] and obj.tier.num_used == 2
+
+
+# -- write-back retention across promotions ----------------------------------------------------
+
+
+def evict_config(fs: StorageTierSpec = FS) -> EngineConfig:
+    """Write-back (offload on eviction) over a CPU tier and one fs tier."""
+    return config(offload_policy="evict", storage_tiers=(fs,))
+
+
+def put_in_fs(core: EngineCore, keys: Sequence[BlockHash]) -> None:
+    """The chain of `keys` is resident in fs (and nowhere else)."""
+    assert core.connector is not None
+    fs = core.connector.storage[0]
+    blocks = [TierBlock(k, p, ()) for p, k in zip([None, *keys], keys, strict=False)]
+    fs.complete_store(fs.prepare_store(blocks, engine=0).keys, True)
+
+
+def assert_retained_iff_not_on_cpu(core: EngineCore) -> None:
+    """Write-back: a cached device block is retained (copied before its slot is reused)
+    exactly when the CPU tier does not hold its key, resident or incoming."""
+    pool, cpu = core.pool, core.cpu
+    assert cpu is not None
+    for block in pool.blocks:
+        key = block.block_hash
+        if key is not None and pool.lookup(key) is block:
+            assert block.retained == (not cpu.holds(key)), block
+
+
+def drain(core: EngineCore, now: float) -> None:
+    """Run the core's requests and transfers to the end, checking retention after each step."""
+    for _ in VirtualDriver(core, VirtualClock(now)).steps([]):
+        assert_retained_iff_not_on_cpu(core)
+    assert_drained(core)
+
+
+def test_failed_promotion_retains_the_blocks_computed_while_it_was_in_flight() -> None:
+    # x's prompt is in fs only: x's lookup promotes it, and its keys are incoming in the CPU
+    # tier (held there). In the same pass c, which must recompute (as after a failed load),
+    # computes the same prompt: its device blocks are not retained, as the CPU tier holds
+    # their keys. The promotion fails: the CPU tier drops the keys, and the device blocks
+    # are the only copies left outside fs, so they must be retained again.
+    core = EngineCore(evict_config(replace(FS, failure_rate=1.0)))
+    x = core.add_request(request("x", 0, 0.0))
+    c = core.add_request(request("c", 0, 0.0))
+    c.skip_tier_load = True
+    promoted = x.block_hashes[:LOADABLE]
+    put_in_fs(core, promoted)
+    first = core.step(0.0)
+    assert core.connector is not None and core.connector.num_promoting == 1
+    assert core.cpu is not None
+    for key in promoted:
+        block = core.pool.lookup(key)
+        assert block is not None and not block.retained and core.cpu.holds(key)
+    drain(core, first.end)
+    assert core.snapshot().tiers[0].promotion_failures == 1
+    for key in promoted:  # still cached on the device (nothing needed the room), retained
+        block = core.pool.lookup(key)
+        assert block is not None and block.retained and not core.cpu.holds(key)
+
+
+def test_promotion_releases_a_retained_device_block_of_a_key_it_brings() -> None:
+    # The device holds x's second block, retained (the CPU tier does not hold it), but not
+    # its first (a chain can lose an ancestor first under write-back: a block the CPU tier
+    # holds is reused at once, while a retained one waits for its copy). x's device hit is
+    # then 0, and its promotion from fs brings the second block's key to the CPU tier too:
+    # the device block need not be copied any more.
+    core = EngineCore(evict_config())
+    x = core.add_request(request("x", 0, 0.0))
+    put_in_fs(core, x.block_hashes[:LOADABLE])
+    pool = core.pool
+    table = pool.get_new_blocks(2)
+    pool.cache_full_blocks(table, 1, 2, x.block_hashes, x.all_token_ids)
+    pool.retain(table[1:])
+    pool.free_blocks(reversed(table))
+    child = pool.lookup(x.block_hashes[1])
+    assert child is not None and child.retained and pool.lookup(x.block_hashes[0]) is None
+    first = core.step(0.0)
+    assert core.connector is not None and core.connector.num_promoting == 1
+    assert core.cpu is not None and core.cpu.holds(x.block_hashes[1])
+    assert not child.retained
+    assert_retained_iff_not_on_cpu(core)
+    drain(core, first.end)
+    assert x.tier_hits == (("fs", LOADABLE * BLOCK),)
