@@ -109,7 +109,12 @@ class SchedulerStats:
 
 @dataclass(slots=True)
 class IterationStats:
-    """The tokens one pass handed out (its delivered outputs): counts and latencies."""
+    """The tokens one pass handed out (its delivered outputs): counts and latencies.
+
+    Prompt counts are taken from each request's first output, as vLLM's PromptTokenStats
+    (prompt_tokens_cached and, by tier, prompt_tokens_cached_by_source, whose totals
+    match): a request aborted before its first token adds nothing here, though its hits were
+    counted by `SchedulerStats` at admission (prefix and external prefix cache hits)."""
 
     num_generation_tokens: int = 0
     num_prompt_tokens: int = 0  # of requests whose first token this pass made

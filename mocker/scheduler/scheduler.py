@@ -183,21 +183,30 @@ class Scheduler:
         return running
 
     def _unblock(self) -> bool:
-        """Requests with loaded KV hold blocks while they wait to resume. If none can resume
-        and nothing runs or is in flight to free blocks, the newest gives its blocks back
-        (they stay cached on the device) and waits again, so the others can go on."""
-        connector = self.connector
-        if (
-            not self.ready
-            or (connector is not None and connector.has_pending)
-            or self.kv.awaiting_displaced
-        ):
+        """Requests with loaded KV hold blocks while they wait to resume. If none can resume,
+        nothing runs, and no device block is on its way back, the newest gives its blocks
+        back (they stay cached on the device) and waits again, so the others can go on.
+        It is not admitted again before they have all resumed (`_schedule_waiting`)."""
+        if not self.ready or self._blocks_in_flight():
             return False
         request = self.ready.pop()
         self.kv.free(request)
         request.num_computed_tokens = 0
         self.waiting.push_front(request)
         return True
+
+    def _blocks_in_flight(self) -> bool:
+        """Device blocks that transfers in flight will hand back, or may: displaced blocks
+        being copied out (write-back), blocks pinned by their copy to the CPU tier
+        (write-through), slots reserved by loads (one that times out frees them). Not
+        promotions or cascades, which hold no device block: waiting for those would let a
+        promotion that keeps being retried keep every loaded request from ever resuming."""
+        connector = self.connector
+        if self.kv.awaiting_displaced:
+            return True
+        return connector is not None and bool(
+            connector.num_loading or connector.policy.has_staged or connector.storing_blocks()
+        )
 
     def _schedule_running(self, budget: int, out: SchedulerOutput) -> tuple[int, bool]:
         running = self.running
@@ -311,6 +320,12 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, budget: int, out: SchedulerOutput) -> None:
+        """Admit waiting requests in order, starting loads for those a tier holds. None while
+        a request whose KV loaded still waits to resume: it comes first (vLLM stops at the
+        first waiting request it cannot allocate), and a fresh admission would take the
+        blocks it waits for, among them those `_unblock` just freed for it."""
+        if self.ready:
+            return
         waiting = self.waiting
         kv, connector = self.kv, self.connector
         bs = kv.block_size

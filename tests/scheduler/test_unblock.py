@@ -1,0 +1,98 @@
+"""Requests whose KV loaded and that hold the pool while none of them can resume: the newest
+give their blocks back until the oldest resumes, and nothing takes those blocks first."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from mocker.kv.block_pool import BlockPool
+from mocker.kv.manager import KVCacheManager
+from mocker.request import Request, RequestId, RequestStatus, SamplingParams
+from mocker.scheduler.scheduler import Scheduler
+from tests.support.engines import small_config
+
+BLOCK = 4
+
+
+class RetryingConnector:
+    """A connector whose every lookup answers "retry later" (a promotion in flight, started
+    again on each lookup), so it always has something pending; no device block is in
+    flight."""
+
+    has_pending = True
+    num_loading = 0
+    policy = SimpleNamespace(has_staged=False)  # its store policy: nothing staged
+
+    def num_matched_blocks(self, request: Request, num_device_blocks: int) -> int | None:
+        return None
+
+    def storing_blocks(self) -> list[Any]:
+        return []
+
+
+def make_scheduler(num_blocks: int, connector: Any = None) -> tuple[Scheduler, KVCacheManager]:
+    config = small_config(num_gpu_blocks=num_blocks, max_num_batched_tokens=64)
+    kv = KVCacheManager(BlockPool(num_blocks, BLOCK, enable_caching=False))
+    return Scheduler(config, kv, connector), kv
+
+
+def request(rid: str, num_tokens: int) -> Request:
+    return Request(RequestId(rid), list(range(num_tokens)), num_tokens, 4,
+                   SamplingParams(ignore_eos=True), 0.0)  # fmt: skip
+
+
+def loaded(sched: Scheduler, kv: KVCacheManager, rid: str, num_tokens: int, blocks: int) -> Request:
+    """A request whose load of `blocks` blocks ended: it holds them and waits to resume."""
+    r = request(rid, num_tokens)
+    assert kv.allocate_slots(r, blocks * BLOCK)
+    r.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+    r.load_hits = (0, blocks * BLOCK)
+    sched.loading.add(r)
+    kv.finish_load(r)
+    sched.resume(r)
+    return r
+
+
+def test_released_requests_wait_until_the_oldest_loaded_one_resumes() -> None:
+    sched, kv = make_scheduler(12)
+    # a needs 8 more blocks, 2 are free: b and c must both give theirs back.
+    a = loaded(sched, kv, "a", 40, 2)
+    b = loaded(sched, kv, "b", 20, 4)
+    c = loaded(sched, kv, "c", 20, 4)
+    out = sched.schedule()
+    # c, released first, fits the room its release made, but is not admitted again ahead
+    # of a (it would take a's blocks back, and a would wait for ever).
+    assert out.num_scheduled == {a: 32} and out.loads == []
+    assert list(sched.waiting) == [b, c] and sched.ready == []
+    assert b.blocks == [] and c.blocks == [] and b.num_computed_tokens == 0
+
+
+def test_a_fresh_request_waits_behind_a_loaded_one() -> None:
+    sched, kv = make_scheduler(12)
+    running = request("r", 24)
+    sched.add(running)
+    assert sched.schedule().num_scheduled == {running: 24}  # 6 blocks
+    running.num_computed_tokens = 24
+    a = loaded(sched, kv, "a", 24, 2)  # needs 4 more blocks, 4 are free
+    fresh = request("w", 8)
+    sched.add(fresh)
+    running.append_output_token(1)  # its next decode needs a 7th block: 3 are left
+    out = sched.schedule()
+    # As vLLM stops at the first waiting request it cannot allocate: the fresh one, which
+    # would fit, does not take the blocks the loaded one waits for.
+    assert out.num_scheduled == {running: 1} and list(sched.waiting) == [fresh]
+    assert sched.ready == [a]
+
+
+def test_a_retried_promotion_does_not_keep_loaded_requests_waiting() -> None:
+    sched, kv = make_scheduler(12, RetryingConnector())
+    waiting = request("p", 16)  # its lookup answers "retry later" on every pass
+    sched.add(waiting)
+    a = loaded(sched, kv, "a", 40, 4)  # needs 6 more blocks, 2 are free
+    b = loaded(sched, kv, "b", 28, 6)
+    out = sched.schedule()
+    # The connector is busy with a promotion, which frees no device block: b gives its
+    # blocks back at once and a resumes.
+    assert out.num_scheduled == {a: 24}
+    assert list(sched.waiting) == [b, waiting]
