@@ -294,9 +294,9 @@ class TierConnector:
         (not held there yet, and room found). The policy hears of the keys the CPU tier
         evicted to make room."""
         cpu = self.cpu
-        # The tokens are needed for the Stored event when the copy lands, and for the
-        # cascade's (the secondary tiers copy the CPU tier's block).
-        keep = cpu.record_events or bool(self.storage)
+        # The tokens are needed only for the Stored events when the copy lands, here and in
+        # the tiers the block cascades to (the same record): all tiers publish, or none.
+        keep = cpu.record_events
         bs = self.block_size
         tier_blocks = [
             TierBlock(b.cached_hash, b.parent_hash, b.token_ids(bs) if keep else (), b.lora_name)

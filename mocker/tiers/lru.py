@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from itertools import pairwise
+from operator import attrgetter
 
 from mocker.kv.events import BlockRemoved, BlockStored, KVEvent, parents_first
 from mocker.tiers.tier import BlockKey, Medium, StorePlan, TierBlock
@@ -16,11 +16,13 @@ __all__ = ["LruTier"]
 class LruTier:
     """A `Tier` (mocker.tiers.tier) of `capacity` slots, evicting least recently used first.
 
-    Incoming and resident blocks together never exceed the capacity.
+    Incoming and resident blocks together never exceed the capacity. Pins live beside the
+    LRU order (a count per pinned key), so the blocks themselves are plain data that every
+    tier of a cascade can share.
     """
 
-    __slots__ = ("_events", "_incoming", "_resident", "block_size", "capacity", "medium", "name",
-                 "record_events")  # fmt: skip
+    __slots__ = ("_events", "_incoming", "_pins", "_resident", "block_size", "capacity",
+                 "medium", "name", "record_events")  # fmt: skip
 
     def __init__(
         self,
@@ -38,6 +40,7 @@ class LruTier:
         self.record_events = record_events
         self._resident: OrderedDict[BlockKey, TierBlock] = OrderedDict()  # LRU first
         self._incoming: dict[BlockKey, TierBlock] = {}
+        self._pins: dict[BlockKey, int] = {}  # resident keys being read: never evicted
         self._events: list[KVEvent] = []
 
     # -- state --------------------------------------------------------------------------------
@@ -69,11 +72,11 @@ class LruTier:
         return set(self._resident)
 
     def num_pinned(self) -> int:
-        return sum(1 for b in self._resident.values() if b.pins)
+        return len(self._pins)
 
     def pins(self) -> dict[BlockKey, int]:
         """Pin count of each pinned resident block (for checks)."""
-        return {k: b.pins for k, b in self._resident.items() if b.pins}
+        return dict(self._pins)
 
     def lookup(self, keys: Sequence[BlockKey], start: int, stop: int) -> int:
         resident = self._resident
@@ -87,36 +90,79 @@ class LruTier:
     # -- stores -------------------------------------------------------------------------------
 
     def prepare_store(self, blocks: Sequence[TierBlock]) -> StorePlan:
-        """Blocks are reserved in order; the first that finds every resident block pinned
-        stops the plan, and it and the rest are skipped (no room will appear before a
+        """The blocks not held yet are reserved in order, the least recently used unpinned
+        blocks evicted to make room (never a block of this batch); when every resident
+        block is pinned, the blocks past the room are skipped (no room will appear before a
         load ends)."""
         plan = StorePlan()
         resident, incoming = self._resident, self._incoming
-        for i, block in enumerate(blocks):
-            key = block.key
-            if key in resident or key in incoming:
-                continue
-            if len(resident) + len(incoming) >= self.capacity:
-                victim = next((b for b in resident.values() if not b.pins), None)
-                if victim is None:
-                    plan.skipped = sum(1 for b in blocks[i:] if not self.holds(b.key))
-                    break
-                self._remove(victim.key)
-                plan.evicted.append(victim.key)
-            incoming[key] = block
-            plan.keys.append(key)
+        # Set and dict operations at C speed: this runs for every block stored in any tier.
+        fresh = dict(zip(map(_KEY, blocks), blocks, strict=True))  # a key once, batch order
+        held = resident.keys() & fresh.keys()
+        for key in held:
+            del fresh[key]
+        for key in incoming.keys() & fresh.keys():
+            del fresh[key]
+        if not fresh:
+            return plan
+        need = len(fresh) - (self.capacity - len(resident) - len(incoming))
+        if need > 0:
+            victims = self._victims(need, held)
+            self._evict(victims)
+            plan.evicted = victims
+            if len(victims) < need:
+                plan.skipped = need - len(victims)
+                keep = len(fresh) - plan.skipped
+                fresh = dict(list(fresh.items())[:keep])
+        incoming.update(fresh)
+        plan.keys = list(fresh)
         return plan
+
+    def _victims(self, n: int, spared: set[BlockKey]) -> list[BlockKey]:
+        """Up to n least recently used keys that are neither pinned nor spared, in one scan
+        from the LRU end. A pinned block the scan passes is in use (a read in flight): it
+        moves to the most recently used end, so no later scan passes it again (a copy to a
+        slow shared tier can keep thousands pinned)."""
+        pins = self._pins
+        resident = self._resident
+        victims: list[BlockKey] = []
+        if not pins and not spared:
+            for key in resident:
+                victims.append(key)
+                if len(victims) == n:
+                    break
+            return victims
+        in_use: list[BlockKey] = []
+        for key in resident:
+            if key in pins:
+                in_use.append(key)
+                continue
+            if key in spared:
+                continue
+            victims.append(key)
+            if len(victims) == n:
+                break
+        for key in in_use:
+            resident.move_to_end(key)
+        return victims
+
+    def _evict(self, keys: list[BlockKey]) -> None:
+        resident = self._resident
+        for key in keys:
+            del resident[key]
+        if self.record_events:
+            medium = self.medium
+            self._events.extend(BlockRemoved(block_hashes=(key,), medium=medium) for key in keys)
 
     def complete_store(self, keys: Sequence[BlockKey], success: bool = True) -> None:
         """Within a batch a parent becomes more recent than its children, as vLLM's LRU
         touches a chain in reverse, so a chain is evicted leaf first."""
-        landed = [self._incoming.pop(k) for k in keys]
-        if not success:
+        landed = list(map(self._incoming.pop, keys))
+        if not success or not landed:
             return
-        resident = self._resident
-        for block in _children_first(landed):
-            resident[block.key] = block
-        if self.record_events and landed:
+        ordered = _children_first(landed)
+        self._resident.update(zip(map(_KEY, ordered), ordered, strict=True))
+        if self.record_events:
             self._record_stored(landed)
 
     def _record_stored(self, blocks: list[TierBlock]) -> None:
@@ -154,10 +200,10 @@ class LruTier:
 
     def prepare_load(self, keys: Sequence[BlockKey]) -> None:
         """A read starts (keys in chain order): pinned, and most recently used."""
-        resident = self._resident
+        move, pins = self._resident.move_to_end, self._pins
         for key in reversed(keys):
-            resident[key].pins += 1
-            resident.move_to_end(key)
+            move(key)  # a KeyError for a key that is not resident
+            pins[key] = pins.get(key, 0) + 1
 
     def complete_load(self, keys: Sequence[BlockKey]) -> None:
         self.unpin(keys)
@@ -165,29 +211,29 @@ class LruTier:
     def pin(self, keys: Sequence[BlockKey]) -> None:
         """Keep resident keys from eviction while they are read (a cascade), without
         touching their recency."""
-        resident = self._resident
+        resident, pins = self._resident, self._pins
         for key in keys:
-            resident[key].pins += 1
+            if key not in resident:
+                raise KeyError(key)
+            pins[key] = pins.get(key, 0) + 1
 
     def unpin(self, keys: Sequence[BlockKey]) -> None:
-        resident = self._resident
+        pins = self._pins
         for key in keys:
-            block = resident[key]
-            if block.pins <= 0:
+            n = pins.get(key, 0)
+            if n <= 0:
                 raise ValueError(f"{self.name} block {key} unpinned more often than pinned")
-            block.pins -= 1
+            if n == 1:
+                del pins[key]
+            else:
+                pins[key] = n - 1
 
     def copies(self, keys: Sequence[BlockKey]) -> list[TierBlock]:
-        """Unpinned copies of these resident blocks, to store in another tier."""
-        resident = self._resident
-        return [TierBlock(k, (b := resident[k]).parent, b.token_ids, b.lora_name) for k in keys]
+        """These resident blocks, to store in another tier (the records are shared: pins
+        and recency are each tier's own)."""
+        return list(map(self._resident.__getitem__, keys))
 
-    # -- eviction and events ------------------------------------------------------------------
-
-    def _remove(self, key: BlockKey) -> None:
-        del self._resident[key]
-        if self.record_events:
-            self._events.append(BlockRemoved(block_hashes=(key,), medium=self.medium))
+    # -- events -------------------------------------------------------------------------------
 
     def announce(self) -> None:
         """Record a BlockStored for every resident block, parents first (after a consumer
@@ -205,12 +251,16 @@ class LruTier:
         return events
 
 
+_KEY = attrgetter("key")
+_PARENT = attrgetter("parent")
+
+
 def _children_first(blocks: list[TierBlock]) -> list[TierBlock]:
     """The blocks ordered so that every block comes after its descendants in the list."""
-    pairs = list(pairwise(blocks))
-    if all(a.parent == b.key for a, b in pairs):
+    keys, parents = list(map(_KEY, blocks)), list(map(_PARENT, blocks))
+    if parents[:-1] == keys[1:]:
         return blocks  # one chain, leaf first (an evict batch)
-    if all(b.parent == a.key for a, b in pairs):
+    if parents[1:] == keys[:-1]:
         return blocks[::-1]  # one chain, root first (a write-through batch)
     in_batch = {b.key for b in blocks}
     children: dict[BlockKey, list[TierBlock]] = {}

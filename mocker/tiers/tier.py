@@ -35,13 +35,14 @@ class Locality(StrEnum):
 
 @dataclass(slots=True, eq=False)
 class TierBlock:
-    """One block's KV in a tier (or on its way there): what a BlockStored event names."""
+    """One block's KV in a tier (or on its way there): what a BlockStored event names.
+    Plain data, never changed, so a cascade shares one record between tiers; the tokens
+    are kept only when the tiers publish events."""
 
     key: BlockKey
     parent: BlockKey | None
     token_ids: tuple[int, ...]
     lora_name: str | None = None
-    pins: int = 0  # loads reading it; a pinned block is never evicted
 
 
 @dataclass(slots=True)
