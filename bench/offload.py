@@ -32,7 +32,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,7 +60,7 @@ from harness import (
 )
 from sse_client import KeepAliveClient, Stream, completion_body, completion_request
 
-from mocker.config import EngineConfig
+from mocker.config import EngineConfig, StorageTierSpec
 from mocker.engine.core import EngineCore
 from mocker.engine.outputs import StepResult
 from mocker.engine.stats import FinishedRequestStats
@@ -147,6 +147,7 @@ class Config:
     name: str
     num_cpu_blocks: int
     offload_policy: str = "evict"
+    storage_tiers: tuple[StorageTierSpec, ...] = ()  # below the CPU tier (bench/tiers.py)
 
     def engine(self, speedup: float) -> EngineConfig:
         return EngineConfig(
@@ -157,6 +158,7 @@ class Config:
             max_model_len=MAX_MODEL_LEN,
             num_cpu_blocks=self.num_cpu_blocks,
             offload_policy=self.offload_policy,
+            storage_tiers=self.storage_tiers,
             speedup_ratio=speedup,
             seed=SEED,
         )
@@ -177,11 +179,16 @@ def hit_summary(requests: list[FinishedRequestStats]) -> dict[str, Any]:
         for r in requests
         if r.first_token_time is not None
     ]
+    by_tier: dict[str, int] = {}
+    for r in requests:
+        for name, n in r.tier_hits:
+            by_tier[name] = by_tier.get(name, 0) + n
     return {
         "requests": len(requests),
         "prompt_tokens": prompt,
         "device_hit_rate": rounded(ratio(cached - host, prompt, 6), 4),
         "host_hit_rate": rounded(ratio(host, prompt, 6), 4),
+        "tier_hit_rates": {name: rounded(ratio(n, prompt, 6), 4) for name, n in by_tier.items()},
         "ttft_p50_ms": rounded(percentile(ttfts, 0.5)),
         "ttft_p99_ms": rounded(percentile(ttfts, 0.99)),
         "ttft_mean_ms": rounded(statistics.fmean(ttfts) if ttfts else None),
@@ -275,42 +282,49 @@ def signature(result: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def step_cost_workload(label: str, requests: list[EngineRequest]) -> dict[str, Any]:
-    """STEP_REPS replays per config, alternating; returns the timings and each config's first
-    run (its metrics), and checks that every rep reproduced that run exactly."""
-    w, wo = WITH_HOST.name, WITHOUT_HOST.name
+def time_configs(
+    label: str,
+    requests: list[EngineRequest],
+    configs: Sequence[Config],
+    baseline: Config,
+    reps: int = STEP_REPS,
+) -> dict[str, Any]:
+    """`reps` replays of each config and the baseline, the order rotated each rep (a drift in
+    machine speed hits all alike); returns the timings, each config's ratios to the
+    baseline (medians over reps), each config's first run (its metrics), and whether every
+    rep reproduced that run exactly."""
+    everyone = [*configs, baseline]
+    names = [c.name for c in everyone]
     firsts: dict[str, dict[str, Any]] = {}
-    signatures: dict[str, set[tuple[Any, ...]]] = {w: set(), wo: set()}
-    per_pass: dict[str, list[float]] = {w: [], wo: []}
-    per_call: dict[str, list[float]] = {w: [], wo: []}
-    per_request: dict[str, list[float]] = {w: [], wo: []}
-    driver_per_request: dict[str, list[float]] = {w: [], wo: []}
-    for rep in range(STEP_REPS):
-        # Alternate which config goes first, so a drift in machine speed hits both alike.
-        order = (WITH_HOST, WITHOUT_HOST) if rep % 2 == 0 else (WITHOUT_HOST, WITH_HOST)
-        for cfg in order:
+    signatures: dict[str, set[tuple[Any, ...]]] = {n: set() for n in names}
+    per_pass: dict[str, list[float]] = {n: [] for n in names}
+    per_call: dict[str, list[float]] = {n: [] for n in names}
+    per_request: dict[str, list[float]] = {n: [] for n in names}
+    driver_per_request: dict[str, list[float]] = {n: [] for n in names}
+    for rep in range(reps):
+        k = rep % len(everyone)
+        for cfg in everyone[k:] + everyone[:k]:
             result = replay_once(cfg, requests)
             t = result.pop("_timing")
             firsts.setdefault(cfg.name, result)
             signatures[cfg.name].add(signature(result))
             passes = t["calls"] - t["idle_calls"]
             # Per pass: all of step()'s time (idle calls too) over the calls that ran a pass,
-            # so cheap idle calls (waiting on transfers) cannot dilute the host tier's cost.
+            # so cheap idle calls (waiting on transfers) cannot dilute the tiers' cost.
             per_pass[cfg.name].append(t["ns"] / max(1, passes) / 1000)
             per_call[cfg.name].append(t["ns"] / max(1, t["calls"]) / 1000)
             per_request[cfg.name].append(t["ns"] / len(requests) / 1000)
             driver_per_request[cfg.name].append(t["driver_ns"] / len(requests) / 1000)
-        log(
-            f"  {label} rep {rep}: us/pass with host {per_pass[w][-1]:6.1f}"
-            f" ({firsts[w]['passes']} passes), without {per_pass[wo][-1]:6.1f}"
-            f" ({firsts[wo]['passes']} passes)"
-        )
+        log(f"  {label} rep {rep}: us/pass " + ", ".join(
+            f"{n} {per_pass[n][-1]:6.1f} ({firsts[n]['passes']} passes)" for n in names
+        ))  # fmt: skip
 
     def medians(samples: dict[str, list[float]], digits: int = 2) -> dict[str, float]:
         return {name: round(statistics.median(v), digits) for name, v in samples.items()}
 
-    def med_ratio(samples: dict[str, list[float]]) -> float | None:
-        return ratio(statistics.median(samples[w]), statistics.median(samples[wo]))
+    def med_ratios(samples: dict[str, list[float]]) -> dict[str, float | None]:
+        base = statistics.median(samples[baseline.name])
+        return {c.name: ratio(statistics.median(samples[c.name]), base) for c in configs}
 
     return {
         "timing": {
@@ -324,14 +338,24 @@ def step_cost_workload(label: str, requests: list[EngineRequest]) -> dict[str, A
             "mean_running_per_pass": {
                 name: r["mean_running_per_pass"] for name, r in firsts.items()
             },
-            "ratio_per_pass": med_ratio(per_pass),
-            "ratio_per_call": med_ratio(per_call),
-            "ratio_per_request": med_ratio(per_request),
-            "ratio_driver_per_request": med_ratio(driver_per_request),
+            "ratio_per_pass": med_ratios(per_pass),
+            "ratio_per_call": med_ratios(per_call),
+            "ratio_per_request": med_ratios(per_request),
+            "ratio_driver_per_request": med_ratios(driver_per_request),
             "deterministic": all(len(sigs) == 1 for sigs in signatures.values()),
         },
         "firsts": firsts,
     }
+
+
+def step_cost_workload(label: str, requests: list[EngineRequest]) -> dict[str, Any]:
+    """With the host tier against without: the ratios as single numbers."""
+    timed = time_configs(label, requests, [WITH_HOST], WITHOUT_HOST)
+    timing = timed["timing"]
+    for key in ("ratio_per_pass", "ratio_per_call", "ratio_per_request",
+                "ratio_driver_per_request"):  # fmt: skip
+        timing[key] = timing[key][WITH_HOST.name]
+    return timed
 
 
 def replay_and_step_cost(prompts: list[list[int]]) -> dict[str, Any]:

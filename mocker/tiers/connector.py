@@ -136,6 +136,7 @@ class TierConnector:
         self._promoting: dict[BlockKey, _Promotion] = {}  # keys on their way to the CPU tier
         self._holds: dict[Request, list[BlockKey]] = {}  # promoted runs kept for a retry
         self._released: list[list[BlockKey]] = []  # holds to unpin after this pass's loads
+        self._looked_up: list[list[BlockKey]] = []  # CPU runs found this pass, to spare
         # Copies in flight, by the id of their block list: device → CPU (the device blocks)
         # and CPU → secondary tiers (the CPU keys they pin).
         self._storing: dict[int, list[KVBlock]] = {}
@@ -184,10 +185,9 @@ class TierConnector:
             return 0
         if self.storage:
             # Another request's promotion in this same pass may make room in the CPU tier:
-            # the run is pinned until this pass's loads have pinned theirs.
-            run = hashes[num_device_blocks:pos]
-            self.cpu.pin(run)
-            self._released.append(run)
+            # the run is spared until this pass's loads have pinned theirs (`_promote` pins
+            # these runs while it reserves; nothing else evicts from the CPU tier in a pass).
+            self._looked_up.append(hashes[num_device_blocks:pos])
         return n
 
     def load_pays_off(self, num_blocks: int, promote_s: float = 0.0) -> bool:
@@ -410,7 +410,13 @@ class TierConnector:
         # The request's CPU run is pinned first: making room must not evict it.
         hold = hashes[dev:pos]
         cpu.prepare_load(hold)
+        # Neither may the runs other requests found this pass, which they are about to load.
+        looked_up = self._looked_up
+        for run in looked_up:
+            cpu.pin(run)
         plan = cpu.prepare_store(copies)
+        for run in looked_up:
+            cpu.unpin(run)
         if plan.evicted:
             self.policy.cpu_evicted(plan.evicted)
         keys = plan.keys
@@ -482,6 +488,7 @@ class TierConnector:
 
     def end_schedule(self) -> None:
         """The pass's loads have pinned their CPU blocks: the holds they replace go."""
+        self._looked_up = []
         released, self._released = self._released, []
         for hold in released:
             self.cpu.complete_load(hold)

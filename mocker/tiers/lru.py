@@ -132,6 +132,11 @@ class LruTier:
                 if len(victims) == n:
                     break
             return victims
+        # No more than the unpinned blocks can go: once they are found, stop (a tier whose
+        # every block is pinned answers at once).
+        n = min(n, len(resident) - len(pins))
+        if n <= 0:
+            return victims
         in_use: list[BlockKey] = []
         for key in resident:
             if key in pins:
