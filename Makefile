@@ -46,6 +46,7 @@ bench: $(TEST_STAMP)
 	$(BIN)/python bench/engine_step.py
 	$(BIN)/python bench/serve_stream.py
 	$(BIN)/python bench/offload.py
+	$(BIN)/python bench/tiers.py
 	$(BIN)/python bench/replay_speed.py
 
 clean:
