@@ -132,3 +132,59 @@ def test_touch_makes_a_chain_most_recently_used_root_last() -> None:
     tier.touch([BlockHash(1), BlockHash(2)])
     assert reserve(tier, blk(4)) == [BlockHash(3)]
     assert reserve(tier, blk(5)) == [BlockHash(2)]  # leaf before root
+
+
+def stored(tier: LruTier, *keys: int) -> None:
+    tier.prepare_store([blk(k) for k in keys])
+    tier.complete_store([BlockHash(k) for k in keys])
+
+
+def test_a_pinned_block_the_eviction_passes_becomes_most_recently_used() -> None:
+    # A cascade pins without touching; when eviction reaches the pinned block it counts as
+    # in use (moved to the most recently used end), so no later store scans it again.
+    tier = LruTier(3, 2)
+    stored(tier, 1, 2, 3)
+    tier.pin([BlockHash(1)])
+    assert reserve(tier, blk(4)) == [BlockHash(2)]  # 1 is passed over: order 3, 1, 4
+    tier.complete_store([BlockHash(4)])
+    tier.unpin([BlockHash(1)])
+    assert reserve(tier, blk(5)) == [BlockHash(3)]
+    tier.complete_store([BlockHash(5)])
+    assert reserve(tier, blk(6)) == [BlockHash(1)]
+
+
+def test_a_store_never_evicts_a_block_of_its_own_batch() -> None:
+    tier = LruTier(3, 2)
+    stored(tier, 1, 2, 3)  # 1 is the least recently used
+    plan = tier.prepare_store([blk(4), blk(1)])
+    assert plan.keys == [BlockHash(4)] and plan.evicted == [BlockHash(2)]
+    assert BlockHash(1) in tier
+
+
+def test_a_key_twice_in_one_batch_is_reserved_once() -> None:
+    tier = LruTier(4, 2)
+    plan = tier.prepare_store([blk(1), blk(2), blk(1)])
+    assert plan.keys == [BlockHash(1), BlockHash(2)] and tier.num_incoming == 2
+
+
+def test_an_all_pinned_tier_skips_a_whole_batch_without_evicting() -> None:
+    tier = LruTier(4, 2, record_events=True)
+    stored(tier, 1, 2, 3, 4)
+    tier.pin([BlockHash(k) for k in (1, 2, 3, 4)])
+    tier.take_events()
+    plan = tier.prepare_store([blk(5), blk(6)])
+    assert (plan.keys, plan.evicted, plan.skipped) == ([], [], 2)
+    assert tier.take_events() == [] and tier.num_used == 4
+
+
+def test_cascaded_records_are_shared_and_pins_are_each_tiers_own() -> None:
+    cpu, fs = LruTier(4, 2), LruTier(4, 2, name="fs")
+    stored(cpu, 1, 2)
+    copies = cpu.copies([BlockHash(1), BlockHash(2)])
+    fs.prepare_store(copies)
+    fs.complete_store([BlockHash(1), BlockHash(2)])
+    assert fs.copies([BlockHash(1)])[0] is copies[0]  # one record, no copy made
+    cpu.pin([BlockHash(1)])
+    assert cpu.pins() == {BlockHash(1): 1} and fs.pins() == {}
+    with pytest.raises(KeyError):
+        cpu.pin([BlockHash(9)])  # only a resident block can be pinned
