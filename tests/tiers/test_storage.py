@@ -16,6 +16,7 @@ import pytest
 from mocker.clock import VirtualClock
 from mocker.config import EngineConfig, StorageTierSpec
 from mocker.engine.core import EngineCore
+from mocker.engine.stats import FinishedRequestStats
 from mocker.engine.virtual import VirtualDriver, VirtualRun
 from mocker.kv.events import BlockStored
 from mocker.kv.hashing import BlockHash
@@ -65,6 +66,18 @@ def warm_fs_only(core: EngineCore, driver: VirtualDriver) -> list[TransferRecord
     return records
 
 
+def run_again(
+    driver: VirtualDriver, at: float
+) -> tuple[FinishedRequestStats, list[TransferRecord]]:
+    """A's prompt again ("a2") at `at`: its finished stats and every transfer of the run."""
+    run = VirtualRun()
+    records: list[TransferRecord] = []
+    for result in driver.steps([request("a2", 0, at)], run=run):
+        records += result.transfers
+    (done,) = run.finished
+    return done, records
+
+
 def test_cascade_then_three_hop_promotion_by_hand() -> None:
     core = EngineCore(config())
     driver = VirtualDriver(core)
@@ -78,11 +91,7 @@ def test_cascade_then_three_hop_promotion_by_hand() -> None:
     assert cascade.duration == pytest.approx(copy_s(16, 4.0, 0.1), abs=1e-12)
 
     t0 = 10.0
-    run = VirtualRun()
-    records: list[TransferRecord] = []
-    for result in driver.steps([request("a2", 0, t0)], run=run):
-        records += result.transfers
-    (done,) = run.finished
+    done, records = run_again(driver, t0)
     promote, load = [r for r in records if r.kind is TransferKind.LOAD]
     # The prompt's last block, computed, is stored to the CPU tier (fs holds it already).
     stores = [(r.src, r.dst, r.num_blocks) for r in records if r.kind is TransferKind.STORE]
@@ -122,11 +131,7 @@ def test_a_run_promoted_from_two_tiers_counts_each_by_hand() -> None:
     core.reset_prefix_cache(driver.clock.now())
 
     t0 = 10.0
-    run = VirtualRun()
-    records: list[TransferRecord] = []
-    for result in driver.steps([request("a2", 0, t0)], run=run):
-        records += result.transfers
-    (done,) = run.finished
+    done, records = run_again(driver, t0)
     from_fs, from_obj, load = [r for r in records if r.kind is TransferKind.LOAD]
     assert (from_fs.src, from_fs.dst, from_fs.num_blocks, from_fs.start) == ("fs", "cpu", 8, t0)
     assert from_fs.end == pytest.approx(t0 + copy_s(8, 8.0, 0.1), abs=1e-12)
