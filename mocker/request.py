@@ -105,9 +105,9 @@ class Request:
     tier_hits: tuple[tuple[str, int], ...] = ()
     # Hits of the admission whose KV is loading from the tiers (device, tiers), in tokens.
     load_hits: tuple[int, int] = (0, 0)
-    # What its promotions brought to the CPU tier, in order: (tier name, blocks), until it
-    # loads (a run can come from several tiers, one promotion each).
-    promoted: tuple[tuple[str, int], ...] = ()
+    # The blocks its own promotions brought to the CPU tier, by key, and the tier each came
+    # from, until it loads (a run can come from several tiers, one promotion each).
+    promoted: dict[BlockHash, str] | None = None
     skip_tier_load: bool = False  # a load or promotion failed: recompute from now on
     num_preemptions: int = 0
     first_scheduled_time: float | None = None

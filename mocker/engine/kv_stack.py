@@ -63,7 +63,8 @@ def build_kv_stack(
         enable_caching=config.enable_prefix_caching,
         eviction_policy=config.eviction_policy,
         record_events=config.enable_kv_cache_events,
-        keep_tokens=config.has_cpu_tier or cpu is not None,
+        # A tier's copy records its tokens only for its BlockStored events.
+        keep_tokens=cpu is not None and cpu.record_events,
     )
     if cpu is None and config.has_cpu_tier:
         cpu = LruTier(

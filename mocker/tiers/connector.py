@@ -169,7 +169,7 @@ class TierConnector:
         if hold is not None:
             self._released.append(hold)  # unpinned once this pass's loads have pinned theirs
         if request.skip_tier_load:
-            request.promoted = ()
+            request.promoted = None
             return 0
         hashes = request.block_hashes
         stop = min((request.num_tokens - 1) // self.block_size, len(hashes))
@@ -181,7 +181,7 @@ class TierConnector:
             if self._promote(request, hashes, num_device_blocks, pos, stop):
                 return None
         if not (n and self.load_pays_off(n)):
-            request.promoted = ()  # what was promoted for it is not loaded (now)
+            request.promoted = None  # what was promoted for it is not loaded (now)
             return 0
         if self.storage:
             # Another request's promotion in this same pass may make room in the CPU tier:
@@ -450,7 +450,10 @@ class TierConnector:
             # The landed blocks join the hold: pinned until the request's retry.
             self.cpu.prepare_load(promotion.keys)
             self._holds[promotion.request] = promotion.hold + promotion.keys
-            promotion.request.promoted += ((tier.name, len(promotion.keys)),)
+            request = promotion.request
+            if request.promoted is None:
+                request.promoted = {}
+            request.promoted.update(dict.fromkeys(promotion.keys, tier.name))
             n = len(promotion.keys)
             self._record(TransferKind.LOAD, tier.name, self.cpu.name, n, promotion.start, end)
 
@@ -500,9 +503,9 @@ class TierConnector:
         device slots the scheduler reserved for them."""
         hashes = request.block_hashes[start : start + num_blocks]
         self.cpu.prepare_load(hashes)
-        promoted, request.promoted = request.promoted, ()
+        promoted, request.promoted = request.promoted, None
         if request.num_cached_tokens < 0:  # its hits are counted once, at its first admission
-            request.tier_hits = self._tier_hits(promoted, num_blocks)
+            request.tier_hits = self._tier_hits(promoted, hashes)
         load = _Load(request, TransferId(-1), hashes, now, now + self._load_timeout)
         load.tid = self.h2d.start(now, num_blocks * self.block_bytes, self._load_done(load))
         self._loads[request] = load
@@ -510,20 +513,19 @@ class TierConnector:
         self.version += 1
 
     def _tier_hits(
-        self, promoted: tuple[tuple[str, int], ...], num_blocks: int
+        self, promoted: dict[BlockHash, str] | None, hashes: list[BlockHash]
     ) -> tuple[tuple[str, int], ...]:
-        """Tokens of a load of `num_blocks` per tier it came from. Promotions extend the
-        CPU run at its end, so the run's tail is the latest promotion's, the part before
-        it the one before, and what no promotion brought was in the CPU tier already."""
-        left = num_blocks
-        counts: list[tuple[str, int]] = []
-        for name, blocks in reversed(promoted):
-            n = min(blocks, left)
-            counts.append((name, n))
-            left -= n
-        hits = {self.cpu.name: left}
-        for name, n in reversed(counts):
-            hits[name] = hits.get(name, 0) + n
+        """Tokens of a load per tier they came from: a block the request's own promotion
+        brought counts for that tier (even if promoted twice, after an eviction), any other
+        one was found in the CPU tier."""
+        cpu = self.cpu.name
+        hits = {cpu: 0}
+        if promoted:
+            for key in hashes:
+                name = promoted.get(key, cpu)
+                hits[name] = hits.get(name, 0) + 1
+        else:
+            hits[cpu] = len(hashes)
         return tuple((name, n * self.block_size) for name, n in hits.items() if n)
 
     def _load_done(self, load: _Load) -> Done:

@@ -215,7 +215,7 @@ class LruTier:
 
     def pin(self, keys: Sequence[BlockKey]) -> None:
         """Keep resident keys from eviction while they are read (a cascade), without
-        touching their recency."""
+        touching their recency (unless an eviction scan passes one: see `_victims`)."""
         resident, pins = self._resident, self._pins
         for key in keys:
             if key not in resident:

@@ -323,3 +323,37 @@ def test_promotion_releases_a_retained_device_block_of_a_key_it_brings() -> None
     assert_retained_iff_not_on_cpu(core)
     drain(core, first.end)
     assert x.tier_hits == (("fs", LOADABLE * BLOCK),)
+
+
+def test_blocks_promoted_twice_count_once_for_their_tier() -> None:
+    # The CPU tier holds A's first 5 blocks; the rest are promoted from fs, but the load
+    # cannot start (no device room) and CPU stores push blocks 10-14 out again, so they are
+    # promoted a second time. The load of 15 blocks: 5 from the CPU tier, 10 from fs.
+    core = EngineCore(config())
+    driver = VirtualDriver(core)
+    warm_fs_only(core, driver)
+    conn, cpu = core.connector, core.cpu
+    assert conn is not None and cpu is not None
+    req = core.add_request(request("a2", 0, 10.0))
+    core.scheduler.waiting.remove(req)  # the connector is driven by hand
+    h = req.block_hashes
+    plan = cpu.prepare_store(conn.storage[0].tier.copies(h[:5]))
+    cpu.complete_store(plan.keys)
+    conn.poll(10.0)
+    assert conn.num_matched_blocks(req, 0) is None  # promotes blocks 5-14
+    conn.end_schedule()
+    conn.poll(11.0)
+    assert conn.num_matched_blocks(req, 0) == LOADABLE
+    conn.end_schedule()  # the scheduler found no device room: no load, the hold goes
+    cpu.pin(h[:10])  # (so that the filler below evicts exactly blocks 10-14)
+    plan = cpu.prepare_store([TierBlock(-k, None, ()) for k in range(1, 7)])
+    cpu.unpin(h[:10])
+    cpu.complete_store(plan.keys)
+    assert set(h[10:15]) <= set(plan.evicted)
+    assert conn.num_matched_blocks(req, 0) is None  # promotes blocks 10-14 again
+    conn.end_schedule()
+    conn.poll(12.0)
+    assert conn.num_matched_blocks(req, 0) == LOADABLE
+    conn.start_load(12.0, req, 0, LOADABLE)
+    conn.end_schedule()
+    assert req.tier_hits == (("cpu", 5 * BLOCK), ("fs", 10 * BLOCK))
