@@ -205,7 +205,7 @@ class Scheduler:
         if self.kv.awaiting_displaced:
             return True
         return connector is not None and bool(
-            connector.num_loading or connector.policy.has_staged or connector.storing_blocks()
+            connector.num_loading or connector.policy.has_staged or connector.stores_in_flight
         )
 
     def _schedule_running(self, budget: int, out: SchedulerOutput) -> tuple[int, bool]:

@@ -219,6 +219,12 @@ class TierConnector:
         return any(t.shared for t in self.storage)
 
     @property
+    def stores_in_flight(self) -> bool:
+        """Device → CPU copies started or posted: their device blocks come back when they
+        end."""
+        return bool(self._storing or self._posted)
+
+    @property
     def num_held_blocks(self) -> int:
         """Blocks of finished requests held until their copies end (for checks)."""
         return self.policy.num_held_blocks

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from itertools import islice
 from operator import attrgetter
 
 from mocker.kv.events import BlockRemoved, BlockStored, KVEvent, parents_first
@@ -125,13 +126,9 @@ class LruTier:
         slow shared tier can keep thousands pinned)."""
         pins = self._pins
         resident = self._resident
-        victims: list[BlockKey] = []
         if not pins and not spared:
-            for key in resident:
-                victims.append(key)
-                if len(victims) == n:
-                    break
-            return victims
+            return list(islice(resident, n))
+        victims: list[BlockKey] = []
         # No more than the unpinned blocks can go: once they are found, stop (a tier whose
         # every block is pinned answers at once).
         n = min(n, len(resident) - len(pins))

@@ -22,13 +22,11 @@ class RetryingConnector:
 
     has_pending = True
     num_loading = 0
+    stores_in_flight = False
     policy = SimpleNamespace(has_staged=False)  # its store policy: nothing staged
 
     def num_matched_blocks(self, request: Request, num_device_blocks: int) -> int | None:
         return None
-
-    def storing_blocks(self) -> list[Any]:
-        return []
 
 
 def make_scheduler(num_blocks: int, connector: Any = None) -> tuple[Scheduler, KVCacheManager]:
