@@ -297,7 +297,11 @@ async def test_the_transfer_timer_drives_a_load_while_the_loop_idles() -> None:
 
 async def test_stores_finish_after_the_last_request_without_new_work() -> None:
     steps: list[StepResult] = []
-    engine = LiveEngine(_host_config(offload_policy="write-through"), on_step=steps.append)
+    # The 8 blocks' copy (4 MiB at 0.2 MB/s, 20x speedup) takes about a second of wall
+    # time, so it is still in flight when the request's last output arrives, however busy
+    # the machine.
+    config = _host_config(offload_policy="write-through", cpu_write_gbps=0.0002)
+    engine = LiveEngine(config, on_step=steps.append)
     engine.start()
     await _run_one(engine, "a", list(range(100, 132)))
     # The request is done but its blocks are pinned until their copies end.
