@@ -7,6 +7,8 @@ from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any
 
+from mocker.kv.hashing import HashAlgo
+
 __all__ = [
     "MODEL_PRESETS",
     "ConfigError",
@@ -62,6 +64,9 @@ def _finite(name: str, value: Any, minimum: float | None = None) -> None:
         _fail(name, value, "must be a finite number")
     if minimum is not None and value < minimum:
         _fail(name, value, f"must be >= {minimum:g}")
+
+
+_HASH_ALGOS = tuple(a.value for a in HashAlgo)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +152,9 @@ class EngineConfig:
     eviction_policy: EvictionPolicyName = EvictionPolicyName.LRU
     speedup_ratio: float = 1.0
     seed: int = 0
+    # Block hashes: mocker's fast chain, or one of vLLM's algorithms (bit-identical with
+    # vLLM's for the same $PYTHONHASHSEED). A str: checked against HashAlgo below.
+    prefix_caching_hash_algo: str = "fast"
     model: ModelShape = field(default_factory=ModelShape)
     timing_profile: str | None = None
     # Output-length model: probability that each token after min_tokens is EOS
@@ -191,6 +199,9 @@ class EngineConfig:
                      "offload_prompt_only"):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 _fail(name, getattr(self, name), "must be true or false")
+        if self.prefix_caching_hash_algo not in _HASH_ALGOS:
+            _fail("prefix_caching_hash_algo", self.prefix_caching_hash_algo,
+                  "must be one of " + ", ".join(_HASH_ALGOS))  # fmt: skip
         self._coerce_enum("preemption_victim", PreemptionVictim)
         self._coerce_enum("eviction_policy", EvictionPolicyName)
         self._coerce_enum("offload_policy", OffloadPolicy)

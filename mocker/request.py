@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import TYPE_CHECKING, NewType
 
-from mocker.kv.hashing import BlockHash, BlockHasher, extra_keys_bytes
+from mocker.kv.hashing import BlockHash, HashChain, Hasher
 
 if TYPE_CHECKING:
     from mocker.kv.block import KVBlock
@@ -114,23 +114,14 @@ class Request:
     first_token_time: float | None = None
     last_token_time: float = 0.0  # when its latest output token was made
     finished_time: float | None = None
-    _hasher: BlockHasher | None = None
+    _chain: HashChain | None = None
     _block_size: int = 16
-    _extra: bytes = b""
-    _first_extra: bytes = b""
 
-    def enable_hashing(self, hasher: BlockHasher, block_size: int, cache_salt: str | None) -> None:
+    def enable_hashing(self, hasher: Hasher, block_size: int, cache_salt: str | None) -> None:
         """Hash the full blocks so far, and every block that fills from now on."""
-        self._hasher = hasher
+        self._chain = hasher.chain(self.lora_name, cache_salt)
         self._block_size = block_size
-        self._extra = extra_keys_bytes(self.lora_name) if self.lora_name is not None else b""
-        # Block 0 carries (lora, salt) as one tuple: distinct key spaces for the two.
-        self._first_extra = (
-            extra_keys_bytes(self.lora_name, cache_salt) if cache_salt is not None else b""
-        )
-        hasher.extend(
-            self.block_hashes, self.all_token_ids, block_size, self._extra, self._first_extra
-        )
+        self._chain.extend(self.block_hashes, self.all_token_ids, block_size)
 
     @property
     def num_tokens(self) -> int:
@@ -157,17 +148,13 @@ class Request:
         tokens = self.all_token_ids
         before = len(tokens)
         tokens.extend(token_ids)
-        hasher = self._hasher
-        if hasher is not None and len(tokens) // self._block_size > before // self._block_size:
-            hasher.extend(
-                self.block_hashes, tokens, self._block_size, self._extra, self._first_extra
-            )
+        chain = self._chain
+        if chain is not None and len(tokens) // self._block_size > before // self._block_size:
+            chain.extend(self.block_hashes, tokens, self._block_size)
 
     def append_output_token(self, token_id: int) -> None:
         tokens = self.all_token_ids
         tokens.append(token_id)
-        hasher = self._hasher
-        if hasher is not None and len(tokens) % self._block_size == 0:
-            hasher.extend(
-                self.block_hashes, tokens, self._block_size, self._extra, self._first_extra
-            )
+        chain = self._chain
+        if chain is not None and len(tokens) % self._block_size == 0:
+            chain.extend(self.block_hashes, tokens, self._block_size)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,7 +23,7 @@ from mocker.engine.stats import (
 )
 from mocker.engine.stopping import stop_status, unmasked
 from mocker.kv.events import KVEvent
-from mocker.kv.hashing import BlockHash, BlockHasher
+from mocker.kv.hashing import BlockHash, make_hasher
 from mocker.output_tokens import OutputTokenSampler
 from mocker.request import EngineRequest, Request, RequestId, RequestStatus
 from mocker.scheduler.scheduler import Scheduler, SchedulerOutput
@@ -63,7 +64,10 @@ class EngineCore:
         self.connector: TierConnector | None = stack.connector
         self.scheduler = Scheduler(config, self.kv, self.connector)
         self.time = 0.0  # the latest time the core was driven to
-        self.hasher = BlockHasher(config.seed)
+        # vLLM's algorithms seed their chain with $PYTHONHASHSEED, read once here.
+        self.hasher = make_hasher(
+            config.prefix_caching_hash_algo, config.seed, os.environ.get("PYTHONHASHSEED")
+        )
         self.sampler = OutputTokenSampler(
             output_palette if output_palette is not None else range(config.vocab_size),
             config.eos_token_id,

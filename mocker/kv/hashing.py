@@ -1,19 +1,73 @@
-"""Chained block hashes: hash(parent, block token ids, extra keys), seeded and deterministic."""
+"""Chained block hashes: mocker's fast keyed BLAKE2b chain, or vLLM's own algorithms bit for bit.
+
+A request's blocks are hashed by a `HashChain` the engine's hasher makes for it (the chain
+holds the request's extra keys: LoRA, cache salt). What the engine keys blocks by, and what
+KV events publish, is a `BlockHash`: a uint64. With vLLM's algorithms that is the low 64 bits
+of the full digest, as vLLM publishes it (`maybe_convert_block_hash`); the chain itself runs
+on the full digests, so a router that rehashes token ids gets the published values exactly.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import os
+import pickle
 import sys
 from array import array
-from collections.abc import Sequence
-from typing import NewType
+from collections.abc import Callable, Sequence
+from enum import StrEnum
+from typing import Any, NewType, Protocol
 
-__all__ = ["BlockHash", "BlockHasher", "extra_keys_bytes"]
+import cbor2
+import xxhash
 
-# Low 64 bits of a keyed BLAKE2b digest: what goes on the wire as a uint64.
+__all__ = [
+    "BlockHash",
+    "BlockHasher",
+    "HashAlgo",
+    "HashChain",
+    "Hasher",
+    "VllmBlockHasher",
+    "extra_keys_bytes",
+    "make_hasher",
+]
+
+logger = logging.getLogger("mocker.engine")
+
+# A block's key in the engine and on the wire (uint64).
 BlockHash = NewType("BlockHash", int)
 
 _BIG_ENDIAN = sys.byteorder == "big"
+_LOW_64 = (1 << 64) - 1
+
+
+class HashAlgo(StrEnum):
+    """--prefix-caching-hash-algo: mocker's fast default, or one of vLLM's four."""
+
+    FAST = "fast"  # keyed BLAKE2b-64 over packed token ids, seeded by --seed (mocker)
+    SHA256 = "sha256"  # vLLM's default: sha256 of the pickled (parent, tokens, extra keys)
+    SHA256_CBOR = "sha256_cbor"  # sha256 of canonical CBOR: reproducible outside Python
+    XXHASH = "xxhash"  # xxh3-128 of the pickle (not cryptographic)
+    XXHASH_CBOR = "xxhash_cbor"  # xxh3-128 of canonical CBOR
+
+
+class HashChain(Protocol):
+    """One request's hashing: appends the hashes of its newly full blocks."""
+
+    def extend(self, hashes: list[BlockHash], token_ids: Sequence[int], block_size: int) -> None:
+        """Append hashes for the full blocks of `token_ids` not yet in `hashes`."""
+        ...
+
+
+class Hasher(Protocol):
+    """Makes each request's chain."""
+
+    algo: HashAlgo
+
+    def chain(
+        self, lora_name: str | None, cache_salt: str | None, lora_path: str | None = None
+    ) -> HashChain: ...
 
 
 def extra_keys_bytes(*keys: str | None) -> bytes:
@@ -30,10 +84,15 @@ def extra_keys_bytes(*keys: str | None) -> bytes:
     return bytes(out)
 
 
+# -- mocker's fast chain -----------------------------------------------------------------------
+
+
 class BlockHasher:
     """Hashes full blocks of token ids into a chain; the seed plays vLLM's PYTHONHASHSEED role."""
 
     __slots__ = ("_key", "none_hash")
+
+    algo = HashAlgo.FAST
 
     def __init__(self, seed: int) -> None:
         self._key = seed.to_bytes(8, "big")
@@ -81,3 +140,132 @@ class BlockHasher:
                 first_extra if i == 0 and first_extra else extra,
             )
             hashes.append(parent)
+
+    def chain(
+        self, lora_name: str | None, cache_salt: str | None, lora_path: str | None = None
+    ) -> _FastChain:
+        extra = extra_keys_bytes(lora_name) if lora_name is not None else b""
+        # Block 0 carries (lora, salt) as one tuple: distinct key spaces for the two.
+        first = extra_keys_bytes(lora_name, cache_salt) if cache_salt is not None else b""
+        return _FastChain(self, extra, first)
+
+
+class _FastChain:
+    __slots__ = ("_extra", "_first", "_hasher")
+
+    def __init__(self, hasher: BlockHasher, extra: bytes, first: bytes) -> None:
+        self._hasher, self._extra, self._first = hasher, extra, first
+
+    def extend(self, hashes: list[BlockHash], token_ids: Sequence[int], block_size: int) -> None:
+        self._hasher.extend(hashes, token_ids, block_size, self._extra, self._first)
+
+
+# -- vLLM's algorithms -------------------------------------------------------------------------
+
+
+def _pickled(value: Any) -> bytes:
+    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _cbor(value: Any) -> bytes:
+    return cbor2.dumps(value, canonical=True)
+
+
+def _sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+# (serializer, digest) per algorithm: vllm/utils/hashing.py (vLLM 0.33.0).
+_VLLM_HASHES: dict[HashAlgo, tuple[Callable[[Any], bytes], Callable[[bytes], bytes]]] = {
+    HashAlgo.SHA256: (_pickled, _sha256),
+    HashAlgo.SHA256_CBOR: (_cbor, _sha256),
+    HashAlgo.XXHASH: (_pickled, xxhash.xxh3_128_digest),
+    HashAlgo.XXHASH_CBOR: (_cbor, xxhash.xxh3_128_digest),
+}
+# vLLM's seed when PYTHONHASHSEED is unset (the xxhash ones then draw a random seed).
+_DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
+
+
+class VllmBlockHasher:
+    """vLLM's block hashing (vllm/v1/core/kv_cache_utils.py): block i's hash is
+    `hash_fn((parent digest, tuple(token ids), extra keys or None))`, block 0's parent is
+    NONE_HASH = `hash_fn(seed)`, the seed being $PYTHONHASHSEED as written (unset:
+    "vllm-none-hash" for the sha256 ones, a random one per process for the xxhash ones).
+    Extra keys: `("lora", name, path)` on every block of a LoRA request, `("cache_salt",
+    salt)` on block 0."""
+
+    __slots__ = ("_digest", "_serialize", "algo", "none_hash")
+
+    def __init__(self, algo: HashAlgo, pythonhashseed: str | None) -> None:
+        if algo not in _VLLM_HASHES:
+            raise ValueError(f"{algo!r} is not one of vLLM's hash algorithms")
+        self.algo = algo
+        self._serialize, self._digest = _VLLM_HASHES[algo]
+        seed = pythonhashseed
+        if seed is None:
+            if algo in (HashAlgo.XXHASH, HashAlgo.XXHASH_CBOR):
+                seed = os.urandom(32).hex()
+                logger.warning(
+                    "PYTHONHASHSEED is not set: the %s block hashes use a random seed, as "
+                    "vLLM's do; set PYTHONHASHSEED for hashes a router can recompute",
+                    algo.value,
+                )
+            else:
+                seed = _DEFAULT_NONE_HASH_SEED
+        self.none_hash: bytes = self.hash(seed)
+
+    def hash(self, value: Any) -> bytes:
+        return self._digest(self._serialize(value))
+
+    def chain(
+        self, lora_name: str | None, cache_salt: str | None, lora_path: str | None = None
+    ) -> _VllmChain:
+        extra: tuple[Any, ...] = ()
+        if lora_name is not None:
+            # A server parses the name and the path separately: two string objects, which
+            # pickle writes out twice (one object would be written once, then referenced).
+            path = lora_name.encode().decode() if lora_path is None else lora_path
+            extra = (("lora", lora_name, path),)
+        first = (*extra, ("cache_salt", cache_salt)) if cache_salt else extra
+        return _VllmChain(self, first or None, extra or None)
+
+
+class _VllmChain:
+    """Keeps the full digests (the chain runs on them; `hashes` gets their low 64 bits),
+    index for index with `hashes`: entries past a truncated `hashes` are overwritten."""
+
+    __slots__ = ("_digests", "_extra", "_first", "_hasher")
+
+    def __init__(
+        self, hasher: VllmBlockHasher, first: tuple[Any, ...] | None, extra: tuple[Any, ...] | None
+    ) -> None:
+        self._hasher, self._first, self._extra = hasher, first, extra
+        self._digests: list[bytes] = []
+
+    def extend(self, hashes: list[BlockHash], token_ids: Sequence[int], block_size: int) -> None:
+        start = len(hashes)
+        end = len(token_ids) // block_size
+        digests = self._digests
+        hasher = self._hasher
+        if len(digests) < start:  # hashes given from outside (a trace's ids): their 8 bytes
+            digests.extend(h.to_bytes(8, "big") for h in hashes[len(digests) : start])
+        parent = digests[start - 1] if start else hasher.none_hash
+        serialize, digest = hasher._serialize, hasher._digest
+        for i in range(start, end):
+            lo = i * block_size
+            extra = self._first if i == 0 else self._extra
+            parent = digest(serialize((parent, tuple(token_ids[lo : lo + block_size]), extra)))
+            if i < len(digests):
+                digests[i] = parent
+            else:
+                digests.append(parent)
+            hashes.append(BlockHash(int.from_bytes(parent[-8:], "big")))
+
+
+def make_hasher(algo: HashAlgo | str, seed: int, pythonhashseed: str | None = None) -> Hasher:
+    """The engine's hasher: `seed` keys the fast one; vLLM's take $PYTHONHASHSEED (pass it:
+    the core reads no environment)."""
+    algo = HashAlgo(algo)
+    if algo is HashAlgo.FAST:
+        return BlockHasher(seed)
+    return VllmBlockHasher(algo, pythonhashseed)

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mocker.config import MODEL_PRESETS, ConfigError, EngineConfig, OffloadPolicy
+from mocker.kv.hashing import HashAlgo
 from mocker.settings.kv_transfer import parse_kv_transfer_config
 from mocker.settings.option import Option
 
@@ -42,6 +43,14 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         "bool",
     ),
     Option("seed", "seed for block hashes and generated tokens", _D.seed, "int"),
+    Option(
+        "prefix_caching_hash_algo",
+        "block hash: fast (mocker's, seeded by --seed) or vLLM's sha256, sha256_cbor, xxhash, "
+        "xxhash_cbor (identical to vLLM's for the same $PYTHONHASHSEED)",
+        _D.prefix_caching_hash_algo,
+        "str",
+        choices=tuple(a.value for a in HashAlgo),
+    ),
     Option(
         "speedup_ratio",
         "divide every simulated duration by this (mocker)",
@@ -209,6 +218,7 @@ def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
         enable_prefix_caching=values["enable_prefix_caching"],
         enable_chunked_prefill=values["enable_chunked_prefill"],
         seed=values["seed"],
+        prefix_caching_hash_algo=values["prefix_caching_hash_algo"],
         speedup_ratio=values["speedup_ratio"],
         timing_profile=values["timing_profile"],
         model=MODEL_PRESETS[values["model_shape"]],

@@ -37,7 +37,6 @@ IGNORED_VLLM_FLAGS: dict[str, bool] = {
     "disable_log_stats": False,
     # Flags of vLLM deployments (llm-d manifests) that change nothing here.
     "kv_offloading_backend": True,
-    "prefix_caching_hash_algo": True,
     "api_server_count": True,
     "scheduling_policy": True,
     "max_log_len": True,

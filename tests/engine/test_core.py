@@ -1,8 +1,13 @@
 """EngineCore: intake checks, stop conditions, aborts, determinism, pass timing."""
 
+import json
+from pathlib import Path
+
 import pytest
 
+from mocker.config import ConfigError
 from mocker.engine.core import EngineCore, RequestRejected
+from mocker.kv.events import BlockStored
 from mocker.request import EngineRequest, FinishReason, RequestStatus, SamplingParams
 from mocker.timing import PolynomialTiming
 from tests.support.engines import make_core, req, small_config
@@ -199,3 +204,33 @@ def test_lowest_priority_running_request_is_preempted() -> None:
     # "high" is the newest, but "low" has the lower priority (higher value).
     assert core.requests["low"].status == RequestStatus.PREEMPTED
     assert core.requests["high"].status == RequestStatus.RUNNING
+
+
+def test_vllm_hash_algo_publishes_vllms_block_hashes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine keys and publishes the hashes vLLM 0.33.0 computed for the same tokens
+    and seed (tests/kv/data), so a router rehashing token ids finds its blocks."""
+    ref = json.loads(
+        (Path(__file__).parent.parent / "kv" / "data" / "vllm_0.33.0_block_hashes.json").read_text()
+    )
+    case = next(
+        c for c in ref["cases"]
+        if (c["algo"], c["pythonhashseed"], c["prompt"]) == ("sha256_cbor", "0", "A")
+    )  # fmt: skip
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    core = make_core(
+        block_size=16, prefix_caching_hash_algo="sha256_cbor", enable_kv_cache_events=True
+    )
+    core.add_request(req("a", case["token_ids"], max_tokens=1))
+    events, now = [], 0.0
+    while core.has_unfinished_requests():
+        result = core.step(now)
+        events += result.kv_events
+        now = result.end
+    stored = [e for e in events if isinstance(e, BlockStored)]
+    assert [h for e in stored for h in e.block_hashes] == case["event_hashes_int"]
+    assert stored[0].parent_block_hash is None
+
+
+def test_unknown_hash_algo_is_refused() -> None:
+    with pytest.raises(ConfigError, match="prefix_caching_hash_algo"):
+        make_core(prefix_caching_hash_algo="md5")

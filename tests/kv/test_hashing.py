@@ -1,9 +1,21 @@
 """Chained block hashes: exact chaining, seeding, extra keys, incremental extension."""
 
 import hashlib
+import json
 from array import array
+from pathlib import Path
+from typing import Any
 
-from mocker.kv.hashing import BlockHasher, extra_keys_bytes
+import pytest
+
+from mocker.kv.hashing import (
+    BlockHash,
+    BlockHasher,
+    HashAlgo,
+    VllmBlockHasher,
+    extra_keys_bytes,
+    make_hasher,
+)
 
 
 def _ref(seed: int, parent: int, tokens: list[int], extra: bytes = b"") -> int:
@@ -73,3 +85,60 @@ def test_first_extra_applies_to_block_zero_only() -> None:
     assert salted[0] == h.hash_block(None, [0, 1, 2, 3], extra_keys_bytes("salt"))
     assert salted[1] == h.hash_block(salted[0], [4, 5, 6, 7])
     assert salted[0] != plain[0]
+
+
+# -- vLLM's algorithms, against values vLLM 0.33.0's own functions computed --------------------
+
+_REFERENCE = Path(__file__).parent / "data" / "vllm_0.33.0_block_hashes.json"
+_CASES = json.loads(_REFERENCE.read_text())["cases"]
+
+
+def _case_id(case: dict[str, Any]) -> str:
+    return f"{case['algo']}-seed{case['pythonhashseed']}-{case['prompt']}"
+
+
+@pytest.mark.parametrize("case", _CASES, ids=_case_id)
+def test_vllm_algorithms_give_vllms_hashes_bit_for_bit(case: dict[str, Any]) -> None:
+    hasher = VllmBlockHasher(HashAlgo(case["algo"]), case["pythonhashseed"])
+    assert hasher.none_hash.hex() == case["none_hash_hex"]
+    chain = hasher.chain(case["lora_name"], case["cache_salt"], case["lora_path"])
+    hashes: list[BlockHash] = []
+    chain.extend(hashes, case["token_ids"], 16)
+    assert hashes == case["event_hashes_int"]
+    # The published value is the low 64 bits of vLLM's full digest.
+    assert [int(h, 16) & (2**64 - 1) for h in case["block_hashes_hex"]] == hashes
+
+
+def test_vllm_chain_block_by_block_equals_all_at_once_and_survives_truncation() -> None:
+    hasher = VllmBlockHasher(HashAlgo.SHA256_CBOR, "7")
+    tokens = list(range(100, 164))
+    whole: list[BlockHash] = []
+    hasher.chain("a", "s").extend(whole, tokens, 16)
+    grown: list[BlockHash] = []
+    chain = hasher.chain("a", "s")
+    for n in range(0, 65, 5):  # tokens arrive a few at a time, as a decode appends them
+        chain.extend(grown, tokens[:n], 16)
+    chain.extend(grown, tokens, 16)
+    assert grown == whole and len(whole) == 4
+    del grown[2:]  # a decode run rolled back: the chain re-hashes from block 2
+    other = [*tokens[:32], *range(900, 932)]
+    chain.extend(grown, other, 16)
+    fresh: list[BlockHash] = []
+    hasher.chain("a", "s").extend(fresh, other, 16)
+    assert grown == fresh and grown[2] != whole[2]
+
+
+def test_unset_seed_is_fixed_for_sha256_and_random_for_xxhash() -> None:
+    fixed = [VllmBlockHasher(HashAlgo.SHA256, None).none_hash for _ in range(2)]
+    assert fixed[0] == fixed[1]
+    assert fixed[0] == VllmBlockHasher(HashAlgo.SHA256, "vllm-none-hash").none_hash
+    drawn = [VllmBlockHasher(HashAlgo.XXHASH, None).none_hash for _ in range(2)]
+    assert drawn[0] != drawn[1]
+
+
+def test_make_hasher_picks_the_algorithm() -> None:
+    assert isinstance(make_hasher("fast", 3), BlockHasher)
+    vllm = make_hasher("sha256", 3, "0")
+    assert isinstance(vllm, VllmBlockHasher) and vllm.algo is HashAlgo.SHA256
+    with pytest.raises(ValueError):
+        make_hasher("md5", 0)
