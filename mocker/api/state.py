@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -51,6 +52,8 @@ class ServerState:
     draining: bool = False
     # Until then (event-loop time) /health and completions get 503: --startup-delay.
     ready_at: float = 0.0
+    # This server's identity in routers' indexes (vLLM's VllmConfig.instance_id).
+    instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
     def in_flight(self) -> int:

@@ -4,6 +4,11 @@ A tcp endpoint's port may be ZMQ's wildcard `*` (`tcp://*:*`, `tcp://127.0.0.1:*
 system picks a free port when the socket is bound, and the publisher reports the endpoint
 with that port (GET /kv_event_sources). Such an endpoint is always bound (it has a `*`);
 with data parallelism each rank binds its own free port instead of port + rank.
+
+vLLM binds only wildcard, ipc and inproc endpoints and connects to every other one, so
+`tcp://127.0.0.1:5557` is dialled, never bound. Mocker's `bind+` prefix
+(`bind+tcp://127.0.0.1:5557`) binds exactly that address (a loopback-only rig, a router
+that wants a concrete `tcp://HOST:PORT`); the endpoint is reported without the prefix.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any
 from mocker.config import ConfigError
 
 __all__ = [
+    "BIND_PREFIX",
     "EventFormat",
     "KVEventsConfig",
     "advertised_host",
@@ -31,6 +37,7 @@ __all__ = [
 ]
 
 _WILDCARD_HOSTS = ("", "0.0.0.0", "::", "*", "[::]")
+BIND_PREFIX = "bind+"  # mocker: bind this exact endpoint (vLLM would connect to it)
 TOPIC_PLACEHOLDERS = ("host", "port", "model")
 
 
@@ -144,11 +151,12 @@ class KVEventsConfig:
         replay = self.replay_endpoint
         if size < 2 or replay is None or not binds(self.endpoint):
             return
-        if not (self.endpoint.startswith("tcp://") and replay.startswith("tcp://")):
+        endpoint, replay = self.endpoint.removeprefix(BIND_PREFIX), replay.removeprefix(BIND_PREFIX)
+        if not (endpoint.startswith("tcp://") and replay.startswith("tcp://")):
             return
-        if wildcard_port(self.endpoint) or wildcard_port(replay):
+        if wildcard_port(endpoint) or wildcard_port(replay):
             return
-        pub = int(self.endpoint.rpartition(":")[2])
+        pub = int(endpoint.rpartition(":")[2])
         rep = int(replay.rpartition(":")[2])
         if abs(pub - rep) < size:
             free = max(pub, rep) + size
@@ -170,6 +178,8 @@ def _bad(key: str, value: Any, why: str) -> None:
 
 
 def _check_endpoint(key: str, endpoint: Any) -> None:
+    if isinstance(endpoint, str):
+        endpoint = endpoint.removeprefix(BIND_PREFIX)
     if not isinstance(endpoint, str) or "://" not in endpoint:
         _bad(key, endpoint, 'must be a ZMQ endpoint such as "tcp://*:5557" or "ipc:///tmp/kv"')
     scheme = endpoint.split("://", 1)[0]
@@ -183,7 +193,7 @@ def _check_endpoint(key: str, endpoint: Any) -> None:
 
 def wildcard_port(endpoint: str) -> bool:
     """A tcp endpoint whose port is ZMQ's `*`: bound to a port the system picks."""
-    return endpoint.startswith("tcp://") and endpoint.endswith(":*")
+    return endpoint.removeprefix(BIND_PREFIX).startswith("tcp://") and endpoint.endswith(":*")
 
 
 def with_port(endpoint: str, port: int) -> str:
@@ -198,7 +208,7 @@ def offset_endpoint(endpoint: str, rank: int) -> str:
     every rank's socket gets a free port of its own when it binds."""
     if rank == 0 or wildcard_port(endpoint):
         return endpoint
-    if endpoint.startswith("tcp://"):
+    if endpoint.removeprefix(BIND_PREFIX).startswith("tcp://"):
         base, _, port = endpoint.rpartition(":")
         new_port = int(port) + rank
         if new_port > 65535:
@@ -212,9 +222,11 @@ def offset_endpoint(endpoint: str, rank: int) -> str:
 
 def binds(endpoint: str) -> bool:
     """vLLM's rule: a wildcard (`*` or `::`), ipc or inproc endpoint is bound; any other is
-    connected to (the consumer binds it, as llm-d's indexer does)."""
+    connected to (the consumer binds it, as llm-d's indexer does). Mocker's `bind+` prefix
+    binds any endpoint."""
     return (
-        "*" in endpoint
+        endpoint.startswith(BIND_PREFIX)
+        or "*" in endpoint
         or "::" in endpoint
         or endpoint.startswith("ipc://")
         or endpoint.startswith("inproc://")

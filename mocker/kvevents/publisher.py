@@ -14,7 +14,14 @@ import zmq
 
 from mocker.config import ConfigError
 from mocker.kv.events import AllBlocksCleared, KVEvent
-from mocker.kvevents.config import EventFormat, KVEventsConfig, binds, wildcard_port, with_port
+from mocker.kvevents.config import (
+    BIND_PREFIX,
+    EventFormat,
+    KVEventsConfig,
+    binds,
+    wildcard_port,
+    with_port,
+)
 from mocker.kvevents.wire import END_SEQ, BatchEncoder, seq_bytes
 
 __all__ = ["ZmqEventPublisher"]
@@ -66,7 +73,8 @@ class ZmqEventPublisher:
         if self.endpoint.startswith("tcp://0.0.0.0:") and not self.binds:
             logger.warning(
                 "kv_events_config.endpoint=%r has no '*': by vLLM's rule it is connected to, "
-                "not bound; write tcp://*:PORT to bind every interface",
+                "not bound; write tcp://*:PORT to bind every interface (or bind+tcp://HOST:PORT "
+                "to bind one address)",
                 self.endpoint,
             )
         self._topic = topic.encode()
@@ -120,7 +128,8 @@ class ZmqEventPublisher:
     @staticmethod
     def _attach(sock: zmq.Socket[bytes], key: str, endpoint: str, *, bind: bool) -> str:
         """Bind or connect `sock`; returns the endpoint as bound: a wildcard port (`*`)
-        replaced by the port the system picked."""
+        replaced by the port the system picked, mocker's `bind+` prefix dropped."""
+        endpoint = endpoint.removeprefix(BIND_PREFIX)
         try:
             if bind:
                 sock.bind(endpoint)

@@ -14,6 +14,7 @@ __all__ = [
     "BUCKETS",
     "ITERATION_TOKEN_BUCKETS",
     "ITL_BUCKETS",
+    "PARAMS_N_BUCKETS",
     "PREEMPTION_BUCKETS",
     "REQUEST_TIME_BUCKETS",
     "TRANSFER_SIZE_BUCKETS",
@@ -30,6 +31,7 @@ REQUEST_TIME_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0
                         60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
+PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
 TRANSFER_SIZE_BUCKETS = (1e6, 5e6, 1e7, 2e7, 4e7, 6e7, 8e7, 1e8, 1.5e8, 2e8)
 
 BUCKETS = {
@@ -38,6 +40,7 @@ BUCKETS = {
     "request_time": REQUEST_TIME_BUCKETS,
     "iteration_tokens": ITERATION_TOKEN_BUCKETS,
     "preemptions": PREEMPTION_BUCKETS,
+    "params_n": PARAMS_N_BUCKETS,
     "transfer_size": TRANSFER_SIZE_BUCKETS,
 }
 

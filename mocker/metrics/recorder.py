@@ -11,6 +11,7 @@ from mocker.engine.stats import EngineSnapshot, FinishedRequestStats, IterationS
 from mocker.metrics.histogram import (
     ITERATION_TOKEN_BUCKETS,
     ITL_BUCKETS,
+    PARAMS_N_BUCKETS,
     PREEMPTION_BUCKETS,
     REQUEST_TIME_BUCKETS,
     TRANSFER_SIZE_BUCKETS,
@@ -72,12 +73,19 @@ class StatsRecorder:
     request_prompt_tokens: Histogram = field(init=False)
     request_generation_tokens: Histogram = field(init=False)
     request_max_tokens: Histogram = field(init=False)
+    # Per request: the most tokens any of its n samples generated (mocker serves n = 1
+    # only, so its own count), its n, and the prompt tokens it computed (not cached).
+    request_max_generation_tokens: Histogram = field(init=False)
+    request_params_n: Histogram = field(default_factory=_histogram(PARAMS_N_BUCKETS))
+    request_prefill_kv_computed: Histogram = field(init=False)
 
     def __post_init__(self) -> None:
         token_buckets = one_two_five_buckets(self.config.max_model_len)
         self.request_prompt_tokens = Histogram(token_buckets)
         self.request_generation_tokens = Histogram(token_buckets)
         self.request_max_tokens = Histogram(token_buckets)
+        self.request_max_generation_tokens = Histogram(token_buckets)
+        self.request_prefill_kv_computed = Histogram(token_buckets)
 
     def current(self) -> EngineSnapshot:
         """The gauges' values now (all zero before the engine is attached)."""
@@ -147,6 +155,9 @@ class StatsRecorder:
         self.request_prompt_tokens.observe(r.num_prompt_tokens)
         self.request_generation_tokens.observe(r.num_generation_tokens)
         self.request_max_tokens.observe(r.max_tokens)
+        self.request_max_generation_tokens.observe(r.num_generation_tokens)
+        self.request_params_n.observe(1)
+        self.request_prefill_kv_computed.observe(r.num_prompt_tokens - r.num_cached_tokens)
         if r.num_preemptions:
             self.request_preemptions.observe(r.num_preemptions)
         for histogram, value in (

@@ -37,6 +37,9 @@ class ServerSettings:
     startup_delay: float = 0.0
     faults: FaultConfig = field(default_factory=FaultConfig)
     admin_token: str | None = None
+    # GET /get_load's body: vllm-router's {"load": n} or the SGLang server's per-rank list
+    # (sglang-router's); the two routers send the same request, so a flag picks.
+    get_load_format: str = "vllm-router"
 
     @property
     def model_name(self) -> str:
@@ -136,6 +139,14 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         "'Authorization: Bearer TOKEN' (mocker)",
         _S.admin_token,
         metavar="TOKEN",
+    ),
+    Option(
+        "get_load_format",
+        "GET /get_load's body: vllm-router's {\"load\": n} or the SGLang server's per-rank "
+        "list that sglang-router reads (mocker)",
+        _S.get_load_format,
+        "str",
+        choices=("vllm-router", "sglang"),
     ),
     Option("enable_log_requests", "log one line per request", _S.log_requests, "flag"),
     Option("disable_log_requests", "do not log requests (the default)", False, "flag"),
@@ -238,4 +249,5 @@ def server_settings_from(values: Mapping[str, Any]) -> ServerSettings:
         startup_delay=values["startup_delay"],
         faults=_faults(values),
         admin_token=values["admin_token"] or None,
+        get_load_format=values["get_load_format"],
     )

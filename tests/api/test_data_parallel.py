@@ -193,8 +193,8 @@ def test_each_rank_publishes_on_its_own_port(
 ) -> None:
     srv, sub_port, subs = dp_events_server
     body = httpx.get(srv.url + "/kv_event_sources", timeout=10).json()
-    assert body["data_parallel_size"] == 2
-    ranks = {s["data_parallel_rank"]: s for s in body["sources"]}
+    ranks = {int(rank): s for rank, s in body.items()}
+    assert all(s["data_parallel_rank"] == r for r, s in ranks.items())
     assert sorted(ranks) == [0, 1]
     for r, source in ranks.items():
         assert source["endpoint"] == f"tcp://127.0.0.1:{sub_port + r}"
@@ -211,7 +211,7 @@ def test_each_rank_publishes_on_its_own_port(
             model="dp", prompt=prompt, max_tokens=1, extra_headers={"X-data-parallel-rank": str(r)}
         )
     for r, sub in enumerate(subs):
-        seq = httpx.get(srv.url + "/kv_event_sources", timeout=10).json()["sources"][r]["next_seq"]
+        seq = httpx.get(srv.url + "/kv_event_sources", timeout=10).json()[str(r)]["next_seq"]
         got = {m.seq: m for m in sub.wait_for_seq(seq - 1)}
         # The PUB may drop what it sent before the subscription arrived: replay fills it in.
         for m in replay(ranks[r]["replay_endpoint"], 0):
@@ -241,7 +241,7 @@ def test_wildcard_endpoints_give_each_rank_its_own_port_named_in_sources() -> No
     try:
         with ServerThread(app) as srv:
             body = httpx.get(srv.url + "/kv_event_sources", timeout=10).json()
-            sources = sorted(body["sources"], key=lambda s: s["data_parallel_rank"])
+            sources = [body[str(r)] for r in range(len(body))]
             assert [s["data_parallel_rank"] for s in sources] == [0, 1]
             for sub, source in zip(subs, sources, strict=True):
                 assert source["mode"] == "bind"
@@ -261,7 +261,7 @@ def test_wildcard_endpoints_give_each_rank_its_own_port_named_in_sources() -> No
                     max_tokens=1,
                     extra_headers={"X-data-parallel-rank": str(r)},
                 )
-                now = httpx.get(srv.url + "/kv_event_sources", timeout=10).json()["sources"][r]
+                now = httpx.get(srv.url + "/kv_event_sources", timeout=10).json()[str(r)]
                 got = {m.seq: m for m in sub.wait_for_seq(now["next_seq"] - 1)}
                 # Anything the PUB sent before the subscription arrived: from replay.
                 for m in replay(connectable(source["replay_endpoint"], "127.0.0.1"), 0):

@@ -90,7 +90,7 @@ def sources(url: str) -> dict:
 
 
 def last_seq(url: str) -> int:
-    return sources(url)["sources"][0]["next_seq"] - 1
+    return sources(url)["0"]["next_seq"] - 1
 
 
 def engine_cache(srv: ServerThread) -> set[int]:
@@ -101,9 +101,18 @@ def engine_cache(srv: ServerThread) -> set[int]:
 def test_kv_event_sources_says_where_to_connect(events_server: tuple[ServerThread, str]) -> None:
     srv, replay_url = events_server
     body = sources(srv.url)
-    assert body["enabled"] is True and body["format"] == "map"
-    assert body["model"] == "routed" and body["block_size"] == BLOCK
-    (source,) = body["sources"]
+    (rank,) = body  # vLLM's shape: one entry per data-parallel rank
+    source = body[rank]
+    assert rank == "0" and source["format"] == "map"
+    assert source["model"] == "routed" and source["block_size"] == BLOCK
+    # vLLM's KVEventsConfig fields, and what vllm-router's discovery also requires
+    assert source["enable_kv_cache_events"] is True and source["publisher"] == "zmq"
+    assert source["encoding"] == "msgpack" and source["schema_version"] == 1
+    assert (source["buffer_steps"], source["hwm"], source["max_queue_size"]) == (
+        10_000,
+        100_000,
+        100_000,
+    )
     assert source["mode"] == "bind" and source["connect"] == source["endpoint"]
     assert source["endpoint"].startswith("ipc://")
     assert source["replay_endpoint"] == source["replay_connect"] == replay_url
@@ -113,7 +122,7 @@ def test_kv_event_sources_says_where_to_connect(events_server: tuple[ServerThrea
 
 def test_router_index_predicts_cached_tokens(events_server: tuple[ServerThread, str]) -> None:
     srv, replay_url = events_server
-    endpoint = sources(srv.url)["sources"][0]["connect"]
+    endpoint = sources(srv.url)["0"]["connect"]
     sub = Subscriber(endpoint)
     follower = Follower(sub, replay_url)
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
@@ -152,7 +161,7 @@ def test_late_joiner_converges_through_replay(events_server: tuple[ServerThread,
     for n in (50, 120):
         client.completions.create(model="routed", prompt=list(range(1000, 1000 + n)), max_tokens=20)
     # Joins late: subscribe first, then replay from 0, then live batches after the replay.
-    endpoint = sources(srv.url)["sources"][0]["connect"]
+    endpoint = sources(srv.url)["0"]["connect"]
     sub = Subscriber(endpoint)
     try:
         replayed = replay(replay_url, 0)  # returns only once the end marker arrived
@@ -174,7 +183,7 @@ def test_reset_prefix_cache_is_announced(events_server: tuple[ServerThread, str]
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
     prompt = list(range(7000, 7100))
     client.completions.create(model="routed", prompt=prompt, max_tokens=2)
-    follower = Follower(Subscriber(sources(srv.url)["sources"][0]["connect"]), replay_url)
+    follower = Follower(Subscriber(sources(srv.url)["0"]["connect"]), replay_url)
     try:
         follower.catch_up(last_seq(srv.url))  # all of it, through replay
         assert follower.index.predict_cached_tokens(prompt) == 96
@@ -190,8 +199,7 @@ def test_reset_prefix_cache_is_announced(events_server: tuple[ServerThread, str]
 
 
 def test_without_events_sources_say_so_and_reset_still_works(server: ServerThread) -> None:
-    body = sources(server.url)
-    assert body["enabled"] is False and body["sources"] == []
+    assert sources(server.url) == {}  # as vLLM: no rank publishes
     r = httpx.post(server.url + "/reset_prefix_cache", timeout=10)
     assert r.status_code == 200 and "cleared_blocks" in r.json()
 

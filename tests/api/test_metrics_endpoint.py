@@ -40,6 +40,9 @@ EXPECTED_BUCKETS: dict[str, tuple[float, ...]] = {
     "vllm:request_prompt_tokens": tuple(one_two_five_buckets(512)),
     "vllm:request_generation_tokens": tuple(one_two_five_buckets(512)),
     "vllm:request_params_max_tokens": tuple(one_two_five_buckets(512)),
+    "vllm:request_max_num_generation_tokens": tuple(one_two_five_buckets(512)),
+    "vllm:request_prefill_kv_computed_tokens": tuple(one_two_five_buckets(512)),
+    "vllm:request_params_n": (1, 2, 5, 10, 20),
     "vllm:iteration_tokens_total": ITERATION_TOKEN_BUCKETS,
     "vllm:request_num_preemptions": PREEMPTION_BUCKETS,
     "vllm:kv_offload_store_size": TRANSFER_SIZE_BUCKETS,
@@ -109,6 +112,14 @@ async def test_metrics_are_vllms_and_true_after_hits_and_preemptions() -> None:
         assert _value(fam, "vllm:" + gauge) == 0
     assert _value(fam, "vllm:time_to_first_token_seconds_count") == 9
     assert _value(fam, "vllm:request_num_preemptions_count") >= 1
+    # inference-perf's three: per request, its generated tokens (n = 1), its n, and the
+    # prompt tokens it computed rather than found cached
+    assert _value(fam, "vllm:request_max_num_generation_tokens_sum") == completion
+    assert _value(fam, "vllm:request_max_num_generation_tokens_count") == 9
+    assert _value(fam, "vllm:request_params_n_sum") == _value(fam, "vllm:request_params_n_count")
+    assert _value(fam, "vllm:request_params_n_count") == 9
+    prompt = sum(u["prompt_tokens"] for u in usage)
+    assert _value(fam, "vllm:request_prefill_kv_computed_tokens_sum") == prompt - cached
 
     for name in COUNTERS:
         assert fam["vllm:" + name].type == "counter"

@@ -78,6 +78,20 @@ def test_bind_or_connect_as_vllm() -> None:
     assert binds("tcp://*:5557") and binds("tcp://[::]:5557")
     assert binds("ipc:///tmp/kv") and binds("inproc://kv")
     assert not binds("tcp://indexer:5557") and not binds("tcp://10.0.0.1:5557")
+    # mocker's prefix: bind this exact address
+    assert binds("bind+tcp://127.0.0.1:5557") and binds("bind+tcp://10.0.0.1:5557")
+
+
+def test_bind_prefix_keeps_vllms_rank_offsets_and_checks() -> None:
+    config = KVEventsConfig.parse('{"endpoint": "bind+tcp://127.0.0.1:5557"}')
+    assert config.endpoint_for(2) == "bind+tcp://127.0.0.1:5559"
+    assert KVEventsConfig(endpoint="bind+tcp://127.0.0.1:*").endpoint_for(2).endswith(":*")
+    with pytest.raises(ConfigError, match="overlap"):
+        KVEventsConfig(
+            endpoint="bind+tcp://127.0.0.1:5557", replay_endpoint="tcp://*:5558"
+        ).check_ranks(2)
+    with pytest.raises(ConfigError, match="port in"):
+        KVEventsConfig(endpoint="bind+tcp://127.0.0.1:0x")
 
 
 def test_data_parallel_rank_offsets_the_port() -> None:

@@ -301,3 +301,34 @@ def test_publish_after_close_is_an_error() -> None:
     publisher.close()
     with pytest.raises(RuntimeError, match="closed"):
         publisher.publish([AllBlocksCleared()])
+
+
+def test_bind_prefix_binds_one_address_and_reports_it_plain(
+    publishers: list[ZmqEventPublisher],
+) -> None:
+    """`bind+tcp://127.0.0.1:PORT` binds that address (vLLM would connect to it); the endpoint
+    reported to subscribers has no prefix. A port that another process takes between our
+    probe and the bind is retried with a new one (never assumed to stay free)."""
+    for _ in range(5):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        config = KVEventsConfig(
+            enable_kv_cache_events=True, endpoint=f"bind+tcp://127.0.0.1:{port}"
+        )
+        try:
+            publisher = ZmqEventPublisher(config)
+        except ConfigError as exc:
+            assert "cannot bind" in str(exc)
+            continue
+        publishers.append(publisher)
+        break
+    else:
+        pytest.fail("no free loopback port in 5 tries")
+    assert publisher.binds and publisher.endpoint == f"tcp://127.0.0.1:{port}"
+    sub = Subscriber(publisher.endpoint)
+    try:
+        seq = publisher.publish([REMOVED])
+        assert [m.seq for m in sub.wait_for_seq(seq)] == [0, 1]
+    finally:
+        sub.close()
