@@ -14,7 +14,7 @@ from mocker import __version__
 from mocker.api.auth import require_api_key
 from mocker.api.errors import install_error_handlers
 from mocker.api.raw_send import RawSendApp
-from mocker.api.routes import admin, discovery, openai, operations
+from mocker.api.routes import admin, discovery, inference, openai, operations
 from mocker.api.routes import tokenizer as tokenizer_routes
 from mocker.api.state import ServerState, build_state
 from mocker.config import EngineConfig
@@ -65,6 +65,7 @@ def create_app(settings: ServerSettings, config: EngineConfig, tokenizer: TextTo
     # The API key check only when one is set: a dependency costs every request its solving.
     auth = [Depends(require_api_key)] if settings.api_key else []
     app.include_router(openai.router, dependencies=auth)
+    app.include_router(inference.router, dependencies=auth)
     app.include_router(tokenizer_routes.router)
     app.include_router(operations.router)
     app.include_router(discovery.router)

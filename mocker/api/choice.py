@@ -27,6 +27,9 @@ class Choice:
     abort_at: int | None = None
     stops: StopMatcher | None = None  # stop strings, matched in the text
     stop_token_ids: frozenset[int] = frozenset()
+    # return_token_ids (and the generate endpoint): the prompt, and every id generated
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
     completion_tokens: int = 0
     cached_tokens: int = 0
     finish_reason: str | None = None
@@ -37,6 +40,8 @@ class Choice:
         """Token counts and finish state from one engine output (no text work)."""
         ids = out.new_token_ids
         self.completion_tokens += len(ids)
+        if self.token_ids is not None:
+            self.token_ids += ids
         self.cached_tokens = out.num_cached_tokens
         if out.finished:
             self.done = True

@@ -8,7 +8,7 @@ import orjson
 
 from mocker.api.errors import error_body
 
-__all__ = ["DONE", "ChunkWriter", "error_event", "usage_dict"]
+__all__ = ["DONE", "ChunkWriter", "GenerateChunkWriter", "error_event", "usage_dict"]
 
 DONE = b"data: [DONE]\n\n"
 
@@ -33,7 +33,8 @@ class ChunkWriter:
     encoded once per response; a chunk is a handful of byte concatenations.
     """
 
-    __slots__ = ("_head", "_index_heads", "_tail", "chat", "continuous_usage", "include_usage")
+    __slots__ = ("_head", "_index_heads", "_tail", "chat", "continuous_usage", "include_usage",
+                 "with_ids")  # fmt: skip
 
     def __init__(
         self,
@@ -44,8 +45,10 @@ class ChunkWriter:
         model: str,
         include_usage: bool,
         continuous_usage: bool,
+        with_ids: bool = False,
     ) -> None:
         self.chat = chat
+        self.with_ids = with_ids  # return_token_ids: each chunk carries its token ids
         obj = b"chat.completion.chunk" if chat else b"text_completion"
         self._head = (
             b'data: {"id":'
@@ -82,25 +85,37 @@ class ChunkWriter:
         finish_reason: str | None = None,
         stop_reason: str | int | None = None,
         usage: tuple[int, int, int] | None = None,
+        token_ids: list[int] | None = None,
+        prompt_ids: list[int] | None = None,
     ) -> bytes:
-        """One chunk carrying new text (already JSON-escaped) for choice `index`."""
+        """One chunk carrying new text (already JSON-escaped) for choice `index`; with
+        `token_ids`, the chunk's new ids too (and a completion's first chunk its prompt's)."""
         sr = b"null" if stop_reason is None else orjson.dumps(stop_reason)
         end = b"}]}\n\n"
         if usage is not None and self.continuous_usage:
             end = b"}]," + _usage_bytes(*usage) + b"}\n\n"
+        if token_ids is not None:
+            ids = b',"token_ids":' + orjson.dumps(token_ids)
+            if prompt_ids is not None:
+                ids = b',"prompt_token_ids":' + orjson.dumps(prompt_ids) + ids
+            end = ids + end
         return b"".join(
             (self._index_head(index), escaped_text, self._tail, _FINISH[finish_reason],
              b',"stop_reason":', sr, end)
         )  # fmt: skip
 
-    def role(self, index: int) -> bytes:
-        """The first chat chunk of a choice: the assistant role and empty content."""
+    def role(self, index: int, prompt_ids: list[int] | None = None) -> bytes:
+        """The first chat chunk of a choice: the assistant role and empty content (and the
+        prompt's token ids, with return_token_ids)."""
+        end = b"]}\n\n"
+        if prompt_ids is not None:
+            end = b'],"prompt_token_ids":' + orjson.dumps(prompt_ids) + b"}\n\n"
         return (
             self._head
             + b'{"index":'
             + str(index).encode()
-            + b',"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}'
-            + b"\n\n"
+            + b',"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}'
+            + end
         )
 
     def usage(self, prompt: int, completion: int, cached: int) -> bytes:
@@ -111,6 +126,60 @@ class ChunkWriter:
             + b'"usage":'
             + orjson.dumps(usage_dict(prompt, completion, cached))
             + b"}\n\n"
+        )
+
+
+class GenerateChunkWriter:
+    """The chunks of vLLM's token-in/token-out stream (POST /inference/v1/generate): token
+    ids, no text; the prompt's ids on the first chunk with return_token_ids."""
+
+    __slots__ = ("_head", "continuous_usage", "include_usage")
+
+    chat = False
+    with_ids = True
+
+    def __init__(self, *, response_id: str, include_usage: bool, continuous_usage: bool) -> None:
+        self._head = b'data: {"request_id":' + orjson.dumps(response_id) + b',"usage":'
+        self.include_usage = include_usage
+        self.continuous_usage = include_usage and continuous_usage
+
+    def text(
+        self,
+        index: int,
+        escaped_text: bytes,
+        finish_reason: str | None = None,
+        stop_reason: str | int | None = None,
+        usage: tuple[int, int, int] | None = None,
+        token_ids: list[int] | None = None,
+        prompt_ids: list[int] | None = None,
+    ) -> bytes:
+        """One chunk of choice `index`'s new token ids (the text is not sent)."""
+        parts = [self._head]
+        if usage is not None and self.continuous_usage:
+            parts.append(orjson.dumps(usage_dict(*usage)))
+        else:
+            parts.append(b"null")
+        if prompt_ids is not None:
+            parts += (b',"prompt_token_ids":', orjson.dumps(prompt_ids))
+        sr = b"null" if stop_reason is None else orjson.dumps(stop_reason)
+        parts += (
+            b',"output_mode":"tokens","choices":[{"index":', str(index).encode(),
+            b',"finish_reason":', _FINISH[finish_reason], b',"stop_reason":', sr,
+            b',"token_ids":', orjson.dumps(token_ids or []),
+            b',"routed_experts":null,"sampling_mask":null,"weight_versions":null,'
+            b'"logprobs":null}]}\n\n',
+        )  # fmt: skip
+        return b"".join(parts)
+
+    def role(self, index: int, prompt_ids: list[int] | None = None) -> bytes:
+        raise NotImplementedError("a generate stream has no chat role chunk")
+
+    def usage(self, prompt: int, completion: int, cached: int) -> bytes:
+        """The last chunk when include_usage: the totals, no choices."""
+        return (
+            self._head
+            + orjson.dumps(usage_dict(prompt, completion, cached))
+            + b',"output_mode":"tokens","choices":[]}\n\n'
         )
 
 

@@ -33,6 +33,8 @@ class ResponseHead:
     model: str
     chat: bool
     headers: dict[str, str]
+    generate: bool = False  # vLLM's token-in/token-out response (no text)
+    return_token_ids: bool = False
 
 
 class ResponseCollector:
@@ -100,20 +102,57 @@ class ResponseCollector:
 
     def _body(self) -> dict[str, Any]:
         head = self._head
-        choices = [self._choice(c, "".join(self._texts[c.index])) for c in self._response.choices]
-        return {
+        choices = self._response.choices
+        if head.generate:
+            return self._generate_body()
+        body: dict[str, Any] = {
             "id": head.response_id,
             "object": "chat.completion" if head.chat else "text_completion",
             "created": head.created,
             "model": head.model,
-            "choices": choices,
-            "usage": usage_dict(*totals(self._response.choices)),
+            "choices": [self._choice(c, "".join(self._texts[c.index])) for c in choices],
+            "usage": usage_dict(*totals(choices)),
             "system_fingerprint": None,
+        }
+        if head.chat and head.return_token_ids:
+            body["prompt_token_ids"] = choices[0].prompt_token_ids
+        return body
+
+    def _generate_body(self) -> dict[str, Any]:
+        """vLLM's GenerateTokensResponse: token ids in, token ids out."""
+        head = self._head
+        choices = self._response.choices
+        return {
+            "request_id": head.response_id,
+            "model": head.model,
+            "created": head.created,
+            "usage": usage_dict(*totals(choices)),
+            "prompt_logprobs": None,
+            "prompt_token_id_logprobs": None,
+            "prompt_token_ids": choices[0].prompt_token_ids if head.return_token_ids else None,
+            "mm_placeholders": None,
+            "metrics": None,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "output_mode": "tokens",
+            "choices": [
+                {
+                    "index": c.index,
+                    "finish_reason": c.finish_reason or "stop",
+                    "stop_reason": c.stop_reason,
+                    "token_ids": c.token_ids,
+                    "routed_experts": None,
+                    "sampling_mask": None,
+                    "weight_versions": None,
+                    "logprobs": None,
+                }
+                for c in choices
+            ],
         }
 
     def _choice(self, choice: Choice, text: str) -> dict[str, Any]:
         if not self._head.chat:
-            return {
+            out: dict[str, Any] = {
                 "index": choice.index,
                 "text": text,
                 "logprobs": None,
@@ -121,6 +160,10 @@ class ResponseCollector:
                 "stop_reason": choice.stop_reason,
                 "prompt_logprobs": None,
             }
+            if self._head.return_token_ids:
+                out["token_ids"] = choice.token_ids
+                out["prompt_token_ids"] = choice.prompt_token_ids
+            return out
         message: dict[str, Any] = {
             "role": "assistant",
             "content": text,
@@ -128,10 +171,13 @@ class ResponseCollector:
             "tool_calls": [],
             "reasoning_content": None,
         }
-        return {
+        out = {
             "index": choice.index,
             "message": message,
             "logprobs": None,
             "finish_reason": choice.finish_reason,
             "stop_reason": choice.stop_reason,
         }
+        if self._head.return_token_ids:
+            out["token_ids"] = choice.token_ids
+        return out

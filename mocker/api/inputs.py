@@ -16,6 +16,7 @@ __all__ = [
     "check_token_ids",
     "completion_prompts",
     "message_dicts",
+    "template_kwargs",
 ]
 
 
@@ -88,13 +89,23 @@ def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     return [_message_dict(m, i) for i, m in enumerate(messages)]
 
 
+def template_kwargs(
+    tools: list[dict[str, Any]] | None, extra: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """What the chat template gets besides the messages: the tools (as vLLM passes them)
+    and the request's chat_template_kwargs."""
+    if tools is None:
+        return extra
+    return {"tools": tools, **(extra or {})}
+
+
 def chat_prompt(tokenizer: TextTokenizer, body: ChatCompletionRequest) -> list[int]:
     """The token ids of a chat request's rendered messages."""
     try:
         prompt = tokenizer.encode_chat(
             message_dicts(body.messages),
             add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
-            template_kwargs=body.chat_template_kwargs,
+            template_kwargs=template_kwargs(body.tools, body.chat_template_kwargs),
         )
     except ChatTemplateError as exc:
         raise OpenAIError(400, str(exc), "messages") from None

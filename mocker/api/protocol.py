@@ -11,6 +11,8 @@ __all__ = [
     "ChatMessage",
     "CompletionRequest",
     "DetokenizeRequest",
+    "GenerateRequest",
+    "GenerateSamplingParams",
     "StreamOptions",
     "TokenizeRequest",
 ]
@@ -83,6 +85,8 @@ class _Sampling(_Open):
     data_parallel_rank: Annotated[int, Field(ge=0, strict=True)] | None = None
     cache_salt: str | None = None
     skip_special_tokens: bool = True
+    # The prompt's and the generated token ids in the response (and stream chunks).
+    return_token_ids: bool | None = None
 
 
 class CompletionRequest(_Sampling):
@@ -117,6 +121,50 @@ class ChatCompletionRequest(_Sampling):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # Rendered into the prompt by the chat template (as vLLM passes them to it); the mock
+    # never calls a tool, nor constrains its output to response_format.
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+
+
+class GenerateSamplingParams(_Open):
+    """vLLM's SamplingParams as POST /inference/v1/generate takes them (what the mock uses,
+    and the common rest, typed)."""
+
+    max_tokens: PositiveInt | None = None  # None: as many as the context leaves
+    min_tokens: NonNegInt = 0
+    ignore_eos: bool = False
+    stop: str | list[str] | None = None
+    stop_token_ids: list[NonNegInt] | None = None
+    include_stop_str_in_output: bool = False
+    n: PositiveInt = 1
+    seed: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    skip_special_tokens: bool = True
+    detokenize: bool = True
+    logprobs: NonNegInt | None = None
+
+
+class GenerateRequest(_Open):
+    """POST /inference/v1/generate (vLLM's token-in/token-out endpoint, as llm-d uses it)."""
+
+    request_id: str | None = None
+    token_ids: Annotated[list[NonNegInt], Field(min_length=1)]
+    sampling_params: GenerateSamplingParams = Field(default_factory=GenerateSamplingParams)
+    model: str | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    return_token_ids: bool | None = None
+    output_mode: Literal["tokens"] = "tokens"
+    cache_salt: str | None = None
+    priority: int = 0
+    data_parallel_rank: Annotated[int, Field(ge=0, strict=True)] | None = None
 
 
 class TokenizeRequest(_Open):
@@ -125,6 +173,7 @@ class TokenizeRequest(_Open):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    tools: list[dict[str, Any]] | None = None
     add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
     add_generation_prompt: bool = True
     return_token_strs: bool = False

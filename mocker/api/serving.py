@@ -10,14 +10,15 @@ from dataclasses import dataclass
 from starlette.responses import Response
 
 from mocker.api.choice import Choice
-from mocker.api.chunks import ChunkWriter
+from mocker.api.chunks import ChunkWriter, GenerateChunkWriter
 from mocker.api.collect import ResponseCollector, ResponseHead
 from mocker.api.errors import OpenAIError
 from mocker.api.faults import FaultInjector, JitteredEmitter, failure_error
 from mocker.api.inputs import chat_prompt, check_model, completion_prompts
 from mocker.api.lifecycle import OpenResponse, OpenResponses
-from mocker.api.protocol import ChatCompletionRequest, CompletionRequest
-from mocker.api.responses import DeferredResponse, Emitter, EventStreamResponse
+from mocker.api.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from mocker.api.render import generate_request
+from mocker.api.responses import DeferredResponse, Emitter, EventStreamResponse, json_response
 from mocker.api.stop_strings import StopMatcher
 from mocker.api.stream import StreamRenderer
 from mocker.config import EngineConfig
@@ -128,6 +129,68 @@ class OpenAIServing:
         choices = self._start(body, [prompt], max_tokens, rid, headers, "messages")
         return self._respond(body, choices, model, f"chatcmpl-{rid}", rid)
 
+    # -- render (vLLM's /v1/completions/render and /v1/chat/completions/render) ---------------
+
+    def render_completions(
+        self, body: CompletionRequest, headers: RequestHeaders = RequestHeaders()
+    ) -> Response:
+        """Every prompt as the engine would run it, one GenerateRequest each (an array)."""
+        check_model(self.settings, body.model)
+        _unsupported(body)
+        prompts = completion_prompts(self.tokenizer, body.prompt)
+        rid = "cmpl-" + (headers.request_id or uuid.uuid4().hex)
+        rendered = [
+            generate_request(
+                body,
+                rid if len(prompts) == 1 else f"{rid}-{i}",
+                prompt,
+                self._sampling(body, body.max_tokens, len(prompt), "prompt"),
+            )
+            for i, prompt in enumerate(prompts)
+        ]
+        return json_response(rendered)
+
+    def render_chat(
+        self, body: ChatCompletionRequest, headers: RequestHeaders = RequestHeaders()
+    ) -> Response:
+        """The messages as the engine would run them: one GenerateRequest."""
+        check_model(self.settings, body.model)
+        _unsupported(body)
+        prompt = chat_prompt(self.tokenizer, body)
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        sampling = self._sampling(body, max_tokens, len(prompt), "messages")
+        rid = "chatcmpl-" + (headers.request_id or uuid.uuid4().hex)
+        return json_response(generate_request(body, rid, prompt, sampling))
+
+    # -- token in, token out (vLLM's /inference/v1/generate) ---------------------------------
+
+    def generate(
+        self, body: GenerateRequest, headers: RequestHeaders = RequestHeaders()
+    ) -> Response:
+        """Token ids in, token ids out: the request runs as a completion of those ids."""
+        sp = body.sampling_params
+        completion = CompletionRequest.model_validate(
+            {
+                "model": body.model, "prompt": body.token_ids, "max_tokens": sp.max_tokens,
+                "min_tokens": sp.min_tokens, "ignore_eos": sp.ignore_eos, "stop": sp.stop,
+                "stop_token_ids": sp.stop_token_ids, "n": sp.n,
+                "include_stop_str_in_output": sp.include_stop_str_in_output,
+                "stream": body.stream, "stream_options": body.stream_options,
+                "return_token_ids": body.return_token_ids, "cache_salt": body.cache_salt,
+                "priority": body.priority, "data_parallel_rank": body.data_parallel_rank,
+                "logprobs": sp.logprobs, "seed": sp.seed,
+            }
+        )  # fmt: skip
+        model = self._check(completion)
+        prompts = completion_prompts(self.tokenizer, completion.prompt)
+        rid = headers.request_id or body.request_id or uuid.uuid4().hex
+        choices = self._start(
+            completion, prompts, sp.max_tokens, rid, headers, "token_ids", generate=True
+        )
+        return self._respond(
+            completion, choices, model, f"generate-tokens-{rid}", rid, generate=True
+        )
+
     def _check(self, body: GenerationRequest) -> str:
         model = check_model(self.settings, body.model)
         _unsupported(body)
@@ -209,6 +272,7 @@ class OpenAIServing:
         request_id: str,
         headers: RequestHeaders,
         param: str,
+        generate: bool = False,
     ) -> list[Choice]:
         """Check every prompt, draw the request's fault (a client mistake is reported as such,
         never masked by one), then hand every prompt to an engine; all or nothing."""
@@ -225,7 +289,7 @@ class OpenAIServing:
         try:
             for i, spec in enumerate(specs):
                 engine = self._engine_for(rank)
-                choices.append(self._choice(body, i, spec, engine, fault, stop))
+                choices.append(self._choice(body, i, spec, engine, fault, stop, generate))
         except BaseException as exc:
             for choice in choices:
                 choice.cancel()
@@ -244,6 +308,7 @@ class OpenAIServing:
         engine: LiveEngine,
         fault: FaultType | None,
         stop: tuple[str, ...],
+        generate: bool,
     ) -> Choice:
         stream = engine.add_request(spec, checked=True)  # by _specs, just before
         sampling = spec.sampling
@@ -254,6 +319,7 @@ class OpenAIServing:
                 spec.request_id, len(spec.prompt_token_ids), sampling.max_tokens,
                 bool(body.stream),
             )  # fmt: skip
+        ids = bool(body.return_token_ids) or generate
         return Choice(
             index,
             spec.request_id,
@@ -263,6 +329,8 @@ class OpenAIServing:
             abort_at=max(1, max_out // 2) if fault is FaultType.ABORT else None,
             stops=StopMatcher(stop, include_stop=body.include_stop_str_in_output) if stop else None,
             stop_token_ids=frozenset(sampling.stop_token_ids),
+            prompt_token_ids=list(spec.prompt_token_ids) if body.return_token_ids else None,
+            token_ids=[] if ids else None,
         )
 
     # -- responses ----------------------------------------------------------------------------
@@ -274,26 +342,39 @@ class OpenAIServing:
         model: str,
         response_id: str,
         request_id: str,
+        generate: bool = False,
     ) -> Response:
         chat = isinstance(body, ChatCompletionRequest)
         created = int(time.time())
         response = OpenResponse(choices, self.open)
         headers = {"x-request-id": request_id}
         tokenizer, faults = self.tokenizer, self.faults
+        ids = bool(body.return_token_ids)
         if not body.stream:
-            head = ResponseHead(response_id, created, model, chat, headers)
+            head = ResponseHead(response_id, created, model, chat, headers, generate, ids)
             collector = ResponseCollector(response, head, piece=tokenizer.piece, faults=faults)
             collector.attach()
             return DeferredResponse(collector.response, response.on_disconnect)
         opts = body.stream_options
-        writer = ChunkWriter(
-            chat=chat,
-            response_id=response_id,
-            created=created,
-            model=model,
-            include_usage=bool(opts and opts.include_usage),
-            continuous_usage=bool(opts and opts.continuous_usage_stats),
-        )
+        include_usage = bool(opts and opts.include_usage)
+        continuous_usage = bool(opts and opts.continuous_usage_stats)
+        writer: ChunkWriter | GenerateChunkWriter
+        if generate:
+            writer = GenerateChunkWriter(
+                response_id=response_id,
+                include_usage=include_usage,
+                continuous_usage=continuous_usage,
+            )
+        else:
+            writer = ChunkWriter(
+                chat=chat,
+                response_id=response_id,
+                created=created,
+                model=model,
+                include_usage=include_usage,
+                continuous_usage=continuous_usage,
+                with_ids=ids,
+            )
         renderer = StreamRenderer(
             response,
             writer,

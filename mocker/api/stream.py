@@ -8,7 +8,7 @@ from functools import partial
 import orjson
 
 from mocker.api.choice import Choice, cancel_all, totals
-from mocker.api.chunks import DONE, ChunkWriter, error_event
+from mocker.api.chunks import DONE, ChunkWriter, GenerateChunkWriter, error_event
 from mocker.api.faults import JitteredEmitter
 from mocker.api.lifecycle import OpenResponse
 from mocker.api.responses import Emitter
@@ -32,6 +32,7 @@ class StreamRenderer:
         "_first",
         "_num_open",
         "_piece",
+        "_prompt_due",
         "_record_abort",
         "_response",
         "_writer",
@@ -40,7 +41,7 @@ class StreamRenderer:
     def __init__(
         self,
         response: OpenResponse,
-        writer: ChunkWriter,
+        writer: ChunkWriter | GenerateChunkWriter,
         *,
         escaped: Callable[[int], bytes],
         piece: Callable[[int], str],
@@ -51,8 +52,13 @@ class StreamRenderer:
         self._escaped = escaped
         self._piece = piece
         self._record_abort = record_abort  # an injected abort reached the client
-        # What goes before each choice's first chunk: the chat role delta.
-        self._first = [writer.role(c.index) if writer.chat else b"" for c in response.choices]
+        # What goes before each choice's first chunk: the chat role delta (with the prompt's
+        # ids, if asked for); a completion's first chunk carries them on its choice instead.
+        choices = response.choices
+        self._first = [
+            writer.role(c.index, c.prompt_token_ids) if writer.chat else b"" for c in choices
+        ]
+        self._prompt_due = [not writer.chat and c.prompt_token_ids is not None for c in choices]
         self._num_open = len(response.choices)
         self._emitter: Emitter | JitteredEmitter | None = None
 
@@ -92,10 +98,19 @@ class StreamRenderer:
             if writer.continuous_usage
             else None
         )
-        chunk = self._first[choice.index] + writer.text(
-            choice.index, text, choice.finish_reason, choice.stop_reason, usage
-        )
-        self._first[choice.index] = b""
+        index = choice.index
+        if writer.with_ids:
+            prompt = choice.prompt_token_ids if self._prompt_due[index] else None
+            self._prompt_due[index] = False
+            chunk = self._first[index] + writer.text(
+                index, text, choice.finish_reason, choice.stop_reason, usage,
+                out.new_token_ids, prompt,
+            )  # fmt: skip
+        else:
+            chunk = self._first[index] + writer.text(
+                index, text, choice.finish_reason, choice.stop_reason, usage
+            )
+        self._first[index] = b""
         if not choice.done:
             emitter.emit(chunk)
             return

@@ -6,7 +6,7 @@ import json
 
 import orjson
 
-from mocker.api.chunks import DONE, ChunkWriter, error_event, usage_dict
+from mocker.api.chunks import DONE, ChunkWriter, GenerateChunkWriter, error_event, usage_dict
 
 
 def _decode(chunk: bytes) -> list[object]:
@@ -50,3 +50,30 @@ def test_error_event_and_done() -> None:
     assert err == {"error": {"message": "gone", "type": "ServiceUnavailableError",
                              "param": None, "code": 503}}  # fmt: skip
     assert DONE == b"data: [DONE]\n\n"
+
+
+def test_token_ids_ride_on_chunks_when_asked() -> None:
+    w = ChunkWriter(chat=False, response_id="cmpl-2", created=1, model="m",
+                    include_usage=True, continuous_usage=True, with_ids=True)  # fmt: skip
+    (first,) = _decode(w.text(0, b" a", usage=(3, 1, 0), token_ids=[9], prompt_ids=[1, 2, 3]))
+    assert first["choices"][0]["prompt_token_ids"] == [1, 2, 3]
+    assert first["choices"][0]["token_ids"] == [9] and first["usage"] == usage_dict(3, 1, 0)
+    chat = ChunkWriter(chat=True, response_id="c", created=1, model="m", include_usage=False,
+                       continuous_usage=False, with_ids=True)  # fmt: skip
+    (role,) = _decode(chat.role(0, [4, 5]))
+    assert role["prompt_token_ids"] == [4, 5] and role["choices"][0]["delta"]["role"]
+
+
+def test_generate_chunks_are_vllms_token_stream() -> None:
+    w = GenerateChunkWriter(response_id="generate-tokens-1", include_usage=True,
+                            continuous_usage=False)  # fmt: skip
+    (chunk,) = _decode(w.text(0, b"ignored", token_ids=[5, 6], prompt_ids=[1]))
+    assert chunk == {
+        "request_id": "generate-tokens-1", "usage": None, "prompt_token_ids": [1],
+        "output_mode": "tokens",
+        "choices": [{"index": 0, "finish_reason": None, "stop_reason": None, "token_ids": [5, 6],
+                     "routed_experts": None, "sampling_mask": None, "weight_versions": None,
+                     "logprobs": None}],
+    }  # fmt: skip
+    (usage,) = _decode(w.usage(1, 2, 0))
+    assert usage["choices"] == [] and usage["usage"] == usage_dict(1, 2, 0)

@@ -212,3 +212,42 @@ async def test_generated_text_round_trips_through_a_client_tokenizer(client: App
         body = await _complete(client, prompt=[7, 8, 9, i], max_tokens=n)
         count = len(tok.encode(body["choices"][0]["text"], add_special_tokens=False))
         assert count == body["usage"]["completion_tokens"] == n, (i, count, n)
+
+
+async def test_return_token_ids_on_completions_stream_and_not(client: AppClient) -> None:
+    prompt = "Token ids out, as vLLM gives them"
+    ids = tokenizer().encode(prompt)
+    body = await _complete(client, prompt=prompt, max_tokens=6, return_token_ids=True, seed=1)
+    (choice,) = body["choices"]
+    assert choice["prompt_token_ids"] == ids  # on the choice, for completions
+    assert len(choice["token_ids"]) == 6 == body["usage"]["completion_tokens"]
+    assert tokenizer().decode(choice["token_ids"]) == choice["text"]
+    r = await client.http.post(
+        "/v1/completions",
+        json={"prompt": prompt, "max_tokens": 6, "return_token_ids": True, "stream": True},
+    )
+    chunks = [e for e in sse_events(r.text) if e != "[DONE]"]
+    assert chunks[0]["choices"][0]["prompt_token_ids"] == ids
+    assert all("prompt_token_ids" not in c["choices"][0] for c in chunks[1:])  # first only
+    streamed = [t for c in chunks for t in c["choices"][0]["token_ids"]]
+    assert len(streamed) == 6
+    plain = await _complete(client, prompt=prompt, max_tokens=2)
+    assert "token_ids" not in plain["choices"][0]  # only when asked
+
+
+async def test_return_token_ids_on_chat(client: AppClient) -> None:
+    messages = [{"role": "user", "content": "Say something."}]
+    body = await _complete(
+        client, "/v1/chat/completions", messages=messages, max_tokens=5, return_token_ids=True
+    )
+    tokenized = (await client.http.post("/tokenize", json={"messages": messages})).json()
+    assert body["prompt_token_ids"] == tokenized["tokens"]  # top-level, for chat
+    assert len(body["choices"][0]["token_ids"]) == 5
+    r = await client.http.post(
+        "/v1/chat/completions",
+        json={"messages": messages, "max_tokens": 5, "return_token_ids": True, "stream": True},
+    )
+    chunks = [e for e in sse_events(r.text) if e != "[DONE]"]
+    assert chunks[0]["prompt_token_ids"] == tokenized["tokens"]  # on the role chunk
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert sum(len(c["choices"][0]["token_ids"]) for c in chunks[1:]) == 5

@@ -1,4 +1,4 @@
-"""OpenAI routes under /v1: completions, chat completions, models."""
+"""OpenAI routes under /v1: completions, chat completions (and vLLM's render of each), models."""
 
 from __future__ import annotations
 
@@ -29,6 +29,16 @@ async def chat_completions(
     state = server_state(request)
     check_accepting(state)
     return state.serving.chat(body, headers)
+
+
+@router.post("/completions/render")
+async def render_completions(body: CompletionRequest, headers: Headers, state: State) -> Response:
+    return state.serving.render_completions(body, headers)
+
+
+@router.post("/chat/completions/render")
+async def render_chat(body: ChatCompletionRequest, headers: Headers, state: State) -> Response:
+    return state.serving.render_chat(body, headers)
 
 
 @router.get("/models")

@@ -7,7 +7,7 @@ from starlette.responses import Response
 
 from mocker.api.dependencies import State
 from mocker.api.errors import OpenAIError
-from mocker.api.inputs import check_model, check_token_ids, message_dicts
+from mocker.api.inputs import check_model, check_token_ids, message_dicts, template_kwargs
 from mocker.api.protocol import DetokenizeRequest, TokenizeRequest
 from mocker.api.responses import json_response
 from mocker.tokenizer import ChatTemplateError, TextTokenizer
@@ -21,7 +21,9 @@ def _chat_ids(tok: TextTokenizer, body: TokenizeRequest) -> list[int]:
     assert body.messages is not None
     try:
         text = tok.render_chat(
-            message_dicts(body.messages), add_generation_prompt=body.add_generation_prompt
+            message_dicts(body.messages),
+            add_generation_prompt=body.add_generation_prompt,
+            template_kwargs=template_kwargs(body.tools, None),
         )
     except ChatTemplateError as exc:
         raise OpenAIError(400, str(exc), "messages") from None

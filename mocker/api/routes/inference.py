@@ -1,0 +1,21 @@
+"""vLLM's token-in/token-out route: POST /inference/v1/generate (llm-d sends token ids)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from mocker.api.dependencies import Headers, check_accepting, server_state
+from mocker.api.protocol import GenerateRequest
+
+__all__ = ["router"]
+
+# With --api-key, create_app adds `require_api_key` here too.
+router = APIRouter(prefix="/inference/v1")
+
+
+@router.post("/generate")
+async def generate(body: GenerateRequest, headers: Headers, request: Request) -> Response:
+    state = server_state(request)
+    check_accepting(state)
+    return state.serving.generate(body, headers)
