@@ -48,6 +48,7 @@ bench: $(TEST_STAMP)
 	$(BIN)/python bench/offload.py
 	$(BIN)/python bench/tiers.py
 	$(BIN)/python bench/replay_speed.py
+	$(BIN)/python bench/hashing.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -1,4 +1,4 @@
-"""Chained block hashes: mocker's fast keyed BLAKE2b chain, or vLLM's own algorithms bit for bit.
+"""Chained block hashes: mocker's fast seeded xxh3-64 chain, or vLLM's own algorithms bit for bit.
 
 A request's blocks are hashed by a `HashChain` the engine's hasher makes for it (the chain
 holds the request's extra keys: LoRA, cache salt). What the engine keys blocks by, and what
@@ -45,7 +45,7 @@ _LOW_64 = (1 << 64) - 1
 class HashAlgo(StrEnum):
     """--prefix-caching-hash-algo: mocker's fast default, or one of vLLM's four."""
 
-    FAST = "fast"  # keyed BLAKE2b-64 over packed token ids, seeded by --seed (mocker)
+    FAST = "fast"  # seeded xxh3-64 over packed token ids, seeded by --seed (mocker)
     SHA256 = "sha256"  # vLLM's default: sha256 of the pickled (parent, tokens, extra keys)
     SHA256_CBOR = "sha256_cbor"  # sha256 of canonical CBOR: reproducible outside Python
     XXHASH = "xxhash"  # xxh3-128 of the pickle (not cryptographic)
@@ -90,19 +90,18 @@ def extra_keys_bytes(*keys: str | None) -> bytes:
 class BlockHasher:
     """Hashes full blocks of token ids into a chain; the seed plays vLLM's PYTHONHASHSEED role."""
 
-    __slots__ = ("_key", "none_hash")
+    __slots__ = ("_seed", "none_hash")
 
     algo = HashAlgo.FAST
 
     def __init__(self, seed: int) -> None:
-        self._key = seed.to_bytes(8, "big")
+        self._seed = seed
         # The parent of a request's first block, like vLLM's NONE_HASH.
         self.none_hash = BlockHash(self._digest(b"mocker:none-hash"))
 
     def _digest(self, payload: bytes) -> int:
-        return int.from_bytes(
-            hashlib.blake2b(payload, digest_size=8, key=self._key).digest(), "big"
-        )
+        # Not cryptographic (nor is a router's view of it): fast, seeded, 64 bits.
+        return xxhash.xxh3_64_intdigest(payload, seed=self._seed)
 
     def hash_block(
         self, parent: BlockHash | None, token_ids: Sequence[int], extra: bytes = b""

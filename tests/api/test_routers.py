@@ -55,9 +55,10 @@ RUNS = [
     ("sglang", "power_of_two"),
 ]
 
+# llm-d's topic: vllm-router's discovery subscribes to whatever topic /kv_event_sources names.
 KV_EVENTS = json.dumps(
     {"enable_kv_cache_events": True, "publisher": "zmq",
-     "endpoint": "tcp://127.0.0.1:*", "topic": ""}
+     "endpoint": "tcp://127.0.0.1:*", "topic": "kv@{host}:{port}@{model}"}
 )  # fmt: skip
 REPLICA_ARGS = ("--speedup-ratio", "50", "--kv-events-config", KV_EVENTS)
 # The two routers read /get_load differently (and send the same request): one flag per rig.
