@@ -7,6 +7,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from pydantic import ValidationError
 from starlette.responses import Response
 
 from mocker.api.choice import Choice
@@ -169,7 +170,7 @@ class OpenAIServing:
     ) -> Response:
         """Token ids in, token ids out: the request runs as a completion of those ids."""
         sp = body.sampling_params
-        completion = CompletionRequest.model_validate(
+        fields = (
             {
                 "model": body.model, "prompt": body.token_ids, "max_tokens": sp.max_tokens,
                 "min_tokens": sp.min_tokens, "ignore_eos": sp.ignore_eos, "stop": sp.stop,
@@ -181,6 +182,10 @@ class OpenAIServing:
                 "logprobs": sp.logprobs, "seed": sp.seed,
             }
         )  # fmt: skip
+        try:  # the same fields, already validated: a mismatch is still the client's to hear
+            completion = CompletionRequest.model_validate(fields)
+        except ValidationError as exc:
+            raise OpenAIError(400, f"invalid sampling_params: {exc}", "sampling_params") from None
         model = self._check(completion)
         prompts = completion_prompts(self.tokenizer, completion.prompt)
         rid = headers.request_id or body.request_id or uuid.uuid4().hex
