@@ -35,6 +35,8 @@ IGNORED_VLLM_FLAGS: dict[str, bool] = {
     "enable_auto_tool_choice": False,
     "disable_frontend_multiprocessing": False,
     "disable_log_stats": False,
+    # vLLM serves the render and generate routes only with it; mocker always does.
+    "enable_scale_out": False,
     # Flags of vLLM deployments (llm-d manifests) that change nothing here.
     "kv_offloading_backend": True,
     "api_server_count": True,

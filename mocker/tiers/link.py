@@ -21,8 +21,8 @@ class Link:
     after the bytes are through. Bandwidth <= 0 means instant transfers.
     """
 
-    __slots__ = ("_active", "_delayed", "_heap", "_next_id", "_service", "_time", "bandwidth",
-                 "latency")  # fmt: skip
+    __slots__ = ("_active", "_deadline", "_delayed", "_fresh", "_heap", "_next_id", "_service",
+                 "_time", "bandwidth", "latency")  # fmt: skip
 
     def __init__(self, bandwidth_bytes_per_s: float, latency_s: float = 0.0) -> None:
         if latency_s < 0:
@@ -36,6 +36,10 @@ class Link:
         # (finish time, id): bytes through, due when the latency has passed too.
         self._delayed: list[tuple[float, TransferId]] = []
         self._next_id = 0
+        # next_deadline(), kept until a transfer starts, ends or is cancelled (time passing
+        # alone does not move it): every poll of every engine asks for it.
+        self._deadline: float | None = None
+        self._fresh = True
 
     def __len__(self) -> int:
         """Transfers not yet finished."""
@@ -52,6 +56,7 @@ class Link:
     def start(self, now: float, nbytes: int) -> TransferId:
         """Begin a transfer at `now` (never before the link's last known time)."""
         self._progress(now)
+        self._fresh = False
         tid = TransferId(self._next_id)
         self._next_id += 1
         if self.instant or nbytes <= 0:
@@ -65,6 +70,7 @@ class Link:
     def cancel(self, now: float, tid: TransferId) -> bool:
         """Stop a transfer at `now`; the others speed up. False if it already finished."""
         self._progress(now)
+        self._fresh = False
         if self._active.pop(tid, None) is not None:
             return True  # its heap entry is skipped when it surfaces
         for i, (_, other) in enumerate(self._delayed):
@@ -83,10 +89,18 @@ class Link:
         while delayed and delayed[0][0] <= now:
             finish, tid = heapq.heappop(delayed)
             done.append((tid, finish))
+        if done:
+            self._fresh = False
         return done
 
     def next_deadline(self) -> float | None:
         """When the next transfer finishes if nothing else starts (None: link idle)."""
+        if not self._fresh:
+            self._deadline = self._next_deadline()
+            self._fresh = True
+        return self._deadline
+
+    def _next_deadline(self) -> float | None:
         best = self._delayed[0][0] if self._delayed else None
         head = self._head()
         if head is not None:
@@ -122,6 +136,7 @@ class Link:
             _, tid = heapq.heappop(self._heap)
             del active[tid]
             heapq.heappush(self._delayed, (finish + self.latency, tid))
+            self._fresh = False  # n changed: the others' finish times moved
         if active:
             self._service += (now - self._time) * self.bandwidth / len(active)
         else:

@@ -26,3 +26,12 @@ def test_deployment_vllm_flags_are_accepted_and_data_parallel_is_read() -> None:
     # Read, not ignored (mocker.settings.kv_transfer); a connector other than
     # OffloadingConnector changes nothing yet.
     assert values["kv_transfer_config"] == '{"kv_connector": "NixlConnector"}'
+
+
+def test_scale_out_flag_is_accepted_and_hash_algo_is_read() -> None:
+    """--enable-scale-out gates vLLM's render and generate routes; mocker always serves them.
+    --prefix-caching-hash-algo was ignored once; it now picks the block hash."""
+    ns = parse_flags(["--enable-scale-out", "--prefix-caching-hash-algo", "sha256_cbor"])
+    values, warnings = resolve(ns, ALL, environ={})
+    assert warnings == ["ignoring --enable-scale-out: no meaning for a mock engine"]
+    assert values["prefix_caching_hash_algo"] == "sha256_cbor"
