@@ -133,7 +133,10 @@ def router_argv(router: str, policy: str, port: int, urls: list[str], bin_dir: P
     common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
               "--policy", policy,
               # Also the /get_load poll interval of power_of_two (default 30 s).
-              "--worker-startup-check-interval", "1"]  # fmt: skip
+              "--worker-startup-check-interval", "1",
+              # Both export metrics on 0.0.0.0:29000 unless told: a port of their own (a
+              # taken one fails the start, which start_router retries with new ports).
+              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]  # fmt: skip
     if router == "vllm":
         return [str(bin_dir / "vllm-router"), *common]
     return [str(bin_dir / "python"), "-m", "sglang_router.launch_router", *common]
@@ -259,6 +262,7 @@ class Run:
     tracebacks: int = 0
     load_polls: int = 0
     router_log: str = ""
+    workers: list[dict[str, Any]] = field(default_factory=list)  # sglang-router's GET /workers
 
     @property
     def hit_rate(self) -> float:
@@ -341,6 +345,8 @@ def route(router: str, policy: str, bin_dir: Path, replicas: list[Replica]) -> R
         finally:
             stop.set()
             poller.join(timeout=30)
+        if router == "sglang":  # what its registration learned of each worker
+            run.workers = httpx.get(base + "/workers", timeout=30).json()["workers"]
         run.router_log = proxy.log()
     run.seconds = time.monotonic() - started
     hits1, queries1 = _scrape(replicas)
@@ -462,3 +468,20 @@ def test_kv_aware_subscribes_to_every_replica(runs: Runs) -> None:
     missing = [r.url for r in runs.replicas.get("vllm")
                if f"kv_index {r.url}: spawned subscriber" not in run.router_log]  # fmt: skip
     assert not missing, f"no KV-event subscriber for {missing}:\n" + "\n".join(kv_lines[-20:])
+
+
+def test_sglang_router_registers_each_replica_with_its_model(runs: Runs) -> None:
+    """sglang-router read GET /server_info and /model_info at registration: the served model
+    (not "unknown"), its data-parallel size and architecture."""
+    run = runs.get("sglang", "cache_aware")
+    assert sorted(w["url"] for w in run.workers) == sorted(
+        r.url for r in runs.replicas.get("sglang")
+    )
+    for worker in run.workers:
+        assert worker["model_id"] == MODEL and worker["is_healthy"], worker
+        meta = worker["metadata"]
+        assert (meta["served_model_name"], meta["dp_size"], meta["model_type"]) == (
+            MODEL,
+            "1",
+            "llama",
+        ), meta
