@@ -13,6 +13,7 @@ from fastapi import Depends, FastAPI
 from mocker import __version__
 from mocker.api.auth import require_api_key
 from mocker.api.errors import install_error_handlers
+from mocker.api.openapi import describe_openapi
 from mocker.api.raw_send import RawSendApp
 from mocker.api.routes import admin, discovery, inference, openai, operations
 from mocker.api.routes import tokenizer as tokenizer_routes
@@ -62,6 +63,7 @@ def create_app(settings: ServerSettings, config: EngineConfig, tokenizer: TextTo
     )
     app.state.mocker = state
     install_error_handlers(app)
+    describe_openapi(app, settings, config, tokenizer)
     # The API key check only when one is set: a dependency costs every request its solving.
     auth = [Depends(require_api_key)] if settings.api_key else []
     app.include_router(openai.router, dependencies=auth)

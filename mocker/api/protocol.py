@@ -1,10 +1,20 @@
-"""OpenAI request bodies as pydantic models: validated once at the door; unknown fields kept."""
+"""OpenAI request bodies as pydantic models: validated once at the door; unknown fields kept.
+
+Their JSON schemas (the app's /openapi.json) say what the server accepts, beyond what pydantic
+checks: a value the mock refuses later (n > 1, logprobs, echo, an empty prompt, a text-less
+chat, a content part that is not text) is left out of the schema, so a generated client or a
+fuzzer sends what the server serves. Those refusals keep their own 400 messages: the schema
+says more than pydantic checks, not less. What only the running server knows (the vocabulary,
+max_model_len, the served model names, the data-parallel ranks) `mocker.api.openapi` writes in
+when the app is built. Integers anywhere in a body must fit 64 bits (orjson writes no larger
+one back), and /inference/v1/generate's request_id, answered as a header, must be ASCII.
+"""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
 __all__ = [
     "ChatCompletionRequest",
@@ -17,13 +27,55 @@ __all__ = [
     "TokenizeRequest",
 ]
 
-NonNegInt = Annotated[int, Field(ge=0)]
-PositiveInt = Annotated[int, Field(ge=1)]
-TokenIds = Annotated[list[int], Field(min_length=1)]
+# Integers are 64-bit, as vLLM's (a seed is a torch.long) and as orjson writes them back in a
+# render body: a larger one is a 400 here, not a failure to answer.
+INT64_MIN, INT64_MAX, UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+NonNegInt = Annotated[int, Field(ge=0, le=INT64_MAX)]
+PositiveInt = Annotated[int, Field(ge=1, le=INT64_MAX)]
+
+# Schema markers mocker.api.openapi replaces with the running server's limits.
+MARK_TOKEN_ID = "x-mocker-token-id"  # an integer below the vocabulary size
+MARK_PROMPT_IDS = "x-mocker-prompt-ids"  # a token-id list shorter than max_model_len
+MARK_MODEL = "x-mocker-model"  # one of the served model names
+MARK_RANK = "x-mocker-rank"  # a data-parallel rank of this server
+MARK_CHAT = "x-mocker-chat-messages"  # messages that must carry some text (see mocker.api.openapi)
+
+# A token id: the server checks it against the vocabulary (a 400 that names the id).
+TokenId = Annotated[int, Field(json_schema_extra={"minimum": 0, MARK_TOKEN_ID: True})]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+# vLLM's data_parallel_rank; strict: true or "1" is no rank.
+Rank = Annotated[int, Field(ge=0, le=INT64_MAX, strict=True, json_schema_extra={MARK_RANK: True})]
+ModelName = Annotated[str, Field(json_schema_extra={MARK_MODEL: True})]
+
+_TOKEN_ID_SCHEMA: dict[str, Any] = {"type": "integer", "minimum": 0, MARK_TOKEN_ID: True}
+_PROMPT_IDS_SCHEMA: dict[str, Any] = {
+    "type": "array", "items": _TOKEN_ID_SCHEMA, "minItems": 1, MARK_PROMPT_IDS: True,
+}  # fmt: skip
+# A completion prompt: text, texts, token ids or lists of them; none of them empty.
+_PROMPT_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1},
+        _PROMPT_IDS_SCHEMA,
+        {"type": "array", "items": _PROMPT_IDS_SCHEMA, "minItems": 1},
+    ],
+    "description": "Text, a list of texts, token ids, or a list of token-id lists (one "
+    "choice each); none empty, every token id in the vocabulary.",
+}
+_NOT_SUPPORTED = "Not supported by this mock server (a 400 unless omitted, null or"
 
 
-def _check_unicode(value: Any, where: str) -> None:
-    """Strings must be encodable (JSON allows lone surrogates like "\\ud800"; UTF-8 does not)."""
+def _only(schema: dict[str, Any], what: str) -> WithJsonSchema:
+    """The schema of a field the mock refuses all but `schema` of (validated as typed, and
+    refused by the server with its own message)."""
+    return WithJsonSchema({**schema, "description": f"{_NOT_SUPPORTED} {what})."})
+
+
+def _check_value(value: Any, where: str) -> None:
+    """Strings must be encodable (JSON allows lone surrogates like "\\ud800"; UTF-8 does not),
+    and integers must fit 64 bits (JSON allows any; a body echoed back, as chat_template_kwargs
+    in a render, could not be written)."""
     if isinstance(value, str):
         try:
             value.encode()
@@ -31,13 +83,16 @@ def _check_unicode(value: Any, where: str) -> None:
             raise ValueError(
                 f"{where or 'a string'} is not valid Unicode (lone surrogate)"
             ) from None
+    elif isinstance(value, int):
+        if not INT64_MIN <= value <= UINT64_MAX:
+            raise ValueError(f"{where or 'an integer'} is out of the 64-bit integer range")
     elif isinstance(value, list | tuple):
         for item in value:
-            _check_unicode(item, where)
+            _check_value(item, where)
     elif isinstance(value, dict):
         for key, item in value.items():
-            _check_unicode(key, where)
-            _check_unicode(item, f"{where}.{key}" if where else str(key))
+            _check_value(key, where)
+            _check_value(item, f"{where}.{key}" if where else str(key))
 
 
 class _Open(BaseModel):
@@ -45,12 +100,12 @@ class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     @model_validator(mode="after")
-    def _valid_unicode(self) -> _Open:
+    def _valid_values(self) -> _Open:
         for name, value in self.__dict__.items():
             if not isinstance(value, BaseModel):  # nested models check themselves
-                _check_unicode(value, name)
+                _check_value(value, name)
         for name, value in (self.model_extra or {}).items():
-            _check_unicode(value, name)
+            _check_value(value, name)
         return self
 
 
@@ -59,32 +114,48 @@ class StreamOptions(_Open):
     continuous_usage_stats: bool | None = False
 
 
-class _Sampling(_Open):
-    """Fields shared by both generation endpoints."""
+# n: the mock refuses n > 1 (with its own message), so the schema says n = 1.
+OneChoice = Annotated[
+    int,
+    Field(
+        ge=1,
+        le=INT64_MAX,
+        json_schema_extra={"maximum": 1, "description": f"{_NOT_SUPPORTED} 1)."},
+    ),
+]
 
-    model: str | None = None
-    max_tokens: PositiveInt | None = None
+
+class _Knobs(_Open):
+    """vLLM's sampling parameters that a completion, a chat and a generate body share."""
+
     min_tokens: NonNegInt = 0
     ignore_eos: bool = False
     stop: str | list[str] | None = None
     stop_token_ids: list[NonNegInt] | None = None
     include_stop_str_in_output: bool = False
-    stream: bool | None = False
-    stream_options: StreamOptions | None = None
-    n: PositiveInt = 1
-    seed: int | None = None
+    n: OneChoice = 1
+    seed: Int64 | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: Int64 | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    skip_special_tokens: bool = True
+
+
+class _Sampling(_Knobs):
+    """Fields shared by both generation endpoints."""
+
+    model: ModelName | None = None
+    max_tokens: PositiveInt | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
     user: str | None = None
     # vLLM extensions
-    priority: int = 0
-    # Pins a rank (also the X-data-parallel-rank header); strict: true or "1" is no rank.
-    data_parallel_rank: Annotated[int, Field(ge=0, strict=True)] | None = None
+    priority: Int64 = 0
+    # Pins a rank (also the X-data-parallel-rank header).
+    data_parallel_rank: Rank | None = None
     cache_salt: str | None = None
-    skip_special_tokens: bool = True
     # The prompt's and the generated token ids in the response (and stream chunks).
     return_token_ids: bool | None = None
 
@@ -92,15 +163,29 @@ class _Sampling(_Open):
 class CompletionRequest(_Sampling):
     """POST /v1/completions."""
 
-    prompt: str | list[str] | TokenIds | list[TokenIds]
+    prompt: Annotated[str | list[str] | TokenIds | list[TokenIds], WithJsonSchema(_PROMPT_SCHEMA)]
     max_tokens: PositiveInt | None = 16  # the OpenAI and vLLM default for completions
-    logprobs: NonNegInt | None = None
-    echo: bool = False
-    best_of: PositiveInt | None = None
-    suffix: str | None = None
+    logprobs: Annotated[NonNegInt | None, _only({"type": "null"}, "null")] = None
+    echo: Annotated[bool, _only({"type": "boolean", "const": False}, "false")] = False
+    best_of: Annotated[
+        PositiveInt | None, _only({"anyOf": [{"const": 1}, {"type": "null"}]}, "1")
+    ] = None
+    suffix: Annotated[
+        str | None, _only({"anyOf": [{"type": "string", "maxLength": 0}, {"type": "null"}]}, '""')
+    ] = None
+
+
+def _text_part(schema: dict[str, Any]) -> None:
+    # The server joins the text of text parts and refuses every other kind (a 400).
+    props = schema["properties"]
+    props["type"] = {"type": "string", "enum": ["text", "input_text"], "title": "Type"}
+    props["text"] = {"type": "string", "title": "Text"}
+    schema["required"] = ["type", "text"]
 
 
 class ContentPart(_Open):
+    model_config = ConfigDict(json_schema_extra=_text_part)
+
     type: str
     text: str | None = None
 
@@ -114,10 +199,14 @@ class ChatMessage(_Open):
 class ChatCompletionRequest(_Sampling):
     """POST /v1/chat/completions."""
 
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    messages: Annotated[list[ChatMessage], Field(min_length=1, json_schema_extra={MARK_CHAT: True})]
     max_completion_tokens: PositiveInt | None = None
-    logprobs: bool | None = False
-    top_logprobs: NonNegInt | None = None
+    logprobs: Annotated[
+        bool | None, _only({"anyOf": [{"const": False}, {"type": "null"}]}, "false")
+    ] = False
+    top_logprobs: Annotated[
+        NonNegInt | None, _only({"anyOf": [{"const": 0}, {"type": "null"}]}, "0")
+    ] = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
@@ -129,48 +218,51 @@ class ChatCompletionRequest(_Sampling):
     response_format: dict[str, Any] | None = None
 
 
-class GenerateSamplingParams(_Open):
+class GenerateSamplingParams(_Knobs):
     """vLLM's SamplingParams as POST /inference/v1/generate takes them (what the mock uses,
     and the common rest, typed)."""
 
     max_tokens: PositiveInt | None = None  # None: as many as the context leaves
-    min_tokens: NonNegInt = 0
-    ignore_eos: bool = False
-    stop: str | list[str] | None = None
-    stop_token_ids: list[NonNegInt] | None = None
-    include_stop_str_in_output: bool = False
-    n: PositiveInt = 1
-    seed: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    skip_special_tokens: bool = True
     detokenize: bool = True
-    logprobs: NonNegInt | None = None
+    logprobs: Annotated[NonNegInt | None, _only({"type": "null"}, "null")] = None
 
 
 class GenerateRequest(_Open):
     """POST /inference/v1/generate (vLLM's token-in/token-out endpoint, as llm-d uses it)."""
 
-    request_id: str | None = None
-    token_ids: Annotated[list[NonNegInt], Field(min_length=1)]
+    # Answered in the X-Request-Id header: printable ASCII only (a header carries no more).
+    request_id: Annotated[str, Field(pattern=r"^[ -~]*$")] | None = None
+    token_ids: Annotated[
+        list[Annotated[NonNegInt, Field(json_schema_extra={MARK_TOKEN_ID: True})]],
+        Field(min_length=1, json_schema_extra={MARK_PROMPT_IDS: True}),
+    ]
     sampling_params: GenerateSamplingParams = Field(default_factory=GenerateSamplingParams)
-    model: str | None = None
+    model: ModelName | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     return_token_ids: bool | None = None
     output_mode: Literal["tokens"] = "tokens"
     cache_salt: str | None = None
-    priority: int = 0
-    data_parallel_rank: Annotated[int, Field(ge=0, strict=True)] | None = None
+    priority: Int64 = 0
+    data_parallel_rank: Rank | None = None
+
+
+def _prompt_or_messages(schema: dict[str, Any]) -> None:
+    # The server answers a 400 unless exactly one of the two is given.
+    schema["oneOf"] = [
+        {"required": ["prompt"], "properties": {"prompt": {"type": "string"},
+                                                "messages": {"type": "null"}}},
+        {"required": ["messages"], "properties": {"messages": {"type": "array"},
+                                                  "prompt": {"type": "null"}}},
+    ]  # fmt: skip
 
 
 class TokenizeRequest(_Open):
     """POST /tokenize: a prompt, or chat messages."""
 
-    model: str | None = None
+    model_config = ConfigDict(json_schema_extra=_prompt_or_messages)
+
+    model: ModelName | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     tools: list[dict[str, Any]] | None = None
@@ -182,8 +274,8 @@ class TokenizeRequest(_Open):
 class DetokenizeRequest(_Open):
     """POST /detokenize."""
 
-    model: str | None = None
-    tokens: list[int]
+    model: ModelName | None = None
+    tokens: list[TokenId]
 
 
 class ModelCard(BaseModel):
