@@ -10,6 +10,7 @@ from typing import Any
 from mocker.kv.hashing import HashAlgo
 
 __all__ = [
+    "LORA_RANKS",
     "MODEL_PRESETS",
     "ConfigError",
     "EngineConfig",
@@ -67,6 +68,7 @@ def _finite(name: str, value: Any, minimum: float | None = None) -> None:
 
 
 _HASH_ALGOS = tuple(a.value for a in HashAlgo)
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's --max-lora-rank choices
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +184,12 @@ class EngineConfig:
     offload_prompt_only: bool = True
     # Tiers below the CPU tier, in lookup order (vLLM's tiering secondary_tiers).
     storage_tiers: tuple[StorageTierSpec, ...] = ()
+    # LoRA (vLLM's --enable-lora): at most max_loras distinct adapters in a batch (GPU slots);
+    # max_cpu_loras adapters cached on the CPU (None: max_loras); max_lora_rank as vLLM's.
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_cpu_loras: int | None = None
+    max_lora_rank: int = 16
 
     def __post_init__(self) -> None:
         bs = self.block_size
@@ -206,6 +214,18 @@ class EngineConfig:
         self._coerce_enum("eviction_policy", EvictionPolicyName)
         self._coerce_enum("offload_policy", OffloadPolicy)
         _int_in("num_cpu_blocks", self.num_cpu_blocks, 0, 1 << 30)
+        if not isinstance(self.enable_lora, bool):
+            _fail("enable_lora", self.enable_lora, "must be true or false")
+        _int_in("max_loras", self.max_loras, 1, 1 << 16)
+        if self.max_cpu_loras is not None:
+            _int_in("max_cpu_loras", self.max_cpu_loras, 1, 1 << 16)
+            if self.max_cpu_loras < self.max_loras:
+                raise ConfigError(
+                    f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})"
+                )
+        if self.max_lora_rank not in LORA_RANKS:
+            _fail("max_lora_rank", self.max_lora_rank,
+                  "must be one of " + ", ".join(map(str, LORA_RANKS)))  # fmt: skip
         _int_in("offload_batch_size", self.offload_batch_size, 1, 1 << 20)
         _int_in("min_load_blocks", self.min_load_blocks, 1, 1 << 30)
         for name in ("cpu_write_gbps", "cpu_read_gbps"):

@@ -75,6 +75,7 @@ class EngineRequest:
     arrival_time: float = 0.0
     priority: int = 0  # lower runs first, as in vLLM's priority scheduling
     lora_name: str | None = None
+    lora_path: str | None = None  # the adapter's path (vLLM hashes it with the name)
     cache_salt: str | None = None
     # Replay: hashes of the prompt's leading full blocks, given by the driver (derived from
     # the trace's hash ids); the engine hashes only the blocks after them.
@@ -93,6 +94,7 @@ class Request:
     arrival_time: float
     priority: int = 0
     lora_name: str | None = None
+    lora_path: str | None = None
     token_seed: int = 0
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
@@ -119,7 +121,7 @@ class Request:
 
     def enable_hashing(self, hasher: Hasher, block_size: int, cache_salt: str | None) -> None:
         """Hash the full blocks so far, and every block that fills from now on."""
-        self._chain = hasher.chain(self.lora_name, cache_salt)
+        self._chain = hasher.chain(self.lora_name, cache_salt, self.lora_path)
         self._block_size = block_size
         self._chain.extend(self.block_hashes, self.all_token_ids, block_size)
 

@@ -13,9 +13,10 @@ from fastapi import Depends, FastAPI
 from mocker import __version__
 from mocker.api.auth import require_api_key
 from mocker.api.errors import install_error_handlers
+from mocker.api.lora import runtime_updates_allowed
 from mocker.api.openapi import describe_openapi
 from mocker.api.raw_send import RawSendApp
-from mocker.api.routes import admin, discovery, inference, openai, operations
+from mocker.api.routes import admin, discovery, inference, lora, openai, operations
 from mocker.api.routes import tokenizer as tokenizer_routes
 from mocker.api.state import ServerState, build_state
 from mocker.config import EngineConfig
@@ -68,6 +69,8 @@ def create_app(settings: ServerSettings, config: EngineConfig, tokenizer: TextTo
     auth = [Depends(require_api_key)] if settings.api_key else []
     app.include_router(openai.router, dependencies=auth)
     app.include_router(inference.router, dependencies=auth)
+    if config.enable_lora and runtime_updates_allowed():
+        app.include_router(lora.router, dependencies=auth)
     app.include_router(tokenizer_routes.router)
     app.include_router(operations.router)
     app.include_router(discovery.router)

@@ -32,15 +32,25 @@ _TYPES = {
 class OpenAIError(Exception):
     """A failure to report as `{"error": {message, type, param, code}}` with `status`."""
 
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        *,
+        error_type: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
+        self.error_type = error_type  # vLLM's own `type` where it differs (InvalidUserInput)
 
 
-def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
-    kind = _TYPES.get(status) or HTTPStatus(status).phrase.replace(" ", "") + "Error"
+def error_body(
+    status: int, message: str, param: str | None = None, error_type: str | None = None
+) -> dict[str, Any]:
+    kind = error_type or _TYPES.get(status) or HTTPStatus(status).phrase.replace(" ", "") + "Error"
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
@@ -49,9 +59,10 @@ def error_response(
     message: str,
     param: str | None = None,
     headers: dict[str, str] | None = None,
+    error_type: str | None = None,
 ) -> Response:
     try:
-        body = orjson.dumps(error_body(status, message, param))
+        body = orjson.dumps(error_body(status, message, param, error_type))
     except TypeError:  # e.g. a lone surrogate echoed from the request
         safe = message.encode("utf-8", "replace").decode()
         body = orjson.dumps(error_body(status, safe, None))
@@ -88,7 +99,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OpenAIError)
     async def _openai_error(request: Request, exc: OpenAIError) -> Response:
-        return error_response(exc.status, exc.message, exc.param)
+        return error_response(exc.status, exc.message, exc.param, error_type=exc.error_type)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:

@@ -121,7 +121,8 @@ def openapi_with_limits(
 ) -> dict[str, Any]:
     """`document` (FastAPI's OpenAPI dict, changed in place) with this server's limits and
     error responses: what it refuses is left out, so generated requests are served."""
-    names = list(dict.fromkeys([*settings.served_model_names, settings.model]))
+    names = list(dict.fromkeys([*settings.served_model_names, settings.model,
+                                *(m.name for m in settings.lora_modules)]))  # fmt: skip
     ranks = settings.data_parallel_size
     needs_text = _chat_needs_text(tokenizer)
 

@@ -17,6 +17,7 @@ from mocker.api.errors import OpenAIError
 from mocker.api.faults import FaultInjector, JitteredEmitter, failure_error
 from mocker.api.inputs import chat_prompt, check_model, completion_prompts
 from mocker.api.lifecycle import OpenResponse, OpenResponses
+from mocker.api.lora import LoraAdapters
 from mocker.api.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from mocker.api.render import generate_request
 from mocker.api.responses import DeferredResponse, Emitter, EventStreamResponse, json_response
@@ -29,6 +30,7 @@ from mocker.engine.live import EngineDeadError, LiveEngine
 from mocker.faults import FaultType
 from mocker.request import EngineRequest, SamplingParams
 from mocker.settings import ServerSettings
+from mocker.settings.lora import LoraModule
 from mocker.tokenizer import TextTokenizer
 
 __all__ = ["OpenAIServing", "RequestHeaders", "pinned_rank"]
@@ -97,8 +99,10 @@ class OpenAIServing:
         settings: ServerSettings,
         config: EngineConfig,
         faults: FaultInjector,
+        loras: LoraAdapters | None = None,
     ) -> None:
         self.engines = engines
+        self.loras = loras if loras is not None else LoraAdapters(settings)
         self.faults = faults
         self.open = OpenResponses()  # generation responses not yet ended
         self.tokenizer = tokenizer
@@ -114,20 +118,20 @@ class OpenAIServing:
     def completions(
         self, body: CompletionRequest, headers: RequestHeaders = RequestHeaders()
     ) -> Response:
-        model = self._check(body)
+        model, lora = self._check(body)
         prompts = completion_prompts(self.tokenizer, body.prompt)
         rid = headers.request_id or uuid.uuid4().hex
-        choices = self._start(body, prompts, body.max_tokens, rid, headers, "prompt")
+        choices = self._start(body, prompts, body.max_tokens, rid, headers, "prompt", lora=lora)
         return self._respond(body, choices, model, f"cmpl-{rid}", rid)
 
     def chat(
         self, body: ChatCompletionRequest, headers: RequestHeaders = RequestHeaders()
     ) -> Response:
-        model = self._check(body)
+        model, lora = self._check(body)
         prompt = chat_prompt(self.tokenizer, body)
         max_tokens = body.max_completion_tokens or body.max_tokens
         rid = headers.request_id or uuid.uuid4().hex
-        choices = self._start(body, [prompt], max_tokens, rid, headers, "messages")
+        choices = self._start(body, [prompt], max_tokens, rid, headers, "messages", lora=lora)
         return self._respond(body, choices, model, f"chatcmpl-{rid}", rid)
 
     # -- render (vLLM's /v1/completions/render and /v1/chat/completions/render) ---------------
@@ -136,7 +140,7 @@ class OpenAIServing:
         self, body: CompletionRequest, headers: RequestHeaders = RequestHeaders()
     ) -> Response:
         """Every prompt as the engine would run it, one GenerateRequest each (an array)."""
-        check_model(self.settings, body.model)
+        self._model(body.model)
         _unsupported(body)
         prompts = completion_prompts(self.tokenizer, body.prompt)
         rid = "cmpl-" + (headers.request_id or uuid.uuid4().hex)
@@ -155,7 +159,7 @@ class OpenAIServing:
         self, body: ChatCompletionRequest, headers: RequestHeaders = RequestHeaders()
     ) -> Response:
         """The messages as the engine would run them: one GenerateRequest."""
-        check_model(self.settings, body.model)
+        self._model(body.model)
         _unsupported(body)
         prompt = chat_prompt(self.tokenizer, body)
         max_tokens = body.max_completion_tokens or body.max_tokens
@@ -186,18 +190,26 @@ class OpenAIServing:
             completion = CompletionRequest.model_validate(fields)
         except ValidationError as exc:
             raise OpenAIError(400, f"invalid sampling_params: {exc}", "sampling_params") from None
-        model = self._check(completion)
+        model, lora = self._check(completion)
         prompts = completion_prompts(self.tokenizer, completion.prompt)
         rid = headers.request_id or body.request_id or uuid.uuid4().hex
         choices = self._start(
-            completion, prompts, sp.max_tokens, rid, headers, "token_ids", generate=True
-        )
+            completion, prompts, sp.max_tokens, rid, headers, "token_ids", generate=True,
+            lora=lora,
+        )  # fmt: skip
         return self._respond(
             completion, choices, model, f"generate-tokens-{rid}", rid, generate=True
         )
 
-    def _check(self, body: GenerationRequest) -> str:
-        model = check_model(self.settings, body.model)
+    def _model(self, name: str | None) -> tuple[str, LoraModule | None]:
+        """The model name to answer with, and the adapter it names (None: the base model)."""
+        lora = self.loras.get(name)
+        if lora is not None:
+            return lora.name, lora
+        return check_model(self.settings, name), None
+
+    def _check(self, body: GenerationRequest) -> tuple[str, LoraModule | None]:
+        model = self._model(body.model)
         _unsupported(body)
         if self.engines.is_dead:
             raise OpenAIError(503, f"The engine is not running: {self.engines.dead_error}")
@@ -231,6 +243,7 @@ class OpenAIServing:
         max_tokens: int | None,
         request_id: str,
         param: str,
+        lora: LoraModule | None = None,
     ) -> list[EngineRequest]:
         """One checked engine request per prompt (ids `<id>-<i>` when there are several)."""
         specs: list[EngineRequest] = []
@@ -241,6 +254,8 @@ class OpenAIServing:
                 self._sampling(body, max_tokens, len(prompt), param),
                 priority=body.priority,
                 cache_salt=body.cache_salt,
+                lora_name=lora.name if lora is not None else None,
+                lora_path=lora.path if lora is not None else None,
             )
             try:
                 self.engines.check_request(spec)
@@ -278,6 +293,7 @@ class OpenAIServing:
         headers: RequestHeaders,
         param: str,
         generate: bool = False,
+        lora: LoraModule | None = None,
     ) -> list[Choice]:
         """Check every prompt, draw the request's fault (a client mistake is reported as such,
         never masked by one), then hand every prompt to an engine; all or nothing."""
@@ -286,7 +302,7 @@ class OpenAIServing:
             self.engines.check_rank(rank)
         except RankError as exc:
             raise OpenAIError(400, str(exc), "data_parallel_rank") from None
-        specs = self._specs(body, prompts, max_tokens, request_id, param)
+        specs = self._specs(body, prompts, max_tokens, request_id, param, lora)
         fault = self._inject(headers.fault, param)
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         stop = tuple(s for s in stop if s)

@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
+from mocker.api.errors import OpenAIError
 from mocker.api.faults import FaultInjector
+from mocker.api.lora import LoraAdapters
 from mocker.api.serving import OpenAIServing
-from mocker.config import EngineConfig
+from mocker.config import ConfigError, EngineConfig
 from mocker.engine.core import EngineCore
 from mocker.engine.group import EngineGroup
 from mocker.engine.kv_stack import build_shared_tiers
@@ -105,6 +107,16 @@ def _rank_engine(
     return engine, metrics, publisher
 
 
+def lora_adapters(settings: ServerSettings, config: EngineConfig) -> LoraAdapters:
+    """The --lora-modules adapters (they need --enable-lora, as in vLLM)."""
+    if settings.lora_modules and not config.enable_lora:
+        raise ConfigError("--lora-modules needs --enable-lora")
+    try:
+        return LoraAdapters(settings)
+    except OpenAIError as exc:
+        raise ConfigError(f"--lora-modules: {exc.message}") from None
+
+
 def build_state(
     settings: ServerSettings, config: EngineConfig, tokenizer: TextTokenizer
 ) -> ServerState:
@@ -132,6 +144,7 @@ def build_state(
         raise
     group = EngineGroup(engines)
     faults = FaultInjector(settings.faults, seed=config.seed)
+    loras = lora_adapters(settings, config)
     collector = MetricsCollector(
         metrics, settings.model_name, legacy_names=settings.legacy_metric_names,
         failures=faults.counts,
@@ -143,7 +156,7 @@ def build_state(
         engines=group,
         metrics=metrics,
         registry=build_registry(collector),
-        serving=OpenAIServing(group, tokenizer, settings, config, faults),
+        serving=OpenAIServing(group, tokenizer, settings, config, faults, loras),
         faults=faults,
         created=int(time.time()),
         publishers=publishers,

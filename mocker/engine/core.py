@@ -100,6 +100,7 @@ class EngineCore:
             arrival_time=spec.arrival_time,
             priority=spec.priority,
             lora_name=spec.lora_name,
+            lora_path=spec.lora_path,
             token_seed=self.sampler.request_seed(spec.request_id),
         )
         if self.config.enable_prefix_caching:
@@ -163,8 +164,13 @@ class EngineCore:
             cpu_usage=self.cpu.usage if self.cpu is not None else 0.0,
             num_unfinished=len(self.requests),
             num_used_blocks=self.pool.num_used,
+            lora_adapters=self._lora_adapters() if self.config.enable_lora else (),
             **self._tier_snapshot(),
         )
+
+    def _lora_adapters(self) -> tuple[str, ...]:
+        names = (r.lora_name for r in self.requests.values() if r.lora_name is not None)
+        return tuple(dict.fromkeys(names))
 
     def _tier_snapshot(self) -> dict[str, Any]:
         connector = self.connector

@@ -58,6 +58,8 @@ class EngineSnapshot:
     num_used_blocks: int = 0  # device blocks referenced by requests
     stores_skipped: int = 0  # blocks the CPU tier had no room for (vLLM's counter)
     tiers: tuple[TierSnapshot, ...] = ()  # the secondary tiers, in lookup order
+    # With --enable-lora: the adapters of unfinished requests, oldest request first.
+    lora_adapters: tuple[str, ...] = ()
 
     @property
     def queue_score(self) -> int:

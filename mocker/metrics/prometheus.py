@@ -7,6 +7,7 @@ KV usage) from the engine's snapshot, so they are always current.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -237,6 +238,9 @@ class MetricsCollector(Collector):
         self.legacy_names = legacy_names
         # Injected failures by type (fault injection), read at scrape time.
         self.failures = failures
+        # vllm:lora_requests_info: every label set ever current, with the time it last was
+        # (vLLM never removes one; readers take the newest).
+        self._lora_series: dict[tuple[str, str, str], float] = {}
 
     def describe(self) -> list[Metric]:
         return []  # rendered fresh at every scrape; nothing to pre-register
@@ -247,6 +251,8 @@ class MetricsCollector(Collector):
             if not family.legacy or self.legacy_names:
                 yield self._render(family, rows)
         yield self._cache_config_info()
+        if self.engines and self.engines[0].config.enable_lora:
+            yield self._lora_info([snapshot for _, snapshot, _ in rows])
         if self.failures is not None:
             yield self._injected_failures(self.failures)
 
@@ -276,6 +282,21 @@ class MetricsCollector(Collector):
             for extra, v in value:  # one series per value of `family.label`
                 metric.add_metric([*label_values, extra], v)
         return metric
+
+    def _lora_info(self, snapshots: list[EngineSnapshot]) -> GaugeMetricFamily:
+        """vLLM's LoRA gauge: no model_name or engine label; its value the time the label
+        set was last current. As vLLM 0.33 builds them, both adapter labels list every
+        adapter with a waiting or running request (comma-joined, oldest first)."""
+        names = ",".join(dict.fromkeys(a for s in snapshots for a in s.lora_adapters))
+        key = (str(self.engines[0].config.max_loras), names, names)
+        self._lora_series[key] = time.time()
+        info = GaugeMetricFamily(
+            "vllm:lora_requests_info", "Running stats on lora requests.",
+            labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+        )  # fmt: skip
+        for labels, stamp in self._lora_series.items():
+            info.add_metric(list(labels), stamp)
+        return info
 
     def _cache_config_info(self) -> GaugeMetricFamily:
         # vLLM's labels, then the secondary tiers (mocker): "fs=BLOCKS,obj=BLOCKS" or None.

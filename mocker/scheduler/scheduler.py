@@ -54,6 +54,7 @@ class Scheduler:
         "_block_size",
         "_carry",
         "_chunked",
+        "_max_loras",
         "_max_seqs",
         "_token_budget",
         "_victim",
@@ -85,6 +86,8 @@ class Scheduler:
         self._chunked = config.enable_chunked_prefill
         self._victim = config.preemption_victim
         self._block_size = config.block_size
+        # vLLM's LoRA rule: at most this many distinct adapters in a batch (0: no LoRA).
+        self._max_loras = config.max_loras if config.enable_lora else 0
 
     # -- queue changes ------------------------------------------------------------------------
 
@@ -319,6 +322,12 @@ class Scheduler:
             budget -= num_new
         return budget
 
+    def _batch_loras(self) -> set[str] | None:
+        """The adapters of the running requests (None: LoRA is off)."""
+        if not self._max_loras:
+            return None
+        return {r.lora_name for r in self.running if r.lora_name is not None}
+
     def _schedule_waiting(self, budget: int, out: SchedulerOutput) -> None:
         """Admit waiting requests in order, starting loads for those a tier holds. None while
         a request whose KV loaded still waits to resume: it comes first (vLLM stops at the
@@ -330,9 +339,21 @@ class Scheduler:
         kv, connector = self.kv, self.connector
         bs = kv.block_size
         skipped: list[tuple[Request, int]] = []
+        loras = self._batch_loras()
         while budget > 0 and len(self.running) < self._max_seqs and waiting:
             request = waiting.peek()
             assert request is not None
+            lora = request.lora_name
+            if (
+                loras is not None
+                and lora is not None
+                and lora not in loras
+                and len(loras) >= self._max_loras
+            ):
+                # Its adapter would exceed max_loras: it waits, keeping its place, and the
+                # requests behind it go on (vLLM skips it, not the queue).
+                skipped.append(waiting.pop_entry())
+                continue
             hits = kv.get_computed_blocks(request)
             num_hit = len(hits) * bs
             num_loaded = 0
@@ -367,5 +388,7 @@ class Scheduler:
             request.num_computed_tokens = num_hit
             self._admit(request, num_new, out)
             budget -= num_new
+            if loras is not None and lora is not None:
+                loras.add(lora)
         for request, order in skipped:
             waiting.restore(request, order)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mocker.config import MODEL_PRESETS, ConfigError, EngineConfig, OffloadPolicy
+from mocker.config import LORA_RANKS, MODEL_PRESETS, ConfigError, EngineConfig, OffloadPolicy
 from mocker.kv.hashing import HashAlgo
 from mocker.settings.kv_transfer import parse_kv_transfer_config
 from mocker.settings.option import Option
@@ -154,6 +154,20 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         metavar="SECONDS",
     ),
     Option(
+        "enable_lora",
+        "serve LoRA adapters (--lora-modules, runtime loading)",
+        _D.enable_lora,
+        "bool",
+    ),
+    Option("max_loras", "most distinct LoRA adapters in one batch", _D.max_loras, "int"),
+    Option("max_cpu_loras", "LoRA adapters cached on the CPU (default: --max-loras)", None, "int"),
+    Option(
+        "max_lora_rank",
+        "highest LoRA rank served: " + ", ".join(map(str, LORA_RANKS)),
+        _D.max_lora_rank,
+        "int",
+    ),
+    Option(
         "kv_transfer_config",
         "vLLM's KV connector config as JSON; OffloadingConnector builds the CPU tier "
         "(cpu_bytes_to_use) and its secondary_tiers (fs, obj); see the README",
@@ -219,6 +233,10 @@ def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
         enable_chunked_prefill=values["enable_chunked_prefill"],
         seed=values["seed"],
         prefix_caching_hash_algo=values["prefix_caching_hash_algo"],
+        enable_lora=values["enable_lora"],
+        max_loras=values["max_loras"],
+        max_cpu_loras=values["max_cpu_loras"] if (values["max_cpu_loras"] or 0) > 0 else None,
+        max_lora_rank=values["max_lora_rank"],
         speedup_ratio=values["speedup_ratio"],
         timing_profile=values["timing_profile"],
         model=MODEL_PRESETS[values["model_shape"]],

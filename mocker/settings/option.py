@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -92,7 +93,8 @@ class Option:
         if self.kind == "json" and isinstance(value, dict):
             return value
         if self.kind == "names" and isinstance(value, list):
-            return [str(v) for v in value]
+            # An object in a list (a --lora-modules entry) keeps its JSON spelling.
+            return [json.dumps(v) if isinstance(v, dict) else str(v) for v in value]
         if self.kind in ("bool", "flag") and isinstance(value, bool):
             return value
         if self.kind == "int" and isinstance(value, int) and not isinstance(value, bool):

@@ -9,6 +9,7 @@ from typing import Any
 from mocker.config import ConfigError
 from mocker.faults import FaultConfig, parse_fault_types
 from mocker.kvevents.config import EventFormat, KVEventsConfig
+from mocker.settings.lora import LoraModule, parse_lora_modules
 from mocker.settings.option import Option
 
 __all__ = ["SERVER_OPTIONS", "ServerSettings", "server_settings_from"]
@@ -40,6 +41,8 @@ class ServerSettings:
     # GET /get_load's body: vllm-router's {"load": n} or the SGLang server's per-rank list
     # (sglang-router's); the two routers send the same request, so a flag picks.
     get_load_format: str = "vllm-router"
+    # --lora-modules: adapters served as models (with --enable-lora)
+    lora_modules: tuple[LoraModule, ...] = ()
 
     @property
     def model_name(self) -> str:
@@ -148,6 +151,14 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         "str",
         choices=("vllm-router", "sglang"),
     ),
+    Option(
+        "lora_modules",
+        "LoRA adapters served as models (with --enable-lora): name=path, or JSON "
+        '\'{"name": "sql", "path": "/adapters/sql", "base_model_name": "base"}\'',
+        None,
+        "names",
+        metavar="MODULE",
+    ),
     Option("enable_log_requests", "log one line per request", _S.log_requests, "flag"),
     Option("disable_log_requests", "do not log requests (the default)", False, "flag"),
     Option("disable_uvicorn_access_log", "turn off the HTTP access log", not _S.access_log, "flag"),
@@ -250,4 +261,5 @@ def server_settings_from(values: Mapping[str, Any]) -> ServerSettings:
         faults=_faults(values),
         admin_token=values["admin_token"] or None,
         get_load_format=values["get_load_format"],
+        lora_modules=parse_lora_modules(values["lora_modules"]),
     )

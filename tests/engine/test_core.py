@@ -234,3 +234,15 @@ def test_vllm_hash_algo_publishes_vllms_block_hashes(monkeypatch: pytest.MonkeyP
 def test_unknown_hash_algo_is_refused() -> None:
     with pytest.raises(ConfigError, match="prefix_caching_hash_algo"):
         make_core(prefix_caching_hash_algo="md5")
+
+
+def test_snapshot_names_the_adapters_of_unfinished_requests_oldest_first() -> None:
+    core = make_core(enable_lora=True, max_loras=1)
+    for rid, lora in (("b1", "B"), ("n1", None), ("a1", "A"), ("b2", "B")):
+        spec = req(rid, [7] * 8, max_tokens=3)
+        core.add_request(EngineRequest(spec.request_id, spec.prompt_token_ids, spec.sampling,
+                                       lora_name=lora))  # fmt: skip
+    assert core.snapshot().lora_adapters == ("B", "A")  # running and waiting alike
+    _run(core)
+    assert core.snapshot().lora_adapters == ()
+    assert make_core().snapshot().lora_adapters == ()  # LoRA off: never listed

@@ -1,6 +1,8 @@
 """Scheduling passes: chunked prefill splits, budget sharing, preemption victims, prefix cap."""
 
-from mocker.request import RequestStatus
+from dataclasses import replace
+
+from mocker.request import EngineRequest, RequestStatus
 from tests.support.engines import make_core, req
 
 
@@ -113,3 +115,33 @@ def test_prefix_hit_capped_at_prompt_minus_one() -> None:
     assert cached == {"same": 8, "longer": 12}
     assert (res.stats.prefix_queries, res.stats.prefix_hits) == (25, 20)
     assert res.stats.prompt_tokens_computed == 4 + 1
+
+
+def _lora_req(rid: str, lora: str | None, max_tokens: int = 5) -> EngineRequest:
+    spec = req(rid, [ord(rid[-1])] * 8, max_tokens=max_tokens)
+    return replace(spec, lora_name=lora)
+
+
+def test_max_loras_skips_a_request_whose_adapter_would_exceed_it_not_the_queue() -> None:
+    """vLLM's rule: with max_loras adapters running, a waiting request for another adapter
+    waits; requests behind it for a running adapter, or for the base model, go on."""
+    core = make_core(enable_lora=True, max_loras=2)
+    core.add_request(_lora_req("a1", "A"))
+    core.add_request(_lora_req("b1", "B"))
+    core.add_request(_lora_req("c1", "C"))  # a third adapter: over max_loras
+    core.add_request(_lora_req("a2", "A"))  # the same adapter as a running one
+    core.add_request(_lora_req("n1", None))  # the base model
+    assert set(_scheduled(core)) == {"a1", "b1", "a2", "n1"}
+    assert core.requests["c1"].status == RequestStatus.WAITING
+    now = 0.0
+    while "c1" in core.requests and core.requests["c1"].status == RequestStatus.WAITING:
+        now = core.step(now).end  # until an adapter's requests have all finished
+    running = {r.lora_name for r in core.scheduler.running if r.lora_name}
+    assert "C" in running and len(running) <= 2
+
+
+def test_without_lora_enabled_adapters_are_not_limited() -> None:
+    core = make_core(max_loras=1)
+    for rid, lora in (("a1", "A"), ("b1", "B"), ("c1", "C")):
+        core.add_request(_lora_req(rid, lora))
+    assert set(_scheduled(core)) == {"a1", "b1", "c1"}

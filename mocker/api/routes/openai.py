@@ -53,4 +53,5 @@ async def models(state: State) -> Response:
         ).model_dump()
         for name in settings.served_model_names
     ]
+    cards += state.serving.loras.cards(state.created)
     return json_response({"object": "list", "data": cards})
