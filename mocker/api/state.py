@@ -92,6 +92,8 @@ def _rank_engine(
     """Data-parallel rank `rank`: its core and loop, its metrics, its KV-event publisher.
     `shared`: the process's tiers every rank uses (one `obj`)."""
     core = EngineCore(config, output_palette=tokenizer.palette, shared_tiers=shared, engine_id=rank)
+    if core.lora is not None:  # --lora-modules are loaded at start-up, as vLLM loads them
+        core.lora.preload(m.name for m in settings.lora_modules)
     metrics = StatsRecorder(config, engine=str(rank))
     publisher = None
     on_step: Callable[[StepResult], None] = metrics.on_step

@@ -14,6 +14,7 @@ from mocker.engine.intake import (
     resolve_max_tokens,
 )
 from mocker.engine.kv_stack import build_kv_stack
+from mocker.engine.lora_slots import LoraSlots
 from mocker.engine.outputs import RequestOutput, StepResult
 from mocker.engine.stats import (
     EngineSnapshot,
@@ -63,6 +64,15 @@ class EngineCore:
         self.cpu: LruTier | None = stack.cpu
         self.connector: TierConnector | None = stack.connector
         self.scheduler = Scheduler(config, self.kv, self.connector)
+        # With --enable-lora: the adapters' GPU slots and CPU cache (a pass waits for its
+        # batch's cold adapters to load).
+        self.lora: LoraSlots | None = None
+        if config.enable_lora:
+            scale = 1000.0 * config.speedup_ratio
+            self.lora = LoraSlots(
+                config.max_loras, config.max_cpu_loras or config.max_loras,
+                config.lora_load_ms / scale, config.lora_disk_load_ms / scale,
+            )  # fmt: skip
         self.time = 0.0  # the latest time the core was driven to
         # vLLM's algorithms seed their chain with $PYTHONHASHSEED, read once here.
         self.hasher = make_hasher(
@@ -286,6 +296,10 @@ class EngineCore:
         end = now + self.pass_duration(
             sched.num_prefill_tokens, sched.num_decodes, self.pool.num_used
         )
+        if self.lora is not None:
+            end += self.lora.activate(
+                r.lora_name for r in sched.num_scheduled if r.lora_name is not None
+            )
         for request in sched.admitted:
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now

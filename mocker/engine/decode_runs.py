@@ -56,7 +56,8 @@ def run_decodes(core: EngineCore, now: float, stop_at: float) -> DecodeRun | Non
 
 def _decode_batch(core: EngineCore) -> list[Request] | None:
     """The running requests, if the next passes can be run at once."""
-    if core.connector is not None or core.pool.record_events:
+    # Tiers, events and LoRA slots change state pass by pass: stepped, not summed.
+    if core.connector is not None or core.pool.record_events or core.lora is not None:
         return None
     batch = core.scheduler.decode_batch()
     if batch is None:

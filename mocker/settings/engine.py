@@ -168,6 +168,18 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         "int",
     ),
     Option(
+        "lora_load_ms",
+        "ms a batch waits to copy a cold LoRA adapter from the CPU cache to a GPU slot (mocker)",
+        _D.lora_load_ms,
+        "float",
+    ),
+    Option(
+        "lora_disk_load_ms",
+        "ms more when the adapter is not in the CPU cache either (read from disk) (mocker)",
+        _D.lora_disk_load_ms,
+        "float",
+    ),
+    Option(
         "kv_transfer_config",
         "vLLM's KV connector config as JSON; OffloadingConnector builds the CPU tier "
         "(cpu_bytes_to_use) and its secondary_tiers (fs, obj); see the README",
@@ -237,6 +249,8 @@ def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
         max_loras=values["max_loras"],
         max_cpu_loras=values["max_cpu_loras"] if (values["max_cpu_loras"] or 0) > 0 else None,
         max_lora_rank=values["max_lora_rank"],
+        lora_load_ms=values["lora_load_ms"],
+        lora_disk_load_ms=values["lora_disk_load_ms"],
         speedup_ratio=values["speedup_ratio"],
         timing_profile=values["timing_profile"],
         model=MODEL_PRESETS[values["model_shape"]],
