@@ -3,13 +3,15 @@ requests that name an adapter, and vLLM's LoRA gauge."""
 
 from __future__ import annotations
 
+import httpx
+import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mocker.config import ConfigError
 from mocker.settings import ServerSettings
 from mocker.settings.lora import LoraModule, parse_lora_modules
-from tests.support.servers import AppClient, make_app, settings
+from tests.support.servers import AppClient, ServerThread, make_app, settings
 
 SQL = LoraModule("sql-lora", "/adapters/sql", "base")
 
@@ -116,3 +118,23 @@ async def test_lora_requests_info_gauge_is_vllms() -> None:
 async def test_no_lora_gauge_without_enable_lora(client: AppClient) -> None:
     text = (await client.http.get("/metrics")).text
     assert "vllm:lora_requests_info" not in text
+
+
+def test_openai_client_runs_an_adapter_and_the_gauge_names_it_while_it_runs() -> None:
+    served = settings(model="base", served_model_names=("base",), lora_modules=(SQL,))
+    app = make_app(served, enable_lora=True, speedup_ratio=1.0)
+    with ServerThread(app) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        assert [m.id for m in client.models.list()] == ["base", "sql-lora"]
+        stream = client.completions.create(
+            model="sql-lora", prompt="SELECT", max_tokens=400, stream=True
+        )
+        first = next(iter(stream))  # running now
+        assert first.model == "sql-lora"
+        text = httpx.get(srv.url + "/metrics", timeout=10).text
+        stream.close()
+    samples = [s for f in text_string_to_metric_families(text)
+               if f.name == "vllm:lora_requests_info" for s in f.samples]  # fmt: skip
+    newest = max(samples, key=lambda s: s.value)
+    assert newest.labels["running_lora_adapters"] == "sql-lora"
+    assert newest.labels["waiting_lora_adapters"] == "sql-lora"  # vLLM 0.33 lists both alike
