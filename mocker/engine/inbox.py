@@ -7,7 +7,14 @@ from dataclasses import dataclass
 
 from mocker.request import EngineRequest, RequestStatus
 
-__all__ = ["AddRequest", "FinishEarly", "InboxMessage", "ResetPrefixCache", "TransfersDue"]
+__all__ = [
+    "AddRequest",
+    "FinishEarly",
+    "InboxMessage",
+    "PreloadLora",
+    "ResetPrefixCache",
+    "TransfersDue",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,4 +44,12 @@ class ResetPrefixCache:
     done: asyncio.Future[int]
 
 
-InboxMessage = AddRequest | FinishEarly | TransfersDue | ResetPrefixCache
+@dataclass(frozen=True, slots=True)
+class PreloadLora:
+    """A LoRA adapter loaded at runtime (POST /v1/load_lora_adapter): into the CPU cache, as
+    vLLM loads it, so its first use pays no disk read."""
+
+    name: str
+
+
+InboxMessage = AddRequest | FinishEarly | TransfersDue | ResetPrefixCache | PreloadLora

@@ -16,6 +16,7 @@ from mocker.engine.inbox import (
     AddRequest,
     FinishEarly,
     InboxMessage,
+    PreloadLora,
     ResetPrefixCache,
     TransfersDue,
 )
@@ -188,6 +189,10 @@ class LiveEngine:
         self._post(ResetPrefixCache(done))
         return await done
 
+    def preload_lora(self, name: str) -> None:
+        """Put an adapter loaded at runtime in the CPU cache, between two passes."""
+        self._post(PreloadLora(name))
+
     async def generate(self, spec: EngineRequest) -> AsyncIterator[RequestOutput]:
         """Outputs of one request until it finishes; aborts it if the consumer goes away."""
         stream = self.add_request(spec)
@@ -232,6 +237,9 @@ class LiveEngine:
                     transfers_due = True
                 case ResetPrefixCache(done):
                     self._reset_prefix_cache(done)
+                case PreloadLora(name):
+                    if self.core.lora is not None:
+                        self.core.lora.preload([name])
         return latest, transfers_due
 
     def _reset_prefix_cache(self, done: asyncio.Future[int]) -> None:

@@ -84,6 +84,9 @@ async def test_runtime_load_and_unload_as_vllm(monkeypatch: pytest.MonkeyPatch) 
         r = await c.http.post("/v1/completions", json={"model": "chat-lora", "prompt": "hi",
                                                         "max_tokens": 1})  # fmt: skip
         assert r.status_code == 200 and r.json()["model"] == "chat-lora"
+        # Loaded into the CPU cache as vLLM loads it: its first use read nothing from disk.
+        lora = c.state.engines[0].core.lora
+        assert lora is not None and lora.loads == {"cpu": 1, "disk": 0}
         clash = await c.http.post("/v1/load_lora_adapter",
                                   json={"lora_name": "base", "lora_path": "/b"})  # fmt: skip
         assert clash.status_code == 400 and "conflicts with a served base model" in clash.text

@@ -28,6 +28,8 @@ class UnloadLoraAdapterRequest(BaseModel):
 @router.post("/load_lora_adapter")
 async def load_lora_adapter(body: LoadLoraAdapterRequest, state: State) -> Response:
     message = state.serving.loras.load(body.lora_name, body.lora_path, in_place=body.load_inplace)
+    for engine in state.engines:  # into every rank's CPU cache, as vLLM loads it
+        engine.preload_lora(body.lora_name)
     return PlainTextResponse(message)
 
 
