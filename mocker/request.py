@@ -111,6 +111,7 @@ class Request:
     # from, until it loads (a run can come from several tiers, one promotion each).
     promoted: dict[BlockHash, str] | None = None
     skip_tier_load: bool = False  # a load or promotion failed: recompute from now on
+    lora_wait: float = 0.0  # seconds its passes waited for LoRA adapters to load
     num_preemptions: int = 0
     first_scheduled_time: float | None = None
     first_token_time: float | None = None

@@ -297,9 +297,13 @@ class EngineCore:
             sched.num_prefill_tokens, sched.num_decodes, self.pool.num_used
         )
         if self.lora is not None:
-            end += self.lora.activate(
+            wait = self.lora.activate(
                 r.lora_name for r in sched.num_scheduled if r.lora_name is not None
             )
+            if wait:  # the whole pass waits: every request in it
+                end += wait
+                for request in sched.num_scheduled:
+                    request.lora_wait += wait
         for request in sched.admitted:
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now

@@ -164,6 +164,7 @@ class FinishedRequestStats:
     tier_hits: tuple[tuple[str, int], ...]  # of which loaded from each tier below the device
     num_preemptions: int
     load_timed_out: bool = False  # a tier load or promotion failed; it recomputed instead
+    lora_wait: float = 0.0  # seconds its passes waited for LoRA adapters to load
 
     @classmethod
     def of(cls, request: Request) -> FinishedRequestStats:
@@ -182,6 +183,7 @@ class FinishedRequestStats:
             tier_hits=request.tier_hits,
             num_preemptions=request.num_preemptions,
             load_timed_out=request.skip_tier_load,
+            lora_wait=request.lora_wait,
         )
 
     @property

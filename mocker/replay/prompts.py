@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import xxhash
 
 from mocker.kv.hashing import BlockHash
 from mocker.mixing import GOLDEN, MASK64, splitmix64, splitmix64_array
@@ -77,3 +78,10 @@ class PromptBuilder:
         low = 2 if self.vocab > 2 else 0
         draw = splitmix64(self._seed ^ splitmix64(hash_id) ^ (position * GOLDEN & MASK64))
         return low + draw % (self.vocab - low)
+
+
+def adapter_hashes(hashes: list[BlockHash], adapter: str) -> list[BlockHash]:
+    """A LoRA request's block hashes: each mixed with the adapter's name, so equal trace ids
+    under different adapters (or none) are different blocks, as the engine's hashes are."""
+    key = xxhash.xxh3_64_intdigest(adapter.encode())
+    return [BlockHash(splitmix64(h ^ key)) for h in hashes]

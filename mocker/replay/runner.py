@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from mocker.config import EngineConfig
+from mocker.config import ConfigError, EngineConfig
 from mocker.engine.core import EngineCore
 from mocker.engine.decode_runs import run_decodes
 from mocker.engine.event_loop import EventLoop
@@ -15,7 +15,7 @@ from mocker.engine.intake import RequestRejected
 from mocker.engine.kv_stack import build_shared_tiers
 from mocker.engine.outputs import StepResult
 from mocker.engine.stats import FinishedRequestStats
-from mocker.replay.prompts import PromptBuilder
+from mocker.replay.prompts import PromptBuilder, adapter_hashes
 from mocker.replay.router import RoutingPolicy, make_router
 from mocker.replay.trace import TraceRequest
 from mocker.request import EngineRequest, SamplingParams
@@ -47,6 +47,8 @@ class RequestRecord:
     # Of the prefix hits, the tokens loaded from each tier below the device (by name).
     cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
     preemptions: int = 0
+    lora: str | None = None  # the adapter the trace row names
+    lora_wait: float = 0.0  # seconds its passes waited for LoRA adapters to load
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +87,9 @@ class ReplayResult:
                 self.load_bytes += record.nbytes
 
 
-def _record(r: FinishedRequestStats, engine: int, line: int) -> RequestRecord:
+def _record(
+    r: FinishedRequestStats, engine: int, line: int, lora: str | None = None
+) -> RequestRecord:
     return RequestRecord(
         id=r.request_id,
         line=line,
@@ -103,6 +107,8 @@ def _record(r: FinishedRequestStats, engine: int, line: int) -> RequestRecord:
         cached_tokens_device=r.num_device_cached_tokens,
         cached_tokens_by_tier=dict(r.tier_hits),
         preemptions=r.num_preemptions,
+        lora=lora,
+        lora_wait=r.lora_wait,
     )
 
 
@@ -128,6 +134,13 @@ def replay(
     finishes (or is rejected), from time 0."""
     if concurrency is not None and concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if not config.enable_lora:
+        named = next((t for t in trace if t.lora is not None), None)
+        if named is not None:
+            raise ConfigError(
+                f"trace line {named.line} names the LoRA adapter {named.lora!r}: replay it "
+                "with --enable-lora (and --max-loras)"
+            )
     run = _ReplayRun(trace, config, num_engines, router, trace_block_size, num_samples,
                      progress, concurrency)  # fmt: skip
     return run.run(fast)
@@ -162,7 +175,8 @@ class _ReplayRun:
             config.block_size, trace_block_size, config.vocab_size, config.seed
         )
         self.result = ReplayResult(cores=self.cores)
-        self.lines: dict[str, tuple[int, int]] = {}  # request id -> (trace line, engine)
+        # request id -> (trace line, engine, adapter)
+        self.lines: dict[str, tuple[int, int, str | None]] = {}
         self.num_samples = num_samples
         self.progress = progress
         # Closed loop: when each idle user sends next (a heap; C zeros at the start).
@@ -214,11 +228,14 @@ class _ReplayRun:
         rid = f"r{self.i}"
         self.i += 1
         tokens, hashes = self.builder.prompt(item)
+        if item.lora is not None:  # an adapter's blocks are its own: no prefix crosses
+            hashes = adapter_hashes(hashes, item.lora)
         target = self.pick(self.cores, hashes)
         core = self.cores[target]
         self.loop.wake(target, item.arrival)
         sampling = SamplingParams(max_tokens=item.output_length, ignore_eos=True)
-        spec = EngineRequest(rid, tokens, sampling, item.arrival, block_hashes=hashes)
+        spec = EngineRequest(rid, tokens, sampling, item.arrival, lora_name=item.lora,
+                             lora_path=item.lora, block_hashes=hashes)  # fmt: skip
         try:
             core.add_request(spec)
         except RequestRejected as exc:
@@ -231,13 +248,14 @@ class _ReplayRun:
                     arrival=item.arrival,
                     input_tokens=item.input_length,
                     output_tokens=0,
+                    lora=item.lora,
                 )
             )
             self.finished_count += 1
             if self.free_users is not None:
                 heapq.heappush(self.free_users, item.arrival)
             return
-        self.lines[rid] = (item.line, target)
+        self.lines[rid] = (item.line, target, item.lora)
 
     def _decode_run(self, k: int, arrival: float) -> bool:
         """Runs of pure decode passes at once, up to the next arrival (routing reads every
@@ -261,8 +279,8 @@ class _ReplayRun:
         """After a pass of engine k ending at `end`: rows of finished requests, a sample."""
         result, free_users = self.result, self.free_users
         for request in finished:
-            line, engine = self.lines.pop(request.request_id)
-            result.records.append(_record(request, engine, line))
+            line, engine, lora = self.lines.pop(request.request_id)
+            result.records.append(_record(request, engine, line, lora))
             self.finished_count += 1
             if free_users is not None:
                 heapq.heappush(free_users, request.finished_time)

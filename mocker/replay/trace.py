@@ -39,6 +39,7 @@ class TraceRequest:
     output_length: int
     hash_ids: tuple[int, ...]
     line: int  # where it came from (1-based; 0 for generated requests)
+    lora: str | None = None  # the LoRA adapter it names (`lora_name` or `adapter`)
 
 
 def _int_field(row: dict[str, Any], names: tuple[str, ...], what: str) -> int:
@@ -95,7 +96,10 @@ def _row_to_request(row: dict[str, Any], line: int, trace_block_size: int) -> Tr
             f"{len(ids)} hash_ids of {trace_block_size} tokens cover fewer than the "
             f"{n_in} input tokens (is --trace-block-size right?)"
         )
-    return TraceRequest(arrival, n_in, n_out, tuple(ids), line)
+    lora = row.get("lora_name", row.get("adapter"))
+    if lora is not None and (not isinstance(lora, str) or not lora):
+        raise ValueError(f"lora_name must be a non-empty string, got {lora!r}")
+    return TraceRequest(arrival, n_in, n_out, tuple(ids), line, lora)
 
 
 def _rows(path: Path) -> Iterator[tuple[int, dict[str, Any] | str]]:

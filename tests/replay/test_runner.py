@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from mocker.config import EngineConfig, StorageTierSpec
+from mocker.config import ConfigError, EngineConfig, StorageTierSpec
 from mocker.engine.core import EngineCore
 from mocker.engine.decode_runs import DecodeRun, run_decodes
 from mocker.engine.virtual import VirtualDriver
@@ -297,3 +297,22 @@ def test_shared_obj_tier_serves_another_engine_by_hand() -> None:
     assert c0 is not None and c1 is not None and c0.storage[0] is c1.storage[0]
     assert result.link_bytes["obj->cpu"] == 16 * cfg.block_bytes
     assert result.link_bytes["cpu->obj"] >= 16 * cfg.block_bytes
+
+
+def test_trace_adapters_by_hand() -> None:
+    """Rows naming LoRA adapters: a cold adapter's load (disk + CPU, default 30 + 2 ms) is
+    in its pass, so in its TTFT and its row's lora_wait; a warm one pays nothing; equal
+    trace ids under another adapter share no prefix."""
+    trace = [
+        TraceRequest(0.0, 150, 2, (1, 2, 3), 1, "sql"),
+        TraceRequest(5.0, 150, 2, (1, 2, 3), 2, "sql"),
+        TraceRequest(10.0, 150, 2, (1, 2, 3), 3, "chat"),
+    ]
+    cold, warm, other = run(trace, config(enable_lora=True)).records
+    load_s = 0.032
+    assert (cold.lora, cold.lora_wait) == ("sql", pytest.approx(load_s))
+    assert cold.ttft == pytest.approx(prefill_s(150) + load_s, abs=1e-12)
+    assert warm.lora_wait == 0.0 and warm.cached_tokens_device == 144  # 9 full blocks
+    assert other.lora_wait == pytest.approx(load_s) and other.cached_tokens_device == 0
+    with pytest.raises(ConfigError, match="names the LoRA adapter 'sql'"):
+        run(trace, config())

@@ -68,6 +68,7 @@ def test_simple_jsonl_and_csv_get_unique_blocks(tmp_path: Path) -> None:
             '{"timestamp": 0, "input_length": 6, "output_length": 3, "hash_ids": ["a"]}',
             "hash_ids must be",
         ),
+        ('{"timestamp": 0, "input_length": 6, "output_length": 3, "lora_name": 7}', "lora_name"),
     ],
 )
 def test_a_bad_line_is_reported_with_its_number(tmp_path: Path, row: str, why: str) -> None:
@@ -108,3 +109,13 @@ def test_synthetic_is_seeded_and_shares_prefixes() -> None:
     assert synthetic_trace(SyntheticSpec(num_requests=5, seed=4)) != synthetic_trace(
         SyntheticSpec(num_requests=5, seed=5)
     )
+
+
+def test_rows_may_name_a_lora_adapter(tmp_path: Path) -> None:
+    trace = write(tmp_path / "t.jsonl", [
+        {"timestamp": 0, "input_length": 5, "output_length": 1, "lora_name": "sql"},
+        {"timestamp": 1, "input_length": 5, "output_length": 1, "adapter": "chat"},
+        {"timestamp": 2, "input_length": 5, "output_length": 1},
+    ])  # fmt: skip
+    requests, _ = load_trace(trace)
+    assert [r.lora for r in requests] == ["sql", "chat", None]
