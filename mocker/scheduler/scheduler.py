@@ -308,8 +308,14 @@ class Scheduler:
     def _schedule_ready(self, budget: int, out: SchedulerOutput) -> int:
         """Resume requests whose KV loaded, in the order their loads ended."""
         ready = self.ready
-        while ready and budget > 0 and len(self.running) < self._max_seqs:
-            request = ready[0]
+        loras = self._batch_loras()
+        i = 0
+        while i < len(ready) and budget > 0 and len(self.running) < self._max_seqs:
+            request = ready[i]
+            lora = request.lora_name
+            if self._over_max_loras(loras, lora):
+                i += 1  # its adapter waits for a slot; the next resumes (as in waiting)
+                continue
             num_new = request.num_tokens - request.num_computed_tokens
             if num_new > budget:
                 if not self._chunked:
@@ -317,10 +323,21 @@ class Scheduler:
                 num_new = budget
             if not self.kv.allocate_slots(request, num_new):
                 break
-            ready.pop(0)
+            ready.pop(i)
             self._admit(request, num_new, out)
             budget -= num_new
+            if loras is not None and lora is not None:
+                loras.add(lora)
         return budget
+
+    def _over_max_loras(self, loras: set[str] | None, lora: str | None) -> bool:
+        """Admitting a request for `lora` would put more than max_loras adapters in the batch."""
+        return (
+            loras is not None
+            and lora is not None
+            and lora not in loras
+            and len(loras) >= self._max_loras
+        )
 
     def _batch_loras(self) -> set[str] | None:
         """The adapters of the running requests (None: LoRA is off)."""
@@ -344,12 +361,7 @@ class Scheduler:
             request = waiting.peek()
             assert request is not None
             lora = request.lora_name
-            if (
-                loras is not None
-                and lora is not None
-                and lora not in loras
-                and len(loras) >= self._max_loras
-            ):
+            if self._over_max_loras(loras, lora):
                 # Its adapter would exceed max_loras: it waits, keeping its place, and the
                 # requests behind it go on (vLLM skips it, not the queue).
                 skipped.append(waiting.pop_entry())

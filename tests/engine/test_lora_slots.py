@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from mocker.engine.lora_slots import LoraSlots
+from mocker.engine.virtual import VirtualDriver
 from mocker.request import EngineRequest
 from tests.support.engines import make_core, req
 
@@ -60,21 +61,27 @@ def test_a_pass_waits_for_its_cold_adapter_visible_in_ttft() -> None:
     assert second.end - first.end == pytest.approx(expected)  # no load: A is in its slot
 
 
-def test_a_batch_never_holds_more_adapters_than_max_loras() -> None:
+@pytest.mark.parametrize("cpu_blocks", [0, 256], ids=["device-only", "with-cpu-tier"])
+def test_a_batch_never_holds_more_adapters_than_max_loras(cpu_blocks: int) -> None:
     """Conservation over a mixed workload: after every pass the running requests name at
-    most max_loras adapters and the GPU slots hold at most max_loras."""
-    core = make_core(enable_lora=True, max_loras=2, max_cpu_loras=3, max_num_seqs=6)
+    most max_loras adapters and the GPU slots hold at most max_loras. With a CPU tier and a
+    small device pool, requests also resume after tier loads (the other admission path)."""
+    core = make_core(enable_lora=True, max_loras=2, max_cpu_loras=3, max_num_seqs=6,
+                     num_gpu_blocks=24 if cpu_blocks else 64, num_cpu_blocks=cpu_blocks,
+                     offload_policy="write-through")  # fmt: skip
     adapters = ["A", "B", "C", "D", None]
-    for i in range(40):
-        lora = adapters[(i * 7) % len(adapters)]
-        spec = req(f"r{i}", [i % 9 + 1] * (4 + i % 13), max_tokens=1 + i % 5)
-        core.add_request(replace(spec, lora_name=lora))
-    now, passes = 0.0, 0
-    while core.has_unfinished_requests():
-        now = core.step(now).end
-        passes += 1
+    specs = []
+    for wave in range(3):  # the same prompts again, later: they hit the CPU tier
+        for i in range(20):
+            lora = adapters[(i * 7) % len(adapters)]
+            spec = req(f"w{wave}r{i}", [i % 9 + 1] * (12 + i % 13), max_tokens=1 + i % 5)
+            specs.append(replace(spec, lora_name=lora, arrival_time=wave * 5.0 + i * 0.001))
+    for passes, _ in enumerate(VirtualDriver(core).steps(specs)):  # idle: jumps ahead
         running = {r.lora_name for r in core.scheduler.running if r.lora_name is not None}
         assert len(running) <= 2
         assert core.lora is not None and len(core.lora.on_gpu) <= 2
-        assert passes < 1000
-    assert core.lora.loads["disk"] >= 4  # every adapter was read once, at least
+        assert passes < 5000
+    assert not core.has_unfinished_requests()
+    assert core.lora is not None and core.lora.loads["disk"] >= 4  # each adapter read once
+    if cpu_blocks:
+        assert core.connector is not None and core.connector.loaded_blocks > 0
