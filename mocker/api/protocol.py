@@ -72,10 +72,15 @@ def _only(schema: dict[str, Any], what: str) -> WithJsonSchema:
     return WithJsonSchema({**schema, "description": f"{_NOT_SUPPORTED} {what})."})
 
 
-def _check_value(value: Any, where: str) -> None:
+# Nesting a body may have: orjson writes no deeper than 255 levels back (a render echoes
+# tools and chat_template_kwargs), and no client needs more.
+MAX_DEPTH = 64
+
+
+def _check_value(value: Any, where: str, depth: int = 0) -> None:
     """Strings must be encodable (JSON allows lone surrogates like "\\ud800"; UTF-8 does not),
-    and integers must fit 64 bits (JSON allows any; a body echoed back, as chat_template_kwargs
-    in a render, could not be written)."""
+    integers must fit 64 bits and nesting must stay within MAX_DEPTH (JSON allows any; a body
+    echoed back, as chat_template_kwargs in a render, could not be written)."""
     if isinstance(value, str):
         try:
             value.encode()
@@ -86,13 +91,16 @@ def _check_value(value: Any, where: str) -> None:
     elif isinstance(value, int):
         if not INT64_MIN <= value <= UINT64_MAX:
             raise ValueError(f"{where or 'an integer'} is out of the 64-bit integer range")
-    elif isinstance(value, list | tuple):
-        for item in value:
-            _check_value(item, where)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _check_value(key, where)
-            _check_value(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, list | tuple | dict):
+        if depth >= MAX_DEPTH:
+            raise ValueError(f"{where or 'a value'} is nested deeper than {MAX_DEPTH} levels")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                _check_value(key, where, depth + 1)
+                _check_value(item, f"{where}.{key}" if where else str(key), depth + 1)
+        else:
+            for item in value:
+                _check_value(item, where, depth + 1)
 
 
 class _Open(BaseModel):

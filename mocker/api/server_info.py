@@ -12,7 +12,7 @@ from typing import Any
 from mocker import __version__
 from mocker.api.state import ServerState
 from mocker.config import MODEL_PRESETS
-from mocker.kvevents.config import advertised_host, connectable
+from mocker.kvevents.config import BIND_PREFIX, advertised_host, connectable
 
 __all__ = ["kv_event_sources", "model_info", "server_info", "sglang_load", "total_load"]
 
@@ -119,7 +119,7 @@ def _vllm_config(state: ServerState) -> dict[str, Any]:
         "kv_events_config": {
             "enable_kv_cache_events": events.enable_kv_cache_events,
             "publisher": events.publisher if events.enable_kv_cache_events else "null",
-            "endpoint": events.endpoint,
+            "endpoint": events.endpoint.removeprefix(BIND_PREFIX),
             "replay_endpoint": events.replay_endpoint,
             "buffer_steps": events.buffer_steps,
             "hwm": events.hwm,

@@ -130,6 +130,7 @@ def build_state(
     engines: list[LiveEngine] = []
     metrics: list[StatsRecorder] = []
     publishers: list[ZmqEventPublisher] = []
+    loras = lora_adapters(settings, config)  # before any socket is bound
     shared = build_shared_tiers(config)
     try:
         for rank in range(settings.data_parallel_size):
@@ -146,7 +147,6 @@ def build_state(
         raise
     group = EngineGroup(engines)
     faults = FaultInjector(settings.faults, seed=config.seed)
-    loras = lora_adapters(settings, config)
     collector = MetricsCollector(
         metrics, settings.model_name, legacy_names=settings.legacy_metric_names,
         failures=faults.counts,

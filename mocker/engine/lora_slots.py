@@ -5,7 +5,7 @@ adapters into the slots (vLLM activates them inside the step, so the whole pass 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 __all__ = ["LoraSlots"]
 
@@ -55,7 +55,7 @@ class LoraSlots:
                 seconds += self._cpu_s
                 self.loads["cpu"] += 1
             else:
-                self._to_cpu(name)
+                self._to_cpu(name, wanted)
                 seconds += self._disk_s + self._cpu_s
                 self.loads["disk"] += 1
             if len(gpu) >= self.gpu_capacity:
@@ -65,14 +65,14 @@ class LoraSlots:
             gpu[name] = None
         return seconds
 
-    def _to_cpu(self, name: str) -> None:
+    def _to_cpu(self, name: str, keep: Sequence[str] = ()) -> None:
         cpu = self._cpu
         if name in cpu:
             cpu.move_to_end(name)
             return
         if len(cpu) >= self.cpu_capacity:
-            # The least recently used adapter that is not in a GPU slot goes.
-            victim = next((n for n in cpu if n not in self._gpu), None)
+            # The least recently used adapter neither in a GPU slot nor in this batch goes.
+            victim = next((n for n in cpu if n not in self._gpu and n not in keep), None)
             if victim is not None:
                 del cpu[victim]
         cpu[name] = None

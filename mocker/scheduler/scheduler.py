@@ -351,7 +351,10 @@ class Scheduler:
         first waiting request it cannot allocate), and a fresh admission would take the
         blocks it waits for, among them those `_unblock` just freed for it."""
         if self.ready:
-            return
+            loras = self._batch_loras()
+            if any(not self._over_max_loras(loras, r.lora_name) for r in self.ready):
+                return
+            # Every one of them waits for an adapter slot: the queue goes on (as vLLM's).
         waiting = self.waiting
         kv, connector = self.kv, self.connector
         bs = kv.block_size

@@ -106,3 +106,13 @@ async def test_render_refuses_what_the_completion_routes_refuse(
     assert error["code"] == status
     if param is not None:
         assert error["param"] == param
+
+
+async def test_a_body_nested_too_deep_is_a_400_not_a_500(client: AppClient) -> None:
+    deep: Any = "x"
+    for _ in range(300):  # orjson writes at most 255 levels back
+        deep = [deep]
+    body = {"messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "x": deep}]}  # fmt: skip
+    r = await client.http.post("/v1/chat/completions/render", json=body)
+    assert r.status_code == 400 and "nested deeper" in r.json()["error"]["message"]

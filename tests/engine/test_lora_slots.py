@@ -85,3 +85,11 @@ def test_a_batch_never_holds_more_adapters_than_max_loras(cpu_blocks: int) -> No
     assert core.lora is not None and core.lora.loads["disk"] >= 4  # each adapter read once
     if cpu_blocks:
         assert core.connector is not None and core.connector.loaded_blocks > 0
+
+
+def test_a_disk_read_never_evicts_an_adapter_of_the_same_batch() -> None:
+    slots = LoraSlots(2, 3, CPU_S, DISK_S)
+    slots.activate(["Y"])
+    slots.activate(["P", "Q"])  # CPU cache full: Y, P, Q; GPU slots: P, Q
+    # X comes from disk: the CPU victim is not Y (in this batch), so Y costs a copy only.
+    assert slots.activate(["X", "Y"]) == pytest.approx(DISK_S + CPU_S + CPU_S)

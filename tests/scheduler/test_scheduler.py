@@ -145,3 +145,23 @@ def test_without_lora_enabled_adapters_are_not_limited() -> None:
     for rid, lora in (("a1", "A"), ("b1", "B"), ("c1", "C")):
         core.add_request(_lora_req(rid, lora))
     assert set(_scheduled(core)) == {"a1", "b1", "c1"}
+
+
+def test_a_resumed_request_waiting_for_an_adapter_slot_does_not_hold_the_queue() -> None:
+    """A request whose KV loaded from the CPU tier but whose adapter has no slot waits; fresh
+    requests for the running adapter or the base model are admitted meanwhile (vLLM sends
+    it back through the waiting loop, where the same rule skips it)."""
+    core = make_core(enable_lora=True, max_loras=1)
+    core.add_request(_lora_req("a1", "A", max_tokens=30))
+    core.step(0.0)
+    blocked = core.requests["a1"]
+    resumed = _lora_req("b2", "B")
+    core.add_request(resumed)
+    request = core.requests["b2"]
+    core.scheduler.waiting.remove(request)  # as if its tier load had just ended
+    core.scheduler.ready.append(request)
+    core.add_request(_lora_req("a3", "A"))
+    core.add_request(_lora_req("n4", None))
+    got = _scheduled(core, 1.0)
+    assert {"a3", "n4"} <= set(got) and "b2" not in got
+    assert blocked.status == RequestStatus.RUNNING
