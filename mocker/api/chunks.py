@@ -171,9 +171,6 @@ class GenerateChunkWriter:
         )  # fmt: skip
         return b"".join(parts)
 
-    def role(self, index: int, prompt_ids: list[int] | None = None) -> bytes:
-        raise NotImplementedError("a generate stream has no chat role chunk")
-
     def usage(self, prompt: int, completion: int, cached: int) -> bytes:
         """The last chunk when include_usage: the totals, no choices."""
         return (

@@ -7,6 +7,7 @@ sglang-router also probe), filled in from the running engines and their settings
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from typing import Any
 
 from mocker import __version__
@@ -36,13 +37,9 @@ def kv_event_sources(state: ServerState) -> dict[str, dict[str, Any]]:
         replay = publisher.replay_endpoint
         sources[str(publisher.rank)] = {
             # vLLM's KVEventsConfig, as the publisher resolved it (port + rank, bound port)
-            "enable_kv_cache_events": True,
-            "publisher": "zmq",
+            **asdict(config),
             "endpoint": publisher.endpoint,
             "replay_endpoint": replay,
-            "buffer_steps": config.buffer_steps,
-            "hwm": config.hwm,
-            "max_queue_size": config.max_queue_size,
             "topic": publisher.topic,
             # vllm-router skips a rank without these (vLLM's own reader needs no such check)
             "encoding": "msgpack",
@@ -117,14 +114,9 @@ def _vllm_config(state: ServerState) -> dict[str, Any]:
             "enable_chunked_prefill": config.enable_chunked_prefill,
         },
         "kv_events_config": {
-            "enable_kv_cache_events": events.enable_kv_cache_events,
+            **asdict(events),
             "publisher": events.publisher if events.enable_kv_cache_events else "null",
             "endpoint": events.endpoint.removeprefix(BIND_PREFIX),
-            "replay_endpoint": events.replay_endpoint,
-            "buffer_steps": events.buffer_steps,
-            "hwm": events.hwm,
-            "max_queue_size": events.max_queue_size,
-            "topic": events.topic,
         },
         "kv_transfer_config": transfer,
     }

@@ -35,6 +35,7 @@ class StreamRenderer:
         "_prompt_due",
         "_record_abort",
         "_response",
+        "_text",
         "_writer",
     )
 
@@ -55,9 +56,10 @@ class StreamRenderer:
         # What goes before each choice's first chunk: the chat role delta (with the prompt's
         # ids, if asked for); a completion's first chunk carries them on its choice instead.
         choices = response.choices
-        self._first = [
-            writer.role(c.index, c.prompt_token_ids) if writer.chat else b"" for c in choices
-        ]
+        self._first = [b""] * len(choices)
+        if isinstance(writer, ChunkWriter) and writer.chat:  # a generate stream has no role
+            self._first = [writer.role(c.index, c.prompt_token_ids) for c in choices]
+        self._text = not isinstance(writer, GenerateChunkWriter)
         self._prompt_due = [not writer.chat and c.prompt_token_ids is not None for c in choices]
         self._num_open = len(response.choices)
         self._emitter: Emitter | JitteredEmitter | None = None
@@ -86,7 +88,8 @@ class StreamRenderer:
         if choice.stops is None:
             choice.account(out)
             escaped = self._escaped
-            text = b"".join([escaped(t) for t in out.new_token_ids])
+            # A generate stream sends ids, not text: no per-token join for it.
+            text = b"".join([escaped(t) for t in out.new_token_ids]) if self._text else b""
         else:
             text = orjson.dumps(choice.text_of(out, self._piece))[1:-1]
         if choice.abort_at is not None and choice.abort_due:
