@@ -101,6 +101,23 @@ MODEL_PRESETS: dict[str, ModelShape] = {
 }
 
 
+class KVRole(StrEnum):
+    """P/D role, as vLLM's kv_transfer_config kv_role for NixlConnector (NONE: no P/D)."""
+
+    NONE = "none"
+    PRODUCER = "kv_producer"  # prefill: holds a finished request's KV for a pull
+    CONSUMER = "kv_consumer"  # decode: pulls a prompt's KV from a prefill engine
+    BOTH = "kv_both"  # either, as each request's kv_transfer_params say
+
+    @property
+    def produces(self) -> bool:
+        return self in (KVRole.PRODUCER, KVRole.BOTH)
+
+    @property
+    def consumes(self) -> bool:
+        return self in (KVRole.CONSUMER, KVRole.BOTH)
+
+
 class StorageKind(StrEnum):
     """vLLM's secondary tier types (tiering): local files, or an object store shared by every
     engine of the process."""
@@ -195,6 +212,17 @@ class EngineConfig:
     # divided by the speedup ratio). ~20-40 MB for a rank-16 adapter of an 8B model.
     lora_load_ms: float = 2.0
     lora_disk_load_ms: float = 30.0
+    # P/D (vLLM's NixlConnector): the role, this engine's id in kv_transfer_params, the
+    # decode side's pull link (GB/s = 10^9 bytes/s, processor-shared by its pulls; latency
+    # per pull), how long a pull may take before the request recomputes, and how long a
+    # prefill engine holds KV nobody pulls (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT). All
+    # simulated: divided by the speedup ratio.
+    kv_role: KVRole = KVRole.NONE
+    kv_engine_id: str = ""
+    pull_gbps: float = 25.0
+    pull_latency_ms: float = 0.5
+    pull_timeout: float = 30.0
+    hold_timeout: float = 480.0
 
     def __post_init__(self) -> None:
         bs = self.block_size
@@ -243,6 +271,15 @@ class EngineConfig:
         _finite("load_timeout", self.load_timeout, minimum=0.0)
         if self.load_timeout <= 0:
             _fail("load_timeout", self.load_timeout, "must be > 0")
+        self._coerce_enum("kv_role", KVRole)
+        if not isinstance(self.kv_engine_id, str):
+            _fail("kv_engine_id", self.kv_engine_id, "must be a string")
+        _finite("pull_gbps", self.pull_gbps)
+        _finite("pull_latency_ms", self.pull_latency_ms, minimum=0.0)
+        for name in ("pull_timeout", "hold_timeout"):
+            _finite(name, getattr(self, name), minimum=0.0)
+            if getattr(self, name) <= 0:
+                _fail(name, getattr(self, name), "must be > 0")
         if not isinstance(self.model, ModelShape):
             _fail("model", self.model, "must be a ModelShape")
         sr = self.speedup_ratio

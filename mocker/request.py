@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import TYPE_CHECKING, NewType
 
+from mocker.disagg.params import RemotePrefill
 from mocker.kv.hashing import BlockHash, HashChain, Hasher
 
 if TYPE_CHECKING:
@@ -80,6 +81,10 @@ class EngineRequest:
     # Replay: hashes of the prompt's leading full blocks, given by the driver (derived from
     # the trace's hash ids); the engine hashes only the blocks after them.
     block_hashes: Sequence[BlockHash] | None = None
+    # P/D (NixlConnector): hold the KV for a decode engine when done (prefill side), or
+    # pull the prompt's KV from the prefill engine that holds it (decode side).
+    remote_decode: bool = False
+    remote_prefill: RemotePrefill | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -112,6 +117,11 @@ class Request:
     promoted: dict[BlockHash, str] | None = None
     skip_tier_load: bool = False  # a load or promotion failed: recompute from now on
     lora_wait: float = 0.0  # seconds its passes waited for LoRA adapters to load
+    remote_decode: bool = False  # P/D prefill side: hold its KV for a pull when it finishes
+    # P/D decode side: where its prompt's KV is (None once pulled, or after a failed pull:
+    # then it recomputes).
+    remote_prefill: RemotePrefill | None = None
+    pull_time: float = 0.0  # seconds its KV took to pull (P/D decode side)
     num_preemptions: int = 0
     first_scheduled_time: float | None = None
     first_token_time: float | None = None

@@ -7,6 +7,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mocker.config import EngineConfig
+from mocker.disagg.holds import KVHolds
+from mocker.disagg.params import handoff_params
+from mocker.disagg.pulls import PULL_SOURCE, PrefillPeers, PullRecord, RemotePulls
 from mocker.engine.intake import (
     RequestRejected,
     check_request,
@@ -29,6 +32,7 @@ from mocker.output_tokens import OutputTokenSampler
 from mocker.request import EngineRequest, Request, RequestId, RequestStatus
 from mocker.scheduler.scheduler import Scheduler, SchedulerOutput
 from mocker.tiers.connector import TierConnector
+from mocker.tiers.link import Link
 from mocker.tiers.lru import LruTier
 from mocker.tiers.storage import StorageTier
 from mocker.tiers.transfers import TransferRecord
@@ -53,9 +57,12 @@ class EngineCore:
         cpu_tier: LruTier | None = None,
         shared_tiers: Mapping[str, StorageTier] | None = None,
         engine_id: int = 0,
+        peers: PrefillPeers | None = None,
     ) -> None:
         """`cpu_tier`: a CPU tier built outside (shared, or inspected by a test);
-        `shared_tiers`: secondary tiers shared with other engines (mocker.engine.kv_stack)."""
+        `shared_tiers`: secondary tiers shared with other engines (mocker.engine.kv_stack);
+        `peers`: how a P/D decode engine reaches prefill engines (the driver may set
+        `pulls.peers` later)."""
         self.config = config
         self.timing = timing if timing is not None else load_timing_model(config.timing_profile)
         stack = build_kv_stack(config, self.timing.prefill_ms, cpu=cpu_tier,
@@ -63,7 +70,20 @@ class EngineCore:
         self.pool, self.kv = stack.pool, stack.kv
         self.cpu: LruTier | None = stack.cpu
         self.connector: TierConnector | None = stack.connector
-        self.scheduler = Scheduler(config, self.kv, self.connector)
+        # P/D (NixlConnector): a prefill engine holds finished requests' KV for pulls; a
+        # decode engine pulls prompts' KV over its link.
+        scale = config.speedup_ratio
+        self.holds: KVHolds | None = None
+        if config.kv_role.produces:
+            self.holds = KVHolds(config.hold_timeout / scale)
+        self.pulls: RemotePulls | None = None
+        if config.kv_role.consumes:
+            link = Link(config.pull_gbps * 1e9 * scale, config.pull_latency_ms / 1000.0 / scale)
+            self.pulls = RemotePulls(link, config.block_bytes, config.pull_timeout / scale, peers)
+        # Where a pull reaches this engine (kv_transfer_params' remote_host / remote_port):
+        # the driver's side channel sets it.
+        self.side_channel: tuple[str, int] = ("localhost", 5600)
+        self.scheduler = Scheduler(config, self.kv, self.connector, self.pulls)
         # With --enable-lora: the adapters' GPU slots and CPU cache (a pass waits for its
         # batch's cold adapters to load).
         self.lora: LoraSlots | None = None
@@ -112,6 +132,9 @@ class EngineCore:
             lora_name=spec.lora_name,
             lora_path=spec.lora_path,
             token_seed=self.sampler.request_seed(spec.request_id),
+            # P/D: a role this engine does not have is ignored, as vLLM's connector would.
+            remote_decode=spec.remote_decode and self.holds is not None,
+            remote_prefill=spec.remote_prefill if self.pulls is not None else None,
         )
         if self.config.enable_prefix_caching:
             if spec.block_hashes is not None:
@@ -142,8 +165,13 @@ class EngineCore:
         request = self.requests.pop(request_id, None)
         if request is None:
             return None
-        connector = self.connector
-        if connector is not None:
+        connector, pulls = self.connector, self.pulls
+        if pulls is not None and request.remote_prefill is not None:
+            # Its pull stops, or never starts: either way the prefill engine frees the KV.
+            if not pulls.cancel(now, request):
+                pulls.peers.release(request.remote_prefill)
+            request.remote_prefill = None
+        elif connector is not None:
             if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
                 connector.cancel_load(now, request)
             else:
@@ -199,13 +227,33 @@ class EngineCore:
         return self.pool.num_cached_prefix(block_hashes)
 
     def has_pending_transfers(self) -> bool:
-        """Tier transfers in flight: the core needs driving until they end."""
-        return self.connector is not None and self.connector.has_pending
+        """Transfers in flight, or KV held for a pull: the core needs driving until they end."""
+        return (
+            (self.connector is not None and self.connector.has_pending)
+            or bool(self.pulls)
+            or bool(self.holds)
+        )
 
     def next_transfer_deadline(self) -> float | None:
-        """When a transfer next ends, a load times out or a posted store starts (None:
-        nothing in flight)."""
-        return None if self.connector is None else self.connector.next_deadline()
+        """When a transfer next ends, a load or pull times out, a posted store starts or a
+        hold expires (None: nothing in flight)."""
+        deadline = None if self.connector is None else self.connector.next_deadline()
+        for part in (self.pulls, self.holds):
+            if part:
+                d = part.next_deadline()
+                if d is not None and (deadline is None or d < deadline):
+                    deadline = d
+        return deadline
+
+    @property
+    def has_transfer_parts(self) -> bool:
+        """Tiers or P/D: a live driver needs a transfer timer."""
+        return self.connector is not None or self.pulls is not None or self.holds is not None
+
+    @property
+    def transfer_version(self) -> int:
+        """Changes whenever a transfer, pull or hold starts or ends (the timer re-arms)."""
+        return sum(p.version for p in (self.connector, self.pulls, self.holds) if p is not None)
 
     def stall_error(self) -> RuntimeError:
         """What a driver raises when a pass scheduled nothing although requests remain (a bug:
@@ -220,7 +268,8 @@ class EngineCore:
         """Apply the transfers due by `now` without running a pass (an idle result)."""
         self.time = max(self.time, now)
         records = self._poll_transfers(now)
-        return StepResult(now, now, [], self._stats(), [], self._take_events(), records)
+        pulled = self._poll_pd(now)
+        return StepResult(now, now, [], self._stats(), [], self._take_events(), records, pulled)
 
     def reset_prefix_cache(self, now: float) -> tuple[int, StepResult]:
         """Clear the device prefix cache of blocks nobody references (POST
@@ -233,6 +282,32 @@ class EngineCore:
             self.connector.announce()
         events = pending + self._take_events()
         return cleared, StepResult(now, now, [], self._stats(), [], events, [])
+
+    def _poll_pd(self, now: float) -> list[PullRecord]:
+        """Pulls that ended (KV landed, or failed: recompute) and holds that expired."""
+        if self.holds:
+            for request in self.holds.expire(now):
+                self.scheduler.free_finished(request)
+        pulls = self.pulls
+        if not pulls:
+            return []
+        loaded, failed = pulls.poll(now)
+        for request in loaded:
+            request.remote_prefill = None
+            self.kv.finish_pull(request)
+            self.scheduler.resume(request)
+        for request in failed:
+            request.remote_prefill = None  # vLLM's kv_load_failure_policy "recompute"
+            self.kv.free(request)
+            if request.num_cached_tokens < 0:
+                request.tier_hits = ()
+            self.scheduler.requeue(request)
+        records = pulls.take_records()
+        for record in records:
+            pulled = self.requests.get(record.request_id)
+            if pulled is not None:
+                pulled.pull_time += record.duration
+        return records
 
     def _poll_transfers(self, now: float) -> list[TransferRecord]:
         connector = self.connector
@@ -286,6 +361,7 @@ class EngineCore:
         """
         self.time = max(self.time, now)
         records = self._poll_transfers(now)
+        pulled = self._poll_pd(now)
         sched = self.scheduler.schedule()
         connector = self.connector
         if connector is not None:
@@ -293,6 +369,8 @@ class EngineCore:
                 connector.start_load(now, request, start, num_blocks)
             connector.end_schedule()
             connector.policy.after_schedule(now)
+        if sched.pulls:
+            self._start_pulls(now, sched.pulls)
         end = now + self.pass_duration(
             sched.num_prefill_tokens, sched.num_decodes, self.pool.num_used
         )
@@ -311,7 +389,15 @@ class EngineCore:
         if connector is not None:
             connector.policy.end_pass(end)
         stats = self._stats(sched, len(outputs))
-        return StepResult(now, end, outputs, stats, finished, self._take_events(), records)
+        return StepResult(now, end, outputs, stats, finished, self._take_events(), records,
+                          pulled)  # fmt: skip
+
+    def _start_pulls(self, now: float, pulls: list[tuple[Request, int]]) -> None:
+        assert self.pulls is not None
+        for request, num_blocks in pulls:
+            if request.num_cached_tokens < 0:  # counted once, when it resumes
+                request.tier_hits = ((PULL_SOURCE, request.load_hits[1]),)
+            self.pulls.start(now, request, num_blocks)
 
     def _cache_computed(self, request: Request) -> None:
         """Register the request's newly full blocks, and tell the store policy (write-through
@@ -362,6 +448,8 @@ class EngineCore:
                 finished.append(self.finish_in_pass(request, status, end))
                 out.finished = True
                 out.finish_reason = request.finish_reason
+                if request.remote_decode and self.holds is not None:
+                    out.kv_transfer_params = self._handoff(request)
             outputs.append(out)
         if finished:
             self.scheduler.remove_finished()
@@ -374,6 +462,29 @@ class EngineCore:
         the running list once the pass is applied)."""
         request.status = status
         request.finished_time = end
-        self.scheduler.free_finished(request)
+        holds = self.holds
+        if holds is not None and request.remote_decode and request.blocks:
+            # P/D prefill side: the blocks stay referenced until a decode engine has pulled
+            # them or the hold expires (vLLM's delay_free_blocks).
+            holds.hold(request, end)
+        else:
+            self.scheduler.free_finished(request)
         del self.requests[request.request_id]
         return FinishedRequestStats.of(request)
+
+    def release_hold(self, request_id: str) -> bool:
+        """A decode engine has read a held request's KV (or gave up on it): free its blocks.
+        False if nothing was held under that id (the hold expired, or never was)."""
+        request = None if self.holds is None else self.holds.release(request_id)
+        if request is None:
+            return False
+        self.scheduler.free_finished(request)
+        return True
+
+    def _handoff(self, request: Request) -> dict[str, Any] | None:
+        """The kv_transfer_params a held request answers with, naming where its KV is (the
+        fields of vLLM's NixlConnector.request_finished); None if it is not held."""
+        if request.request_id not in self.holds:  # type: ignore[operator]
+            return None
+        host, port = self.side_channel
+        return handoff_params(self.config, request, host, port)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
+from mocker.disagg.pulls import PullRecord
 from mocker.engine.stats import FinishedRequestStats, SchedulerStats
 from mocker.kv.events import KVEvent
 from mocker.request import FinishReason, Request
@@ -28,6 +30,8 @@ class RequestOutput:
     # since the request's previous token (ITL).
     first_token: bool = False
     latency: float = 0.0
+    # P/D prefill side, on a held request's final output: where a decode engine pulls it.
+    kv_transfer_params: dict[str, Any] | None = None
 
     @property
     def num_tier_cached_tokens(self) -> int:
@@ -60,6 +64,8 @@ class StepResult:
     kv_events: list[KVEvent] = field(default_factory=list)
     # Transfers between tiers that ended since the previous result.
     transfers: list[TransferRecord] = field(default_factory=list)
+    # P/D pulls that ended since the previous result (decode side).
+    pulls: list[PullRecord] = field(default_factory=list)
 
     @property
     def duration(self) -> float:
@@ -74,4 +80,7 @@ class StepResult:
     def newsworthy(self) -> bool:
         """An idle result still carries something observers count."""
         s = self.stats
-        return bool(self.transfers or self.kv_events or s.num_preemptions or s.prefix_queries)
+        return bool(
+            self.transfers or self.pulls or self.kv_events or s.num_preemptions
+            or s.prefix_queries
+        )  # fmt: skip

@@ -113,6 +113,14 @@ class KVCacheManager:
         request.num_computed_tokens = len(request.blocks) * self.block_size
         self.cache_blocks(request)
 
+    def finish_pull(self, request: Request) -> None:
+        """A P/D pull landed: the prompt is computed but for its last token, which the next
+        pass computes again to sample the first output token (vLLM's rule), and cached."""
+        request.num_computed_tokens = min(len(request.blocks) * self.block_size,
+                                          request.num_tokens)  # fmt: skip
+        self.cache_blocks(request)  # every pulled block, the last one too (as vLLM)
+        request.num_computed_tokens -= 1
+
     def free(self, request: Request) -> None:
         """Release every block; the tail goes first so a shared prefix outlives it."""
         if request.blocks:

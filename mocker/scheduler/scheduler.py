@@ -11,6 +11,7 @@ from mocker.request import Request, RequestStatus
 from mocker.scheduler.waiting_queue import WaitingQueue
 
 if TYPE_CHECKING:
+    from mocker.disagg.pulls import RemotePulls
     from mocker.tiers.connector import TierConnector
 
 __all__ = ["Scheduler", "SchedulerOutput"]
@@ -26,6 +27,8 @@ class SchedulerOutput:
     # Tier loads to start: (request, first block, number of blocks); the device slots
     # are reserved and the request waits for its KV (WAITING_FOR_REMOTE_KVS).
     loads: list[tuple[Request, int, int]] = field(default_factory=list)
+    # P/D pulls to start: (request, number of blocks); the device slots are reserved.
+    pulls: list[tuple[Request, int]] = field(default_factory=list)
     # Pass composition, for the timing model: a decode computes the last sampled token.
     num_prefill_tokens: int = 0
     num_decodes: int = 0
@@ -62,16 +65,22 @@ class Scheduler:
         "kv",
         "loading",
         "num_preemptions",
+        "pulls",
         "ready",
         "running",
         "waiting",
     )
 
     def __init__(
-        self, config: EngineConfig, kv: KVCacheManager, connector: TierConnector | None = None
+        self,
+        config: EngineConfig,
+        kv: KVCacheManager,
+        connector: TierConnector | None = None,
+        pulls: RemotePulls | None = None,
     ) -> None:
         self.kv = kv
         self.connector = connector
+        self.pulls = pulls  # P/D decode side: prompts whose KV a prefill engine holds
         self.running: list[Request] = []
         self.waiting = WaitingQueue()
         # Tiers: requests waiting for their KV to load, and those whose KV has landed,
@@ -205,8 +214,8 @@ class Scheduler:
         promotions or cascades, which hold no device block: waiting for those would let a
         promotion that keeps being retried keep every loaded request from ever resuming."""
         connector = self.connector
-        if self.kv.awaiting_displaced:
-            return True
+        if self.kv.awaiting_displaced or self.pulls:
+            return True  # a pull that fails frees its slots
         return connector is not None and bool(
             connector.num_loading or connector.policy.has_staged or connector.stores_in_flight
         )
@@ -301,7 +310,7 @@ class Scheduler:
         request.num_cached_tokens = device + tiers
         out.prefix_queries += request.num_tokens
         out.prefix_hits += device
-        if self.connector is not None:
+        if self.connector is not None or self.pulls is not None:
             out.external_queries += request.num_tokens
             out.external_hits += tiers
 
@@ -371,6 +380,18 @@ class Scheduler:
                 continue
             hits = kv.get_computed_blocks(request)
             num_hit = len(hits) * bs
+            if request.remote_prefill is not None and self.pulls is not None:
+                # P/D decode side: the rest of the prompt is pulled from the prefill engine
+                # (all of it, as vLLM's NixlConnector; a local hit is not pulled again).
+                num_pulled = request.num_prompt_tokens - num_hit
+                if not kv.allocate_slots(request, num_pulled, hits):
+                    break
+                waiting.pop()
+                request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+                request.load_hits = (num_hit, num_pulled)
+                self.loading.add(request)
+                out.pulls.append((request, len(request.blocks) - len(hits)))
+                continue
             num_loaded = 0
             if connector is not None:
                 matched = connector.num_matched_blocks(request, len(hits))

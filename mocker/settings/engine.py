@@ -182,7 +182,8 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
     Option(
         "kv_transfer_config",
         "vLLM's KV connector config as JSON; OffloadingConnector builds the CPU tier "
-        "(cpu_bytes_to_use) and its secondary_tiers (fs, obj); see the README",
+        "(cpu_bytes_to_use) and its secondary_tiers (fs, obj); NixlConnector with kv_role "
+        "kv_producer / kv_consumer / kv_both makes a P/D prefill or decode engine; see the README",
         None,
         "str",
         metavar="JSON",
@@ -219,10 +220,10 @@ def _offload(values: Mapping[str, Any]) -> dict[str, Any]:
     offload = parse_kv_transfer_config(
         values["kv_transfer_config"], values["block_size"], shape.kv_bytes_per_token
     )
-    if not offload:
+    if not offload or "kv_role" in offload:  # no connector, or NixlConnector (P/D)
         return {"num_cpu_blocks": _num_host_blocks(values),
                 "offload_policy": values["offload_policy"],
-                "min_load_blocks": values["min_load_blocks"]}  # fmt: skip
+                "min_load_blocks": values["min_load_blocks"], **offload}  # fmt: skip
     for flag in ("num_host_blocks", "kv_offloading_size"):
         if values[flag] is not None:
             raise ConfigError(

@@ -1,9 +1,11 @@
-"""vLLM's `--kv-transfer-config` for KV offloading (`OffloadingConnector`), parsed into the
-engine's tier settings; every mistake names its key and stops start-up."""
+"""vLLM's `--kv-transfer-config`, parsed into engine settings: KV offloading
+(`OffloadingConnector`: the tiers) and P/D disaggregation (`NixlConnector`: the role, the
+pull link, the hold lease); every mistake names its key and stops start-up."""
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,6 +14,12 @@ from mocker.config import ConfigError, StorageKind, StorageTierSpec
 __all__ = ["STORAGE_DEFAULTS", "OffloadSettings", "parse_kv_transfer_config"]
 
 _ROLES = ("kv_both", "kv_producer", "kv_consumer")
+_NIXL = ("NixlConnector", "NixlPullConnector")
+# NixlConnector extra-config keys: vLLM's lease, and the mock's pull link; vLLM's keys that
+# mean nothing here pass.
+_NIXL_KEYS = {"kv_lease_duration", "pull_gbps", "pull_latency_ms", "pull_timeout_s"}
+_NIXL_IGNORED = {"backends", "enforce_handshake_compat", "num_threads", "decoder_kv_blocks_ttl",
+                 "bidirectional_kv_xfer"}  # fmt: skip
 _SPECS = ("CPUOffloadingSpec", "TieringOffloadingSpec")
 # vLLM's extra-config keys this mock reads, and those it accepts without a use for them.
 _EXTRA_KEYS = {"spec_name", "cpu_bytes_to_use", "block_size", "eviction_policy",
@@ -63,6 +71,8 @@ def parse_kv_transfer_config(
     role = config.get("kv_role")
     if role is not None and role not in _ROLES:
         raise _fail("kv_role", role, "must be one of " + ", ".join(_ROLES))
+    if config.get("kv_connector") in _NIXL:
+        return _nixl(config, role)
     if config.get("kv_connector") != "OffloadingConnector":
         return OffloadSettings()
     extra = config.get("kv_connector_extra_config", {})
@@ -120,6 +130,37 @@ def parse_kv_transfer_config(
         storage_tiers=tiers,
         min_load_blocks=block_size // gpu_block_size,
     )
+
+
+def _nixl(config: Mapping[str, Any], role: str | None) -> OffloadSettings:
+    """P/D settings: the role (vLLM requires one), the engine id (vLLM's default: a fresh
+    uuid), the prefill side's lease (kv_lease_duration, 30 s) and the decode side's pull
+    link."""
+    if role is None:
+        raise ConfigError("kv_transfer_config: NixlConnector needs kv_role "
+                          "(kv_producer, kv_consumer or kv_both)")  # fmt: skip
+    policy = config.get("kv_load_failure_policy", "recompute")
+    if policy == "fail":
+        raise _fail("kv_load_failure_policy", policy,
+                    "mocker models only 'recompute' (a failed pull prefills locally)")  # fmt: skip
+    if policy != "recompute":
+        raise _fail("kv_load_failure_policy", policy, "must be recompute (or vLLM's fail)")
+    engine_id = config.get("engine_id") or str(uuid.uuid4())
+    if not isinstance(engine_id, str):
+        raise _fail("engine_id", engine_id, "must be a string")
+    extra = config.get("kv_connector_extra_config", {})
+    if not isinstance(extra, Mapping):
+        raise _fail("kv_connector_extra_config", extra, "must be an object")
+    for key in extra:
+        if key not in _NIXL_KEYS | _NIXL_IGNORED:
+            raise _fail(f"kv_connector_extra_config.{key}", extra[key], "unknown key")
+    settings = OffloadSettings(kv_role=role, kv_engine_id=engine_id)
+    for key, field in (("kv_lease_duration", "hold_timeout"), ("pull_gbps", "pull_gbps"),
+                       ("pull_latency_ms", "pull_latency_ms"),
+                       ("pull_timeout_s", "pull_timeout")):  # fmt: skip
+        if key in extra:
+            settings[field] = _number(key, extra[key], positive=key != "pull_latency_ms")
+    return settings
 
 
 def _load(raw: str | Mapping[str, Any]) -> Mapping[str, Any]:

@@ -1,0 +1,183 @@
+"""EngineCore as a P/D pair (NixlConnector roles): hold, pull, resume, release, fallbacks."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from mocker.config import KVRole
+from mocker.disagg.local_peers import LocalPeers
+from mocker.disagg.params import parse_transfer_params
+from mocker.engine.core import EngineCore
+from mocker.request import EngineRequest, RequestStatus, SamplingParams
+from mocker.timing import PolynomialTiming
+from tests.support.engines import small_config
+
+BS = 16
+PROMPT = list(range(1000, 1100))  # 100 tokens: 7 blocks of 16 (the last one partial)
+
+
+def _pair(**overrides: object) -> tuple[EngineCore, EngineCore]:
+    base = {
+        "block_size": BS,
+        "num_gpu_blocks": 64,
+        "max_num_batched_tokens": 256,
+        "max_model_len": 512,
+        "pull_gbps": 1.0,
+        "pull_latency_ms": 0.5,
+    } | overrides
+    prefill = EngineCore(small_config(**base, kv_role=KVRole.PRODUCER, kv_engine_id="P"))
+    decode = EngineCore(small_config(**base, kv_role=KVRole.CONSUMER, kv_engine_id="D"),
+                        peers=LocalPeers({"P": prefill}))  # fmt: skip
+    return prefill, decode
+
+
+def _prefill_request(rid: str = "p1") -> EngineRequest:
+    return EngineRequest(rid, PROMPT, SamplingParams(max_tokens=1), remote_decode=True)
+
+
+def _decode_request(params: dict[str, object], rid: str = "d1", max_tokens: int = 3
+                    ) -> EngineRequest:  # fmt: skip
+    _, remote = parse_transfer_params(params)
+    return EngineRequest(rid, PROMPT, SamplingParams(max_tokens=max_tokens),
+                         remote_prefill=remote)  # fmt: skip
+
+
+def _prefill(prefill: EngineCore, rid: str = "p1") -> tuple[float, dict[str, object]]:
+    prefill.add_request(_prefill_request(rid))
+    result = prefill.step(0.0)
+    (out,) = result.outputs
+    assert out.finished and out.kv_transfer_params is not None
+    return result.end, out.kv_transfer_params
+
+
+def test_pd_pair_hand_computed_timings() -> None:
+    prefill, decode = _pair()
+    timing = PolynomialTiming()
+    end, params = _prefill(prefill)
+    # The prefill pass: 100 new tokens.
+    assert end == pytest.approx(timing.prefill_ms(100) / 1000)
+    held = prefill.holds._held["p1"].request  # type: ignore[union-attr]
+    assert params["remote_block_ids"] == [[b.block_id for b in held.blocks]]
+    assert len(params["remote_block_ids"][0]) == 7  # type: ignore[index]
+    assert params["remote_engine_id"] == "P" and params["remote_request_id"] == "p1"
+    assert params["do_remote_prefill"] is True and params["transfer_mode"] == "pull"
+    assert prefill.pool.num_used == 7  # held, not freed
+
+    decode.add_request(_decode_request(params))
+    idle = decode.step(end)
+    assert idle.idle
+    (request,) = decode.requests.values()
+    assert request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    # The pull: 7 blocks of 16 tokens at the model's KV bytes per token, over 1 GB/s, then
+    # 0.5 ms of latency.
+    nbytes = 7 * BS * decode.config.model.kv_bytes_per_token
+    pulled_at = end + nbytes / 1e9 + 0.0005
+    assert decode.next_transfer_deadline() == pytest.approx(pulled_at)
+    first = decode.step(decode.next_transfer_deadline())  # type: ignore[arg-type]
+    (record,) = first.pulls
+    assert record.ok and record.nbytes == nbytes
+    assert record.duration == pytest.approx(nbytes / 1e9 + 0.0005)
+    # The first decode pass recomputes the prompt's last token (vLLM's rule) to sample.
+    (out,) = first.outputs
+    assert first.stats.num_scheduled_tokens == 1
+    assert out.time == pytest.approx(pulled_at + timing.prefill_ms(1) / 1000)
+    # Every prompt token counts as cached, those pulled as external (vLLM's prefill stats).
+    assert out.num_cached_tokens == 100 and out.tier_hits == (("remote", 100),)
+    # The prefill engine learned the pull finished: its hold is gone, its blocks freed.
+    assert not prefill.holds and prefill.pool.num_used == 0
+    assert not prefill.has_pending_transfers()
+
+
+def test_a_local_prefix_hit_is_not_pulled_again() -> None:
+    prefill, decode = _pair()
+    end, params = _prefill(prefill)
+    decode.add_request(EngineRequest("warm", PROMPT[:64] + [7] * 10, SamplingParams(max_tokens=1)))
+    while decode.has_unfinished_requests():
+        end = decode.step(end).end
+    decode.add_request(_decode_request(params))
+    decode.step(end)
+    (pull,) = decode.pulls._pulls.values()  # type: ignore[union-attr]
+    assert pull.num_blocks == 3  # blocks 4..6: the first four are cached on the decode side
+    end = decode.next_transfer_deadline()
+    out = decode.step(end).outputs[0]  # type: ignore[arg-type]
+    assert out.num_cached_tokens == 100 and out.tier_hits == (("remote", 36),)
+
+
+def test_hold_expires_and_a_late_pull_recomputes() -> None:
+    prefill, decode = _pair(hold_timeout=1.0)
+    end, params = _prefill(prefill)
+    assert prefill.next_transfer_deadline() == pytest.approx(end + 1.0)
+    prefill.advance_transfers(end + 1.0)
+    assert not prefill.holds and prefill.pool.num_used == 0
+    decode.add_request(_decode_request(params))
+    decode.step(end + 2.0)
+    result = decode.step(decode.next_transfer_deadline())  # type: ignore[arg-type]
+    (record,) = result.pulls
+    assert not record.ok and decode.pulls.num_failed == 1  # type: ignore[union-attr]
+    # It recomputes its whole prompt locally: nothing counts as pulled.
+    assert result.stats.num_scheduled_tokens == 100
+    (out,) = result.outputs
+    assert out.num_cached_tokens == 0 and out.tier_hits == ()
+
+
+def test_abort_during_pull_frees_both_sides() -> None:
+    prefill, decode = _pair()
+    end, params = _prefill(prefill)
+    decode.add_request(_decode_request(params))
+    decode.step(end)
+    assert decode.pool.num_used == 7
+    decode.abort_request("d1", end + 1e-6)
+    assert decode.pool.num_used == 0 and not decode.pulls  # type: ignore[arg-type]
+    assert not prefill.holds and prefill.pool.num_used == 0
+    assert not decode.has_pending_transfers()
+
+
+def test_abort_before_the_pull_starts_releases_the_prefill_hold() -> None:
+    prefill, decode = _pair()
+    _, params = _prefill(prefill)
+    decode.add_request(_decode_request(params))
+    decode.abort_request("d1", 0.5)
+    assert not prefill.holds and prefill.pool.num_used == 0
+
+
+def test_an_aborted_prefill_request_is_not_held() -> None:
+    prefill, _ = _pair()
+    longer = dataclasses.replace(_prefill_request(), sampling=SamplingParams(max_tokens=5))
+    prefill.add_request(longer)
+    prefill.step(0.0)
+    out = prefill.abort_request("p1", 1.0)
+    assert out is not None and out.kv_transfer_params is None
+    assert not prefill.holds and prefill.pool.num_used == 0
+
+
+def test_pull_timeout_recomputes_and_releases() -> None:
+    prefill, decode = _pair(pull_gbps=1e-6, pull_timeout=2.0)  # a pull would take hours
+    end, params = _prefill(prefill)
+    decode.add_request(_decode_request(params))
+    decode.step(end)
+    assert decode.next_transfer_deadline() == pytest.approx(end + 2.0)
+    result = decode.step(end + 2.0)
+    assert result.stats.num_scheduled_tokens == 100  # recomputed at once
+    assert not prefill.holds and prefill.pool.num_used == 0
+    assert not decode.pulls  # type: ignore[arg-type]
+
+
+def test_concurrent_pulls_share_the_link() -> None:
+    prefill, decode = _pair(pull_latency_ms=0.0)
+    end, params_a = _prefill(prefill, "a")
+    prefill.add_request(EngineRequest("b", PROMPT[::-1], SamplingParams(max_tokens=1),
+                                      remote_decode=True))  # fmt: skip
+    (out_b,) = prefill.step(end).outputs
+    params_b = out_b.kv_transfer_params
+    assert params_b is not None
+    t = max(end, out_b.time)
+    decode.add_request(_decode_request(params_a, "da"))
+    remote_b = parse_transfer_params(params_b)[1]
+    decode.add_request(EngineRequest("db", PROMPT[::-1], SamplingParams(max_tokens=2),
+                                     remote_prefill=remote_b))  # fmt: skip
+    decode.step(t)
+    one = 7 * BS * decode.config.model.kv_bytes_per_token / 1e9
+    # Two equal pulls started together each get half the link: both end after twice one.
+    assert decode.next_transfer_deadline() == pytest.approx(t + 2 * one)
