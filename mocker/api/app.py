@@ -29,11 +29,14 @@ logger = logging.getLogger("uvicorn.error")
 
 
 def _lifespan(state: ServerState) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
-    """Start the engines; on the way out stop them and close the KV-event publishers."""
+    """Start the engines; on the way out stop them and close the KV-event publishers and the
+    P/D side channels."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state.engines.start()
+        for channel in state.side_channels:
+            channel.start()
         delay = state.settings.startup_delay
         if delay > 0:
             state.ready_at = asyncio.get_running_loop().time() + delay
@@ -48,6 +51,8 @@ def _lifespan(state: ServerState) -> Callable[[FastAPI], AbstractAsyncContextMan
             yield
         finally:
             await state.engines.stop()
+            for channel in state.side_channels:
+                await channel.close()
             for publisher in state.publishers:
                 await asyncio.to_thread(publisher.close)
 

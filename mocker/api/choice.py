@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from mocker.api.stop_strings import StopMatcher
 from mocker.engine.live import LiveEngine, RequestStream
@@ -32,9 +33,14 @@ class Choice:
     token_ids: list[int] | None = None
     completion_tokens: int = 0
     cached_tokens: int = 0
+    # P/D decode side: the prefill engine's prefix hits, reported as this request's cached
+    # tokens (vLLM's remote_prefill_cached_tokens).
+    remote_cached_tokens: int | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     done: bool = False
+    # P/D prefill side: where a decode engine pulls the KV (from the final output).
+    kv_transfer_params: dict[str, Any] | None = None
 
     def account(self, out: RequestOutput) -> None:
         """Token counts and finish state from one engine output (no text work)."""
@@ -42,9 +48,11 @@ class Choice:
         self.completion_tokens += len(ids)
         if self.token_ids is not None:
             self.token_ids += ids
-        self.cached_tokens = out.num_cached_tokens
+        remote = self.remote_cached_tokens
+        self.cached_tokens = out.num_cached_tokens if remote is None else remote
         if out.finished:
             self.done = True
+            self.kv_transfer_params = out.kv_transfer_params
             reason = out.finish_reason
             self.finish_reason = reason.value if reason is not None else None
             if reason is FinishReason.STOP and ids and ids[-1] in self.stop_token_ids:

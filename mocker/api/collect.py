@@ -113,6 +113,8 @@ class ResponseCollector:
             "choices": [self._choice(c, "".join(self._texts[c.index])) for c in choices],
             "usage": usage_dict(*totals(choices)),
             "system_fingerprint": None,
+            # P/D: top level, always present (vLLM serialises it as null when unset).
+            "kv_transfer_params": choices[0].kv_transfer_params,
         }
         if head.chat and head.return_token_ids:
             body["prompt_token_ids"] = choices[0].prompt_token_ids
@@ -132,7 +134,7 @@ class ResponseCollector:
             "prompt_token_ids": choices[0].prompt_token_ids if head.return_token_ids else None,
             "mm_placeholders": None,
             "metrics": None,
-            "kv_transfer_params": None,
+            "kv_transfer_params": choices[0].kv_transfer_params,
             "ec_transfer_params": None,
             "output_mode": "tokens",
             "choices": [

@@ -166,6 +166,9 @@ class _Sampling(_Knobs):
     cache_salt: str | None = None
     # The prompt's and the generated token ids in the response (and stream chunks).
     return_token_ids: bool | None = None
+    # P/D (NixlConnector): do_remote_decode on a prefill request; a decode request carries
+    # what the prefill engine answered (mocker.disagg.params checks the keys).
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 class CompletionRequest(_Sampling):
@@ -253,6 +256,7 @@ class GenerateRequest(_Open):
     cache_salt: str | None = None
     priority: Int64 = 0
     data_parallel_rank: Rank | None = None
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 def _prompt_or_messages(schema: dict[str, Any]) -> None:

@@ -24,6 +24,7 @@ from mocker.api.responses import DeferredResponse, Emitter, EventStreamResponse,
 from mocker.api.stop_strings import StopMatcher
 from mocker.api.stream import StreamRenderer
 from mocker.config import EngineConfig
+from mocker.disagg.params import InvalidTransferParams, parse_transfer_params
 from mocker.engine.group import EngineGroup, RankError
 from mocker.engine.intake import RequestRejected, check_min_tokens, check_prompt_length
 from mocker.engine.live import EngineDeadError, LiveEngine
@@ -246,6 +247,17 @@ class OpenAIServing:
         lora: LoraModule | None = None,
     ) -> list[EngineRequest]:
         """One checked engine request per prompt (ids `<id>-<i>` when there are several)."""
+        try:
+            remote_decode, remote_prefill = parse_transfer_params(body.kv_transfer_params)
+        except InvalidTransferParams as exc:
+            raise OpenAIError(400, str(exc), "kv_transfer_params") from None
+        if remote_prefill is not None and len(prompts) > 1:
+            raise OpenAIError(
+                400,
+                "kv_transfer_params with do_remote_prefill name the KV of one prompt: send "
+                "one prompt per request",
+                "kv_transfer_params",
+            )
         specs: list[EngineRequest] = []
         for i, prompt in enumerate(prompts):
             spec = EngineRequest(
@@ -256,6 +268,8 @@ class OpenAIServing:
                 cache_salt=body.cache_salt,
                 lora_name=lora.name if lora is not None else None,
                 lora_path=lora.path if lora is not None else None,
+                remote_decode=remote_decode,
+                remote_prefill=remote_prefill,
             )
             try:
                 self.engines.check_request(spec)
@@ -352,6 +366,9 @@ class OpenAIServing:
             stop_token_ids=frozenset(sampling.stop_token_ids),
             prompt_token_ids=list(spec.prompt_token_ids) if body.return_token_ids else None,
             token_ids=[] if ids else None,
+            remote_cached_tokens=(
+                spec.remote_prefill.cached_tokens if spec.remote_prefill is not None else None
+            ),
         )
 
     # -- responses ----------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -14,7 +15,9 @@ from mocker.api.errors import OpenAIError
 from mocker.api.faults import FaultInjector
 from mocker.api.lora import LoraAdapters
 from mocker.api.serving import OpenAIServing
-from mocker.config import ConfigError, EngineConfig
+from mocker.config import ConfigError, EngineConfig, KVRole
+from mocker.disagg.pulls import PdCounters
+from mocker.disagg.side_channel import SideChannelClient, SideChannelServer
 from mocker.engine.core import EngineCore
 from mocker.engine.group import EngineGroup
 from mocker.engine.kv_stack import build_shared_tiers
@@ -49,6 +52,8 @@ class ServerState:
     faults: FaultInjector
     created: int
     publishers: list[ZmqEventPublisher] = field(default_factory=list)  # by rank, if enabled
+    # P/D: the NIXL side channels of the ranks (prefill: served; decode: notifications).
+    side_channels: list[SideChannelServer | SideChannelClient] = field(default_factory=list)
     # Set on SIGTERM (mocker.api.shutdown): new work and /health get 503 while in-flight
     # requests finish.
     draining: bool = False
@@ -91,6 +96,9 @@ def _rank_engine(
 ) -> tuple[LiveEngine, StatsRecorder, ZmqEventPublisher | None]:
     """Data-parallel rank `rank`: its core and loop, its metrics, its KV-event publisher.
     `shared`: the process's tiers every rank uses (one `obj`)."""
+    if config.kv_role is not KVRole.NONE and settings.data_parallel_size > 1:
+        # vLLM's engine id per data-parallel rank.
+        config = config.with_changes(kv_engine_id=f"{config.kv_engine_id}_dp{rank}")
     core = EngineCore(config, output_palette=tokenizer.palette, shared_tiers=shared, engine_id=rank)
     if core.lora is not None:  # --lora-modules are loaded at start-up, as vLLM loads them
         core.lora.preload(m.name for m in settings.lora_modules)
@@ -107,6 +115,32 @@ def _rank_engine(
     engine = LiveEngine(core, on_step=on_step, on_finish=metrics.on_finish)
     metrics.snapshot = engine.snapshot
     return engine, metrics, publisher
+
+
+def side_channels(
+    engine: LiveEngine, rank: int, counters: PdCounters
+) -> list[SideChannelServer | SideChannelClient]:
+    """A P/D rank's NIXL side channel: a prefill engine serves one at
+    VLLM_NIXL_SIDE_CHANNEL_HOST : VLLM_NIXL_SIDE_CHANNEL_PORT + rank (vLLM's defaults:
+    localhost, 5600; port 0 binds any free port, which kv_transfer_params then name); a
+    decode engine sends its notifications through a client."""
+    core = engine.core
+    channels: list[SideChannelServer | SideChannelClient] = []
+    if core.holds is not None:
+        host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost")
+        raw = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600")
+        try:
+            base = int(raw)
+        except ValueError:
+            raise ConfigError(f"VLLM_NIXL_SIDE_CHANNEL_PORT={raw!r} is not a port number") from None
+        server = SideChannelServer(engine, host, base + rank if base else 0, counters)
+        core.side_channel = (host, server.port)
+        channels.append(server)
+    if core.pulls is not None:
+        client = SideChannelClient(engine, counters)
+        core.pulls.peers = client
+        channels.append(client)
+    return channels
 
 
 def lora_adapters(settings: ServerSettings, config: EngineConfig) -> LoraAdapters:
@@ -130,6 +164,7 @@ def build_state(
     engines: list[LiveEngine] = []
     metrics: list[StatsRecorder] = []
     publishers: list[ZmqEventPublisher] = []
+    channels: list[SideChannelServer | SideChannelClient] = []
     loras = lora_adapters(settings, config)  # before any socket is bound
     shared = build_shared_tiers(config)
     try:
@@ -141,9 +176,12 @@ def build_state(
             metrics.append(rank_metrics)
             if publisher is not None:
                 publishers.append(publisher)
+            channels += side_channels(engine, rank, rank_metrics.pd)
     except BaseException:
         for publisher in publishers:  # e.g. rank 1's port is taken: free rank 0's
             publisher.close()
+        for channel in channels:
+            channel.close_now()
         raise
     group = EngineGroup(engines)
     faults = FaultInjector(settings.faults, seed=config.seed)
@@ -162,4 +200,5 @@ def build_state(
         faults=faults,
         created=int(time.time()),
         publishers=publishers,
+        side_channels=channels,
     )

@@ -21,13 +21,14 @@ class KVHolds:
     """The holds of one engine, by request id. A pure model: times are arguments; the engine
     frees the blocks of whatever `release` or `expire` hands back."""
 
-    __slots__ = ("_deadlines", "_held", "timeout", "version")
+    __slots__ = ("_deadlines", "_held", "num_expired", "timeout", "version")
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout = timeout_s
         self._held: dict[str, _Hold] = {}
         self._deadlines: list[tuple[float, str]] = []  # lazily pruned
         self.version = 0  # bumped when a hold starts or ends (the live timer re-arms)
+        self.num_expired = 0  # cumulative (vLLM's nixl_num_kv_expired_reqs)
 
     def __len__(self) -> int:
         return len(self._held)
@@ -64,6 +65,7 @@ class KVHolds:
                 out.append(hold.request)
         if out:
             self.version += 1
+            self.num_expired += len(out)
         return out
 
     def next_deadline(self) -> float | None:

@@ -16,6 +16,7 @@ from mocker.tiers.link import Link, TransferId
 
 __all__ = [
     "PULL_SOURCE",
+    "PdCounters",
     "PrefillPeers",
     "Pull",
     "PullRecord",
@@ -24,10 +25,19 @@ __all__ = [
     "Unreachable",
 ]
 
-PULL_SOURCE = "remote"  # the source of pulled KV in a request's tier hits
+# The source of pulled KV in a request's tier hits (vLLM's CacheHitSource for NIXL).
+PULL_SOURCE = "p2p"
 
 
 _NO_TRANSFER = TransferId(-1)
+
+
+@dataclass(slots=True)
+class PdCounters:
+    """What a live driver's side channel counts for vLLM's NIXL metrics."""
+
+    failed_notifications: int = 0  # decode side: notifications that got no answer
+    notifications_after_expiry: int = 0  # prefill side: reads of KV no longer held
 
 
 class PullState(IntEnum):

@@ -203,6 +203,7 @@ class EngineCore:
             num_unfinished=len(self.requests),
             num_used_blocks=self.pool.num_used,
             lora_adapters=self._lora_adapters() if self.config.enable_lora else (),
+            kv_expired=self.holds.num_expired if self.holds is not None else 0,
             **self._tier_snapshot(),
         )
 

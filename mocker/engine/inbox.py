@@ -12,6 +12,8 @@ __all__ = [
     "FinishEarly",
     "InboxMessage",
     "PreloadLora",
+    "PullAnswered",
+    "ReleaseHold",
     "ResetPrefixCache",
     "TransfersDue",
 ]
@@ -52,4 +54,29 @@ class PreloadLora:
     name: str
 
 
-InboxMessage = AddRequest | FinishEarly | TransfersDue | ResetPrefixCache | PreloadLora
+@dataclass(frozen=True, slots=True)
+class ReleaseHold:
+    """P/D prefill side: a decode engine read a held request's KV (or gave up on it); `done`
+    gets whether it was still held."""
+
+    request_id: str
+    done: asyncio.Future[bool]
+
+
+@dataclass(frozen=True, slots=True)
+class PullAnswered:
+    """P/D decode side: the prefill engine's answer to a pull's read notification."""
+
+    request_id: str
+    ok: bool
+
+
+InboxMessage = (
+    AddRequest
+    | FinishEarly
+    | TransfersDue
+    | ResetPrefixCache
+    | PreloadLora
+    | ReleaseHold
+    | PullAnswered
+)

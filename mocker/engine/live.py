@@ -17,6 +17,8 @@ from mocker.engine.inbox import (
     FinishEarly,
     InboxMessage,
     PreloadLora,
+    PullAnswered,
+    ReleaseHold,
     ResetPrefixCache,
     TransfersDue,
 )
@@ -116,7 +118,7 @@ class LiveEngine:
         if self._task is None:
             loop = asyncio.get_running_loop()
             self._task = loop.create_task(self._run(), name="engine-loop")
-            if self.core.connector is not None:
+            if self.core.has_transfer_parts:
                 self._timer.start()
 
     async def stop(self) -> None:
@@ -189,6 +191,19 @@ class LiveEngine:
         self._post(ResetPrefixCache(done))
         return await done
 
+    async def release_hold(self, request_id: str) -> bool:
+        """P/D prefill side: free a held request's KV between two passes; whether it was
+        still held (False when dead: nothing is held any more)."""
+        if self.dead_error is not None:
+            return False
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._post(ReleaseHold(request_id, done))
+        return await done
+
+    def answer_pull(self, request_id: str, ok: bool) -> None:
+        """P/D decode side: the prefill engine answered a pull's read notification."""
+        self._post(PullAnswered(request_id, ok))
+
     def preload_lora(self, name: str) -> None:
         """Put an adapter loaded at runtime in the CPU cache, between two passes."""
         self._post(PreloadLora(name))
@@ -240,6 +255,14 @@ class LiveEngine:
                 case PreloadLora(name):
                     if self.core.lora is not None:
                         self.core.lora.preload([name])
+                case ReleaseHold(request_id, done):
+                    held = self.core.release_hold(request_id)
+                    if not done.done():
+                        done.set_result(held)
+                case PullAnswered(request_id, ok):
+                    if self.core.pulls is not None:
+                        self.core.pulls.confirm(request_id, ok)
+                        transfers_due = True  # applied at once, pass or no pass
         return latest, transfers_due
 
     def _reset_prefix_cache(self, done: asyncio.Future[int]) -> None:
@@ -321,6 +344,8 @@ class LiveEngine:
         for message in self._inbox:
             if isinstance(message, ResetPrefixCache) and not message.done.done():
                 message.done.set_exception(EngineDeadError(f"engine is dead: {error}"))
+            elif isinstance(message, ReleaseHold) and not message.done.done():
+                message.done.set_result(False)
         self._inbox.clear()
         self._inbox_requests = 0
         failure = (

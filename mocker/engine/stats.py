@@ -60,6 +60,7 @@ class EngineSnapshot:
     tiers: tuple[TierSnapshot, ...] = ()  # the secondary tiers, in lookup order
     # With --enable-lora: the adapters of unfinished requests, oldest request first.
     lora_adapters: tuple[str, ...] = ()
+    kv_expired: int = 0  # P/D prefill side: holds that expired unread (cumulative)
 
     @property
     def queue_score(self) -> int:

@@ -42,10 +42,12 @@ class TransferTimer:
         started, ended or was posted since it last looked (or `force`: the loop applied a
         deadline the timer reported, which on a channel shared with other engines may have
         moved without any change of this engine's own)."""
-        connector = self._core.connector
-        if connector is not None and (force or connector.version != self._version):
-            self._version = connector.version
-            self._rearm.set()
+        core = self._core
+        if core.has_transfer_parts:
+            version = core.transfer_version
+            if force or version != self._version:
+                self._version = version
+                self._rearm.set()
 
     async def _run(self) -> None:
         rearm = self._rearm

@@ -14,6 +14,9 @@ __all__ = [
     "BUCKETS",
     "ITERATION_TOKEN_BUCKETS",
     "ITL_BUCKETS",
+    "NIXL_BYTES_BUCKETS",
+    "NIXL_DESCRIPTORS_BUCKETS",
+    "NIXL_XFER_TIME_BUCKETS",
     "PARAMS_N_BUCKETS",
     "PREEMPTION_BUCKETS",
     "REQUEST_TIME_BUCKETS",
@@ -33,6 +36,12 @@ ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 81
 PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
 TRANSFER_SIZE_BUCKETS = (1e6, 5e6, 1e7, 2e7, 4e7, 6e7, 8e7, 1e8, 1.5e8, 2e8)
+# vLLM's NixlPromMetrics (nixl/stats.py): transfer seconds, bytes (2^(10+i), i = 1, 3, .. 23)
+# and descriptors per transfer.
+NIXL_XFER_TIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
+NIXL_BYTES_BUCKETS = tuple(float(2 ** (10 + i)) for i in range(1, 24, 2))
+NIXL_DESCRIPTORS_BUCKETS = (10, 20, 30, 50, 75, 100, 200, 400, 1000, 2000, 4000, 10000, 20000,
+                            50000)  # fmt: skip
 
 BUCKETS = {
     "ttft": TTFT_BUCKETS,
@@ -42,6 +51,9 @@ BUCKETS = {
     "preemptions": PREEMPTION_BUCKETS,
     "params_n": PARAMS_N_BUCKETS,
     "transfer_size": TRANSFER_SIZE_BUCKETS,
+    "nixl_xfer_time": NIXL_XFER_TIME_BUCKETS,
+    "nixl_bytes": NIXL_BYTES_BUCKETS,
+    "nixl_descriptors": NIXL_DESCRIPTORS_BUCKETS,
 }
 
 

@@ -21,6 +21,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from mocker.config import KVRole
+from mocker.disagg.pulls import PULL_SOURCE
 from mocker.engine.stats import EngineSnapshot
 from mocker.faults import FaultType
 from mocker.metrics.histogram import Histogram
@@ -63,9 +65,11 @@ def _by_source(m: StatsRecorder, s: EngineSnapshot) -> Value:
 
 
 def _tier_names(m: StatsRecorder) -> list[str]:
-    """The tiers below the device this engine has: cpu, then the secondary tiers."""
+    """The tiers below the device this engine has: cpu, then the secondary tiers (and p2p:
+    the KV a P/D decode engine pulls)."""
     config = m.config
-    return (["cpu"] if config.has_cpu_tier else []) + [t.name for t in config.storage_tiers]
+    names = (["cpu"] if config.has_cpu_tier else []) + [t.name for t in config.storage_tiers]
+    return names + ([PULL_SOURCE] if config.kv_role.consumes else [])
 
 
 def _cached_by_tier(m: StatsRecorder, s: EngineSnapshot) -> Value:
@@ -219,6 +223,30 @@ FAMILIES: tuple[Family, ...] = (
            lambda m, s: m.itl, legacy=True),
 )  # fmt: skip
 
+# vLLM's NixlPromMetrics, registered only when a KV connector is configured (P/D).
+NIXL_FAMILIES: tuple[Family, ...] = (
+    Family("vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache "
+           "transfers.", H, lambda m, s: m.nixl_xfer_time),
+    Family("vllm:nixl_bytes_transferred", "Histogram of bytes transferred per NIXL KV Cache "
+           "transfers.", H, lambda m, s: m.nixl_bytes),
+    Family("vllm:nixl_num_descriptors", "Histogram of number of descriptors per NIXL  KV Cache "
+           "transfers.", H, lambda m, s: m.nixl_descriptors),
+    Family("vllm:nixl_num_failed_transfers", "Number of failed NIXL KV Cache transfers, "
+           "including handshake and notification failures. NOTE: KV expiry is tracked "
+           "separately in vllm:nixl_num_kv_expired_reqs.", C,
+           lambda m, s: m.nixl_failed_transfers),
+    Family("vllm:nixl_num_failed_notifications", "Number of failed NIXL KV Cache notifications. "
+           "Retained for compatibility; these failures are also included in "
+           "vllm:nixl_num_failed_transfers.", C, lambda m, s: m.pd.failed_notifications),
+    Family("vllm:nixl_num_kv_expired_reqs", "Number of requests that had their KV expire. "
+           "NOTE: This metric is tracked on the P instance.", C, lambda m, s: s.kv_expired),
+    Family("vllm:nixl_num_notifications_after_expiry", "Number of completion notifications for "
+           "requests that were no longer tracked, usually because their KV lease expired. The "
+           "KV blocks may have been reused before the transfer finished. Counted per "
+           "notification (one per remote rank), not per request.", C,
+           lambda m, s: m.pd.notifications_after_expiry),
+)  # fmt: skip
+
 _LABELS = ["model_name", "engine"]
 
 
@@ -249,6 +277,9 @@ class MetricsCollector(Collector):
         rows = [(m, m.current(), [self.model_name, m.engine]) for m in self.engines]
         for family in FAMILIES:
             if not family.legacy or self.legacy_names:
+                yield self._render(family, rows)
+        if self.engines and self.engines[0].config.kv_role is not KVRole.NONE:
+            for family in NIXL_FAMILIES:
                 yield self._render(family, rows)
         yield self._cache_config_info()
         if self.engines and self.engines[0].config.enable_lora:

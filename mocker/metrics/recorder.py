@@ -6,11 +6,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mocker.config import EngineConfig
+from mocker.disagg.pulls import PdCounters, PullRecord
 from mocker.engine.outputs import StepResult
 from mocker.engine.stats import EngineSnapshot, FinishedRequestStats, IterationStats
 from mocker.metrics.histogram import (
     ITERATION_TOKEN_BUCKETS,
     ITL_BUCKETS,
+    NIXL_BYTES_BUCKETS,
+    NIXL_DESCRIPTORS_BUCKETS,
+    NIXL_XFER_TIME_BUCKETS,
     PARAMS_N_BUCKETS,
     PREEMPTION_BUCKETS,
     REQUEST_TIME_BUCKETS,
@@ -78,6 +82,12 @@ class StatsRecorder:
     request_max_generation_tokens: Histogram = field(init=False)
     request_params_n: Histogram = field(default_factory=_histogram(PARAMS_N_BUCKETS))
     request_prefill_kv_computed: Histogram = field(init=False)
+    # P/D (vLLM's NIXL metrics): pulls on the decode side; the side channel's counts.
+    nixl_xfer_time: Histogram = field(default_factory=_histogram(NIXL_XFER_TIME_BUCKETS))
+    nixl_bytes: Histogram = field(default_factory=_histogram(NIXL_BYTES_BUCKETS))
+    nixl_descriptors: Histogram = field(default_factory=_histogram(NIXL_DESCRIPTORS_BUCKETS))
+    nixl_failed_transfers: int = 0
+    pd: PdCounters = field(default_factory=PdCounters)
 
     def __post_init__(self) -> None:
         token_buckets = one_two_five_buckets(self.config.max_model_len)
@@ -98,6 +108,8 @@ class StatsRecorder:
         stats = result.stats
         for record in result.transfers:
             self._transfer(record)
+        for pull in result.pulls:
+            self._pull(pull)
         # A pass can preempt (or count hits of a load that ended) and still compute nothing.
         self.num_preemptions += stats.num_preemptions
         self.prefix_queries += stats.prefix_queries
@@ -146,6 +158,16 @@ class StatsRecorder:
             self.offload_load_bytes += t.nbytes
             self.offload_load_time += t.duration
             self.offload_load_size.observe(t.nbytes)
+
+    def _pull(self, p: PullRecord) -> None:
+        """A finished pull: timed and sized when its bytes arrived; a failure is counted."""
+        if not p.ok:
+            self.nixl_failed_transfers += 1
+            return
+        self.nixl_xfer_time.observe(p.duration)
+        self.nixl_bytes.observe(p.nbytes)
+        # One descriptor per block and layer, as NIXL describes a READ of a paged cache.
+        self.nixl_descriptors.observe(p.num_blocks * self.config.model.num_layers)
 
     def on_finish(self, r: FinishedRequestStats) -> None:
         """A request ended: in a pass, or outside one (abort, stop string)."""

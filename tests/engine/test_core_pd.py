@@ -84,7 +84,7 @@ def test_pd_pair_hand_computed_timings() -> None:
     assert first.stats.num_scheduled_tokens == 1
     assert out.time == pytest.approx(pulled_at + timing.prefill_ms(1) / 1000)
     # Every prompt token counts as cached, those pulled as external (vLLM's prefill stats).
-    assert out.num_cached_tokens == 100 and out.tier_hits == (("remote", 100),)
+    assert out.num_cached_tokens == 100 and out.tier_hits == (("p2p", 100),)
     # The prefill engine learned the pull finished: its hold is gone, its blocks freed.
     assert not prefill.holds and prefill.pool.num_used == 0
     assert not prefill.has_pending_transfers()
@@ -102,7 +102,7 @@ def test_a_local_prefix_hit_is_not_pulled_again() -> None:
     assert pull.num_blocks == 3  # blocks 4..6: the first four are cached on the decode side
     end = decode.next_transfer_deadline()
     out = decode.step(end).outputs[0]  # type: ignore[arg-type]
-    assert out.num_cached_tokens == 100 and out.tier_hits == (("remote", 36),)
+    assert out.num_cached_tokens == 100 and out.tier_hits == (("p2p", 36),)
 
 
 def test_hold_expires_and_a_late_pull_recomputes() -> None:

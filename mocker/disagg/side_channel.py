@@ -1,0 +1,214 @@
+"""The NIXL side channel between live engines (ZMQ, msgpack), mocked to vLLM's shape: a
+prefill engine's ROUTER at (VLLM_NIXL_SIDE_CHANNEL_HOST, VLLM_NIXL_SIDE_CHANNEL_PORT + rank)
+answers vLLM's `get_meta_msg` handshake and the decode side's read notifications (what NIXL
+sends as `"<remote_request_id>:<consumers>"` once a READ completed)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from mocker.config import ConfigError
+from mocker.disagg.params import RemotePrefill
+from mocker.disagg.pulls import PdCounters, Pull
+
+if TYPE_CHECKING:
+    from mocker.engine.live import LiveEngine
+
+__all__ = ["GET_META_MSG", "NOTIF_MSG", "SideChannelClient", "SideChannelServer"]
+
+logger = logging.getLogger(__name__)
+
+GET_META_MSG = b"get_meta_msg"  # vLLM's handshake request: (GET_META_MSG, pp_rank, tp_rank)
+NOTIF_MSG = b"notif"  # mocker's stand-in for a NIXL notification: (NOTIF_MSG, engine, text)
+# vLLM gives a handshake 5 s; a notification the prefill engine does not answer in that time
+# fails the pull (the request recomputes).
+ANSWER_TIMEOUT_S = 5.0
+
+_encode = msgspec.msgpack.encode
+_decode = msgspec.msgpack.decode
+
+
+class SideChannelServer:
+    """A prefill engine's side channel. Bound at construction (a taken port stops start-up);
+    served by one task; every answer that touches engine state goes through the engine
+    loop's inbox."""
+
+    def __init__(self, engine: LiveEngine, host: str, port: int, counters: PdCounters,
+                 context: zmq.asyncio.Context | None = None) -> None:  # fmt: skip
+        self.engine = engine
+        self.counters = counters
+        self._ctx = context if context is not None else zmq.asyncio.Context.instance()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        try:
+            self._sock.bind(f"tcp://{host}:{port}")
+        except zmq.ZMQError as exc:
+            self._sock.close()
+            raise ConfigError(
+                f"NIXL side channel: cannot bind tcp://{host}:{port} ({exc}); set "
+                "VLLM_NIXL_SIDE_CHANNEL_PORT to a free port"
+            ) from None
+        endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.host = host
+        self.port = int(endpoint.rsplit(":", 1)[1])  # the bound port (0 picks one)
+        self._task: asyncio.Task[None] | None = None
+        self._answers: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._serve(), name="side-channel")
+
+    async def close(self) -> None:
+        tasks = [t for t in (self._task, *self._answers) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.close_now()
+
+    def close_now(self) -> None:
+        """Close the socket (start-up failed: no task runs yet)."""
+        self._sock.close()
+
+    async def _serve(self) -> None:
+        sock = self._sock
+        while True:
+            frames = await sock.recv_multipart()
+            # A REQ peer (vLLM's handshake) puts an empty delimiter before its message.
+            envelope, body = frames[:-1], frames[-1]
+            try:
+                message = _decode(body)
+            except msgspec.DecodeError:
+                logger.warning("side channel: undecodable message dropped")
+                continue
+            task = asyncio.get_running_loop().create_task(self._answer(envelope, message))
+            self._answers.add(task)
+            task.add_done_callback(self._answers.discard)
+
+    async def _answer(self, envelope: list[bytes], message: Any) -> None:
+        if not isinstance(message, list) or not message:
+            return
+        kind = message[0]
+        if kind == GET_META_MSG:
+            await self._sock.send_multipart(
+                [*envelope, self._handshake(), _encode(time.perf_counter())]
+            )
+        elif kind == NOTIF_MSG and len(message) == 3:
+            engine_id, text = message[1], message[2]
+            held = await self._notified(engine_id, text)
+            await self._sock.send_multipart([*envelope, _encode(held)])
+
+    def _handshake(self) -> bytes:
+        """vLLM's NixlHandshakePayload shape; the agent metadata is what a mock has."""
+        core = self.engine.core
+        config = core.config
+        metadata = {
+            "engine_id": config.kv_engine_id,
+            "num_blocks": config.num_gpu_blocks,
+            "block_size": config.block_size,
+            "block_lens": [config.block_bytes],
+            "kv_cache_layout": "HND",
+            "attn_backend_name": "MOCKER",
+        }
+        return _encode({"compatibility_hash": "mocker", "agent_metadata_bytes": _encode(metadata)})
+
+    async def _notified(self, engine_id: Any, text: Any) -> bool:
+        """A decode engine read (or gave up on) a held request: free it. False when this
+        engine is not the one named (restarted: a new engine id) or holds nothing under it."""
+        if not isinstance(text, str) or engine_id != self.engine.core.config.kv_engine_id:
+            return False
+        request_id = text.rsplit(":", 1)[0]
+        held = await self.engine.release_hold(request_id)
+        if not held:
+            self.counters.notifications_after_expiry += 1
+            logger.warning(
+                "Potentially invalid KV blocks for unrecognized request %s were retrieved by "
+                "a decode worker. They may have expired.", request_id,
+            )  # fmt: skip
+        return held
+
+
+class SideChannelClient:
+    """A decode engine's way to its prefill engines (mocker.disagg.pulls.PrefillPeers): one
+    DEALER per prefill side channel; answers reach the engine loop through its inbox."""
+
+    def __init__(self, engine: LiveEngine, counters: PdCounters,
+                 context: zmq.asyncio.Context | None = None) -> None:  # fmt: skip
+        self.engine = engine
+        self.counters = counters
+        self._ctx = context if context is not None else zmq.asyncio.Context.instance()
+        self._socks: dict[tuple[str, int], zmq.asyncio.Socket] = {}
+        self._locks: dict[tuple[str, int], asyncio.Lock] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        """Nothing to serve: sockets open on first use."""
+
+    # -- PrefillPeers (called from the engine loop, synchronously) ----------------------------
+
+    def read_done(self, pull: Pull) -> bool | None:
+        request_id = pull.request.request_id
+        self._spawn(self._notify(pull.remote, request_id))
+        return None
+
+    def release(self, remote: RemotePrefill) -> None:
+        self._spawn(self._notify(remote, None))
+
+    # -- the network ------------------------------------------------------------------------
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _notify(self, remote: RemotePrefill, request_id: str | None) -> None:
+        """Tell the prefill engine; with `request_id` (a pull), its answer decides the pull."""
+        held = False
+        try:
+            held = await asyncio.wait_for(self._ask(remote), ANSWER_TIMEOUT_S)
+        except (TimeoutError, zmq.ZMQError, msgspec.DecodeError) as exc:
+            self.counters.failed_notifications += 1
+            logger.warning("NIXL notification to %s:%d failed: %r", remote.host, remote.port, exc)
+            self._drop(remote)  # a dead peer's queued message must not be answered later
+        if request_id is not None:
+            self.engine.answer_pull(request_id, held)
+
+    async def _ask(self, remote: RemotePrefill) -> bool:
+        key = (remote.host, remote.port)
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:  # one question at a time per socket: answers come in order
+            sock = self._socks.get(key)
+            if sock is None:
+                sock = self._socks[key] = self._ctx.socket(zmq.DEALER)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.connect(f"tcp://{remote.host}:{remote.port}")
+            text = f"{remote.request_id}:1"
+            await sock.send(_encode([NOTIF_MSG, remote.engine_id, text]))
+            return bool(_decode(await sock.recv()))
+
+    def _drop(self, remote: RemotePrefill) -> None:
+        sock = self._socks.pop((remote.host, remote.port), None)
+        if sock is not None:
+            sock.close()
+
+    async def close(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.close_now()
+
+    def close_now(self) -> None:
+        for sock in self._socks.values():
+            sock.close()
+        self._socks.clear()
