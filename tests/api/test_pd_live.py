@@ -67,7 +67,7 @@ def prefill(url: str, body: dict[str, Any], path: str = "/v1/completions") -> di
     assert resp.status_code == 200, resp.text
     params = resp.json()["kv_transfer_params"]
     assert isinstance(params, dict)
-    return params  # type: ignore[no-any-return]
+    return params
 
 
 def decode(url: str, body: dict[str, Any], params: dict[str, Any],

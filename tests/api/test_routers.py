@@ -151,11 +151,14 @@ def free_port() -> int:
 
 
 def _router_ready(proc: subprocess.Popen[str], url: str, workers: int, timeout: float) -> bool:
-    """Whether the router answers /health and lists all `workers` in /get_loads in time."""
+    """Whether the router answers /health and lists all `workers` in /get_loads in time
+    (`workers` 0: /health alone, as in P/D mode, where /get_loads lists no workers)."""
     deadline = time.monotonic() + timeout
     while proc.poll() is None and time.monotonic() < deadline:
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
+                if not workers:
+                    return True
                 loads = httpx.get(url + "/get_loads", timeout=10).json()
                 if len(loads.get("workers", [])) >= workers:
                     return True

@@ -60,7 +60,7 @@ def test_pd_pair_hand_computed_timings() -> None:
     assert end == pytest.approx(timing.prefill_ms(100) / 1000)
     held = prefill.holds._held["p1"].request  # type: ignore[union-attr]
     assert params["remote_block_ids"] == [[b.block_id for b in held.blocks]]
-    assert len(params["remote_block_ids"][0]) == 7  # type: ignore[index]
+    assert len(params["remote_block_ids"][0]) == 7
     assert params["remote_engine_id"] == "P" and params["remote_request_id"] == "p1"
     assert params["do_remote_prefill"] is True and params["transfer_mode"] == "pull"
     assert prefill.pool.num_used == 7  # held, not freed
@@ -100,8 +100,9 @@ def test_a_local_prefix_hit_is_not_pulled_again() -> None:
     decode.step(end)
     (pull,) = decode.pulls._pulls.values()  # type: ignore[union-attr]
     assert pull.num_blocks == 3  # blocks 4..6: the first four are cached on the decode side
-    end = decode.next_transfer_deadline()
-    out = decode.step(end).outputs[0]  # type: ignore[arg-type]
+    deadline = decode.next_transfer_deadline()
+    assert deadline is not None
+    out = decode.step(deadline).outputs[0]
     assert out.num_cached_tokens == 100 and out.tier_hits == (("p2p", 36),)
 
 
@@ -129,7 +130,7 @@ def test_abort_during_pull_frees_both_sides() -> None:
     decode.step(end)
     assert decode.pool.num_used == 7
     decode.abort_request("d1", end + 1e-6)
-    assert decode.pool.num_used == 0 and not decode.pulls  # type: ignore[arg-type]
+    assert decode.pool.num_used == 0 and not decode.pulls
     assert not prefill.holds and prefill.pool.num_used == 0
     assert not decode.has_pending_transfers()
 
@@ -161,7 +162,7 @@ def test_pull_timeout_recomputes_and_releases() -> None:
     result = decode.step(end + 2.0)
     assert result.stats.num_scheduled_tokens == 100  # recomputed at once
     assert not prefill.holds and prefill.pool.num_used == 0
-    assert not decode.pulls  # type: ignore[arg-type]
+    assert not decode.pulls
 
 
 def test_concurrent_pulls_share_the_link() -> None:
