@@ -57,7 +57,7 @@ class Pull:
     num_blocks: int
     nbytes: int
     start: float
-    deadline: float  # a pull not confirmed by then fails (the request recomputes)
+    deadline: float  # a pull whose bytes are not through by then fails (it recomputes)
     tid: TransferId = _NO_TRANSFER
     state: PullState = PullState.TRANSFERRING
     end: float = math.nan  # when its bytes were through
@@ -206,6 +206,10 @@ class RemotePulls:
         while heap and heap[0][0] <= now:
             deadline, _, pull = heapq.heappop(heap)
             if self._pulls.get(pull.request.request_id) is not pull:
+                continue
+            if pull.state is PullState.CONFIRMING:
+                # Its bytes are through: the answer decides, and always comes (a live
+                # driver gives up on a silent peer on the wall clock, unscaled).
                 continue
             del self._pulls[pull.request.request_id]
             if pull.state is PullState.TRANSFERRING:

@@ -1,4 +1,5 @@
-"""vLLM's --kv-transfer-config for OffloadingConnector: honoured, and every mistake named."""
+"""vLLM's --kv-transfer-config (OffloadingConnector, NixlConnector): honoured, and every
+mistake named."""
 
 from __future__ import annotations
 
@@ -95,3 +96,44 @@ def test_flag_builds_the_engine_config_and_conflicts_with_the_host_flags() -> No
     )
     with pytest.raises(ConfigError, match="num-host-blocks"):
         engine_config_from(values)
+
+
+def nixl(role: str | None, **rest: object) -> str:
+    config: dict[str, object] = {"kv_connector": "NixlConnector", **rest}
+    if role is not None:
+        config["kv_role"] = role
+    return json.dumps(config)
+
+
+def test_nixl_connector_makes_a_pd_role() -> None:
+    extra = {"pull_gbps": 12.5, "pull_latency_ms": 0, "pull_timeout_s": 9,
+             "kv_lease_duration": 60}  # fmt: skip
+    raw = nixl("kv_consumer", engine_id="d0", kv_connector_extra_config=extra)
+    values, _ = resolve(parse_flags(["--kv-transfer-config", raw, "--num-host-blocks", "8"]),
+                        ALL, environ={})  # fmt: skip
+    config = engine_config_from(values)
+    assert config.kv_role.consumes and not config.kv_role.produces
+    assert config.kv_engine_id == "d0" and config.pull_gbps == 12.5
+    assert config.pull_latency_ms == 0 and config.pull_timeout == 9 and config.hold_timeout == 60
+    assert config.num_cpu_blocks == 8  # the offload flags still build a CPU tier
+    # vLLM's default engine id: a fresh uuid per start.
+    one = parse_kv_transfer_config(nixl("kv_producer"), 16, 1)["kv_engine_id"]
+    assert one != parse_kv_transfer_config(nixl("kv_producer"), 16, 1)["kv_engine_id"]
+    assert len(one) == 36
+
+
+@pytest.mark.parametrize(
+    ("raw", "named"),
+    [
+        (nixl(None), "needs kv_role"),
+        (nixl("kv_both", kv_load_failure_policy="fail"), "only 'recompute'"),
+        (nixl("kv_both", kv_load_failure_policy="x"), "kv_load_failure_policy"),
+        (nixl("kv_both", engine_id=3), "engine_id"),
+        (nixl("kv_both", kv_connector_extra_config={"bogus": 1}), "bogus"),
+        (nixl("kv_both", kv_connector_extra_config={"pull_gbps": 0}), "pull_gbps"),
+        (nixl("kv_both", kv_connector_extra_config={"kv_lease_duration": -1}), "kv_lease_duration"),
+    ],
+)
+def test_a_bad_nixl_config_names_its_key(raw: str, named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        parse_kv_transfer_config(raw, 16, 131072)

@@ -1,0 +1,45 @@
+"""KVHolds: held requests by id, released once, expired in deadline order."""
+
+from __future__ import annotations
+
+from mocker.disagg.holds import KVHolds
+from mocker.request import Request, RequestId, SamplingParams
+
+
+def _request(rid: str) -> Request:
+    return Request(RequestId(rid), [1, 2, 3], 3, 1, SamplingParams(max_tokens=1), 0.0)
+
+
+def test_release_once_then_unknown() -> None:
+    holds = KVHolds(timeout_s=10.0)
+    a = _request("a")
+    assert holds.hold(a, 1.0) == 11.0
+    assert "a" in holds and len(holds) == 1
+    assert holds.release("a") is a
+    assert holds.release("a") is None
+    assert holds.next_deadline() is None and not holds
+
+
+def test_expiry_in_deadline_order_and_counted() -> None:
+    holds = KVHolds(timeout_s=5.0)
+    a, b, c = _request("a"), _request("b"), _request("c")
+    holds.hold(a, 0.0)
+    holds.hold(b, 1.0)
+    holds.hold(c, 2.0)
+    holds.release("b")
+    assert holds.next_deadline() == 5.0
+    assert holds.expire(4.9) == []
+    assert holds.expire(7.0) == [a, c]
+    assert holds.num_expired == 2 and not holds
+    assert holds.next_deadline() is None
+
+
+def test_version_moves_when_the_set_changes() -> None:
+    holds = KVHolds(timeout_s=1.0)
+    v0 = holds.version
+    holds.hold(_request("a"), 0.0)
+    v1 = holds.version
+    holds.expire(0.5)
+    assert holds.version == v1 > v0
+    holds.expire(1.0)
+    assert holds.version > v1

@@ -1,0 +1,134 @@
+"""The NIXL side channel over real ZMQ sockets on loopback: vLLM's handshake shape, a pull's
+read notification freeing the prefill engine's hold, and the failures (another engine id, a
+peer that never answers)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import msgspec
+import pytest
+import zmq
+import zmq.asyncio
+
+from mocker.config import KVRole
+from mocker.disagg import side_channel
+from mocker.disagg.params import parse_transfer_params
+from mocker.disagg.pulls import PdCounters
+from mocker.disagg.side_channel import GET_META_MSG, SideChannelClient, SideChannelServer
+from mocker.engine.core import EngineCore
+from mocker.engine.live import LiveEngine
+from mocker.request import EngineRequest, SamplingParams
+from tests.support.engines import small_config
+
+PROMPT = list(range(100, 164))  # 64 tokens: 4 blocks of 16
+
+
+def _engine(role: KVRole, engine_id: str) -> LiveEngine:
+    config = small_config(block_size=16, num_gpu_blocks=64, max_num_batched_tokens=256,
+                          max_model_len=512, speedup_ratio=1000.0, kv_role=role,
+                          kv_engine_id=engine_id)  # fmt: skip
+    return LiveEngine(EngineCore(config))
+
+
+@asynccontextmanager
+async def pair(engine_id: str = "P") -> AsyncIterator[tuple[LiveEngine, LiveEngine, PdCounters]]:
+    """A prefill engine serving a side channel on a port of the system's choosing, and a
+    decode engine whose pulls notify it."""
+    prefill, decode = _engine(KVRole.PRODUCER, engine_id), _engine(KVRole.CONSUMER, "D")
+    counters = PdCounters()
+    server = SideChannelServer(prefill, "127.0.0.1", 0, counters)
+    prefill.core.side_channel = ("127.0.0.1", server.port)
+    client = SideChannelClient(decode, counters)
+    assert decode.core.pulls is not None
+    decode.core.pulls.peers = client
+    for engine in (prefill, decode):
+        engine.start()
+    server.start()
+    try:
+        yield prefill, decode, counters
+    finally:
+        await client.close()
+        await server.close()
+        for engine in (prefill, decode):
+            await engine.stop()
+
+
+async def _outputs(engine: LiveEngine, spec: EngineRequest) -> list[object]:
+    return [out async for out in engine.generate(spec)]
+
+
+async def _prefill(prefill: LiveEngine) -> dict[str, object]:
+    spec = EngineRequest("p1", PROMPT, SamplingParams(max_tokens=1), remote_decode=True)
+    (out,) = await _outputs(prefill, spec)
+    params = out.kv_transfer_params  # type: ignore[attr-defined]
+    assert isinstance(params, dict)
+    return params
+
+
+def _decode_spec(params: dict[str, object]) -> EngineRequest:
+    return EngineRequest("d1", PROMPT, SamplingParams(max_tokens=2),
+                         remote_prefill=parse_transfer_params(params)[1])  # fmt: skip
+
+
+async def test_handshake_answers_vllms_two_frames() -> None:
+    async with pair() as (prefill, _, _):
+        host, port = prefill.core.side_channel
+        ctx = zmq.asyncio.Context.instance()
+        req = ctx.socket(zmq.REQ)
+        req.setsockopt(zmq.LINGER, 0)
+        req.connect(f"tcp://{host}:{port}")
+        try:
+            await req.send(msgspec.msgpack.encode((GET_META_MSG, 0, 0)))
+            payload, clock = await asyncio.wait_for(req.recv_multipart(), 10)
+        finally:
+            req.close()
+        handshake = msgspec.msgpack.decode(payload)
+        assert set(handshake) == {"compatibility_hash", "agent_metadata_bytes"}
+        metadata = msgspec.msgpack.decode(handshake["agent_metadata_bytes"])
+        assert metadata["engine_id"] == "P" and metadata["block_size"] == 16
+        assert isinstance(msgspec.msgpack.decode(clock), float)
+
+
+async def test_a_pull_frees_the_prefill_hold() -> None:
+    async with pair() as (prefill, decode, counters):
+        params = await _prefill(prefill)
+        assert prefill.core.pool.num_used == 4  # held for the pull
+        outs = await asyncio.wait_for(_outputs(decode, _decode_spec(params)), 20)
+        assert outs[0].tier_hits == (("p2p", 64),)  # type: ignore[attr-defined]
+        assert prefill.core.pool.num_used == 0 and not prefill.core.holds
+        assert counters == PdCounters()
+
+
+async def test_a_restarted_prefill_engine_refuses_and_decode_recomputes() -> None:
+    # The same address, another engine id: what a restarted vLLM prefill engine is.
+    async with pair(engine_id="P-restarted") as (prefill, decode, _):
+        params = await _prefill(prefill)
+        params = {**params, "remote_engine_id": "P"}
+        outs = await asyncio.wait_for(_outputs(decode, _decode_spec(params)), 20)
+        assert outs[0].tier_hits == ()  # type: ignore[attr-defined]
+        assert decode.core.pulls is not None and decode.core.pulls.num_failed == 1
+        assert prefill.core.holds  # not the engine named: its own hold stands
+
+
+async def test_a_silent_peer_fails_the_pull_after_the_answer_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(side_channel, "ANSWER_TIMEOUT_S", 0.2)
+    ctx = zmq.asyncio.Context.instance()
+    silent = ctx.socket(zmq.ROUTER)  # bound, never answers
+    silent.setsockopt(zmq.LINGER, 0)
+    port = silent.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        async with pair() as (_, decode, counters):
+            params = {"do_remote_prefill": True, "remote_block_ids": [[0, 1, 2, 3]],
+                      "remote_engine_id": "P", "remote_request_id": "p1",
+                      "remote_host": "127.0.0.1", "remote_port": port}  # fmt: skip
+            outs = await asyncio.wait_for(_outputs(decode, _decode_spec(params)), 20)
+            assert outs[-1].finished  # type: ignore[attr-defined]
+            assert outs[0].tier_hits == ()  # type: ignore[attr-defined]
+            assert counters.failed_notifications == 1
+    finally:
+        silent.close()
