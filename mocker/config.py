@@ -222,7 +222,7 @@ class EngineConfig:
     pull_gbps: float = 25.0
     pull_latency_ms: float = 0.5
     pull_timeout: float = 30.0
-    hold_timeout: float = 480.0
+    hold_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         bs = self.block_size

@@ -44,6 +44,11 @@ class KVHolds:
         self.version += 1
         return deadline
 
+    def request(self, request_id: str) -> Request | None:
+        """The held request under this id (None: none)."""
+        hold = self._held.get(request_id)
+        return None if hold is None else hold.request
+
     def release(self, request_id: str) -> Request | None:
         """The decode side has read the blocks (or gave up): the request, for the engine to
         free its blocks; None if nothing is held under that id (expired, never held)."""

@@ -482,6 +482,13 @@ class EngineCore:
         self.scheduler.free_finished(request)
         return True
 
+    def held_params(self, request_id: str) -> dict[str, Any] | None:
+        """The kv_transfer_params of a request this engine holds for a pull (None: none)."""
+        if self.holds is None:
+            return None
+        request = self.holds.request(request_id)
+        return None if request is None else self._handoff(request)
+
     def _handoff(self, request: Request) -> dict[str, Any] | None:
         """The kv_transfer_params a held request answers with, naming where its KV is (the
         fields of vLLM's NixlConnector.request_finished); None if it is not held."""

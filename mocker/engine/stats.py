@@ -166,6 +166,7 @@ class FinishedRequestStats:
     num_preemptions: int
     load_timed_out: bool = False  # a tier load or promotion failed; it recomputed instead
     lora_wait: float = 0.0  # seconds its passes waited for LoRA adapters to load
+    pull_time: float = 0.0  # P/D decode side: seconds its KV took to pull
 
     @classmethod
     def of(cls, request: Request) -> FinishedRequestStats:
@@ -185,6 +186,7 @@ class FinishedRequestStats:
             num_preemptions=request.num_preemptions,
             load_timed_out=request.skip_tier_load,
             lora_wait=request.lora_wait,
+            pull_time=request.pull_time,
         )
 
     @property

@@ -68,6 +68,14 @@ def add_replay_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--num-engines", type=int, default=1, metavar="K", help="engine cores behind a router (1)"
     )
     p.add_argument(
+        "--prefill-engines",
+        type=int,
+        default=0,
+        metavar="N",
+        help="P/D: the first N of the --num-engines prefill (NixlConnector kv_producer), the "
+        "rest decode, pulling each prompt's KV over their link (0: no P/D)",
+    )
+    p.add_argument(
         "--router",
         default=RoutingPolicy.ROUND_ROBIN.value,
         choices=[r.value for r in RoutingPolicy],
@@ -179,6 +187,7 @@ def run_replay(args: argparse.Namespace) -> int:
         router=args.router,
         trace_block_size=args.trace_block_size,
         concurrency=args.concurrency,
+        prefill_engines=args.prefill_engines,
     )
     if show:
         from rich.console import Console

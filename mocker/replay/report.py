@@ -49,6 +49,13 @@ def summarize(result: ReplayResult) -> dict[str, Any]:
     reasons: dict[str, int] = {}
     for r in rejected:
         reasons[r.status] = reasons.get(r.status, 0) + 1
+    extra: dict[str, Any] = {}
+    pd = [r for r in done if r.prefill_engine is not None]
+    if pd:  # P/D: how long the decode engines waited for the KV
+        extra["prefill_engines"] = len({r.prefill_engine for r in pd})
+        extra["pull_s"] = _quantiles([r.pull_time for r in pd])
+    if any(r.lora is not None for r in done):
+        extra["lora_wait_s"] = _quantiles([r.lora_wait for r in done if r.lora is not None])
     return {
         "requests": len(result.records),
         "finished": len(done),
@@ -73,6 +80,7 @@ def summarize(result: ReplayResult) -> dict[str, Any]:
         "wall_s": round(result.wall_s, 3),
         "speedup_over_real_time": round(duration / result.wall_s, 2) if result.wall_s else None,
         "steps": result.num_steps,
+        **extra,
     }
 
 
@@ -104,6 +112,11 @@ def table(summary: dict[str, Any]) -> str:
         f"simulated {summary['sim_duration_s']:.1f} s in {summary['wall_s']:.1f} s wall "
         f"({summary['speedup_over_real_time']}x real time)",
     ]
+    for key, what in (("pull_s", "P/D KV pull"), ("lora_wait_s", "LoRA adapter load wait")):
+        if key in summary:
+            q = summary[key]
+            lines.append(f"{what}: mean {ms(q['mean'])} ms, p50 {ms(q['p50'])} ms, "
+                         f"p99 {ms(q['p99'])} ms")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -7,7 +7,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from mocker.config import ConfigError, EngineConfig
+from mocker.config import ConfigError, EngineConfig, KVRole
+from mocker.disagg.local_peers import LocalPeers
+from mocker.disagg.params import RemotePrefill, parse_transfer_params
 from mocker.engine.core import EngineCore
 from mocker.engine.decode_runs import run_decodes
 from mocker.engine.event_loop import EventLoop
@@ -15,6 +17,7 @@ from mocker.engine.intake import RequestRejected
 from mocker.engine.kv_stack import build_shared_tiers
 from mocker.engine.outputs import StepResult
 from mocker.engine.stats import FinishedRequestStats
+from mocker.kv.hashing import BlockHash
 from mocker.replay.prompts import PromptBuilder, adapter_hashes
 from mocker.replay.router import RoutingPolicy, make_router
 from mocker.replay.trace import TraceRequest
@@ -49,6 +52,10 @@ class RequestRecord:
     preemptions: int = 0
     lora: str | None = None  # the adapter the trace row names
     lora_wait: float = 0.0  # seconds its passes waited for LoRA adapters to load
+    # P/D (--prefill-engines): the engine that computed its prompt (`engine` decoded it),
+    # and the seconds its KV took to pull from there.
+    prefill_engine: int | None = None
+    pull_time: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +95,11 @@ class ReplayResult:
 
 
 def _record(
-    r: FinishedRequestStats, engine: int, line: int, lora: str | None = None
+    r: FinishedRequestStats,
+    engine: int,
+    line: int,
+    lora: str | None = None,
+    prefill_engine: int | None = None,
 ) -> RequestRecord:
     return RequestRecord(
         id=r.request_id,
@@ -109,6 +120,8 @@ def _record(
         preemptions=r.num_preemptions,
         lora=lora,
         lora_wait=r.lora_wait,
+        prefill_engine=prefill_engine,
+        pull_time=r.pull_time,
     )
 
 
@@ -123,6 +136,7 @@ def replay(
     progress: Callable[[int], None] | None = None,
     fast: bool = True,
     concurrency: int | None = None,
+    prefill_engines: int = 0,
 ) -> ReplayResult:
     """Run `trace` (sorted by arrival) to completion. Arrivals are applied at the start of
     the first pass of their engine at or after their time, exactly as the single-engine
@@ -131,9 +145,19 @@ def replay(
 
     `concurrency` C runs a closed loop instead: the trace's arrival times are ignored, C
     users send its requests in order, each sending its next one the moment its previous one
-    finishes (or is rejected), from time 0."""
+    finishes (or is rejected), from time 0.
+
+    `prefill_engines` N > 0 splits the engines into N prefill and K - N decode engines (P/D,
+    as vLLM's NixlConnector): a request is prefilled on a prefill engine (max_tokens 1),
+    then sent, when that ends, to a decode engine, which pulls its KV over its link and
+    decodes; its row times it from the trace's arrival."""
     if concurrency is not None and concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if not 0 <= prefill_engines < num_engines or (prefill_engines and num_engines < 2):
+        raise ConfigError(
+            f"--prefill-engines ({prefill_engines}) must leave at least one of the "
+            f"--num-engines ({num_engines}) to decode"
+        )
     if not config.enable_lora:
         named = next((t for t in trace if t.lora is not None), None)
         if named is not None:
@@ -142,8 +166,29 @@ def replay(
                 "with --enable-lora (and --max-loras)"
             )
     run = _ReplayRun(trace, config, num_engines, router, trace_block_size, num_samples,
-                     progress, concurrency)  # fmt: skip
+                     progress, concurrency, prefill_engines)  # fmt: skip
     return run.run(fast)
+
+
+def _cores(config: EngineConfig, num_engines: int, prefill_engines: int) -> list[EngineCore]:
+    """The engines, sharing one `obj` tier as one process's engines do; with P/D, the first
+    `prefill_engines` are NixlConnector producers and the rest consumers pulling from them."""
+    shared = build_shared_tiers(config)
+    if not prefill_engines:
+        return [EngineCore(config, shared_tiers=shared, engine_id=k) for k in range(num_engines)]
+    producers: dict[str, EngineCore] = {}
+    cores = []
+    for k in range(num_engines):
+        prefill = k < prefill_engines
+        role = KVRole.PRODUCER if prefill else KVRole.CONSUMER
+        name = f"{'prefill' if prefill else 'decode'}-{k}"
+        engine_config = config.with_changes(kv_role=role, kv_engine_id=name)
+        core = EngineCore(engine_config, shared_tiers=shared, engine_id=k,
+                          peers=None if prefill else LocalPeers(producers))  # fmt: skip
+        if prefill:
+            producers[name] = core
+        cores.append(core)
+    return cores
 
 
 class _ReplayRun:
@@ -160,17 +205,25 @@ class _ReplayRun:
         num_samples: int,
         progress: Callable[[int], None] | None,
         concurrency: int | None,
+        prefill_engines: int = 0,
     ) -> None:
         self.started = time.perf_counter()
         self.trace = trace
-        # One `obj` tier for all the engines, as one process's engines share it.
-        shared = build_shared_tiers(config)
-        self.cores = [
-            EngineCore(config, shared_tiers=shared, engine_id=k) for k in range(num_engines)
-        ]
+        self.cores = _cores(config, num_engines, prefill_engines)
+        self.num_prefill = prefill_engines
         self.loop = EventLoop(self.cores, self)
         self.clocks = self.loop.clocks
         self.pick = make_router(router).pick
+        # P/D: the decode pool's router, and the decode legs due: (time, order, request id,
+        # where its KV is), a heap; each request's prompt until its decode leg is sent.
+        self.pick_decode = make_router(router).pick
+        self.legs: list[tuple[float, int, str, RemotePrefill | None]] = []
+        self.num_legs = 0
+        self.prompts: dict[str, tuple[TraceRequest, list[int], list[BlockHash]]] = {}
+        self.prefilled_on: dict[str, int] = {}
+        # When each engine last did something (a pass, or transfers that ended): with P/D,
+        # an idle prefill engine's clock may stand at a hold's expiry that a pull forestalled.
+        self.active_until = [0.0] * num_engines
         self.builder = PromptBuilder(
             config.block_size, trace_block_size, config.vocab_size, config.seed
         )
@@ -199,17 +252,26 @@ class _ReplayRun:
         loop.fast = self._decode_run if fast else None
         for k, step in loop.run():
             result.count_transfers(step)
+            self.active_until[k] = max(self.active_until[k], step.end)
             if not step.idle:
                 result.num_steps += 1
                 self._collect(k, step.finished, step.end)
         return self._finish()
 
     def next_time(self) -> float | None:
-        """The Arrivals protocol: the next trace request's arrival."""
-        return self._next_arrival()
+        """The Arrivals protocol: the next trace request's arrival, or decode leg."""
+        t = self._next_arrival()
+        if self.legs:
+            leg = self.legs[0][0]
+            t = leg if t is None else min(t, leg)
+        return t
 
     def apply(self, now: float) -> None:
-        self._arrive(now)
+        if self.legs and self.legs[0][0] <= now:
+            _, _, rid, remote = heapq.heappop(self.legs)
+            self._send_decode(rid, remote, now)
+        else:
+            self._arrive(now)
 
     def _next_arrival(self) -> float | None:
         if self.i >= len(self.trace):
@@ -230,12 +292,16 @@ class _ReplayRun:
         tokens, hashes = self.builder.prompt(item)
         if item.lora is not None:  # an adapter's blocks are its own: no prefix crosses
             hashes = adapter_hashes(hashes, item.lora)
-        target = self.pick(self.cores, hashes)
+        pd = self.num_prefill > 0
+        pool = self.cores[: self.num_prefill] if pd else self.cores
+        target = self.pick(pool, hashes)
         core = self.cores[target]
         self.loop.wake(target, item.arrival)
-        sampling = SamplingParams(max_tokens=item.output_length, ignore_eos=True)
+        # P/D: the prefill leg, as vllm-router sends it (max_tokens 1, do_remote_decode).
+        sampling = SamplingParams(max_tokens=1 if pd else item.output_length, ignore_eos=True)
         spec = EngineRequest(rid, tokens, sampling, item.arrival, lora_name=item.lora,
-                             lora_path=item.lora, block_hashes=hashes)  # fmt: skip
+                             lora_path=item.lora, block_hashes=hashes,
+                             remote_decode=pd)  # fmt: skip
         try:
             core.add_request(spec)
         except RequestRejected as exc:
@@ -256,6 +322,33 @@ class _ReplayRun:
                 heapq.heappush(self.free_users, item.arrival)
             return
         self.lines[rid] = (item.line, target, item.lora)
+        if pd:
+            self.prompts[rid] = (item, tokens, hashes)
+
+    def _send_decode(self, rid: str, remote: RemotePrefill | None, now: float) -> None:
+        """P/D: the decode leg of a prefilled request, sent when its prefill ended."""
+        item, tokens, hashes = self.prompts.pop(rid)
+        n = self.num_prefill
+        target = n + self.pick_decode(self.cores[n:], hashes)
+        self.loop.wake(target, now)
+        sampling = SamplingParams(max_tokens=item.output_length, ignore_eos=True)
+        # Timed from the trace's arrival: its TTFT covers prefill, pull and first decode.
+        spec = EngineRequest(rid, tokens, sampling, item.arrival, lora_name=item.lora,
+                             lora_path=item.lora, block_hashes=hashes,
+                             remote_prefill=remote)  # fmt: skip
+        # Its prefill engine took it: the decode engine does too (the same configuration).
+        self.cores[target].add_request(spec)
+        self.lines[rid] = (item.line, target, item.lora)
+
+    def _prefilled(self, k: int, request: FinishedRequestStats) -> None:
+        """P/D: a prefill leg ended; its decode leg is due now (what the prefill answered)."""
+        params = self.cores[k].held_params(request.request_id)
+        # None: nothing held (vLLM answers no params): the decode engine computes it all.
+        remote = parse_transfer_params(params)[1] if params is not None else None
+        self.prefilled_on[request.request_id] = k
+        heapq.heappush(self.legs, (request.finished_time, self.num_legs,
+                                   request.request_id, remote))  # fmt: skip
+        self.num_legs += 1
 
     def _decode_run(self, k: int, arrival: float) -> bool:
         """Runs of pure decode passes at once, up to the next arrival (routing reads every
@@ -271,7 +364,7 @@ class _ReplayRun:
         if run is None:
             return False
         self.result.num_steps += run.passes
-        self.clocks[k] = run.end
+        self.clocks[k] = self.active_until[k] = run.end
         self._collect(k, run.finished, run.end)
         return True
 
@@ -280,7 +373,11 @@ class _ReplayRun:
         result, free_users = self.result, self.free_users
         for request in finished:
             line, engine, lora = self.lines.pop(request.request_id)
-            result.records.append(_record(request, engine, line, lora))
+            if k < self.num_prefill:
+                self._prefilled(k, request)
+                continue
+            prefill = self.prefilled_on.pop(request.request_id, None)
+            result.records.append(_record(request, engine, line, lora, prefill))
             self.finished_count += 1
             if free_users is not None:
                 heapq.heappush(free_users, request.finished_time)
@@ -299,11 +396,13 @@ class _ReplayRun:
             self.progress(self.finished_count)
 
     def _finish(self) -> ReplayResult:
+        assert not self.legs and not self.prompts, "P/D legs left unsent"
         result = self.result
         if self.progress is not None:
             self.progress(self.finished_count)
         result.records.sort(key=lambda r: int(r.id[1:]))
         result.samples.sort(key=lambda s: (s.time, s.engine))  # engines step in any order
-        result.sim_duration = max(self.clocks, default=0.0)
+        ends = self.active_until if self.num_prefill else self.clocks
+        result.sim_duration = max(ends, default=0.0)
         result.wall_s = time.perf_counter() - self.started
         return result

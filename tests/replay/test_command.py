@@ -179,3 +179,20 @@ def test_kv_transfer_config_mistake_names_its_key(
     assert main(argv) == 2
     assert "read_gbps" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()  # nothing half-started
+
+
+def test_prefill_engines_split_the_pool_and_report_pull_times(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    more = ("--num-engines", "3", "--prefill-engines", "1", "--no-plots")
+    assert main(args(trace_file(tmp_path), out, *more)) == 0
+    rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert all(r["prefill_engine"] == 0 and r["engine"] in (1, 2) for r in rows)
+    assert all(r["pull_time"] > 0 for r in rows)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["prefill_engines"] == 1 and summary["pull_s"]["p50"] > 0
+    assert "P/D KV pull" in capsys.readouterr().out
+    assert (
+        main(args(trace_file(tmp_path), out, "--num-engines", "1", "--prefill-engines", "1")) == 2
+    )

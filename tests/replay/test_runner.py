@@ -316,3 +316,43 @@ def test_trace_adapters_by_hand() -> None:
     assert other.lora_wait == pytest.approx(load_s) and other.cached_tokens_device == 0
     with pytest.raises(ConfigError, match="names the LoRA adapter 'sql'"):
         run(trace, config())
+
+
+def test_pd_pair_by_hand() -> None:
+    """--prefill-engines 1 of 2: the prompt is prefilled on engine 0 (one pass, one token),
+    the decode leg arrives on engine 1 when that pass ends, pulls 7 blocks over its link,
+    recomputes the prompt's last token to sample the first, then decodes."""
+    cfg = config(pull_gbps=2.0, pull_latency_ms=1.0)
+    trace = [TraceRequest(0.5, 100, 3, (7, 8), 1)]
+    result = run(trace, cfg, num_engines=2, prefill_engines=1)
+    (r,) = result.records
+    pull = 7 * BS * cfg.model.kv_bytes_per_token / 2e9 + 0.001
+    assert (r.engine, r.prefill_engine, r.status) == (1, 0, "finished")
+    assert r.pull_time == pytest.approx(pull, abs=1e-12)
+    # The first decode pass computes one prompt token (a prefill pass of 1 token).
+    assert r.ttft == pytest.approx(prefill_s(100) + pull + prefill_s(1), abs=1e-12)
+    assert r.mean_itl == pytest.approx(decode_s(7, 256), abs=1e-12)
+    assert r.cached_tokens_by_tier == {"p2p": 100}
+    # Both engines end with nothing held.
+    assert [c.pool.num_used for c in result.cores] == [0, 0]
+    assert result.sim_duration == pytest.approx(0.5 + r.e2e, abs=1e-12)
+
+
+def test_pd_replay_decode_runs_change_nothing() -> None:
+    trace = synthetic_trace(SyntheticSpec(num_requests=60, rate=40.0, input_length=160,
+                                          output_length=40, distribution="uniform",
+                                          shared_prefix_fraction=0.5, seed=5), TBS)  # fmt: skip
+    cfg = config()
+    fast = run(trace, cfg, num_engines=3, prefill_engines=1, router="kv-aware", num_samples=50)
+    slow = run(trace, cfg, num_engines=3, prefill_engines=1, router="kv-aware", num_samples=50,
+               fast=False)  # fmt: skip
+    assert fast.records == slow.records and fast.samples == slow.samples
+    assert all(r.status == "finished" and r.prefill_engine == 0 for r in fast.records)
+    assert {r.engine for r in fast.records} == {1, 2}
+    assert all(r.pull_time > 0 for r in fast.records)
+    assert all(not c.holds and c.pool.num_used == 0 for c in fast.cores)
+
+
+def test_prefill_engines_must_leave_a_decode_engine() -> None:
+    with pytest.raises(ConfigError, match="at least one"):
+        run([TraceRequest(0.0, 10, 1, (1,), 1)], config(), num_engines=2, prefill_engines=2)
