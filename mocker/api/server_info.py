@@ -12,7 +12,7 @@ from typing import Any
 
 from mocker import __version__
 from mocker.api.state import ServerState
-from mocker.config import MODEL_PRESETS
+from mocker.config import MODEL_PRESETS, KVRole
 from mocker.kvevents.config import BIND_PREFIX, advertised_host, connectable
 
 __all__ = ["kv_event_sources", "model_info", "server_info", "sglang_load", "total_load"]
@@ -85,6 +85,25 @@ def _vllm_config(state: ServerState) -> dict[str, Any]:
                 ],
             },
         }
+    if config.kv_role is not KVRole.NONE:
+        nixl = {
+            "kv_connector": "NixlConnector",
+            "kv_role": config.kv_role.value,
+            "engine_id": config.kv_engine_id,
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {
+                "kv_lease_duration": config.hold_timeout,
+                "pull_gbps": config.pull_gbps,
+                "pull_latency_ms": config.pull_latency_ms,
+                "pull_timeout_s": config.pull_timeout,
+            },
+        }
+        # Both: vLLM composes them with its MultiConnector.
+        transfer = nixl if transfer is None else {
+            "kv_connector": "MultiConnector",
+            "kv_role": config.kv_role.value,
+            "kv_connector_extra_config": {"connectors": [nixl, transfer]},
+        }  # fmt: skip
     return {
         "model_config": {
             "model": settings.model,

@@ -1,15 +1,20 @@
 """The compose rig: three mocker replicas with distinct ports and KV-event topics, a Prometheus
-that scrapes each of them, and Grafana provisioned with that Prometheus and the dashboard."""
+that scrapes each of them, Grafana provisioned with that Prometheus and the dashboard, and the
+"pd" profile's P/D example (one prefill, two decode replicas, LoRA adapters)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from mocker.kvevents.config import KVEventsConfig
-from mocker.settings import ALL_OPTIONS
+from mocker.settings import ALL_OPTIONS, resolve
+from mocker.settings.engine import engine_config_from
+from mocker.settings.lora import parse_lora_modules
+from tests.support.settings import ALL, parse_flags
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
@@ -22,9 +27,18 @@ def _compose() -> dict[str, Any]:
     return _yaml(DEPLOY / "docker-compose.yml")
 
 
-def _replicas() -> dict[str, dict[str, Any]]:
+def _all_replicas() -> dict[str, dict[str, Any]]:
     services = _compose()["services"]
     return {name: s for name, s in services.items() if s.get("image") == "mocker:latest"}
+
+
+def _replicas() -> dict[str, dict[str, Any]]:
+    """The default rig's replicas (the P/D ones run only with their profile)."""
+    return {name: s for name, s in _all_replicas().items() if not s.get("profiles")}
+
+
+def _pd_replicas() -> dict[str, dict[str, Any]]:
+    return {name: s for name, s in _all_replicas().items() if "pd" in s.get("profiles", [])}
 
 
 def _published(service: dict[str, Any]) -> dict[int, int]:
@@ -51,7 +65,7 @@ def test_replicas_publish_distinct_host_ports() -> None:
 
 def test_every_env_var_is_a_mocker_setting() -> None:
     known = {o.env for o in ALL_OPTIONS.values()}
-    for name, s in _replicas().items():
+    for name, s in _all_replicas().items():
         env = s["environment"]
         assert {k for k in env if k.startswith("MOCKER_")} <= known, name
 
@@ -81,7 +95,7 @@ def test_prometheus_scrapes_every_replica() -> None:
         for static in job["static_configs"]
         for t in static["targets"]
     }
-    assert targets == {f"{name}:8000" for name in _replicas()}
+    assert targets == {f"{name}:8000" for name in _all_replicas()}
 
 
 def test_grafana_is_provisioned_with_prometheus_and_the_dashboard() -> None:
@@ -94,3 +108,27 @@ def test_grafana_is_provisioned_with_prometheus_and_the_dashboard() -> None:
     (provider,) = _yaml(provisioning / "dashboards/mocker.yml")["providers"]
     dashboards = next(s for s, t in mounts.items() if t == provider["options"]["path"])
     assert (DEPLOY / dashboards / "mocker.json").is_file()
+
+
+def test_pd_profile_runs_one_prefill_and_two_decode_replicas_with_lora() -> None:
+    replicas = _pd_replicas()
+    roles = {}
+    for name, s in replicas.items():
+        env = s["environment"]
+        transfer = json.loads(env["MOCKER_KV_TRANSFER_CONFIG"])
+        assert transfer["kv_connector"] == "NixlConnector"
+        flags = parse_flags(["--kv-transfer-config", env["MOCKER_KV_TRANSFER_CONFIG"]])
+        config = engine_config_from(resolve(flags, ALL, environ={})[0])
+        roles[name] = config.kv_role.value
+        assert env["MOCKER_ENABLE_LORA"] == "true" and env["MOCKER_MAX_LORAS"] == "2"
+        modules = parse_lora_modules(env["MOCKER_LORA_MODULES"].split(","))
+        assert [m.name for m in modules] == ["sql-lora", "chat-lora"]
+        assert s["hostname"] == name
+    assert roles == {"mocker-prefill": "kv_producer", "mocker-decode-1": "kv_consumer",
+                     "mocker-decode-2": "kv_consumer"}  # fmt: skip
+    prefill = replicas["mocker-prefill"]["environment"]
+    # The decode replicas dial the prefill replica by its name inside the network.
+    assert prefill["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "mocker-prefill"
+    host_ports = [p for s in replicas.values() for p in _published(s).values()]
+    others = [p for s in _replicas().values() for p in _published(s).values()]
+    assert len(set(host_ports)) == 3 and not set(host_ports) & set(others)

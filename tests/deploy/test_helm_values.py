@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import re
 import shutil
@@ -73,14 +74,15 @@ def test_every_value_is_a_flag() -> None:
 
 def test_every_value_is_rendered_as_its_env_var() -> None:
     template = deployment_template()
-    # The loop that turns each non-null key of `settings` into MOCKER_<KEY>, but the secrets.
+    # The loop that turns each non-null key of the role's settings (`settings`, with P/D
+    # each role's merged over them) into MOCKER_<KEY>, but the secrets.
     loop = re.search(
-        r"range \$key, \$value := \.Values\.settings \}\}(?P<body>.*?)\{\{-? end \}\}\s*"
+        r"range \$key, \$value := \$role\.settings \}\}(?P<body>.*?)\{\{-? end \}\}\s*"
         r"\{\{-? end \}\}",
         template,
         re.S,
     )
-    assert loop is not None, "no range over .Values.settings in the deployment"
+    assert loop is not None, "no range over the role's settings in the deployment"
     body = loop["body"]
     assert "- name: MOCKER_{{ upper $key }}" in body
     excluded = set(re.findall(r'"(\w+)"', re.search(r"has \$key \(list ([^)]*)\)", body)[1]))
@@ -152,3 +154,45 @@ def test_helm_renders_every_setting(tmp_path: Path) -> None:
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"http": 8000, "kv-events": 5557, "kv-events-1": 5558}
     assert any(d["kind"] == "Secret" for d in docs)
+
+
+def test_helm_renders_a_pd_rig_with_lora() -> None:
+    """ci/pd-values.yaml: a prefill and a decode Deployment (1 and 2 replicas), each behind
+    its own Service, with vLLM's NixlConnector roles, the side channel on the pod address,
+    and the LoRA settings on both."""
+    helm = _helm()
+    if helm is None:
+        pytest.skip("helm is not installed: make check-deploy installs it and runs this test")
+    rendered = subprocess.run(
+        [helm, "template", "m", str(CHART), "-f", str(CHART / "ci/pd-values.yaml")],
+        check=True, capture_output=True, text=True, timeout=60,
+    ).stdout  # fmt: skip
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    assert set(deployments) == {"m-mocker-prefill", "m-mocker-decode"}
+    assert set(services) == set(deployments)
+    for role, replicas, kv_role in (("prefill", 1, "kv_producer"), ("decode", 2, "kv_consumer")):
+        deployment = deployments[f"m-mocker-{role}"]
+        spec = deployment["spec"]
+        assert spec["replicas"] == replicas
+        component = {"app.kubernetes.io/component": role}
+        assert component.items() <= spec["selector"]["matchLabels"].items()
+        assert component.items() <= spec["template"]["metadata"]["labels"].items()
+        assert component.items() <= services[f"m-mocker-{role}"]["spec"]["selector"].items()
+        container = spec["template"]["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        transfer = json.loads(env["MOCKER_KV_TRANSFER_CONFIG"])
+        assert (transfer["kv_connector"], transfer["kv_role"]) == ("NixlConnector", kv_role)
+        assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "$(POD_IP)"
+        assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"
+        assert env["MOCKER_ENABLE_LORA"] == "true" and env["MOCKER_MAX_LORAS"] == "2"
+        modules = "sql-lora=/adapters/sql-lora,chat-lora=/adapters/chat-lora"
+        assert env["MOCKER_LORA_MODULES"] == modules
+        assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "true"
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert ("nixl" in ports) == (role == "prefill")
+    decode_env = deployments["m-mocker-decode"]["spec"]["template"]["spec"]["containers"][0]["env"]
+    transfer = json.loads(next(e["value"] for e in decode_env
+                               if e["name"] == "MOCKER_KV_TRANSFER_CONFIG"))  # fmt: skip
+    assert transfer["kv_connector_extra_config"]["pull_gbps"] == 12.5

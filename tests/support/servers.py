@@ -62,6 +62,8 @@ class AppClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.http.aclose()
         await self.state.engines.stop()
+        for channel in self.state.side_channels:  # P/D (the app's lifespan would close them)
+            await channel.close()
 
 
 # `mocker serve`'s start-up line names the port it bound (with --port 0, the system's pick).

@@ -41,6 +41,20 @@ async def test_server_info_has_vllms_config_and_what_both_routers_read() -> None
     assert sglang_spelling == text
 
 
+async def test_server_info_names_the_pd_role() -> None:
+    # A decode engine: it binds no side channel (a prefill engine would bind port 5600).
+    app = make_app(kv_role="kv_consumer", kv_engine_id="d-0", num_cpu_blocks=64)
+    async with AppClient(app) as c:
+        body = (await c.http.get("/server_info", params={"config_format": "json"})).json()
+    transfer = body["vllm_config"]["kv_transfer_config"]
+    # The P/D connector and the CPU tier's together, as vLLM's MultiConnector holds them.
+    assert transfer["kv_connector"] == "MultiConnector"
+    nixl, offload = transfer["kv_connector_extra_config"]["connectors"]
+    assert (nixl["kv_connector"], nixl["kv_role"], nixl["engine_id"]) == (
+        "NixlConnector", "kv_consumer", "d-0")  # fmt: skip
+    assert offload["kv_connector"] == "OffloadingConnector"
+
+
 async def test_model_info_in_sglangs_shape(client: AppClient) -> None:
     body = (await client.http.get("/model_info")).json()
     assert body == (await client.http.get("/get_model_info")).json()

@@ -65,3 +65,23 @@ a whole number is printed as an integer. */}}
 {{- define "mocker.dataParallelSize" -}}
 {{- default 1 .Values.settings.data_parallel_size | int }}
 {{- end }}
+
+{{/* The Deployments to run, as a YAML list of {suffix, component, replicas, settings}: one
+(no suffix, the shared settings), or with pd.enabled a prefill and a decode one whose
+settings are each role's merged over the shared ones, kv_transfer_config set to vLLM's
+NixlConnector in that role unless the role's settings give one. */}}
+{{- define "mocker.roles" -}}
+{{- if not .Values.pd.enabled }}
+{{- list (dict "suffix" "" "component" "" "replicas" .Values.replicaCount "settings" .Values.settings) | toYaml }}
+{{- else }}
+{{- $roles := list }}
+{{- range $name, $kvRole := dict "prefill" "kv_producer" "decode" "kv_consumer" }}
+{{- $spec := get $.Values.pd $name }}
+{{- $nixl := dict "kv_connector" "NixlConnector" "kv_role" $kvRole }}
+{{- $settings := mergeOverwrite (deepCopy $.Values.settings) (dict "kv_transfer_config" $nixl) (deepCopy (default dict $spec.settings)) }}
+{{- $roles = append $roles (dict "suffix" (printf "-%s" $name) "component" $name "replicas" $spec.replicas "settings" $settings) }}
+{{- end }}
+{{- toYaml $roles }}
+{{- end }}
+{{- end }}
+
