@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 
@@ -10,6 +11,7 @@ from mocker.config import KVRole
 from mocker.disagg.local_peers import LocalPeers
 from mocker.disagg.params import parse_transfer_params
 from mocker.engine.core import EngineCore
+from mocker.kv.events import BlockStored
 from mocker.request import EngineRequest, RequestStatus, SamplingParams
 from mocker.timing import PolynomialTiming
 from tests.support.engines import small_config
@@ -182,3 +184,86 @@ def test_concurrent_pulls_share_the_link() -> None:
     one = 7 * BS * decode.config.model.kv_bytes_per_token / 1e9
     # Two equal pulls started together each get half the link: both end after twice one.
     assert decode.next_transfer_deadline() == pytest.approx(t + 2 * one)
+
+
+def test_kv_both_engines_take_either_half() -> None:
+    shape = {"block_size": BS, "num_gpu_blocks": 64, "max_num_batched_tokens": 256,
+             "max_model_len": 512, "kv_role": KVRole.BOTH}  # fmt: skip
+    a = EngineCore(small_config(**shape, kv_engine_id="A"))
+    b = EngineCore(small_config(**shape, kv_engine_id="B"), peers=LocalPeers({"A": a}))
+    end, params = _prefill(a)
+    b.add_request(_decode_request(params))
+    b.step(end)
+    deadline = b.next_transfer_deadline()
+    assert deadline is not None
+    out = b.step(deadline).outputs[0]
+    assert out.tier_hits == (("p2p", 100),)
+    assert not a.holds and a.pool.num_used == 0
+    # A plain request on a kv_both engine is neither held nor pulled.
+    b.add_request(EngineRequest("plain", PROMPT, SamplingParams(max_tokens=1)))
+    while b.has_unfinished_requests():
+        b.step(deadline)
+    assert not b.holds and not b.pulls
+
+
+def test_pulled_blocks_are_published_as_stored_on_the_decode_side() -> None:
+    prefill, decode = _pair(enable_kv_cache_events=True)
+    prefill.add_request(_prefill_request())
+    first = prefill.step(0.0)
+    stored = [e for e in first.kv_events if isinstance(e, BlockStored)]
+    end, params = first.end, first.outputs[0].kv_transfer_params
+    assert params is not None
+    decode.add_request(_decode_request(params))
+    assert not [e for e in decode.step(end).kv_events if isinstance(e, BlockStored)]
+    deadline = decode.next_transfer_deadline()
+    assert deadline is not None
+    events = decode.step(deadline).kv_events
+    pulled = [h for e in events if isinstance(e, BlockStored) for h in e.block_hashes]
+    # The six full blocks of the prompt, under the hashes the prefill engine published.
+    assert pulled == [h for e in stored for h in e.block_hashes][:6]
+
+
+def test_conservation_under_random_pulls_aborts_and_expiry() -> None:
+    """Whatever happens — pulls that land, aborts on either side, holds that expire, pulls
+    that time out — every block held for a pull is freed, and nothing stays held."""
+    rng = random.Random(7)
+    seen = {"landed": 0, "failed": 0, "aborted": 0, "expired": 0}
+    for trial in range(20):
+        prefill, decode = _pair(hold_timeout=rng.choice([0.05, 5.0]),
+                                pull_gbps=rng.choice([0.01, 1.0]),
+                                pull_timeout=rng.choice([0.05, 5.0]))  # fmt: skip
+        now = 0.0
+        pending: list[dict[str, object]] = []
+        for i in range(6):
+            prompt = [rng.randrange(1, 5000) for _ in range(rng.randrange(20, 120))]
+            prefill.add_request(EngineRequest(f"p{i}", prompt, SamplingParams(max_tokens=1),
+                                              remote_decode=True))  # fmt: skip
+            for out in prefill.step(now).outputs:
+                if out.kv_transfer_params is not None:
+                    pending.append(out.kv_transfer_params)
+            now += 0.02
+        decoded = []
+        for j, params in enumerate(pending):
+            request = prefill.holds.request(str(params["remote_request_id"]))  # type: ignore[union-attr]
+            prompt = (
+                list(request.all_token_ids[: request.num_prompt_tokens]) if request else [1] * 30
+            )
+            _, remote = parse_transfer_params(params)
+            decode.add_request(EngineRequest(f"d{j}", prompt, SamplingParams(max_tokens=2),
+                                             remote_prefill=remote))  # fmt: skip
+            decoded.append(f"d{j}")
+        while decode.has_unfinished_requests() or decode.has_pending_transfers():
+            if decoded and rng.random() < 0.2:
+                decode.abort_request(decoded.pop(rng.randrange(len(decoded))), now)
+                seen["aborted"] += 1
+            result = decode.step(now)
+            for record in result.pulls:
+                seen["landed" if record.ok else "failed"] += 1
+            deadline = decode.next_transfer_deadline()
+            now = result.end if not result.idle else (deadline if deadline is not None else now)
+            prefill.advance_transfers(now)
+        prefill.advance_transfers(now + 10.0)  # what no pull claimed expires
+        seen["expired"] += prefill.holds.num_expired  # type: ignore[union-attr]
+        assert decode.pool.num_used == 0 and not decode.pulls, trial
+        assert prefill.pool.num_used == 0 and not prefill.holds, trial
+    assert all(seen.values()), seen  # every path was taken
