@@ -204,8 +204,19 @@ class EngineCore:
             num_used_blocks=self.pool.num_used,
             lora_adapters=self._lora_adapters() if self.config.enable_lora else (),
             kv_expired=self.holds.num_expired if self.holds is not None else 0,
+            kv_fetch=self._kv_fetch() if self.pulls is not None else (0, 0, 0),
             **self._tier_snapshot(),
         )
+
+    def _kv_fetch(self) -> tuple[int, int, int]:
+        """Requests by async KV load stage (vLLM's num_requests_kv_fetch_by_stage): whose
+        pull has not started, whose load runs, whose KV landed but who do not run yet."""
+        s = self.scheduler
+        unstarted = sum(
+            1 for r in self.requests.values()
+            if r.remote_prefill is not None and r.status != RequestStatus.WAITING_FOR_REMOTE_KVS
+        )  # fmt: skip
+        return unstarted, len(s.loading), len(s.ready)
 
     def _lora_adapters(self) -> tuple[str, ...]:
         names = (r.lora_name for r in self.requests.values() if r.lora_name is not None)

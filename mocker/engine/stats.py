@@ -61,6 +61,9 @@ class EngineSnapshot:
     # With --enable-lora: the adapters of unfinished requests, oldest request first.
     lora_adapters: tuple[str, ...] = ()
     kv_expired: int = 0  # P/D prefill side: holds that expired unread (cumulative)
+    # P/D decode side, vLLM's async KV load stages: waiting to start, in progress, loaded
+    # and waiting to run.
+    kv_fetch: tuple[int, int, int] = (0, 0, 0)
 
     @property
     def queue_score(self) -> int:

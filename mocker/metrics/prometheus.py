@@ -53,6 +53,7 @@ class Family:
     source: Source
     label: str | None = None
     legacy: bool = False  # a V0-era name, exported only with --legacy-metric-names
+    consumer: bool = False  # P/D: exported only by an engine that pulls KV (a kv_consumer)
 
 
 def _by_source(m: StatsRecorder, s: EngineSnapshot) -> Value:
@@ -223,8 +224,17 @@ FAMILIES: tuple[Family, ...] = (
            lambda m, s: m.itl, legacy=True),
 )  # fmt: skip
 
-# vLLM's NixlPromMetrics, registered only when a KV connector is configured (P/D).
+KV_FETCH_STAGES = ("waiting_to_start", "in_progress", "completed_waiting")
+
+# vLLM's NixlPromMetrics, registered only when a KV connector is configured (P/D), and the
+# async-load gauge vLLM registers on a KV consumer.
 NIXL_FAMILIES: tuple[Family, ...] = (
+    Family("vllm:num_requests_kv_fetch_by_stage", "Number of waiting requests by async KV load "
+           "stage. Stage labels: 'waiting_to_start' = needs an async KV load that has not "
+           "started; 'in_progress' = load started and not yet reported finished; "
+           "'completed_waiting' = load finished, request not running yet.", G,
+           lambda m, s: list(zip(KV_FETCH_STAGES, s.kv_fetch, strict=True)), label="stage",
+           consumer=True),
     Family("vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache "
            "transfers.", H, lambda m, s: m.nixl_xfer_time),
     Family("vllm:nixl_bytes_transferred", "Histogram of bytes transferred per NIXL KV Cache "
@@ -278,9 +288,11 @@ class MetricsCollector(Collector):
         for family in FAMILIES:
             if not family.legacy or self.legacy_names:
                 yield self._render(family, rows)
-        if self.engines and self.engines[0].config.kv_role is not KVRole.NONE:
+        role = self.engines[0].config.kv_role if self.engines else KVRole.NONE
+        if role is not KVRole.NONE:
             for family in NIXL_FAMILIES:
-                yield self._render(family, rows)
+                if not family.consumer or role.consumes:
+                    yield self._render(family, rows)
         yield self._cache_config_info()
         if self.engines and self.engines[0].config.enable_lora:
             yield self._lora_info([snapshot for _, snapshot, _ in rows])

@@ -123,6 +123,13 @@ def test_prefill_answers_vllms_params_and_decode_pulls_instead_of_computing() ->
         assert metric(d_url, "vllm:nixl_xfer_time_seconds_count") == 2
         until(lambda: metric(d_url, "vllm:kv_cache_usage_perc") == 0)
         assert metric(p_url, "vllm:kv_cache_usage_perc") == 0
+        # vLLM's async-load gauge: on the decode side only, every stage empty again.
+        stages = samples(httpx.get(d_url + "/metrics", timeout=10).text,
+                         "vllm:num_requests_kv_fetch_by_stage")  # fmt: skip
+        assert sorted(dict(k)["stage"] for k in stages) == [
+            "completed_waiting", "in_progress", "waiting_to_start"]  # fmt: skip
+        assert set(stages.values()) == {0.0}
+        assert "kv_fetch_by_stage" not in httpx.get(p_url + "/metrics", timeout=10).text
 
         promtool = _promtool()
         for url in (p_url, d_url):
@@ -163,7 +170,9 @@ def test_prefill_replica_restarted_mid_pull_makes_decode_recompute() -> None:
             started = time.monotonic()
             pending = pool.submit(httpx.post, d_url + "/v1/completions", timeout=60,
                                   json={**body, "kv_transfer_params": params})  # fmt: skip
-            until(lambda: metric(d_url, "vllm:num_requests_waiting") == 1)
+            stage = "vllm:num_requests_kv_fetch_by_stage"
+            until(lambda: metric(d_url, stage, stage="in_progress") == 1)
+            assert metric(d_url, "vllm:num_requests_waiting") == 1  # vLLM counts it waiting
             proc.kill()  # mid-pull: the KV it held is gone
             proc.wait(timeout=10)
         with replica("kv_producer"):  # restarted: a new engine id, another port
