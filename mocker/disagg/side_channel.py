@@ -36,6 +36,15 @@ _encode = msgspec.msgpack.encode
 _decode = msgspec.msgpack.decode
 
 
+async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel the tasks and wait for each to end."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 class SideChannelServer:
     """A prefill engine's side channel. Bound at construction (a taken port stops start-up);
     served by one task; every answer that touches engine state goes through the engine
@@ -66,12 +75,7 @@ class SideChannelServer:
         self._task = asyncio.get_running_loop().create_task(self._serve(), name="side-channel")
 
     async def close(self) -> None:
-        tasks = [t for t in (self._task, *self._answers) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await _cancel([t for t in (self._task, *self._answers) if t is not None])
         self.close_now()
 
     def close_now(self) -> None:
@@ -200,12 +204,7 @@ class SideChannelClient:
             sock.close()
 
     async def close(self) -> None:
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await _cancel(list(self._tasks))
         self.close_now()
 
     def close_now(self) -> None:

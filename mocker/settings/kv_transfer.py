@@ -75,12 +75,7 @@ def parse_kv_transfer_config(
         return _nixl(config, role)
     if config.get("kv_connector") != "OffloadingConnector":
         return OffloadSettings()
-    extra = config.get("kv_connector_extra_config", {})
-    if not isinstance(extra, Mapping):
-        raise _fail("kv_connector_extra_config", extra, "must be an object")
-    for key in extra:
-        if key not in _EXTRA_KEYS | _EXTRA_IGNORED:
-            raise _fail(f"kv_connector_extra_config.{key}", extra[key], "unknown key")
+    extra = _extra(config, _EXTRA_KEYS | _EXTRA_IGNORED)
     spec_name = extra.get("spec_name", "CPUOffloadingSpec")
     if spec_name not in _SPECS:
         raise _fail("spec_name", spec_name, "must be one of " + ", ".join(_SPECS))
@@ -132,6 +127,17 @@ def parse_kv_transfer_config(
     )
 
 
+def _extra(config: Mapping[str, Any], known: set[str]) -> Mapping[str, Any]:
+    """kv_connector_extra_config, every key one the connector knows."""
+    extra = config.get("kv_connector_extra_config", {})
+    if not isinstance(extra, Mapping):
+        raise _fail("kv_connector_extra_config", extra, "must be an object")
+    for key in extra:
+        if key not in known:
+            raise _fail(f"kv_connector_extra_config.{key}", extra[key], "unknown key")
+    return extra
+
+
 def _nixl(config: Mapping[str, Any], role: str | None) -> OffloadSettings:
     """P/D settings: the role (vLLM requires one), the engine id (vLLM's default: a fresh
     uuid), the prefill side's lease (kv_lease_duration, 30 s) and the decode side's pull
@@ -148,12 +154,7 @@ def _nixl(config: Mapping[str, Any], role: str | None) -> OffloadSettings:
     engine_id = config.get("engine_id") or str(uuid.uuid4())
     if not isinstance(engine_id, str):
         raise _fail("engine_id", engine_id, "must be a string")
-    extra = config.get("kv_connector_extra_config", {})
-    if not isinstance(extra, Mapping):
-        raise _fail("kv_connector_extra_config", extra, "must be an object")
-    for key in extra:
-        if key not in _NIXL_KEYS | _NIXL_IGNORED:
-            raise _fail(f"kv_connector_extra_config.{key}", extra[key], "unknown key")
+    extra = _extra(config, _NIXL_KEYS | _NIXL_IGNORED)
     settings = OffloadSettings(kv_role=role, kv_engine_id=engine_id)
     for key, field in (("kv_lease_duration", "hold_timeout"), ("pull_gbps", "pull_gbps"),
                        ("pull_latency_ms", "pull_latency_ms"),
