@@ -97,6 +97,6 @@ def generate_request(
         else None,
         "cache_salt": body.cache_salt,
         "priority": body.priority,
-        "kv_transfer_params": None,
+        "kv_transfer_params": body.kv_transfer_params,
         "ec_transfer_params": None,
     }

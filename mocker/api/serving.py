@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -71,6 +73,16 @@ def pinned_rank(field: int | None, header: str | None) -> int | None:
     return rank
 
 
+def _remote_cached_tokens(spec: EngineRequest, engine: LiveEngine) -> int | None:
+    """What a P/D decode request reports as cached: the prefill's hits (vLLM's
+    remote_prefill_cached_tokens), at most its prompt; None when this engine does not pull
+    (it ignores the params, as vLLM does without a KV consumer role)."""
+    remote = spec.remote_prefill
+    if remote is None or remote.cached_tokens is None or engine.core.pulls is None:
+        return None
+    return min(remote.cached_tokens, len(spec.prompt_token_ids))
+
+
 def _unsupported(body: GenerationRequest) -> None:
     """400 for what this mock does not generate."""
     if body.n != 1:
@@ -119,20 +131,24 @@ class OpenAIServing:
     def completions(
         self, body: CompletionRequest, headers: RequestHeaders = RequestHeaders()
     ) -> Response:
-        model, lora = self._check(body)
-        prompts = completion_prompts(self.tokenizer, body.prompt)
-        rid = headers.request_id or uuid.uuid4().hex
-        choices = self._start(body, prompts, body.max_tokens, rid, headers, "prompt", lora=lora)
+        with self._refusal_releases(body):
+            model, lora = self._check(body)
+            prompts = completion_prompts(self.tokenizer, body.prompt)
+            rid = headers.request_id or uuid.uuid4().hex
+            choices = self._start(body, prompts, body.max_tokens, rid, headers, "prompt",
+                                  lora=lora)  # fmt: skip
         return self._respond(body, choices, model, f"cmpl-{rid}", rid)
 
     def chat(
         self, body: ChatCompletionRequest, headers: RequestHeaders = RequestHeaders()
     ) -> Response:
-        model, lora = self._check(body)
-        prompt = chat_prompt(self.tokenizer, body)
-        max_tokens = body.max_completion_tokens or body.max_tokens
-        rid = headers.request_id or uuid.uuid4().hex
-        choices = self._start(body, [prompt], max_tokens, rid, headers, "messages", lora=lora)
+        with self._refusal_releases(body):
+            model, lora = self._check(body)
+            prompt = chat_prompt(self.tokenizer, body)
+            max_tokens = body.max_completion_tokens or body.max_tokens
+            rid = headers.request_id or uuid.uuid4().hex
+            choices = self._start(body, [prompt], max_tokens, rid, headers, "messages",
+                                  lora=lora)  # fmt: skip
         return self._respond(body, choices, model, f"chatcmpl-{rid}", rid)
 
     # -- render (vLLM's /v1/completions/render and /v1/chat/completions/render) ---------------
@@ -185,22 +201,42 @@ class OpenAIServing:
                 "return_token_ids": body.return_token_ids, "cache_salt": body.cache_salt,
                 "priority": body.priority, "data_parallel_rank": body.data_parallel_rank,
                 "logprobs": sp.logprobs, "seed": sp.seed,
+                "kv_transfer_params": body.kv_transfer_params,
             }
         )  # fmt: skip
-        try:  # the same fields, already validated: a mismatch is still the client's to hear
-            completion = CompletionRequest.model_validate(fields)
-        except ValidationError as exc:
-            raise OpenAIError(400, f"invalid sampling_params: {exc}", "sampling_params") from None
-        model, lora = self._check(completion)
-        prompts = completion_prompts(self.tokenizer, completion.prompt)
-        rid = headers.request_id or body.request_id or uuid.uuid4().hex
-        choices = self._start(
-            completion, prompts, sp.max_tokens, rid, headers, "token_ids", generate=True,
-            lora=lora,
-        )  # fmt: skip
+        with self._refusal_releases(body):
+            try:  # the same fields, already validated: a mismatch is the client's to hear
+                completion = CompletionRequest.model_validate(fields)
+            except ValidationError as exc:
+                raise OpenAIError(400, f"invalid sampling_params: {exc}",
+                                  "sampling_params") from None  # fmt: skip
+            model, lora = self._check(completion)
+            prompts = completion_prompts(self.tokenizer, completion.prompt)
+            rid = headers.request_id or body.request_id or uuid.uuid4().hex
+            choices = self._start(
+                completion, prompts, sp.max_tokens, rid, headers, "token_ids", generate=True,
+                lora=lora,
+            )  # fmt: skip
         return self._respond(
             completion, choices, model, f"generate-tokens-{rid}", rid, generate=True
         )
+
+    @contextmanager
+    def _refusal_releases(self, body: GenerationRequest | GenerateRequest) -> Iterator[None]:
+        """P/D decode side: a request refused before it reaches an engine (a 4xx, a 503) has
+        its prefill engine free the KV held for it at once, as vLLM's
+        notify_kv_transfer_request_rejected does, not at the lease's end. (Once `_start`
+        returns, the engine owns the request and frees the KV when it ends.)"""
+        try:
+            yield
+        except BaseException:
+            try:
+                _, remote = parse_transfer_params(body.kv_transfer_params)
+            except InvalidTransferParams:
+                remote = None
+            if remote is not None:
+                self.engines[0].release_remote(remote)
+            raise
 
     def _model(self, name: str | None) -> tuple[str, LoraModule | None]:
         """The model name to answer with, and the adapter it names (None: the base model)."""
@@ -251,11 +287,11 @@ class OpenAIServing:
             remote_decode, remote_prefill = parse_transfer_params(body.kv_transfer_params)
         except InvalidTransferParams as exc:
             raise OpenAIError(400, str(exc), "kv_transfer_params") from None
-        if remote_prefill is not None and len(prompts) > 1:
+        if (remote_prefill is not None or remote_decode) and len(prompts) > 1:
+            # One set of kv_transfer_params answers for one prompt's KV.
             raise OpenAIError(
                 400,
-                "kv_transfer_params with do_remote_prefill name the KV of one prompt: send "
-                "one prompt per request",
+                "kv_transfer_params (P/D) go with one prompt: send one prompt per request",
                 "kv_transfer_params",
             )
         specs: list[EngineRequest] = []
@@ -366,9 +402,7 @@ class OpenAIServing:
             stop_token_ids=frozenset(sampling.stop_token_ids),
             prompt_token_ids=list(spec.prompt_token_ids) if body.return_token_ids else None,
             token_ids=[] if ids else None,
-            remote_cached_tokens=(
-                spec.remote_prefill.cached_tokens if spec.remote_prefill is not None else None
-            ),
+            remote_cached_tokens=_remote_cached_tokens(spec, engine),
         )
 
     # -- responses ----------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Prefill side: finished requests whose KV blocks stay referenced until a decode engine has
-pulled them, or until vLLM's abort timeout frees them."""
+pulled them, or until their lease (vLLM's kv_lease_duration) expires."""
 
 from __future__ import annotations
 
@@ -18,55 +18,74 @@ class _Hold:
 
 
 class KVHolds:
-    """The holds of one engine, by request id. A pure model: times are arguments; the engine
-    frees the blocks of whatever `release` or `expire` hands back."""
+    """The holds of one engine, by hold id: the request id made unique (a client may reuse a
+    request id while the first request's KV is still held; vLLM's internal ids differ too).
+    A pure model: times are arguments; the engine frees the blocks of whatever `release` or
+    `expire` hands back."""
 
-    __slots__ = ("_deadlines", "_held", "num_expired", "timeout", "version")
+    __slots__ = ("_by_request", "_deadlines", "_held", "_seq", "num_expired", "timeout",
+                 "version")  # fmt: skip
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout = timeout_s
-        self._held: dict[str, _Hold] = {}
+        self._held: dict[str, _Hold] = {}  # by hold id
+        self._by_request: dict[str, str] = {}  # request id -> its latest hold id
         self._deadlines: list[tuple[float, str]] = []  # lazily pruned
+        self._seq = 0
         self.version = 0  # bumped when a hold starts or ends (the live timer re-arms)
         self.num_expired = 0  # cumulative (vLLM's nixl_num_kv_expired_reqs)
 
     def __len__(self) -> int:
         return len(self._held)
 
-    def __contains__(self, request_id: object) -> bool:
-        return request_id in self._held
+    def __contains__(self, hold_id: object) -> bool:
+        return hold_id in self._held
 
-    def hold(self, request: Request, now: float) -> float:
-        """Keep a finished request's blocks for a pull; returns when the hold expires."""
+    def hold(self, request: Request, now: float) -> str:
+        """Keep a finished request's blocks for a pull until `now` + the lease; its hold id."""
+        self._seq += 1
+        hold_id = f"{request.request_id}-{self._seq}"
         deadline = now + self.timeout
-        self._held[request.request_id] = _Hold(request, deadline)
-        heapq.heappush(self._deadlines, (deadline, request.request_id))
+        self._held[hold_id] = _Hold(request, deadline)
+        self._by_request[request.request_id] = hold_id
+        heapq.heappush(self._deadlines, (deadline, hold_id))
         self.version += 1
-        return deadline
+        return hold_id
 
-    def request(self, request_id: str) -> Request | None:
-        """The held request under this id (None: none)."""
-        hold = self._held.get(request_id)
+    def hold_id_of(self, request_id: str) -> str | None:
+        """The hold of the latest request with this id, while it is held."""
+        return self._by_request.get(request_id)
+
+    def request(self, hold_id: str) -> Request | None:
+        """The held request (None: nothing held under this id)."""
+        hold = self._held.get(hold_id)
         return None if hold is None else hold.request
 
-    def release(self, request_id: str) -> Request | None:
+    def release(self, hold_id: str) -> Request | None:
         """The decode side has read the blocks (or gave up): the request, for the engine to
         free its blocks; None if nothing is held under that id (expired, never held)."""
-        hold = self._held.pop(request_id, None)
+        hold = self._held.pop(hold_id, None)
         if hold is None:
             return None
+        self._forget(hold_id, hold)
         self.version += 1
         return hold.request
+
+    def _forget(self, hold_id: str, hold: _Hold) -> None:
+        request_id = hold.request.request_id
+        if self._by_request.get(request_id) == hold_id:
+            del self._by_request[request_id]
 
     def expire(self, now: float) -> list[Request]:
         """Holds whose time is up by `now`, in deadline order."""
         out: list[Request] = []
         heap, held = self._deadlines, self._held
         while heap and heap[0][0] <= now:
-            deadline, request_id = heapq.heappop(heap)
-            hold = held.get(request_id)
+            deadline, hold_id = heapq.heappop(heap)
+            hold = held.get(hold_id)
             if hold is not None and hold.deadline == deadline:
-                del held[request_id]
+                del held[hold_id]
+                self._forget(hold_id, hold)
                 out.append(hold.request)
         if out:
             self.version += 1
@@ -76,8 +95,8 @@ class KVHolds:
     def next_deadline(self) -> float | None:
         heap, held = self._deadlines, self._held
         while heap:
-            deadline, request_id = heap[0]
-            hold = held.get(request_id)
+            deadline, hold_id = heap[0]
+            hold = held.get(hold_id)
             if hold is not None and hold.deadline == deadline:
                 return deadline
             heapq.heappop(heap)

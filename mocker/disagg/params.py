@@ -108,16 +108,19 @@ def _block_ids(value: Any) -> tuple[int, ...]:
     return tuple(flat)
 
 
-def handoff_params(config: EngineConfig, request: Request, host: str, port: int) -> dict[str, Any]:
+def handoff_params(
+    config: EngineConfig, request: Request, hold_id: str, host: str, port: int
+) -> dict[str, Any]:
     """What a prefill engine answers for a held request: the keys and order of vLLM 0.33's
     NixlConnector.request_finished, plus `remote_prefill_cached_tokens` (its scheduler adds
-    the prefill's prefix hits)."""
+    the prefill's prefix hits). `remote_request_id` is the hold's id (unique, as vLLM's
+    internal request ids are)."""
     return {
         "do_remote_prefill": True,
         "do_remote_decode": False,
         "remote_block_ids": [[block.block_id for block in request.blocks]],
         "remote_engine_id": config.kv_engine_id,
-        "remote_request_id": request.request_id,
+        "remote_request_id": hold_id,
         "remote_host": host,
         "remote_port": port,
         "tp_size": 1,

@@ -37,6 +37,7 @@ class PdCounters:
     """What a live driver's side channel counts for vLLM's NIXL metrics."""
 
     failed_notifications: int = 0  # decode side: notifications that got no answer
+    failed_releases: int = 0  # of which releases (a pull's failure is counted as the pull's)
     notifications_after_expiry: int = 0  # prefill side: reads of KV no longer held
 
 
@@ -152,7 +153,8 @@ class RemotePulls:
             return False
         if pull.state is PullState.TRANSFERRING:
             self.channel.cancel(now, pull.tid)
-        self.peers.release(pull.remote)
+            self.peers.release(pull.remote)
+        # Else its read notification is out already: that frees the prefill engine's blocks.
         self.version += 1
         return True
 

@@ -9,6 +9,8 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -27,7 +29,9 @@ __all__ = ["GET_META_MSG", "NOTIF_MSG", "SideChannelClient", "SideChannelServer"
 logger = logging.getLogger(__name__)
 
 GET_META_MSG = b"get_meta_msg"  # vLLM's handshake request: (GET_META_MSG, pp_rank, tp_rank)
-NOTIF_MSG = b"notif"  # mocker's stand-in for a NIXL notification: (NOTIF_MSG, engine, text)
+# mocker's stand-in for a NIXL notification: (NOTIF_MSG, engine id, "<request id>:1", nonce),
+# answered with (nonce, whether the blocks were still held).
+NOTIF_MSG = b"notif"
 # vLLM gives a handshake 5 s; a notification the prefill engine does not answer in that time
 # fails the pull (the request recomputes).
 ANSWER_TIMEOUT_S = 5.0
@@ -105,10 +109,10 @@ class SideChannelServer:
             await self._sock.send_multipart(
                 [*envelope, self._handshake(), _encode(time.perf_counter())]
             )
-        elif kind == NOTIF_MSG and len(message) == 3:
-            engine_id, text = message[1], message[2]
+        elif kind == NOTIF_MSG and len(message) == 4:
+            engine_id, text, nonce = message[1], message[2], message[3]
             held = await self._notified(engine_id, text)
-            await self._sock.send_multipart([*envelope, _encode(held)])
+            await self._sock.send_multipart([*envelope, _encode([nonce, held])])
 
     def _handshake(self) -> bytes:
         """vLLM's NixlHandshakePayload shape; the agent metadata is what a mock has."""
@@ -129,29 +133,42 @@ class SideChannelServer:
         engine is not the one named (restarted: a new engine id) or holds nothing under it."""
         if not isinstance(text, str) or engine_id != self.engine.core.config.kv_engine_id:
             return False
-        request_id = text.rsplit(":", 1)[0]
-        held = await self.engine.release_hold(request_id)
+        hold_id = text.rsplit(":", 1)[0]
+        held = await self.engine.release_hold(hold_id)
         if not held:
             self.counters.notifications_after_expiry += 1
             logger.warning(
                 "Potentially invalid KV blocks for unrecognized request %s were retrieved by "
-                "a decode worker. They may have expired.", request_id,
+                "a decode worker. They may have expired.", hold_id,
             )  # fmt: skip
         return held
 
 
+@dataclass(slots=True, eq=False)
+class _Peer:
+    """One prefill side channel as a decode engine sees it: a DEALER socket, the questions
+    waiting for their answers (by nonce), and the task that reads the answers."""
+
+    sock: zmq.asyncio.Socket
+    waiting: dict[int, asyncio.Future[bool]] = field(default_factory=dict)
+    reader: asyncio.Task[None] | None = None
+
+
 class SideChannelClient:
     """A decode engine's way to its prefill engines (mocker.disagg.pulls.PrefillPeers): one
-    DEALER per prefill side channel; answers reach the engine loop through its inbox."""
+    DEALER per prefill side channel. Questions carry a nonce and are answered in any order,
+    so a slow or dead peer never holds up another question, and a late answer is dropped.
+    Every read notification gets its answer into the engine loop's inbox, even when the
+    peer never answers (then: not held, after ANSWER_TIMEOUT_S)."""
 
     def __init__(self, engine: LiveEngine, counters: PdCounters,
                  context: zmq.asyncio.Context | None = None) -> None:  # fmt: skip
         self.engine = engine
         self.counters = counters
         self._ctx = context if context is not None else zmq.asyncio.Context.instance()
-        self._socks: dict[tuple[str, int], zmq.asyncio.Socket] = {}
-        self._locks: dict[tuple[str, int], asyncio.Lock] = {}
+        self._peers: dict[tuple[str, int], _Peer] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._nonce = 0
 
     def start(self) -> None:
         """Nothing to serve: sockets open on first use."""
@@ -159,8 +176,7 @@ class SideChannelClient:
     # -- PrefillPeers (called from the engine loop, synchronously) ----------------------------
 
     def read_done(self, pull: Pull) -> bool | None:
-        request_id = pull.request.request_id
-        self._spawn(self._notify(pull.remote, request_id))
+        self._spawn(self._notify(pull.remote, pull.request.request_id))
         return None
 
     def release(self, remote: RemotePrefill) -> None:
@@ -168,46 +184,68 @@ class SideChannelClient:
 
     # -- the network ------------------------------------------------------------------------
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _notify(self, remote: RemotePrefill, request_id: str | None) -> None:
-        """Tell the prefill engine; with `request_id` (a pull), its answer decides the pull."""
+        """Tell the prefill engine; with `request_id` (a pull), its answer decides the pull
+        (always delivered: a failure is "not held")."""
         held = False
         try:
-            held = await asyncio.wait_for(self._ask(remote), ANSWER_TIMEOUT_S)
-        except (TimeoutError, zmq.ZMQError, msgspec.DecodeError) as exc:
+            held = await self._ask(remote)
+        except (TimeoutError, zmq.ZMQError) as exc:
             self.counters.failed_notifications += 1
+            if request_id is None:
+                self.counters.failed_releases += 1
             logger.warning("NIXL notification to %s:%d failed: %r", remote.host, remote.port, exc)
-            self._drop(remote)  # a dead peer's queued message must not be answered later
-        if request_id is not None:
-            self.engine.answer_pull(request_id, held)
+        finally:
+            if request_id is not None:
+                self.engine.answer_pull(request_id, held)
 
     async def _ask(self, remote: RemotePrefill) -> bool:
-        key = (remote.host, remote.port)
-        lock = self._locks.setdefault(key, asyncio.Lock())
-        async with lock:  # one question at a time per socket: answers come in order
-            sock = self._socks.get(key)
-            if sock is None:
-                sock = self._socks[key] = self._ctx.socket(zmq.DEALER)
-                sock.setsockopt(zmq.LINGER, 0)
-                sock.connect(f"tcp://{remote.host}:{remote.port}")
-            text = f"{remote.request_id}:1"
-            await sock.send(_encode([NOTIF_MSG, remote.engine_id, text]))
-            return bool(_decode(await sock.recv()))
+        peer = self._peer(remote.host, remote.port)
+        self._nonce += 1
+        nonce = self._nonce
+        answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        peer.waiting[nonce] = answer
+        try:
+            message = [NOTIF_MSG, remote.engine_id, f"{remote.request_id}:1", nonce]
+            async with asyncio.timeout(ANSWER_TIMEOUT_S):
+                await peer.sock.send(_encode(message))
+                return await answer
+        finally:
+            peer.waiting.pop(nonce, None)
 
-    def _drop(self, remote: RemotePrefill) -> None:
-        sock = self._socks.pop((remote.host, remote.port), None)
-        if sock is not None:
-            sock.close()
+    def _peer(self, host: str, port: int) -> _Peer:
+        peer = self._peers.get((host, port))
+        if peer is None:
+            sock = self._ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(f"tcp://{host}:{port}")
+            peer = self._peers[(host, port)] = _Peer(sock)
+            peer.reader = asyncio.get_running_loop().create_task(self._read(peer))
+        return peer
+
+    async def _read(self, peer: _Peer) -> None:
+        """Hand each answer to the question it answers (none: it came too late)."""
+        while True:
+            frame = await peer.sock.recv()
+            try:
+                nonce, held = _decode(frame)
+            except (msgspec.DecodeError, TypeError, ValueError):
+                logger.warning("side channel: undecodable answer dropped")
+                continue
+            answer = peer.waiting.get(nonce)
+            if answer is not None and not answer.done():
+                answer.set_result(bool(held))
 
     async def close(self) -> None:
-        await _cancel(list(self._tasks))
+        await _cancel([*self._tasks, *(p.reader for p in self._peers.values() if p.reader)])
         self.close_now()
 
     def close_now(self) -> None:
-        for sock in self._socks.values():
-            sock.close()
-        self._socks.clear()
+        for peer in self._peers.values():
+            peer.sock.close()
+        self._peers.clear()

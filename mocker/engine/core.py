@@ -484,10 +484,10 @@ class EngineCore:
         del self.requests[request.request_id]
         return FinishedRequestStats.of(request)
 
-    def release_hold(self, request_id: str) -> bool:
+    def release_hold(self, hold_id: str) -> bool:
         """A decode engine has read a held request's KV (or gave up on it): free its blocks.
         False if nothing was held under that id (the hold expired, or never was)."""
-        request = None if self.holds is None else self.holds.release(request_id)
+        request = None if self.holds is None else self.holds.release(hold_id)
         if request is None:
             return False
         self.scheduler.free_finished(request)
@@ -497,13 +497,15 @@ class EngineCore:
         """The kv_transfer_params of a request this engine holds for a pull (None: none)."""
         if self.holds is None:
             return None
-        request = self.holds.request(request_id)
+        hold_id = self.holds.hold_id_of(request_id)
+        request = None if hold_id is None else self.holds.request(hold_id)
         return None if request is None else self._handoff(request)
 
     def _handoff(self, request: Request) -> dict[str, Any] | None:
         """The kv_transfer_params a held request answers with, naming where its KV is (the
         fields of vLLM's NixlConnector.request_finished); None if it is not held."""
-        if request.request_id not in self.holds:  # type: ignore[operator]
+        hold_id = None if self.holds is None else self.holds.hold_id_of(request.request_id)
+        if hold_id is None:
             return None
         host, port = self.side_channel
-        return handoff_params(self.config, request, host, port)
+        return handoff_params(self.config, request, hold_id, host, port)

@@ -55,6 +55,10 @@ class EventLoop:
         self.fast = fast
         self.clocks = [start] * len(self.cores)
         self.num_passes = 0
+        # Per engine: when it went idle to wait for a deadline (its clock jumped from there to
+        # the deadline), or None. An arrival before that deadline runs at its own time: the
+        # deadline may never matter (a P/D hold that a pull will release).
+        self._idle_from: list[float | None] = [None] * len(self.cores)
         # Engines whose deadlines need polling during their passes.
         self._exact = [c.connector is not None and c.connector.has_shared_tier
                        for c in self.cores]  # fmt: skip
@@ -64,8 +68,16 @@ class EventLoop:
         return core.has_unfinished_requests() or core.has_pending_transfers()
 
     def wake(self, k: int, at: float) -> None:
-        """An arrival reached engine k: if it was idle, its clock jumps to the arrival."""
-        if not self.busy(k):
+        """An arrival reached engine k: if it was idle, its clock jumps to the arrival; if it
+        was only waiting for a deadline, the arrival's pass runs before it (the core has
+        applied nothing past the instant it went idle)."""
+        since = self._idle_from[k]
+        if since is not None and not self.cores[k].has_unfinished_requests():
+            # Its clock stands at a deadline it jumped to (and may no longer wait for).
+            start = max(since, at)
+            self.clocks[k] = min(self.clocks[k], start) if self.busy(k) else start
+            self._idle_from[k] = None
+        elif not self.busy(k):
             self.clocks[k] = max(self.clocks[k], at)
 
     def next_engine(self) -> tuple[int, float]:
@@ -106,6 +118,7 @@ class EventLoop:
                 if result.newsworthy:
                     yield k, result
                 continue
+            self._idle_from[k] = None
             if self.fast is not None and self.fast(k, _INF if arrival is None else arrival):
                 same_instant = 0
                 continue
@@ -130,3 +143,4 @@ class EventLoop:
             if same_instant > 100:  # every idle step at `now` applies what is due
                 raise core.stall_error()
             clocks[k] = target
+            self._idle_from[k] = now

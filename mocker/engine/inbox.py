@@ -59,7 +59,7 @@ class ReleaseHold:
     """P/D prefill side: a decode engine read a held request's KV (or gave up on it); `done`
     gets whether it was still held."""
 
-    request_id: str
+    hold_id: str  # the remote_request_id the prefill engine answered with
     done: asyncio.Future[bool]
 
 

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from mocker.clock import WallClock
 from mocker.config import EngineConfig
+from mocker.disagg.params import RemotePrefill
 from mocker.engine.core import EngineCore
 from mocker.engine.inbox import (
     AddRequest,
@@ -191,14 +192,21 @@ class LiveEngine:
         self._post(ResetPrefixCache(done))
         return await done
 
-    async def release_hold(self, request_id: str) -> bool:
+    async def release_hold(self, hold_id: str) -> bool:
         """P/D prefill side: free a held request's KV between two passes; whether it was
         still held (False when dead: nothing is held any more)."""
         if self.dead_error is not None:
             return False
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._post(ReleaseHold(request_id, done))
+        self._post(ReleaseHold(hold_id, done))
         return await done
+
+    def release_remote(self, remote: RemotePrefill) -> None:
+        """P/D decode side: a request refused or aborted before the engine took it: its
+        prefill engine frees the KV it holds for it."""
+        pulls = self.core.pulls
+        if pulls is not None:
+            pulls.peers.release(remote)
 
     def answer_pull(self, request_id: str, ok: bool) -> None:
         """P/D decode side: the prefill engine answered a pull's read notification."""
@@ -239,7 +247,10 @@ class LiveEngine:
                     self._inbox_requests -= 1
                     stream = self._streams.get(spec.request_id)
                     if stream is None or stream.finished:
-                        continue  # aborted before it reached the engine; its abort follows
+                        # Aborted before it reached the engine; its abort follows.
+                        if spec.remote_prefill is not None:
+                            self.release_remote(spec.remote_prefill)
+                        continue
                     self.core.add_request(spec, checked=True)  # checked at the door
                     arrival = spec.arrival_time
                     latest = arrival if latest is None else max(latest, arrival)
@@ -255,8 +266,8 @@ class LiveEngine:
                 case PreloadLora(name):
                     if self.core.lora is not None:
                         self.core.lora.preload([name])
-                case ReleaseHold(request_id, done):
-                    held = self.core.release_hold(request_id)
+                case ReleaseHold(hold_id, done):
+                    held = self.core.release_hold(hold_id)
                     if not done.done():
                         done.set_result(held)
                 case PullAnswered(request_id, ok):

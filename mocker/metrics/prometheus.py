@@ -244,7 +244,7 @@ NIXL_FAMILIES: tuple[Family, ...] = (
     Family("vllm:nixl_num_failed_transfers", "Number of failed NIXL KV Cache transfers, "
            "including handshake and notification failures. NOTE: KV expiry is tracked "
            "separately in vllm:nixl_num_kv_expired_reqs.", C,
-           lambda m, s: m.nixl_failed_transfers),
+           lambda m, s: m.nixl_failed_transfers + m.pd.failed_releases),
     Family("vllm:nixl_num_failed_notifications", "Number of failed NIXL KV Cache notifications. "
            "Retained for compatibility; these failures are also included in "
            "vllm:nixl_num_failed_transfers.", C, lambda m, s: m.pd.failed_notifications),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from mocker.config import EngineConfig, PreemptionVictim
+from mocker.config import EngineConfig, KVRole, PreemptionVictim
 from mocker.kv.manager import KVCacheManager
 from mocker.request import Request, RequestStatus
 from mocker.scheduler.waiting_queue import WaitingQueue
@@ -57,6 +57,7 @@ class Scheduler:
         "_block_size",
         "_carry",
         "_chunked",
+        "_external",
         "_max_loras",
         "_max_seqs",
         "_token_budget",
@@ -95,6 +96,9 @@ class Scheduler:
         self._chunked = config.enable_chunked_prefill
         self._victim = config.preemption_victim
         self._block_size = config.block_size
+        # A KV connector answers lookups (tiers, or P/D: a prefill engine's answers 0): its
+        # queries and hits are counted (vLLM's external_prefix_cache_*).
+        self._external = connector is not None or config.kv_role is not KVRole.NONE
         # vLLM's LoRA rule: at most this many distinct adapters in a batch (0: no LoRA).
         self._max_loras = config.max_loras if config.enable_lora else 0
 
@@ -310,7 +314,7 @@ class Scheduler:
         request.num_cached_tokens = device + tiers
         out.prefix_queries += request.num_tokens
         out.prefix_hits += device
-        if self.connector is not None or self.pulls is not None:
+        if self._external:
             out.external_queries += request.num_tokens
             out.external_hits += tiers
 

@@ -220,7 +220,7 @@ def _offload(values: Mapping[str, Any]) -> dict[str, Any]:
     offload = parse_kv_transfer_config(
         values["kv_transfer_config"], values["block_size"], shape.kv_bytes_per_token
     )
-    if not offload or "kv_role" in offload:  # no connector, or NixlConnector (P/D)
+    if "num_cpu_blocks" not in offload:  # no OffloadingConnector (none, or P/D alone)
         return {"num_cpu_blocks": _num_host_blocks(values),
                 "offload_policy": values["offload_policy"],
                 "min_load_blocks": values["min_load_blocks"], **offload}  # fmt: skip

@@ -58,9 +58,10 @@ def _number(key: str, value: Any, *, positive: bool = False) -> float:
 def parse_kv_transfer_config(
     raw: str | Mapping[str, Any] | None, gpu_block_size: int, kv_bytes_per_token: int
 ) -> OffloadSettings:
-    """The engine settings an `OffloadingConnector` config implies: the CPU tier's blocks
-    (from `cpu_bytes_to_use`), write-through stores, `offload_prompt_only`, the secondary
-    tiers, and the shortest load (vLLM's offload `block_size`, in device blocks). Another
+    """The engine settings a connector config implies. `OffloadingConnector`: the CPU tier's
+    blocks (from `cpu_bytes_to_use`), write-through stores, `offload_prompt_only`, the
+    secondary tiers, and the shortest load (vLLM's offload `block_size`, in device blocks).
+    `NixlConnector`: the P/D role and its settings. `MultiConnector`: both. Another
     connector is accepted and changes nothing here."""
     if raw is None:
         return OffloadSettings()
@@ -71,7 +72,13 @@ def parse_kv_transfer_config(
     role = config.get("kv_role")
     if role is not None and role not in _ROLES:
         raise _fail("kv_role", role, "must be one of " + ", ".join(_ROLES))
-    if config.get("kv_connector") in _NIXL:
+    connector = config.get("kv_connector")
+    if connector == "MultiConnector":
+        return _multi(config, role, gpu_block_size, kv_bytes_per_token)
+    if connector == "NixlPushConnector":
+        raise _fail("kv_connector", connector,
+                    "push mode is not modelled by mocker: use NixlConnector (pull)")  # fmt: skip
+    if connector in _NIXL:
         return _nixl(config, role)
     if config.get("kv_connector") != "OffloadingConnector":
         return OffloadSettings()
@@ -125,6 +132,33 @@ def parse_kv_transfer_config(
         storage_tiers=tiers,
         min_load_blocks=block_size // gpu_block_size,
     )
+
+
+def _multi(
+    config: Mapping[str, Any], role: str | None, gpu_block_size: int, kv_bytes_per_token: int
+) -> OffloadSettings:
+    """vLLM's MultiConnector: its `connectors` (each with the outer kv_role unless it names
+    one), one of each kind at most: NixlConnector for P/D, OffloadingConnector for tiers."""
+    connectors = _extra(config, {"connectors"}).get("connectors")
+    if not isinstance(connectors, list) or not connectors:
+        raise _fail("kv_connector_extra_config.connectors", connectors,
+                    "MultiConnector needs a non-empty list of connector configs")  # fmt: skip
+    merged = OffloadSettings()
+    for i, sub in enumerate(connectors):
+        if not isinstance(sub, Mapping):
+            raise _fail(f"connectors[{i}]", sub, "must be an object")
+        if sub.get("kv_connector") == "MultiConnector":
+            raise _fail(f"connectors[{i}].kv_connector", "MultiConnector", "cannot nest")
+        settings = parse_kv_transfer_config(
+            {"kv_role": role, **sub} if role is not None else sub, gpu_block_size,
+            kv_bytes_per_token,
+        )  # fmt: skip
+        clash = sorted(set(settings) & set(merged))
+        if clash:
+            why = "a second connector of the same kind (sets " + ", ".join(clash) + ")"
+            raise _fail(f"connectors[{i}]", sub.get("kv_connector"), why)
+        merged.update(settings)
+    return merged
 
 
 def _extra(config: Mapping[str, Any], known: set[str]) -> Mapping[str, Any]:

@@ -187,6 +187,34 @@ def test_prefill_replica_restarted_mid_pull_makes_decode_recompute() -> None:
         until(lambda: metric(d_url, "vllm:kv_cache_usage_perc") == 0)
 
 
+def test_generate_route_and_a_refused_decode_request() -> None:
+    with replica("kv_producer") as (_, p_url), replica("kv_consumer") as (_, d_url):
+        # vLLM's token-in/token-out route carries kv_transfer_params both ways too.
+        ids = list(range(100, 180))
+        leg = {"token_ids": ids, "sampling_params": {"max_tokens": 1},
+               "kv_transfer_params": ROUTER_PARAMS}  # fmt: skip
+        resp = httpx.post(p_url + "/inference/v1/generate", json=leg, timeout=30)
+        assert resp.status_code == 200, resp.text
+        params = resp.json()["kv_transfer_params"]
+        assert params["do_remote_prefill"] is True and params["remote_num_tokens"] == 80
+        body = {"token_ids": ids, "sampling_params": {"max_tokens": 4},
+                "kv_transfer_params": params}  # fmt: skip
+        out = httpx.post(d_url + "/inference/v1/generate", json=body, timeout=30).json()
+        assert len(out["choices"][0]["token_ids"]) == 4
+        assert metric(d_url, "vllm:nixl_xfer_time_seconds_count") == 1
+        until(lambda: metric(p_url, "vllm:kv_cache_usage_perc") == 0)
+
+        # A decode request refused at the door (an unknown model): the prefill replica frees
+        # what it held at once, not at the lease's end (vLLM's rejected-request notice).
+        params = prefill(p_url, {"model": "mocker", "prompt": PROMPT})
+        assert metric(p_url, "vllm:kv_cache_usage_perc") > 0
+        refused = httpx.post(d_url + "/v1/completions", timeout=30, json={
+            "model": "no-such-model", "prompt": PROMPT, "kv_transfer_params": params})  # fmt: skip
+        assert refused.status_code == 404
+        until(lambda: metric(p_url, "vllm:kv_cache_usage_perc") == 0, timeout=10)
+        assert metric(p_url, "vllm:nixl_num_kv_expired_reqs_total") == 0
+
+
 async def test_bad_kv_transfer_params_are_a_400() -> None:
     async with AppClient(make_app(kv_role="kv_consumer")) as c:
         for params, message in [
@@ -204,7 +232,10 @@ async def test_bad_kv_transfer_params_are_a_400() -> None:
             assert resp.status_code == 400, (params, resp.text)
             error = resp.json()["error"]
             assert message in error["message"] and error["param"] == "kv_transfer_params"
-        # Several prompts cannot share one prefill's blocks.
+        # Several prompts cannot share one prefill's blocks, nor ask for one set of params.
+        two = {"model": "mocker", "prompt": ["a", "b"], "kv_transfer_params": ROUTER_PARAMS}
+        resp = await c.http.post("/v1/completions", json=two)
+        assert resp.status_code == 400 and "one prompt" in resp.json()["error"]["message"]
         params = {"do_remote_prefill": True, "remote_block_ids": [[1]], "remote_engine_id": "x",
                   "remote_request_id": "r", "remote_host": "h", "remote_port": 1}  # fmt: skip
         resp = await c.http.post("/v1/completions", json={

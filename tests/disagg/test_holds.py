@@ -13,20 +13,30 @@ def _request(rid: str) -> Request:
 def test_release_once_then_unknown() -> None:
     holds = KVHolds(timeout_s=10.0)
     a = _request("a")
-    assert holds.hold(a, 1.0) == 11.0
-    assert "a" in holds and len(holds) == 1
-    assert holds.release("a") is a
-    assert holds.release("a") is None
-    assert holds.next_deadline() is None and not holds
+    hold_id = holds.hold(a, 1.0)
+    assert holds.next_deadline() == 11.0
+    assert hold_id in holds and len(holds) == 1 and holds.hold_id_of("a") == hold_id
+    assert holds.release(hold_id) is a
+    assert holds.release(hold_id) is None
+    assert holds.next_deadline() is None and not holds and holds.hold_id_of("a") is None
+
+
+def test_a_reused_request_id_gets_a_hold_of_its_own() -> None:
+    holds = KVHolds(timeout_s=10.0)
+    first, second = _request("a"), _request("a")
+    one, two = holds.hold(first, 0.0), holds.hold(second, 1.0)
+    assert one != two and len(holds) == 2 and holds.hold_id_of("a") == two
+    assert holds.release(one) is first and holds.hold_id_of("a") == two
+    assert holds.expire(11.0) == [second] and not holds
 
 
 def test_expiry_in_deadline_order_and_counted() -> None:
     holds = KVHolds(timeout_s=5.0)
     a, b, c = _request("a"), _request("b"), _request("c")
     holds.hold(a, 0.0)
-    holds.hold(b, 1.0)
+    b_id = holds.hold(b, 1.0)
     holds.hold(c, 2.0)
-    holds.release("b")
+    holds.release(b_id)
     assert holds.next_deadline() == 5.0
     assert holds.expire(4.9) == []
     assert holds.expire(7.0) == [a, c]

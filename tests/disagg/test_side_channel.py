@@ -5,6 +5,7 @@ peer that never answers)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -126,9 +127,19 @@ async def test_a_silent_peer_fails_the_pull_after_the_answer_timeout(
             params = {"do_remote_prefill": True, "remote_block_ids": [[0, 1, 2, 3]],
                       "remote_engine_id": "P", "remote_request_id": "p1",
                       "remote_host": "127.0.0.1", "remote_port": port}  # fmt: skip
-            outs = await asyncio.wait_for(_outputs(decode, _decode_spec(params)), 20)
-            assert outs[-1].finished  # type: ignore[attr-defined]
-            assert outs[0].tier_hits == ()  # type: ignore[attr-defined]
-            assert counters.failed_notifications == 1
+
+            async def one(i: int) -> list[object]:
+                await asyncio.sleep(0.05 * i)  # staggered: their questions overlap
+                spec = dataclasses.replace(_decode_spec(params), request_id=f"d{i}")
+                return await _outputs(decode, spec)
+
+            # Three pulls from the same silent peer: every one gets its (negative) answer
+            # and recomputes; none waits for another's.
+            runs = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(3))), 20)
+            for outs in runs:
+                assert outs[-1].finished  # type: ignore[attr-defined]
+                assert outs[0].tier_hits == ()  # type: ignore[attr-defined]
+            assert counters.failed_notifications == 3
+            assert decode.core.pool.num_used == 0
     finally:
         silent.close()

@@ -60,10 +60,14 @@ def test_pd_pair_hand_computed_timings() -> None:
     end, params = _prefill(prefill)
     # The prefill pass: 100 new tokens.
     assert end == pytest.approx(timing.prefill_ms(100) / 1000)
-    held = prefill.holds._held["p1"].request  # type: ignore[union-attr]
+    assert prefill.holds is not None
+    hold_id = params["remote_request_id"]
+    assert isinstance(hold_id, str) and hold_id.startswith("p1-")  # unique per hold
+    held = prefill.holds.request(hold_id)
+    assert held is not None
     assert params["remote_block_ids"] == [[b.block_id for b in held.blocks]]
     assert len(params["remote_block_ids"][0]) == 7
-    assert params["remote_engine_id"] == "P" and params["remote_request_id"] == "p1"
+    assert params["remote_engine_id"] == "P"
     assert params["do_remote_prefill"] is True and params["transfer_mode"] == "pull"
     assert prefill.pool.num_used == 7  # held, not freed
 
@@ -142,6 +146,21 @@ def test_abort_before_the_pull_starts_releases_the_prefill_hold() -> None:
     _, params = _prefill(prefill)
     decode.add_request(_decode_request(params))
     decode.abort_request("d1", 0.5)
+    assert not prefill.holds and prefill.pool.num_used == 0
+
+
+def test_a_reused_request_id_never_strands_the_first_hold() -> None:
+    prefill, decode = _pair()
+    end, first = _prefill(prefill)
+    end, second = _prefill(prefill)  # the same request id, while the first is held
+    assert first["remote_request_id"] != second["remote_request_id"]
+    assert prefill.holds is not None and len(prefill.holds) == 2
+    for i, params in enumerate((first, second)):
+        decode.add_request(_decode_request(params, rid=f"d{i}"))
+    while decode.has_unfinished_requests():
+        result = decode.step(end)
+        deadline = decode.next_transfer_deadline()
+        end = result.end if not result.idle else (deadline if deadline is not None else end)
     assert not prefill.holds and prefill.pool.num_used == 0
 
 

@@ -356,3 +356,15 @@ def test_pd_replay_decode_runs_change_nothing() -> None:
 def test_prefill_engines_must_leave_a_decode_engine() -> None:
     with pytest.raises(ConfigError, match="at least one"):
         run([TraceRequest(0.0, 10, 1, (1,), 1)], config(), num_engines=2, prefill_engines=2)
+
+
+def test_pd_closed_loop_is_not_held_up_by_leases() -> None:
+    """A prefill engine whose only work is a hold waits for its lease's end; a request that
+    arrives meanwhile still runs at once (the pull will release the hold long before)."""
+    trace = [TraceRequest(0.0, 100, 3, (7, 8), 1), TraceRequest(0.0, 100, 3, (9, 10), 2),
+             TraceRequest(0.0, 100, 3, (11, 12), 3)]  # fmt: skip
+    closed = run(trace, config(), num_engines=2, prefill_engines=1, concurrency=1)
+    assert [r.status for r in closed.records] == ["finished"] * 3
+    ttfts = [r.ttft for r in closed.records]
+    assert max(ttfts) < 0.2, ttfts  # each: a prefill, a pull and a first pass (not 30 s)
+    assert closed.sim_duration == pytest.approx(max(r.finish for r in closed.records))

@@ -137,3 +137,23 @@ def test_nixl_connector_makes_a_pd_role() -> None:
 def test_a_bad_nixl_config_names_its_key(raw: str, named: str) -> None:
     with pytest.raises(ConfigError, match=named):
         parse_kv_transfer_config(raw, 16, 131072)
+
+
+def test_multi_connector_gives_pd_and_tiers_together() -> None:
+    raw = json.dumps({"kv_connector": "MultiConnector", "kv_role": "kv_consumer",
+                      "kv_connector_extra_config": {"connectors": [
+                          {"kv_connector": "NixlConnector", "engine_id": "d"},
+                          {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                           "kv_connector_extra_config": {"cpu_bytes_to_use": 8 * BLOCK_BYTES}},
+                      ]}})  # fmt: skip
+    values, _ = resolve(parse_flags(["--kv-transfer-config", raw]), ALL, environ={})
+    config = engine_config_from(values)
+    assert config.kv_role.consumes and config.kv_engine_id == "d"
+    assert config.num_cpu_blocks == 8 and config.offload_policy == "write-through"
+    pair = [{"kv_connector": "NixlConnector"}, {"kv_connector": "NixlConnector"}]
+    two = json.dumps({"kv_connector": "MultiConnector", "kv_role": "kv_both",
+                      "kv_connector_extra_config": {"connectors": pair}})  # fmt: skip
+    with pytest.raises(ConfigError, match="second connector of the same kind"):
+        parse_kv_transfer_config(two, 16, 131072)
+    with pytest.raises(ConfigError, match="push mode"):
+        parse_kv_transfer_config(nixl("kv_consumer", kv_connector="NixlPushConnector"), 16, 1)
