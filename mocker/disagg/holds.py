@@ -4,6 +4,7 @@ pulled them, or until their lease (vLLM's kv_lease_duration) expires."""
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 
 from mocker.request import Request
@@ -51,6 +52,19 @@ class KVHolds:
         heapq.heappush(self._deadlines, (deadline, hold_id))
         self.version += 1
         return hold_id
+
+    def extend(self, hold_id: str, until: float) -> bool:
+        """A decode engine still wants this hold (vLLM's lease heartbeat): it lasts at least
+        until `until` (math.inf: until released). False if nothing is held under the id."""
+        hold = self._held.get(hold_id)
+        if hold is None:
+            return False
+        if until > hold.deadline:
+            hold.deadline = until
+            if until != math.inf:
+                heapq.heappush(self._deadlines, (until, hold_id))
+            self.version += 1
+        return True
 
     def hold_id_of(self, request_id: str) -> str | None:
         """The hold of the latest request with this id, while it is held."""

@@ -24,7 +24,7 @@ from mocker.disagg.pulls import PdCounters, Pull
 if TYPE_CHECKING:
     from mocker.engine.live import LiveEngine
 
-__all__ = ["GET_META_MSG", "NOTIF_MSG", "SideChannelClient", "SideChannelServer"]
+__all__ = ["GET_META_MSG", "HB_MSG", "NOTIF_MSG", "SideChannelClient", "SideChannelServer"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +32,9 @@ GET_META_MSG = b"get_meta_msg"  # vLLM's handshake request: (GET_META_MSG, pp_ra
 # mocker's stand-in for a NIXL notification: (NOTIF_MSG, engine id, "<request id>:1", nonce),
 # answered with (nonce, whether the blocks were still held).
 NOTIF_MSG = b"notif"
+# A decode engine's lease heartbeat: (HB_MSG, engine id, "HB:<id>,<id>..."), vLLM's text, no
+# answer.
+HB_MSG = b"hb"
 # vLLM gives a handshake 5 s; a notification the prefill engine does not answer in that time
 # fails the pull (the request recomputes).
 ANSWER_TIMEOUT_S = 5.0
@@ -109,6 +112,11 @@ class SideChannelServer:
             await self._sock.send_multipart(
                 [*envelope, self._handshake(), _encode(time.perf_counter())]
             )
+        elif kind == HB_MSG and len(message) == 3:
+            engine_id, text = message[1], message[2]
+            if engine_id == self.engine.core.config.kv_engine_id and isinstance(text, str):
+                hold_ids = tuple(i for i in text.removeprefix("HB:").split(",") if i)
+                self.engine.extend_holds(hold_ids)
         elif kind == NOTIF_MSG and len(message) == 4:
             engine_id, text, nonce = message[1], message[2], message[3]
             held = await self._notified(engine_id, text)
@@ -171,7 +179,23 @@ class SideChannelClient:
         self._nonce = 0
 
     def start(self) -> None:
-        """Nothing to serve: sockets open on first use."""
+        """Heartbeats for the holds this engine's requests want, every sixth of the lease
+        (vLLM's interval; the lease simulated, so divided by the speedup ratio)."""
+        config = self.engine.core.config
+        interval = config.hold_timeout / config.speedup_ratio / 6
+        self._spawn(self._heartbeats(interval))
+
+    async def _heartbeats(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            wanted: dict[tuple[str, int, str], list[str]] = {}
+            for remote in self.engine.core.remote_sources():
+                key = (remote.host, remote.port, remote.engine_id)
+                wanted.setdefault(key, []).append(remote.request_id)
+            for (host, port, engine_id), hold_ids in wanted.items():
+                with contextlib.suppress(zmq.ZMQError):
+                    message = [HB_MSG, engine_id, "HB:" + ",".join(hold_ids)]
+                    await self._peer(host, port).sock.send(_encode(message), zmq.NOBLOCK)
 
     # -- PrefillPeers (called from the engine loop, synchronously) ----------------------------
 

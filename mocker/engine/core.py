@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mocker.config import EngineConfig
 from mocker.disagg.holds import KVHolds
-from mocker.disagg.params import handoff_params
+from mocker.disagg.params import RemotePrefill, handoff_params
 from mocker.disagg.pulls import PULL_SOURCE, PrefillPeers, PullRecord, RemotePulls
 from mocker.engine.intake import (
     RequestRejected,
@@ -239,11 +240,13 @@ class EngineCore:
         return self.pool.num_cached_prefix(block_hashes)
 
     def has_pending_transfers(self) -> bool:
-        """Transfers in flight, or KV held for a pull: the core needs driving until they end."""
+        """Transfers in flight, or KV held for a pull until a lease ends: the core needs
+        driving until they end."""
         return (
             (self.connector is not None and self.connector.has_pending)
             or bool(self.pulls)
-            or bool(self.holds)
+            # A hold that can expire (a claimed one waits for another engine's pull).
+            or (self.holds is not None and self.holds.next_deadline() is not None)
         )
 
     def next_transfer_deadline(self) -> float | None:
@@ -492,6 +495,26 @@ class EngineCore:
             return False
         self.scheduler.free_finished(request)
         return True
+
+    def extend_holds(self, hold_ids: Sequence[str], now: float) -> int:
+        """A decode engine's heartbeat for the holds it still wants: each lease runs on for
+        two thirds of its length from `now` (vLLM's kv_lease_duration * 2 // 3). How many of
+        them this engine still holds."""
+        holds = self.holds
+        if holds is None:
+            return 0
+        until = now + holds.timeout * 2 / 3
+        return sum(holds.extend(hold_id, until) for hold_id in hold_ids)
+
+    def claim_hold(self, hold_id: str) -> bool:
+        """The hold lasts until released (a driver whose decode engines never die: replay,
+        where heartbeats would keep every claimed lease alive)."""
+        return self.holds is not None and self.holds.extend(hold_id, math.inf)
+
+    def remote_sources(self) -> list[RemotePrefill]:
+        """P/D decode side: the prefill engines' holds this engine's requests still want
+        (waiting for their pull, or pulling): what its heartbeats name."""
+        return [r.remote_prefill for r in self.requests.values() if r.remote_prefill is not None]
 
     def held_params(self, request_id: str) -> dict[str, Any] | None:
         """The kv_transfer_params of a request this engine holds for a pull (None: none)."""

@@ -9,6 +9,7 @@ from mocker.request import EngineRequest, RequestStatus
 
 __all__ = [
     "AddRequest",
+    "ExtendHolds",
     "FinishEarly",
     "InboxMessage",
     "PreloadLora",
@@ -64,6 +65,13 @@ class ReleaseHold:
 
 
 @dataclass(frozen=True, slots=True)
+class ExtendHolds:
+    """P/D prefill side: a decode engine's heartbeat for holds it still wants."""
+
+    hold_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class PullAnswered:
     """P/D decode side: the prefill engine's answer to a pull's read notification."""
 
@@ -78,5 +86,6 @@ InboxMessage = (
     | ResetPrefixCache
     | PreloadLora
     | ReleaseHold
+    | ExtendHolds
     | PullAnswered
 )

@@ -15,6 +15,7 @@ from mocker.disagg.params import RemotePrefill
 from mocker.engine.core import EngineCore
 from mocker.engine.inbox import (
     AddRequest,
+    ExtendHolds,
     FinishEarly,
     InboxMessage,
     PreloadLora,
@@ -201,6 +202,10 @@ class LiveEngine:
         self._post(ReleaseHold(hold_id, done))
         return await done
 
+    def extend_holds(self, hold_ids: tuple[str, ...]) -> None:
+        """P/D prefill side: a decode engine's heartbeat, applied between two passes."""
+        self._post(ExtendHolds(hold_ids))
+
     def release_remote(self, remote: RemotePrefill) -> None:
         """P/D decode side: a request refused or aborted before the engine took it: its
         prefill engine frees the KV it holds for it."""
@@ -270,6 +275,9 @@ class LiveEngine:
                     held = self.core.release_hold(hold_id)
                     if not done.done():
                         done.set_result(held)
+                case ExtendHolds(hold_ids):
+                    self.core.extend_holds(hold_ids, max(self.clock.now(), self.core.time))
+                    transfers_due = True  # the next expiry moved: the timer looks again
                 case PullAnswered(request_id, ok):
                     if self.core.pulls is not None:
                         self.core.pulls.confirm(request_id, ok)

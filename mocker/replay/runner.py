@@ -338,6 +338,10 @@ class _ReplayRun:
                              remote_prefill=remote)  # fmt: skip
         # Its prefill engine took it: the decode engine does too (the same configuration).
         self.cores[target].add_request(spec)
+        if remote is not None:
+            # Its heartbeats keep the lease alive while it waits (decode engines never die
+            # here): the hold lasts until its pull, however long the queue.
+            self.cores[self.prefilled_on[rid]].claim_hold(remote.request_id)
         self.lines[rid] = (item.line, target, item.lora)
 
     def _prefilled(self, k: int, request: FinishedRequestStats) -> None:

@@ -27,18 +27,24 @@ from tests.support.engines import small_config
 PROMPT = list(range(100, 164))  # 64 tokens: 4 blocks of 16
 
 
-def _engine(role: KVRole, engine_id: str) -> LiveEngine:
-    config = small_config(block_size=16, num_gpu_blocks=64, max_num_batched_tokens=256,
-                          max_model_len=512, speedup_ratio=1000.0, kv_role=role,
-                          kv_engine_id=engine_id)  # fmt: skip
-    return LiveEngine(EngineCore(config))
+def _engine(role: KVRole, engine_id: str, **changes: object) -> LiveEngine:
+    settings: dict[str, object] = {
+        "block_size": 16, "num_gpu_blocks": 64, "max_num_batched_tokens": 256,
+        "max_model_len": 512, "speedup_ratio": 1000.0, "kv_role": role,
+        "kv_engine_id": engine_id,
+    }  # fmt: skip
+    return LiveEngine(EngineCore(small_config(**(settings | changes))))
 
 
 @asynccontextmanager
-async def pair(engine_id: str = "P") -> AsyncIterator[tuple[LiveEngine, LiveEngine, PdCounters]]:
+async def pair(
+    engine_id: str = "P", *, heartbeats: bool = False, **decode_changes: object
+) -> AsyncIterator[tuple[LiveEngine, LiveEngine, PdCounters]]:
     """A prefill engine serving a side channel on a port of the system's choosing, and a
-    decode engine whose pulls notify it."""
-    prefill, decode = _engine(KVRole.PRODUCER, engine_id), _engine(KVRole.CONSUMER, "D")
+    decode engine whose pulls notify it (and, with `heartbeats`, keep its leases alive)."""
+    same = {k: v for k, v in decode_changes.items() if k == "speedup_ratio"}
+    prefill = _engine(KVRole.PRODUCER, engine_id, **same)
+    decode = _engine(KVRole.CONSUMER, "D", **decode_changes)
     counters = PdCounters()
     server = SideChannelServer(prefill, "127.0.0.1", 0, counters)
     prefill.core.side_channel = ("127.0.0.1", server.port)
@@ -48,6 +54,8 @@ async def pair(engine_id: str = "P") -> AsyncIterator[tuple[LiveEngine, LiveEngi
     for engine in (prefill, decode):
         engine.start()
     server.start()
+    if heartbeats:
+        client.start()
     try:
         yield prefill, decode, counters
     finally:
@@ -143,3 +151,23 @@ async def test_a_silent_peer_fails_the_pull_after_the_answer_timeout(
             assert decode.core.pool.num_used == 0
     finally:
         silent.close()
+
+
+@pytest.mark.parametrize("heartbeats", [True, False])
+async def test_heartbeats_keep_a_lease_alive_through_a_long_pull(heartbeats: bool) -> None:
+    # A 30 s lease and a pull of about 60 s (4 blocks of 2 MiB at 0.00014 GB/s), at speedup
+    # 100: 0.3 s and 0.6 s of wall time; heartbeats every 50 ms, each good for 200 ms (so a
+    # busy machine may delay one by 150 ms).
+    async with pair(heartbeats=heartbeats, pull_gbps=0.00014, pull_timeout=300.0,
+                    speedup_ratio=100.0) as (
+        prefill, decode, _,
+    ):  # fmt: skip
+        params = await _prefill(prefill)
+        outs = await asyncio.wait_for(_outputs(decode, _decode_spec(params)), 20)
+        pulled = outs[0].tier_hits == (("p2p", 64),)  # type: ignore[attr-defined]
+        # With heartbeats the KV was still held at the end of the pull; without, the lease
+        # ran out first and the request recomputed.
+        assert pulled is heartbeats
+        assert prefill.core.holds is not None
+        assert prefill.core.holds.num_expired == (0 if heartbeats else 1)
+        assert prefill.core.pool.num_used == 0
