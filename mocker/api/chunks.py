@@ -26,6 +26,11 @@ def usage_dict(prompt: int, completion: int, cached: int | None = None) -> dict[
     return usage
 
 
+def _kv_params(params: dict[str, Any] | None) -> bytes:
+    """The top-level field a P/D prefill's last chunk adds (nothing on other chunks)."""
+    return b"" if params is None else b',"kv_transfer_params":' + orjson.dumps(params)
+
+
 class ChunkWriter:
     """Builds the `data: {...}\\n\\n` lines of one streamed response.
 
@@ -87,9 +92,11 @@ class ChunkWriter:
         usage: tuple[int, int, int] | None = None,
         token_ids: list[int] | None = None,
         prompt_ids: list[int] | None = None,
+        kv_transfer_params: dict[str, Any] | None = None,
     ) -> bytes:
         """One chunk carrying new text (already JSON-escaped) for choice `index`; with
-        `token_ids`, the chunk's new ids too (and a completion's first chunk its prompt's)."""
+        `token_ids`, the chunk's new ids too (and a completion's first chunk its prompt's);
+        with `kv_transfer_params` (a P/D prefill's last chunk), those at the top level."""
         sr = b"null" if stop_reason is None else orjson.dumps(stop_reason)
         end = b"}]}\n\n"
         if usage is not None and self.continuous_usage:
@@ -99,6 +106,8 @@ class ChunkWriter:
             if prompt_ids is not None:
                 ids = b',"prompt_token_ids":' + orjson.dumps(prompt_ids) + ids
             end = ids + end
+        if kv_transfer_params is not None:
+            end = end[:-3] + _kv_params(kv_transfer_params) + end[-3:]
         return b"".join(
             (self._index_head(index), escaped_text, self._tail, _FINISH[finish_reason],
              b',"stop_reason":', sr, end)
@@ -152,8 +161,10 @@ class GenerateChunkWriter:
         usage: tuple[int, int, int] | None = None,
         token_ids: list[int] | None = None,
         prompt_ids: list[int] | None = None,
+        kv_transfer_params: dict[str, Any] | None = None,
     ) -> bytes:
-        """One chunk of choice `index`'s new token ids (the text is not sent)."""
+        """One chunk of choice `index`'s new token ids (the text is not sent); a P/D
+        prefill's last chunk carries its `kv_transfer_params` at the top level."""
         parts = [self._head]
         if usage is not None and self.continuous_usage:
             parts.append(orjson.dumps(usage_dict(*usage)))
@@ -167,7 +178,8 @@ class GenerateChunkWriter:
             b',"finish_reason":', _FINISH[finish_reason], b',"stop_reason":', sr,
             b',"token_ids":', orjson.dumps(token_ids or []),
             b',"routed_experts":null,"sampling_mask":null,"weight_versions":null,'
-            b'"logprobs":null}]}\n\n',
+            b'"logprobs":null}]',
+            _kv_params(kv_transfer_params), b"}\n\n",
         )  # fmt: skip
         return b"".join(parts)
 

@@ -107,12 +107,13 @@ class StreamRenderer:
             self._prompt_due[index] = False
             chunk = self._first[index] + writer.text(
                 index, text, choice.finish_reason, choice.stop_reason, usage,
-                out.new_token_ids, prompt,
+                out.new_token_ids, prompt, choice.kv_transfer_params,
             )  # fmt: skip
         else:
             chunk = self._first[index] + writer.text(
-                index, text, choice.finish_reason, choice.stop_reason, usage
-            )
+                index, text, choice.finish_reason, choice.stop_reason, usage,
+                kv_transfer_params=choice.kv_transfer_params,
+            )  # fmt: skip
         self._first[index] = b""
         if not choice.done:
             emitter.emit(chunk)

@@ -15,9 +15,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.api.test_metrics_endpoint import ALLOWED_LINT, _promtool
-from tests.support.parsing import samples
+from tests.support.parsing import samples, sse_events
 from tests.support.servers import AppClient, make_app, serve
 
 BLOCK = 16
@@ -213,6 +214,35 @@ def test_generate_route_and_a_refused_decode_request() -> None:
         assert refused.status_code == 404
         until(lambda: metric(p_url, "vllm:kv_cache_usage_perc") == 0, timeout=10)
         assert metric(p_url, "vllm:nixl_num_kv_expired_reqs_total") == 0
+
+
+async def test_a_streamed_prefill_leg_ends_with_the_params(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM puts kv_transfer_params on a streamed response's last chunk only (completions,
+    chat, generate alike)."""
+    monkeypatch.setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", "0")  # any free port
+    async with AppClient(make_app(kv_role="kv_producer")) as c:
+        for path, body in [
+            ("/v1/completions", {"model": "mocker", "prompt": PROMPT}),
+            ("/v1/chat/completions",
+             {"model": "mocker", "messages": [{"role": "user", "content": PROMPT}]}),
+            ("/inference/v1/generate", {"token_ids": list(range(100, 140))}),
+        ]:  # fmt: skip
+            leg = {**body, "stream": True, "kv_transfer_params": ROUTER_PARAMS}
+            if path == "/inference/v1/generate":
+                leg["sampling_params"] = {"max_tokens": 2}
+            else:
+                leg["max_tokens"] = 2
+            text = (await c.http.post(path, json=leg)).text
+            chunks = [e for e in sse_events(text) if e != "[DONE]"]
+            with_params = [e for e in chunks if "kv_transfer_params" in e]
+            assert with_params == [chunks[-1]], path
+            params = with_params[0]["kv_transfer_params"]
+            assert params["do_remote_prefill"] is True and params["transfer_mode"] == "pull"
+        # Nothing stays held beyond the three holds (released by their lease, unpulled).
+        (engine,) = c.state.engines
+        assert engine.core.holds is not None and len(engine.core.holds) == 3
 
 
 async def test_bad_kv_transfer_params_are_a_400() -> None:
