@@ -163,8 +163,9 @@ class GenerateChunkWriter:
         prompt_ids: list[int] | None = None,
         kv_transfer_params: dict[str, Any] | None = None,
     ) -> bytes:
-        """One chunk of choice `index`'s new token ids (the text is not sent); a P/D
-        prefill's last chunk carries its `kv_transfer_params` at the top level."""
+        """One chunk of choice `index`'s new token ids (the text is not sent); with
+        `kv_transfer_params`, those at the top level (the renderer passes none: vLLM's
+        generate stream has no such field)."""
         parts = [self._head]
         if usage is not None and self.continuous_usage:
             parts.append(orjson.dumps(usage_dict(*usage)))

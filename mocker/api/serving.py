@@ -234,7 +234,9 @@ class OpenAIServing:
                 _, remote = parse_transfer_params(body.kv_transfer_params)
             except InvalidTransferParams:
                 remote = None
-            if remote is not None:
+            # Not if another request of this server still wants that KV (a retry that reused
+            # an in-flight request id, refused as such).
+            if remote is not None and not any(e.wants_remote(remote) for e in self.engines):
                 self.engines[0].release_remote(remote)
             raise
 

@@ -105,9 +105,11 @@ class StreamRenderer:
         if writer.with_ids:
             prompt = choice.prompt_token_ids if self._prompt_due[index] else None
             self._prompt_due[index] = False
+            # A generate stream has no kv_transfer_params field (vLLM's has none either).
+            params = choice.kv_transfer_params if self._text else None
             chunk = self._first[index] + writer.text(
                 index, text, choice.finish_reason, choice.stop_reason, usage,
-                out.new_token_ids, prompt, choice.kv_transfer_params,
+                out.new_token_ids, prompt, params,
             )  # fmt: skip
         else:
             chunk = self._first[index] + writer.text(

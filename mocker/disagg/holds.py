@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import uuid
 from dataclasses import dataclass
 
 from mocker.request import Request
@@ -24,8 +25,8 @@ class KVHolds:
     A pure model: times are arguments; the engine frees the blocks of whatever `release` or
     `expire` hands back."""
 
-    __slots__ = ("_by_request", "_deadlines", "_held", "_seq", "num_expired", "timeout",
-                 "version")  # fmt: skip
+    __slots__ = ("_by_request", "_deadlines", "_held", "_seq", "_token", "num_expired",
+                 "timeout", "version")  # fmt: skip
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout = timeout_s
@@ -33,6 +34,8 @@ class KVHolds:
         self._by_request: dict[str, str] = {}  # request id -> its latest hold id
         self._deadlines: list[tuple[float, str]] = []  # lazily pruned
         self._seq = 0
+        # Per start: a restarted engine (with a fixed engine id) never reuses a hold id.
+        self._token = uuid.uuid4().hex[:8]
         self.version = 0  # bumped when a hold starts or ends (the live timer re-arms)
         self.num_expired = 0  # cumulative (vLLM's nixl_num_kv_expired_reqs)
 
@@ -45,7 +48,7 @@ class KVHolds:
     def hold(self, request: Request, now: float) -> str:
         """Keep a finished request's blocks for a pull until `now` + the lease; its hold id."""
         self._seq += 1
-        hold_id = f"{request.request_id}-{self._seq}"
+        hold_id = f"{request.request_id}-{self._token}{self._seq}"
         deadline = now + self.timeout
         self._held[hold_id] = _Hold(request, deadline)
         self._by_request[request.request_id] = hold_id

@@ -188,14 +188,20 @@ class SideChannelClient:
     async def _heartbeats(self, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
+            if self.engine.is_dead:
+                return  # its requests are gone: their holds expire a lease from now
             wanted: dict[tuple[str, int, str], list[str]] = {}
             for remote in self.engine.core.remote_sources():
                 key = (remote.host, remote.port, remote.engine_id)
                 wanted.setdefault(key, []).append(remote.request_id)
             for (host, port, engine_id), hold_ids in wanted.items():
-                with contextlib.suppress(zmq.ZMQError):
-                    message = [HB_MSG, engine_id, "HB:" + ",".join(hold_ids)]
-                    await self._peer(host, port).sock.send(_encode(message), zmq.NOBLOCK)
+                message = [HB_MSG, engine_id, "HB:" + ",".join(hold_ids)]
+                try:
+                    peer = self._peer(host, port)
+                    await asyncio.wait_for(peer.sock.send(_encode(message)), ANSWER_TIMEOUT_S)
+                except (TimeoutError, zmq.ZMQError) as exc:
+                    logger.warning("NIXL heartbeat to %s:%d failed: %r", host, port, exc)
+                    self._drop(host, port, self._peers.get((host, port)))
 
     # -- PrefillPeers (called from the engine loop, synchronously) ----------------------------
 
@@ -239,6 +245,11 @@ class SideChannelClient:
             async with asyncio.timeout(ANSWER_TIMEOUT_S):
                 await peer.sock.send(_encode(message))
                 return await answer
+        except TimeoutError:
+            # A peer that does not answer in time is dropped: what it had queued goes with
+            # its socket, and the next question opens a fresh one.
+            self._drop(remote.host, remote.port, peer)
+            raise
         finally:
             peer.waiting.pop(nonce, None)
 
@@ -247,10 +258,29 @@ class SideChannelClient:
         if peer is None:
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(f"tcp://{host}:{port}")
+            # Nothing queues for a peer not connected (a dead one): sends wait, and time out.
+            sock.setsockopt(zmq.IMMEDIATE, 1)
+            try:
+                sock.connect(f"tcp://{host}:{port}")
+            except zmq.ZMQError:
+                sock.close()  # a host or port that is no address: nothing to keep
+                raise
             peer = self._peers[(host, port)] = _Peer(sock)
             peer.reader = asyncio.get_running_loop().create_task(self._read(peer))
         return peer
+
+    def _drop(self, host: str, port: int, peer: _Peer | None) -> None:
+        """Close this peer's socket (if it is still the one in use for the address); the
+        questions it still waits for fail (not held)."""
+        if peer is None or self._peers.get((host, port)) is not peer:
+            return
+        del self._peers[(host, port)]
+        if peer.reader is not None:
+            peer.reader.cancel()
+        for answer in peer.waiting.values():
+            if not answer.done():
+                answer.set_exception(TimeoutError("side channel dropped"))
+        peer.sock.close()
 
     async def _read(self, peer: _Peer) -> None:
         """Hand each answer to the question it answers (none: it came too late)."""
@@ -258,10 +288,10 @@ class SideChannelClient:
             frame = await peer.sock.recv()
             try:
                 nonce, held = _decode(frame)
+                answer = peer.waiting.get(nonce)
             except (msgspec.DecodeError, TypeError, ValueError):
                 logger.warning("side channel: undecodable answer dropped")
                 continue
-            answer = peer.waiting.get(nonce)
             if answer is not None and not answer.done():
                 answer.set_result(bool(held))
 

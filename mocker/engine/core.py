@@ -260,6 +260,10 @@ class EngineCore:
                     deadline = d
         return deadline
 
+    def waits_on_peers(self) -> bool:
+        """KV held for other engines' pulls: what frees it happens there (P/D)."""
+        return bool(self.holds)
+
     @property
     def has_transfer_parts(self) -> bool:
         """Tiers or P/D: a live driver needs a transfer timer."""

@@ -59,6 +59,9 @@ class EventLoop:
         # the deadline), or None. An arrival before that deadline runs at its own time: the
         # deadline may never matter (a P/D hold that a pull will release).
         self._idle_from: list[float | None] = [None] * len(self.cores)
+        # Engines parked until another engine changes their state (P/D: a prefill engine
+        # whose pool is full of KV held for pulls), with their transfer version then.
+        self._parked: dict[int, int] = {}
         # Engines whose deadlines need polling during their passes.
         self._exact = [c.connector is not None and c.connector.has_shared_tier
                        for c in self.cores]  # fmt: skip
@@ -72,11 +75,13 @@ class EventLoop:
         was only waiting for a deadline, the arrival's pass runs before it (the core has
         applied nothing past the instant it went idle)."""
         since = self._idle_from[k]
-        if since is not None and not self.cores[k].has_unfinished_requests():
-            # Its clock stands at a deadline it jumped to (and may no longer wait for).
+        if since is not None:
+            # Its clock stands at a deadline it jumped to (and may no longer wait for): the
+            # arrival's pass runs first (its load, say, then shares a link with the others).
             start = max(since, at)
             self.clocks[k] = min(self.clocks[k], start) if self.busy(k) else start
             self._idle_from[k] = None
+            self._parked.pop(k, None)
         elif not self.busy(k):
             self.clocks[k] = max(self.clocks[k], at)
 
@@ -96,6 +101,16 @@ class EventLoop:
                 best, best_t = k, t
         return best, best_t
 
+    def _unpark(self, now: float) -> None:
+        """Parked engines whose state another engine changed (a pull released their KV) run
+        again from `now`."""
+        for j, version in list(self._parked.items()):
+            core = self.cores[j]
+            if core.transfer_version != version:
+                del self._parked[j]
+                self._idle_from[j] = None
+                self.clocks[j] = max(now, core.time)
+
     def run(self) -> Iterator[tuple[int, StepResult]]:
         """Run until no arrival is left and every engine is drained; yields each pass's
         result (after the engine's clock moved to its end) and each idle result that
@@ -110,11 +125,15 @@ class EventLoop:
                 arrivals.apply(arrival)
                 continue
             if k < 0:
+                if self._parked:  # they wait for each other: nothing will ever free them
+                    raise cores[next(iter(self._parked))].stall_error()
                 return
             core, now = cores[k], clocks[k]
             if t < now:
                 # A transfer deadline during engine k's pass (a shared tier): apply it then.
                 result = core.advance_transfers(t)
+                if self._parked:
+                    self._unpark(t)
                 if result.newsworthy:
                     yield k, result
                 continue
@@ -123,6 +142,8 @@ class EventLoop:
                 same_instant = 0
                 continue
             result = core.step(now)
+            if self._parked:
+                self._unpark(now)
             if not result.idle:
                 same_instant = 0
                 clocks[k] = result.end
@@ -131,16 +152,21 @@ class EventLoop:
                 continue
             if result.newsworthy:
                 yield k, result
-            # Nothing can run: idle until the next transfer deadline or arrival.
+            # Nothing can run: idle until the next transfer deadline or arrival, or (P/D:
+            # its pool holds KV for other engines' pulls) until one of those pulls ends.
             targets = [x for x in (core.next_transfer_deadline(), arrival) if x is not None]
-            if not targets:
-                if core.has_unfinished_requests():
-                    raise core.stall_error()
+            pending = core.has_unfinished_requests()
+            if not targets and not pending:
                 continue  # the step applied the last transfers: drained
-            target = max(now, min(targets))
+            blocked = pending and core.waits_on_peers()
+            if not targets and not blocked:
+                raise core.stall_error()
+            target = max(now, min(targets)) if targets else _INF
             same_instant = same_instant + 1 if target == last else 0
             last = target
             if same_instant > 100:  # every idle step at `now` applies what is due
                 raise core.stall_error()
             clocks[k] = target
             self._idle_from[k] = now
+            if blocked:
+                self._parked[k] = core.transfer_version

@@ -204,7 +204,17 @@ class LiveEngine:
 
     def extend_holds(self, hold_ids: tuple[str, ...]) -> None:
         """P/D prefill side: a decode engine's heartbeat, applied between two passes."""
-        self._post(ExtendHolds(hold_ids))
+        if self.dead_error is None:
+            self._post(ExtendHolds(hold_ids))
+
+    def wants_remote(self, remote: RemotePrefill) -> bool:
+        """P/D decode side: a request of this engine (in the core, or on its way there)
+        still wants the KV that `remote` names."""
+        if any(r.remote_prefill == remote for r in self.core.requests.values()):
+            return True
+        return any(
+            isinstance(m, AddRequest) and m.spec.remote_prefill == remote for m in self._inbox
+        )
 
     def release_remote(self, remote: RemotePrefill) -> None:
         """P/D decode side: a request refused or aborted before the engine took it: its
@@ -343,6 +353,18 @@ class LiveEngine:
             if self.on_step is not None:
                 self.on_step(result)
 
+    def _release_remotes(self) -> None:
+        """A dying engine tells its prefill engines to free the KV its requests wanted (in
+        the core or still in the inbox), rather than leave it held until the leases end."""
+        if self.core.pulls is None:
+            return
+        remotes = [r.remote_prefill for r in self.core.requests.values()]
+        remotes += [m.spec.remote_prefill for m in self._inbox if isinstance(m, AddRequest)]
+        with contextlib.suppress(RuntimeError):  # no running loop: nothing can be sent
+            for remote in remotes:
+                if remote is not None:
+                    self.release_remote(remote)
+
     async def _idle(self) -> None:
         """Sleep until a request, an abort or the transfer timer wakes the loop."""
         self._timer.rearm()
@@ -358,6 +380,7 @@ class LiveEngine:
     def _die(self, error: BaseException) -> None:
         if self.dead_error is None:
             self.dead_error = error
+            self._release_remotes()
         self._timer.cancel()  # nothing left to wake
         streams, self._streams = self._streams, {}
         for message in self._inbox:

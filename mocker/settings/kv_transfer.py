@@ -149,10 +149,12 @@ def _multi(
             raise _fail(f"connectors[{i}]", sub, "must be an object")
         if sub.get("kv_connector") == "MultiConnector":
             raise _fail(f"connectors[{i}].kv_connector", "MultiConnector", "cannot nest")
+        # The outer role, engine id and failure policy hold for a connector naming none.
+        inherited = {k: config[k] for k in ("kv_role", "engine_id", "kv_load_failure_policy")
+                     if config.get(k) is not None}  # fmt: skip
         settings = parse_kv_transfer_config(
-            {"kv_role": role, **sub} if role is not None else sub, gpu_block_size,
-            kv_bytes_per_token,
-        )  # fmt: skip
+            {**inherited, **sub}, gpu_block_size, kv_bytes_per_token
+        )
         clash = sorted(set(settings) & set(merged))
         if clash:
             why = "a second connector of the same kind (sets " + ", ".join(clash) + ")"

@@ -60,7 +60,7 @@ def test_extend_moves_the_deadline_and_inf_claims_it() -> None:
     a, b = _request("a"), _request("b")
     a_id, b_id = holds.hold(a, 0.0), holds.hold(b, 0.0)
     assert holds.extend(a_id, 8.0) and not holds.extend("nobody", 8.0)
-    assert not holds.extend(a_id, 2.0) or True  # never shortened
+    assert holds.extend(a_id, 2.0)  # still held, and never shortened:
     assert holds.extend(b_id, float("inf"))
     assert holds.expire(7.0) == [] and holds.next_deadline() == 8.0
     assert holds.expire(8.0) == [a]

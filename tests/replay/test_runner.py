@@ -368,3 +368,29 @@ def test_pd_closed_loop_is_not_held_up_by_leases() -> None:
     ttfts = [r.ttft for r in closed.records]
     assert max(ttfts) < 0.2, ttfts  # each: a prefill, a pull and a first pass (not 30 s)
     assert closed.sim_duration == pytest.approx(max(r.finish for r in closed.records))
+
+
+def test_pd_prefill_pool_full_of_held_kv_waits_for_the_pulls() -> None:
+    """A prefill engine whose pool is full of KV held for pulls parks until a pull frees
+    some (it neither stalls nor waits for the next arrival)."""
+    cfg = config(num_gpu_blocks=16, max_num_seqs=16, max_num_batched_tokens=2048)
+    trace = [TraceRequest(0.0, 100, 3, (2 * i + 1, 2 * i + 2), i + 1) for i in range(3)]
+    trace.append(TraceRequest(5.0, 100, 3, (8, 9), 4))
+    for fast in (True, False):
+        result = run(trace, cfg, num_engines=2, prefill_engines=1, fast=fast)
+        ttfts = [r.ttft for r in result.records]
+        assert all(r.status == "finished" for r in result.records)
+        # The third waited for the first pulls (7 + 7 blocks of 16 held), not for 5 s.
+        assert ttfts[2] is not None and ttfts[0] is not None
+        assert ttfts[0] < ttfts[2] < 0.5, ttfts
+
+
+def test_pd_pulls_that_overlap_share_the_decode_link() -> None:
+    """A decode leg that arrives while another pull runs starts its own pull at once (the
+    engine's idle wait for the first pull is rolled back): the two share the link."""
+    cfg = config(pull_gbps=0.05, pull_latency_ms=1.0, max_num_batched_tokens=64, max_num_seqs=16)
+    # r0: 100 tokens on prefill engine 0; r1: 256 tokens on prefill engine 1 (4 passes).
+    trace = [TraceRequest(0.0, 100, 3, (7, 8), 1), TraceRequest(0.0, 256, 3, (1, 2, 3, 4), 2)]
+    both = run(trace, cfg, num_engines=3, prefill_engines=2, fast=False).records
+    alone = run(trace[1:], cfg, num_engines=3, prefill_engines=2, fast=False).records
+    assert both[1].pull_time > alone[0].pull_time * 1.2  # it shared the link with r0's

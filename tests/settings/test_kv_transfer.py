@@ -141,8 +141,8 @@ def test_a_bad_nixl_config_names_its_key(raw: str, named: str) -> None:
 
 def test_multi_connector_gives_pd_and_tiers_together() -> None:
     raw = json.dumps({"kv_connector": "MultiConnector", "kv_role": "kv_consumer",
-                      "kv_connector_extra_config": {"connectors": [
-                          {"kv_connector": "NixlConnector", "engine_id": "d"},
+                      "engine_id": "d", "kv_connector_extra_config": {"connectors": [
+                          {"kv_connector": "NixlConnector"},
                           {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
                            "kv_connector_extra_config": {"cpu_bytes_to_use": 8 * BLOCK_BYTES}},
                       ]}})  # fmt: skip
@@ -155,5 +155,10 @@ def test_multi_connector_gives_pd_and_tiers_together() -> None:
                       "kv_connector_extra_config": {"connectors": pair}})  # fmt: skip
     with pytest.raises(ConfigError, match="second connector of the same kind"):
         parse_kv_transfer_config(two, 16, 131072)
+    failing = json.dumps({"kv_connector": "MultiConnector", "kv_role": "kv_both",
+                          "kv_load_failure_policy": "fail",
+                          "kv_connector_extra_config": {"connectors": pair[:1]}})  # fmt: skip
+    with pytest.raises(ConfigError, match="only 'recompute'"):
+        parse_kv_transfer_config(failing, 16, 131072)
     with pytest.raises(ConfigError, match="push mode"):
         parse_kv_transfer_config(nixl("kv_consumer", kv_connector="NixlPushConnector"), 16, 1)
