@@ -8,7 +8,14 @@ import orjson
 
 from mocker.api.errors import error_body
 
-__all__ = ["DONE", "ChunkWriter", "GenerateChunkWriter", "error_event", "usage_dict"]
+__all__ = [
+    "DONE",
+    "ChunkWriter",
+    "GenerateChunkWriter",
+    "error_event",
+    "usage_dict",
+    "with_kv_transfer_params",
+]
 
 DONE = b"data: [DONE]\n\n"
 
@@ -26,9 +33,10 @@ def usage_dict(prompt: int, completion: int, cached: int | None = None) -> dict[
     return usage
 
 
-def _kv_params(params: dict[str, Any] | None) -> bytes:
-    """The top-level field a P/D prefill's last chunk adds (nothing on other chunks)."""
-    return b"" if params is None else b',"kv_transfer_params":' + orjson.dumps(params)
+def with_kv_transfer_params(chunk: bytes, params: dict[str, Any]) -> bytes:
+    """A P/D prefill's last chunk with its `kv_transfer_params` at the top level (the chunk's
+    object closes just before its trailing blank line)."""
+    return chunk[:-3] + b',"kv_transfer_params":' + orjson.dumps(params) + chunk[-3:]
 
 
 class ChunkWriter:
@@ -92,11 +100,9 @@ class ChunkWriter:
         usage: tuple[int, int, int] | None = None,
         token_ids: list[int] | None = None,
         prompt_ids: list[int] | None = None,
-        kv_transfer_params: dict[str, Any] | None = None,
     ) -> bytes:
         """One chunk carrying new text (already JSON-escaped) for choice `index`; with
-        `token_ids`, the chunk's new ids too (and a completion's first chunk its prompt's);
-        with `kv_transfer_params` (a P/D prefill's last chunk), those at the top level."""
+        `token_ids`, the chunk's new ids too (and a completion's first chunk its prompt's)."""
         sr = b"null" if stop_reason is None else orjson.dumps(stop_reason)
         end = b"}]}\n\n"
         if usage is not None and self.continuous_usage:
@@ -106,8 +112,6 @@ class ChunkWriter:
             if prompt_ids is not None:
                 ids = b',"prompt_token_ids":' + orjson.dumps(prompt_ids) + ids
             end = ids + end
-        if kv_transfer_params is not None:
-            end = end[:-3] + _kv_params(kv_transfer_params) + end[-3:]
         return b"".join(
             (self._index_head(index), escaped_text, self._tail, _FINISH[finish_reason],
              b',"stop_reason":', sr, end)
@@ -161,11 +165,8 @@ class GenerateChunkWriter:
         usage: tuple[int, int, int] | None = None,
         token_ids: list[int] | None = None,
         prompt_ids: list[int] | None = None,
-        kv_transfer_params: dict[str, Any] | None = None,
     ) -> bytes:
-        """One chunk of choice `index`'s new token ids (the text is not sent); with
-        `kv_transfer_params`, those at the top level (the renderer passes none: vLLM's
-        generate stream has no such field)."""
+        """One chunk of choice `index`'s new token ids (the text is not sent)."""
         parts = [self._head]
         if usage is not None and self.continuous_usage:
             parts.append(orjson.dumps(usage_dict(*usage)))
@@ -179,8 +180,7 @@ class GenerateChunkWriter:
             b',"finish_reason":', _FINISH[finish_reason], b',"stop_reason":', sr,
             b',"token_ids":', orjson.dumps(token_ids or []),
             b',"routed_experts":null,"sampling_mask":null,"weight_versions":null,'
-            b'"logprobs":null}]',
-            _kv_params(kv_transfer_params), b"}\n\n",
+            b'"logprobs":null}]}\n\n',
         )  # fmt: skip
         return b"".join(parts)
 

@@ -8,7 +8,13 @@ from functools import partial
 import orjson
 
 from mocker.api.choice import Choice, cancel_all, totals
-from mocker.api.chunks import DONE, ChunkWriter, GenerateChunkWriter, error_event
+from mocker.api.chunks import (
+    DONE,
+    ChunkWriter,
+    GenerateChunkWriter,
+    error_event,
+    with_kv_transfer_params,
+)
 from mocker.api.faults import JitteredEmitter
 from mocker.api.lifecycle import OpenResponse
 from mocker.api.responses import Emitter
@@ -105,21 +111,22 @@ class StreamRenderer:
         if writer.with_ids:
             prompt = choice.prompt_token_ids if self._prompt_due[index] else None
             self._prompt_due[index] = False
-            # A generate stream has no kv_transfer_params field (vLLM's has none either).
-            params = choice.kv_transfer_params if self._text else None
             chunk = self._first[index] + writer.text(
                 index, text, choice.finish_reason, choice.stop_reason, usage,
-                out.new_token_ids, prompt, params,
+                out.new_token_ids, prompt,
             )  # fmt: skip
         else:
             chunk = self._first[index] + writer.text(
-                index, text, choice.finish_reason, choice.stop_reason, usage,
-                kv_transfer_params=choice.kv_transfer_params,
-            )  # fmt: skip
+                index, text, choice.finish_reason, choice.stop_reason, usage
+            )
         self._first[index] = b""
         if not choice.done:
             emitter.emit(chunk)
             return
+        # A P/D prefill's last chunk names its KV (a generate stream has no such field, as
+        # vLLM's has none).
+        if choice.kv_transfer_params is not None and self._text:
+            chunk = with_kv_transfer_params(chunk, choice.kv_transfer_params)
         self._num_open -= 1
         if self._num_open:
             emitter.emit(chunk)

@@ -127,9 +127,6 @@ class RemotePulls:
     def __len__(self) -> int:
         return len(self._pulls)
 
-    def __contains__(self, request: object) -> bool:
-        return isinstance(request, Request) and request.request_id in self._pulls
-
     # -- starting and stopping ----------------------------------------------------------------
 
     def start(self, now: float, request: Request, num_blocks: int) -> Pull:

@@ -210,11 +210,14 @@ class LiveEngine:
     def wants_remote(self, remote: RemotePrefill) -> bool:
         """P/D decode side: a request of this engine (in the core, or on its way there)
         still wants the KV that `remote` names."""
-        if any(r.remote_prefill == remote for r in self.core.requests.values()):
-            return True
-        return any(
-            isinstance(m, AddRequest) and m.spec.remote_prefill == remote for m in self._inbox
-        )
+        return remote in self._wanted_remotes()
+
+    def _wanted_remotes(self) -> list[RemotePrefill]:
+        """The prefill KV this engine's requests want: in the core, or still in the inbox."""
+        specs = (m.spec for m in self._inbox if isinstance(m, AddRequest))
+        wanted = [r.remote_prefill for r in self.core.requests.values()]
+        wanted += [spec.remote_prefill for spec in specs]
+        return [remote for remote in wanted if remote is not None]
 
     def release_remote(self, remote: RemotePrefill) -> None:
         """P/D decode side: a request refused or aborted before the engine took it: its
@@ -358,12 +361,9 @@ class LiveEngine:
         the core or still in the inbox), rather than leave it held until the leases end."""
         if self.core.pulls is None:
             return
-        remotes = [r.remote_prefill for r in self.core.requests.values()]
-        remotes += [m.spec.remote_prefill for m in self._inbox if isinstance(m, AddRequest)]
         with contextlib.suppress(RuntimeError):  # no running loop: nothing can be sent
-            for remote in remotes:
-                if remote is not None:
-                    self.release_remote(remote)
+            for remote in self._wanted_remotes():
+                self.release_remote(remote)
 
     async def _idle(self) -> None:
         """Sleep until a request, an abort or the transfer timer wakes the loop."""
