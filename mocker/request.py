@@ -103,8 +103,15 @@ class Request:
     token_seed: int = 0
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
-    # KV blocks held, in token order; managed by KVCacheManager only.
+    # KV blocks held, in token order; managed by the KV manager only. For a hybrid model,
+    # group 0's table (position-indexed, None where released): only its length is read
+    # outside the coordinator.
     blocks: list[KVBlock] = field(default_factory=list)
+    # Hybrid models: every group's table (mocker.kv.coordinator), and the computed-token
+    # count at which a group next releases a block (the scheduler then calls the manager
+    # even if the tables have room).
+    group_blocks: list[list[KVBlock | None]] | None = None
+    kv_recheck: int = 1 << 62
     num_cached_blocks: int = 0  # leading blocks registered in the prefix cache
     block_hashes: list[BlockHash] = field(default_factory=list)
     num_cached_tokens: int = -1  # prefix-hit tokens at first admission (-1: not yet admitted)

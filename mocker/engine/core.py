@@ -27,6 +27,7 @@ from mocker.engine.stats import (
     TierSnapshot,
 )
 from mocker.engine.stopping import stop_status, unmasked
+from mocker.kv.coordinator import HybridKVCacheManager
 from mocker.kv.events import KVEvent
 from mocker.kv.hashing import BlockHash, make_hasher
 from mocker.output_tokens import OutputTokenSampler
@@ -106,6 +107,13 @@ class EngineCore:
             config.seed,
         )
         self.requests: dict[str, Request] = {}
+        # The timing model's KV tokens are a dense model's: a hybrid model's blocks hold
+        # group_size of its num_layers layers each (1 for a dense model).
+        layout = config.layout
+        self._kv_weight = layout.group_size / layout.num_layers
+        self._hybrid: HybridKVCacheManager | None = (
+            self.kv if isinstance(self.kv, HybridKVCacheManager) else None
+        )
         self.total_kv_tokens = config.num_gpu_blocks * config.block_size
 
     # -- intake -------------------------------------------------------------------------------
@@ -237,6 +245,8 @@ class EngineCore:
 
     def num_cached_prefix_blocks(self, block_hashes: Sequence[BlockHash]) -> int:
         """How many leading blocks of these hashes the device prefix cache holds."""
+        if self._hybrid is not None:
+            return self._hybrid.find_hit_blocks(block_hashes, len(block_hashes))
         return self.pool.num_cached_prefix(block_hashes)
 
     def has_pending_transfers(self) -> bool:
@@ -362,13 +372,29 @@ class EngineCore:
     # -- the pass -----------------------------------------------------------------------------
 
     def pass_duration(self, prefill_tokens: int, num_decodes: int, num_used_blocks: int) -> float:
-        """Simulated seconds of a pass of this shape (the speedup ratio applied)."""
-        shape = PassShape(
-            prefill_tokens=prefill_tokens,
-            num_decodes=num_decodes,
-            active_kv_tokens=num_used_blocks * self.config.block_size,
-            total_kv_tokens=self.total_kv_tokens,
-        )
+        """Simulated seconds of a pass of this shape (the speedup ratio applied).
+
+        A hybrid model's attention reads only its attention groups' blocks (a sliding
+        window's few, Mamba states none that grow with context): `num_used_blocks` is
+        replaced by those, and both KV token counts are in whole-model layers:
+        active = (group_size / num_layers) × block_size × Σ attention groups' used blocks,
+        total = (group_size / num_layers) × block_size × num_gpu_blocks."""
+        if self._hybrid is not None:
+            num_used_blocks = self._hybrid.attention_blocks()
+            w = self._kv_weight
+            shape = PassShape(
+                prefill_tokens=prefill_tokens,
+                num_decodes=num_decodes,
+                active_kv_tokens=round(num_used_blocks * self.config.block_size * w),
+                total_kv_tokens=round(self.total_kv_tokens * w),
+            )
+        else:
+            shape = PassShape(
+                prefill_tokens=prefill_tokens,
+                num_decodes=num_decodes,
+                active_kv_tokens=num_used_blocks * self.config.block_size,
+                total_kv_tokens=self.total_kv_tokens,
+            )
         return pass_duration_s(self.timing, shape, self.config.speedup_ratio)
 
     def step(self, now: float) -> StepResult:

@@ -56,8 +56,14 @@ def run_decodes(core: EngineCore, now: float, stop_at: float) -> DecodeRun | Non
 
 def _decode_batch(core: EngineCore) -> list[Request] | None:
     """The running requests, if the next passes can be run at once."""
-    # Tiers, events and LoRA slots change state pass by pass: stepped, not summed.
-    if core.connector is not None or core.pool.record_events or core.lora is not None:
+    # Tiers, events, LoRA slots and a hybrid model's groups (windows slide, Mamba states
+    # move on) change state pass by pass: stepped, not summed.
+    if (
+        core.connector is not None
+        or core.pool.record_events
+        or core.lora is not None
+        or core.config.is_hybrid
+    ):
         return None
     batch = core.scheduler.decode_batch()
     if batch is None:

@@ -85,11 +85,13 @@ def _resolve_max_tokens(config: EngineConfig, spec: EngineRequest, n: int) -> in
 def _check_fits_the_pool(config: EngineConfig, n: int, max_tokens: int) -> None:
     # A request the pool can never hold would wait forever: refuse it now. Its peak is
     # n + max_tokens - 1 KV tokens: the last sampled token is never computed.
-    blocks = -(-(n + max_tokens - 1) // config.block_size)
+    # A hybrid model's groups share the pool: every group's blocks count.
+    blocks = config.layout.max_blocks_per_request(n + max_tokens - 1, config.max_num_batched_tokens)
     if blocks > config.num_gpu_blocks:
+        groups = f", {len(config.layout.groups)} KV cache groups" if config.is_hybrid else ""
         raise RequestRejected(
             f"the request needs up to {blocks} KV blocks ({n} prompt + {max_tokens} output "
-            f"tokens at block_size {config.block_size}) but the KV cache has only "
+            f"tokens at block_size {config.block_size}{groups}) but the KV cache has only "
             f"{config.num_gpu_blocks} blocks (num_gpu_blocks); lower max_tokens",
             "max_tokens",
         )

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from mocker.config import EngineConfig, OffloadPolicy, StorageKind
 from mocker.kv.block_pool import BlockPool
-from mocker.kv.manager import KVCacheManager
+from mocker.kv.coordinator import HybridKVCacheManager
+from mocker.kv.manager import KVCacheManager, KVManager
 from mocker.tiers.connector import TierConnector
 from mocker.tiers.lru import LruTier
 from mocker.tiers.storage import StorageTier
@@ -22,7 +23,7 @@ class KVStack:
     """The parts: the device pool, its manager, and (with tiers) the CPU tier and connector."""
 
     pool: BlockPool
-    kv: KVCacheManager
+    kv: KVManager
     cpu: LruTier | None = None
     connector: TierConnector | None = None
 
@@ -65,7 +66,10 @@ def build_kv_stack(
         record_events=config.enable_kv_cache_events,
         # A tier's copy records its tokens only for its BlockStored events.
         keep_tokens=cpu is not None and cpu.record_events,
+        groups=config.layout.groups,
     )
+    if config.is_hybrid:  # tiers and P/D are refused for these (EngineConfig)
+        return KVStack(pool, HybridKVCacheManager(pool, config.layout))
     if cpu is None and config.has_cpu_tier:
         cpu = LruTier(
             config.num_cpu_blocks, config.block_size, record_events=config.enable_kv_cache_events

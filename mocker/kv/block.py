@@ -22,6 +22,9 @@ class KVBlock:
     # Set while the block is findable by prefix lookup (it stays set on the free list).
     block_hash: BlockHash | None = None
     parent_hash: BlockHash | None = None
+    # The KV cache group it serves while held or cached (hybrid models; 0 otherwise): its
+    # hash is a key in that group's map.
+    group: int = 0
     # Cached blocks whose parent is this block; only the lineage policy reads it.
     num_cached_children: int = 0
     # Its holder must copy it out before the slot is reused (write-back): eviction displaces

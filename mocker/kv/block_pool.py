@@ -10,6 +10,7 @@ from mocker.kv.block import BlockId, KVBlock
 from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, parents_first
 from mocker.kv.eviction import EvictionPolicy, make_policy
 from mocker.kv.hashing import BlockHash
+from mocker.kv.spec import KVCacheGroup
 
 __all__ = ["BlockPool"]
 
@@ -38,12 +39,18 @@ class BlockPool:
     (two requests prefilling the same prefix at once), the request adopts the
     cached block and its own copy is released, so the map, the events and
     every block table agree on a single block per hash.
+
+    KV cache groups (hybrid models) share the pool, as vLLM's groups share one: a block
+    serves one group at a time, and each group has its own hash map, so a block's key is
+    (group, hash). Events then carry the group, its spec's kind and window.
     """
 
     __slots__ = (
         "_cached",
         "_displaced",
         "_events",
+        "_group_meta",
+        "_maps",
         "_policy",
         "block_size",
         "blocks",
@@ -64,8 +71,10 @@ class BlockPool:
         eviction_policy: EvictionPolicyName = EvictionPolicyName.LRU,
         record_events: bool = False,
         keep_tokens: bool = False,
+        groups: Sequence[KVCacheGroup] = (),
     ) -> None:
-        """`keep_tokens`: cached blocks remember their tokens (a lower tier copies them)."""
+        """`keep_tokens`: cached blocks remember their tokens (a lower tier copies them);
+        `groups`: the KV cache groups of a hybrid model (none or one: a dense one)."""
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.record_events = record_events
@@ -78,6 +87,13 @@ class BlockPool:
         for block in reversed(self.blocks):
             self._policy.push(block)
         self._cached: dict[BlockHash, KVBlock] = {}
+        # One hash map per group; group 0's is `_cached` (a dense model has no other).
+        self._maps: list[dict[BlockHash, KVBlock]] = [self._cached]
+        self._maps.extend({} for _ in groups[1:])
+        # Per group, what its events say of it (None: a dense model's events say nothing).
+        self._group_meta: list[tuple[str, int | None]] | None = None
+        if len(groups) > 1 or (groups and groups[0].kind != "full_attention"):
+            self._group_meta = [(g.kind.value, g.sliding_window) for g in groups]
         self._events: list[KVEvent] = []
         self.num_used = 0
         self.num_retained_free = 0  # free cached blocks their holder must copy before reuse
@@ -142,9 +158,94 @@ class BlockPool:
             return list(map(_REF_CNT, blocks)).count(0)
         return sum(1 for b in blocks if b.ref_cnt == 0 and not b.retained)
 
-    def cached_hashes(self) -> dict[BlockHash, BlockId]:
-        """A copy of the hash → block map (for tests and consistency checks)."""
-        return {h: b.block_id for h, b in self._cached.items()}
+    def cached_hashes(self, group: int = 0) -> dict[BlockHash, BlockId]:
+        """A copy of a group's hash → block map (for tests and consistency checks)."""
+        return {h: b.block_id for h, b in self._maps[group].items()}
+
+    def group_map(self, group: int) -> dict[BlockHash, KVBlock]:
+        """A group's hash → block map, read-only to the caller (its managers look up hits)."""
+        return self._maps[group]
+
+    def cache_group_blocks(
+        self,
+        table: list[KVBlock | None],
+        start: int,
+        end: int,
+        block_hashes: Sequence[BlockHash],
+        token_ids: Sequence[int],
+        lora_name: str | None,
+        group: int,
+    ) -> None:
+        """`cache_full_blocks` for a group's block table, whose positions may hold no block
+        (None: vLLM's null block, out of a window or a skipped Mamba state): those are not
+        cached. As vLLM's, one event covers the range: the hashes of the blocks stored, the
+        tokens of every position (an adopted duplicate ends a run, as for a dense model)."""
+        if not self.enable_caching or start >= end:
+            return
+        cached = self._maps[group]
+        keep = self.keep_tokens
+        lineage = self._policy.tracks_lineage
+        bs = self.block_size
+        stored: list[BlockHash] = []
+        run_start = start
+        for i in range(start, end):
+            block = table[i]
+            if block is None:
+                continue
+            block_hash = block_hashes[i]
+            existing = cached.get(block_hash)
+            if existing is None:
+                block.block_hash = block_hash
+                block.parent_hash = block_hashes[i - 1] if i > 0 else None
+                cached[block_hash] = block
+                if keep:
+                    block.token_src = token_ids
+                    block.token_start = i * bs
+                    block.lora_name = lora_name
+                if lineage:
+                    parent = cached.get(block_hashes[i - 1]) if i > 0 else None
+                    self._policy.on_cached(block, parent)
+                stored.append(block_hash)
+                continue
+            if existing is not block:
+                self.touch((existing,))
+                table[i] = existing
+                self.free_blocks((block,))
+            if stored:
+                self._record_group_stored(run_start, i, stored, block_hashes, token_ids,
+                                          lora_name, group)  # fmt: skip
+                stored = []
+            run_start = i + 1
+        if stored:
+            self._record_group_stored(run_start, end, stored, block_hashes, token_ids,
+                                      lora_name, group)  # fmt: skip
+
+    def _record_group_stored(
+        self,
+        start: int,
+        end: int,
+        stored: list[BlockHash],
+        block_hashes: Sequence[BlockHash],
+        token_ids: Sequence[int],
+        lora_name: str | None,
+        group: int,
+    ) -> None:
+        if not self.record_events:
+            return
+        bs = self.block_size
+        kind, window = self._group_meta[group] if self._group_meta else ("full_attention", None)
+        self._events.append(
+            BlockStored(
+                block_hashes=tuple(stored),
+                parent_block_hash=block_hashes[start - 1] if start > 0 else None,
+                token_ids=tuple(token_ids[start * bs : end * bs]),
+                block_size=bs,
+                lora_name=lora_name,
+                group_idx=group,
+                kv_cache_spec_kind=kind,
+                kv_cache_spec_sliding_window=window,
+            )
+        )
 
     def cache_full_blocks(
         self,
@@ -222,16 +323,22 @@ class BlockPool:
         """Drop a reused block's hash: it is no longer findable."""
         block_hash = block.block_hash
         assert block_hash is not None
-        del self._cached[block_hash]
+        cached = self._maps[block.group]
+        del cached[block_hash]
         if self._policy.tracks_lineage:
             parent_hash = block.parent_hash
-            parent = self._cached.get(parent_hash) if parent_hash is not None else None
+            parent = cached.get(parent_hash) if parent_hash is not None else None
             self._policy.on_uncached(block, parent)
         block.block_hash = None
         block.parent_hash = None
         block.token_src = None
         if self.record_events:
-            self._events.append(BlockRemoved(block_hashes=(block_hash,)))
+            self._events.append(self._removed(block_hash, block.group))
+
+    def _removed(self, block_hash: BlockHash, group: int) -> BlockRemoved:
+        if self._group_meta is None:
+            return BlockRemoved(block_hashes=(block_hash,))
+        return BlockRemoved(block_hashes=(block_hash,), group_idx=group)
 
     # -- retained blocks (write-back) ---------------------------------------------------------
 
@@ -250,15 +357,16 @@ class BlockPool:
         is findable nowhere), but keeps its slot, hash and tokens until `return_displaced`."""
         block_hash = block.block_hash
         assert block_hash is not None and block.ref_cnt == 0
-        del self._cached[block_hash]
+        cached = self._maps[block.group]
+        del cached[block_hash]
         parent_hash = block.parent_hash
-        parent = self._cached.get(parent_hash) if parent_hash is not None else None
+        parent = cached.get(parent_hash) if parent_hash is not None else None
         self._policy.on_uncached(block, parent)
         block.retained = False
         self.num_displaced += 1
         self._displaced.append(block)
         if self.record_events:
-            self._events.append(BlockRemoved(block_hashes=(block_hash,)))
+            self._events.append(self._removed(block_hash, block.group))
 
     def displace_retained(self, n: int) -> int:
         """Displace up to `n` retained free blocks, in eviction order; returns how many.
@@ -385,8 +493,34 @@ class BlockPool:
         can.) Referenced cached blocks stay findable, and so do the cached ancestors they
         hang from (a write-through copy pins a block without its parent), so AllBlocksCleared
         is followed by their BlockStored again, parents first: a consumer applying the
-        stream still ends with exactly this cache, chain by chain."""
-        cached, policy = self._cached, self._policy
+        stream still ends with exactly this cache, chain by chain (group by group)."""
+        kept_by_group = [self._reset_map(cached) for cached in self._maps]
+        cleared = sum(n for _, n in kept_by_group)
+        if self.record_events:
+            self._events.append(AllBlocksCleared())
+            bs = self.block_size
+            meta = self._group_meta
+            for group, (kept, _) in enumerate(kept_by_group):
+                kind, window = meta[group] if meta else (None, None)
+                self._events.extend(
+                    BlockStored(
+                        block_hashes=(b.cached_hash,),
+                        parent_block_hash=b.parent_hash,
+                        token_ids=b.token_ids(bs),
+                        block_size=bs,
+                        lora_name=b.lora_name,
+                        group_idx=group if meta else None,
+                        kv_cache_spec_kind=kind,
+                        kv_cache_spec_sliding_window=window,
+                    )
+                    for b in kept
+                )
+        return cleared
+
+    def _reset_map(self, cached: dict[BlockHash, KVBlock]) -> tuple[list[KVBlock], int]:
+        """Clear one group's map but for what is referenced; the survivors, parents first,
+        and how many were cleared."""
+        policy = self._policy
         keep: set[BlockHash] = set()
         for block in cached.values():
             if not block.ref_cnt:
@@ -419,20 +553,7 @@ class BlockPool:
         for block in kept:
             parent_hash = block.parent_hash
             policy.on_cached(block, None if parent_hash is None else cached.get(parent_hash))
-        if self.record_events:
-            self._events.append(AllBlocksCleared())
-            bs = self.block_size
-            self._events.extend(
-                BlockStored(
-                    block_hashes=(b.cached_hash,),
-                    parent_block_hash=b.parent_hash,
-                    token_ids=b.token_ids(bs),
-                    block_size=bs,
-                    lora_name=b.lora_name,
-                )
-                for b in kept
-            )
-        return cleared
+        return kept, cleared
 
     # -- events -------------------------------------------------------------------------------
 

@@ -26,6 +26,11 @@ class BlockStored:
     # vLLM's optional trailing field: "LOCAL" / "REMOTE" relative to the publishing engine
     # (set for storage tiers only; None is not sent).
     locality: str | None = None
+    # KV cache groups (hybrid models; None is not sent): the group, its spec's kind
+    # ("full_attention", "sliding_window", "mamba") and a sliding group's window.
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +40,7 @@ class BlockRemoved:
     block_hashes: tuple[BlockHash, ...]
     medium: str = "GPU"
     locality: str | None = None  # as BlockStored's
+    group_idx: int | None = None  # as BlockStored's
 
 
 @dataclass(frozen=True, slots=True)

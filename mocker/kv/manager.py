@@ -2,13 +2,51 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Sized
+from typing import Any, Protocol
 
 from mocker.kv.block import KVBlock
 from mocker.kv.block_pool import BlockPool
 from mocker.request import Request
 
-__all__ = ["KVCacheManager"]
+__all__ = ["KVCacheManager", "KVManager"]
+
+
+class KVManager(Protocol):
+    """What the scheduler and the core ask of the KV cache: this module's manager for a
+    dense model, mocker.kv.coordinator's for a hybrid one. A prefix hit is opaque to the
+    scheduler but for its length in blocks."""
+
+    block_size: int
+    enable_caching: bool
+
+    @property
+    def usage(self) -> float: ...
+
+    @property
+    def num_reusable(self) -> int: ...
+
+    @property
+    def num_used(self) -> int: ...
+
+    @property
+    def awaiting_displaced(self) -> bool: ...
+
+    def get_computed_blocks(self, request: Request) -> Sized: ...
+
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, computed_blocks: Any = ...
+    ) -> bool: ...
+
+    def append_blocks(self, request: Request, num_blocks: int) -> None: ...
+
+    def cache_blocks(self, request: Request) -> None: ...
+
+    def finish_load(self, request: Request) -> None: ...
+
+    def finish_pull(self, request: Request) -> None: ...
+
+    def free(self, request: Request) -> None: ...
 
 
 class KVCacheManager:

@@ -36,12 +36,19 @@ def _as_map(event: KVEvent) -> dict[str, Any]:
             "medium": event.medium,
             "lora_name": event.lora_name,
         }
+        if event.group_idx is not None:
+            stored["group_idx"] = event.group_idx
+            stored["kv_cache_spec_kind"] = event.kv_cache_spec_kind
+            if event.kv_cache_spec_sliding_window is not None:
+                stored["kv_cache_spec_sliding_window"] = event.kv_cache_spec_sliding_window
         if event.locality is not None:
             stored["locality"] = event.locality
         return stored
     if type(event) is BlockRemoved:
-        removed = {"type": "BlockRemoved", "block_hashes": event.block_hashes,
-                   "medium": event.medium}  # fmt: skip
+        removed: dict[str, Any] = {"type": "BlockRemoved", "block_hashes": event.block_hashes,
+                                   "medium": event.medium}  # fmt: skip
+        if event.group_idx is not None:
+            removed["group_idx"] = event.group_idx
         if event.locality is not None:
             removed["locality"] = event.locality
         return removed
@@ -52,8 +59,8 @@ def _as_map(event: KVEvent) -> dict[str, Any]:
 
 def _as_array(event: KVEvent) -> tuple[Any, ...]:
     # The positional layout: the tag first, then the same fields in the same order.
-    # A set locality is written after the optional fields before it (extra_keys, group_idx,
-    # kv_cache_spec_kind, kv_cache_spec_sliding_window), left null.
+    # A set locality or group is written after the optional fields before it (extra_keys,
+    # group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window), left null when unset.
     if type(event) is BlockStored:
         stored: tuple[Any, ...] = (
             "BlockStored",
@@ -65,12 +72,20 @@ def _as_array(event: KVEvent) -> tuple[Any, ...]:
             event.medium,
             event.lora_name,
         )
-        if event.locality is not None:
+        if event.group_idx is not None:
+            stored += (None, event.group_idx, event.kv_cache_spec_kind,
+                       event.kv_cache_spec_sliding_window)  # fmt: skip
+            if event.locality is not None:
+                stored += (event.locality,)
+        elif event.locality is not None:
             stored += (None, None, None, None, event.locality)
         return stored
     if type(event) is BlockRemoved:
         if event.locality is not None:  # after group_idx
-            return ("BlockRemoved", event.block_hashes, event.medium, None, event.locality)
+            return ("BlockRemoved", event.block_hashes, event.medium, event.group_idx,
+                    event.locality)  # fmt: skip
+        if event.group_idx is not None:
+            return ("BlockRemoved", event.block_hashes, event.medium, event.group_idx)
         return ("BlockRemoved", event.block_hashes, event.medium)
     if type(event) is AllBlocksCleared:
         return ("AllBlocksCleared",)

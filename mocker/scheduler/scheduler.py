@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from mocker.config import EngineConfig, KVRole, PreemptionVictim
-from mocker.kv.manager import KVCacheManager
+from mocker.kv.manager import KVManager
 from mocker.request import Request, RequestStatus
 from mocker.scheduler.waiting_queue import WaitingQueue
 
@@ -58,6 +58,7 @@ class Scheduler:
         "_carry",
         "_chunked",
         "_external",
+        "_mamba_split",
         "_max_loras",
         "_max_seqs",
         "_token_budget",
@@ -75,7 +76,7 @@ class Scheduler:
     def __init__(
         self,
         config: EngineConfig,
-        kv: KVCacheManager,
+        kv: KVManager,
         connector: TierConnector | None = None,
         pulls: RemotePulls | None = None,
     ) -> None:
@@ -96,6 +97,9 @@ class Scheduler:
         self._chunked = config.enable_chunked_prefill
         self._victim = config.preemption_victim
         self._block_size = config.block_size
+        # Mamba layers saving states for prefix caching (vLLM's mamba_cache_mode "align"):
+        # prefill chunks end on block boundaries, where states are saved.
+        self._mamba_split = config.layout.has_mamba and config.enable_prefix_caching
         # A KV connector answers lookups (tiers, or P/D: a prefill engine's answers 0): its
         # queries and hits are counted (vLLM's external_prefix_cache_*).
         self._external = connector is not None or config.kv_role is not KVRole.NONE
@@ -237,8 +241,14 @@ class Scheduler:
             num_tokens = len(request.all_token_ids)
             computed = request.num_computed_tokens
             num_new = min(num_tokens - computed, budget)
-            # Most decode steps stay inside the last block: skip the allocator then.
-            if computed + num_new > len(request.blocks) * bs:
+            if self._mamba_split:
+                num_new = self._mamba_aligned(request, computed, num_new)
+                if not num_new:
+                    i += 1  # it waits for a pass with room to reach the next boundary
+                    continue
+            # Most decode steps stay inside the last block: skip the allocator then (unless
+            # a hybrid model's group releases a block now).
+            if computed + num_new > len(request.blocks) * bs or computed >= request.kv_recheck:
                 room = True
                 while not allocate(request, num_new):
                     if self.kv.awaiting_displaced:
@@ -276,6 +286,26 @@ class Scheduler:
         out.num_prefill_tokens += prefill
         out.num_decodes += decodes
         return budget, stalled
+
+    def _mamba_aligned(self, request: Request, start: int, num_new: int) -> int:
+        """vLLM's _mamba_block_aligned_split: a prefill chunk ends on a block boundary (its
+        Mamba state is saved there), never runs past the last boundary before the prompt's
+        end (the state a later prompt with this prefix can hit), and one that starts mid-
+        block stops at the next boundary. The prompt's last chunk is exempt."""
+        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+        if start >= prefill_end:
+            return num_new
+        bs = self._block_size
+        end = start + num_new
+        if end < prefill_end:
+            aligned = end // bs * bs
+            if aligned > start or bs <= self._token_budget:
+                end = aligned
+        last_cache = (request.num_tokens - 1) // bs * bs
+        for stop in ((start // bs + 1) * bs if start % bs else 0, last_cache):
+            if start < stop < end:
+                end = stop
+        return max(end - start, 0)
 
     def _pick_victim(self) -> Request:
         """The lowest-priority running request (highest value, as vLLM's priority policy);
@@ -334,6 +364,10 @@ class Scheduler:
                 if not self._chunked:
                     break
                 num_new = budget
+            if self._mamba_split:
+                num_new = self._mamba_aligned(request, request.num_computed_tokens, num_new)
+                if not num_new:
+                    break
             if not self.kv.allocate_slots(request, num_new):
                 break
             ready.pop(i)
@@ -421,6 +455,10 @@ class Scheduler:
                 if not self._chunked:
                     break  # the whole prompt waits for a pass with room for it
                 num_new = budget
+            if self._mamba_split:
+                num_new = self._mamba_aligned(request, num_hit, num_new)
+                if not num_new:
+                    break
             if not kv.allocate_slots(request, num_new, hits):
                 break
             waiting.pop()

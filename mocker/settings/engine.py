@@ -267,6 +267,19 @@ def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
         **_offload(values),
         **extra,
     )
+    if config.is_hybrid:
+        # vLLM sums every group's max_memory_usage: a request at max_model_len must fit.
+        need = config.layout.max_blocks_per_request(
+            config.max_model_len, config.max_num_batched_tokens
+        )
+        if need > config.num_gpu_blocks:
+            raise ConfigError(
+                f"max_model_len ({config.max_model_len}) needs {need} KV blocks of "
+                f"{config.block_size} tokens across the model's {len(config.layout.groups)} "
+                f"KV cache groups, but num_gpu_blocks_override is {config.num_gpu_blocks}: "
+                "lower --max-model-len or raise --num-gpu-blocks-override"
+            )
+        return config
     kv_tokens = config.num_gpu_blocks * config.block_size
     if kv_tokens < config.max_model_len:
         # As vLLM refuses to start: a request using the whole context could never run.

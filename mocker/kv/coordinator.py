@@ -1,0 +1,243 @@
+"""The hybrid KV coordinator: one manager per KV cache group behind the scheduler's KV door."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import cast
+
+from mocker.kv.block import KVBlock
+from mocker.kv.block_pool import BlockPool
+from mocker.kv.group_managers import NEVER, Table, make_group_manager
+from mocker.kv.hashing import BlockHash
+from mocker.kv.spec import KVLayout, SpecKind
+from mocker.request import Request
+
+__all__ = ["GroupHits", "HybridKVCacheManager"]
+
+
+@dataclass(slots=True)
+class GroupHits:
+    """A prefix hit valid in every group: each group's table for it. Its length is the hit
+    in blocks, as a dense model's list of hit blocks (the scheduler multiplies it by the
+    block size)."""
+
+    tables: list[Table]
+    num_blocks: int
+
+    def __len__(self) -> int:
+        return self.num_blocks
+
+
+_NO_HIT = GroupHits([], 0)
+
+
+class HybridKVCacheManager:
+    """KVCacheManager's interface for a model with several KV cache groups (vLLM's
+    HybridKVCacheCoordinator with its single-type managers): one pool, one block table per
+    group per request (`request.group_blocks`; `request.blocks` is group 0's, of which only
+    the length is read elsewhere), allocation in every group or none.
+
+    Every group has the engine's block size (see mocker.kv.spec), so positions line up:
+    every table of a request has the same length.
+    """
+
+    __slots__ = ("_attention", "_full", "_others", "block_size", "enable_caching",
+                 "layout", "managers", "pool", "used")  # fmt: skip
+
+    def __init__(self, pool: BlockPool, layout: KVLayout) -> None:
+        self.pool = pool
+        self.layout = layout
+        self.block_size = pool.block_size
+        self.enable_caching = pool.enable_caching
+        self.managers = [make_group_manager(g, pool, pool.enable_caching) for g in layout.groups]
+        # Hits: full attention first (its hit only shrinks after), then the others until
+        # none shrinks the hit further (vLLM's fixed point).
+        self._full = [m for m, g in zip(self.managers, layout.groups, strict=True)
+                      if g.kind is SpecKind.FULL]  # fmt: skip
+        self._others = [m for m in self.managers if m not in self._full]
+        # Blocks each group holds referenced (for the timing model and per-group usage).
+        self.used = [0] * len(self.managers)
+        self._attention = [g.is_attention for g in layout.groups]
+
+    # -- read-only views ------------------------------------------------------------------------
+
+    @property
+    def usage(self) -> float:
+        return self.pool.usage
+
+    @property
+    def num_reusable(self) -> int:
+        return self.pool.num_reusable
+
+    @property
+    def num_used(self) -> int:
+        return self.pool.num_used
+
+    @property
+    def awaiting_displaced(self) -> bool:
+        return self.pool.num_displaced > 0
+
+    def group_usage(self) -> list[float]:
+        """Each group's share of the pool in use."""
+        n = self.pool.num_blocks
+        return [u / n for u in self.used]
+
+    def attention_blocks(self) -> int:
+        """Blocks of attention groups in use: what a pass's attention reads (a sliding
+        window's are capped by its release of old blocks; a Mamba group's state does not
+        grow with context, so it is not counted)."""
+        return sum(u for u, a in zip(self.used, self._attention, strict=True) if a)
+
+    # -- prefix hits ----------------------------------------------------------------------------
+
+    def find_hit_blocks(self, hashes: Sequence[BlockHash], max_blocks: int) -> int:
+        """The longest prefix (in blocks, at most `max_blocks`) every group can serve."""
+        hit = max_blocks
+        for manager in self._full:
+            hit = min(hit, manager.find_hit(hashes, hit))
+        others = self._others
+        changed = True
+        while changed and hit:
+            changed = False
+            for manager in others:
+                n = manager.find_hit(hashes, hit)
+                if n < hit:
+                    hit, changed = n, True
+        return hit
+
+    def get_computed_blocks(self, request: Request) -> GroupHits:
+        """Longest cached prefix valid in every group, capped at num_tokens − 1 tokens."""
+        if not self.enable_caching:
+            return _NO_HIT
+        hashes = request.block_hashes
+        hit = self.find_hit_blocks(hashes, (request.num_tokens - 1) // self.block_size)
+        if not hit:
+            return _NO_HIT
+        return GroupHits([m.hit_table(hashes, hit) for m in self.managers], hit)
+
+    # -- allocation -----------------------------------------------------------------------------
+
+    def _tables(self, request: Request) -> list[Table]:
+        tables = request.group_blocks
+        if tables is None:
+            tables = [[] for _ in self.managers]
+            request.group_blocks = tables
+            request.blocks = cast(list[KVBlock], tables[0])
+        return tables
+
+    def _release_skipped(self, request: Request, num_computed: int) -> None:
+        """Free the blocks no group needs any more (out of a window, superseded states);
+        their hashes stay cached. Sets when to look again."""
+        tables = self._tables(request)
+        pool, used = self.pool, self.used
+        recheck = NEVER
+        for g, manager in enumerate(self.managers):
+            table = tables[g]
+            skip = min(manager.num_skipped(num_computed), len(table))
+            if skip:
+                removed: list[KVBlock] = []
+                for i in range(skip - 1, -1, -1):  # back to the first already released
+                    block = table[i]
+                    if block is None:
+                        break
+                    removed.append(block)
+                    table[i] = None
+                if removed:
+                    before = pool.num_used
+                    pool.free_blocks(removed)
+                    used[g] -= before - pool.num_used
+            recheck = min(recheck, manager.next_release(num_computed))
+        request.kv_recheck = recheck
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        computed_blocks: GroupHits | Sequence[KVBlock] = (),
+    ) -> bool:
+        """Room for `num_new_tokens` more tokens after the hit, in every group or none:
+        returns False, changing no table, when the pool is short."""
+        hits = computed_blocks if isinstance(computed_blocks, GroupHits) else _NO_HIT
+        bs = self.block_size
+        num_computed = request.num_computed_tokens + hits.num_blocks * bs
+        self._release_skipped(request, request.num_computed_tokens)
+        tables = self._tables(request)
+        total = num_computed + num_new_tokens
+        pool = self.pool
+        needs: list[int] = []
+        revived = 0
+        for g, manager in enumerate(self.managers):
+            table = tables[g]
+            if hits.num_blocks:
+                hit_table = hits.tables[g]
+                revived += sum(1 for b in hit_table if b is not None and b.ref_cnt == 0)
+                needs.append(manager.num_new_blocks(table + hit_table, total))
+            else:
+                needs.append(manager.num_new_blocks(table, total))
+        if sum(needs) + revived > pool.num_reusable:
+            return False
+        used = self.used
+        for g, manager in enumerate(self.managers):
+            table = tables[g]
+            if hits.num_blocks:
+                hit_table = hits.tables[g]
+                held = [b for b in hit_table if b is not None]
+                before = pool.num_used
+                pool.touch(held)
+                used[g] += pool.num_used - before
+                table.extend(hit_table)
+            n = needs[g]
+            blocks = pool.get_new_blocks(n) if n else []
+            for block in blocks:
+                block.group = g
+            used[g] += n
+            manager.extend(table, total, blocks)
+        if hits.num_blocks:
+            request.num_cached_blocks = len(tables[0])
+            self._release_skipped(request, num_computed)
+        return True
+
+    def append_blocks(self, request: Request, num_blocks: int) -> None:
+        raise NotImplementedError("decode runs are stepped pass by pass for a hybrid model")
+
+    # -- caching and freeing --------------------------------------------------------------------
+
+    def cache_blocks(self, request: Request) -> None:
+        """Register the blocks that became complete in each group (a Mamba group's state
+        only at the boundary a pass ended on: the others are null)."""
+        num_full = request.num_computed_tokens // self.block_size
+        if num_full <= request.num_cached_blocks:
+            return
+        if self.enable_caching:
+            tables = self._tables(request)
+            pool = self.pool
+            start = request.num_cached_blocks
+            for g, table in enumerate(tables):
+                before = pool.num_used
+                pool.cache_group_blocks(table, start, num_full, request.block_hashes,
+                                        request.all_token_ids, request.lora_name, g)  # fmt: skip
+                self.used[g] -= before - pool.num_used  # an adopted duplicate freed its own
+        request.num_cached_blocks = num_full
+
+    def free(self, request: Request) -> None:
+        """Release every group's blocks, each table tail first."""
+        tables = request.group_blocks
+        if tables is not None:
+            pool, used = self.pool, self.used
+            for g, table in enumerate(tables):
+                held = [b for b in reversed(table) if b is not None]
+                if held:
+                    before = pool.num_used
+                    pool.free_blocks(held)
+                    used[g] -= before - pool.num_used
+            request.group_blocks = None
+        request.blocks = []
+        request.num_cached_blocks = 0
+        request.kv_recheck = NEVER
+
+    def finish_load(self, request: Request) -> None:
+        raise NotImplementedError("tier loads are not modelled for hybrid models yet")
+
+    def finish_pull(self, request: Request) -> None:
+        raise NotImplementedError("P/D pulls are not modelled for hybrid models yet")
