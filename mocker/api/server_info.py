@@ -22,6 +22,17 @@ _ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "mistral": "MistralForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+    "qwen3_next": "Qwen3NextForCausalLM",
+    "granitemoehybrid": "GraniteMoeHybridForCausalLM",
+}
+# The hybrid presets' model_type (their config.json's).
+_HYBRID_TYPES = {
+    "gpt-oss-20b": "gpt_oss",
+    "gemma-3-12b": "gemma3",
+    "qwen3-next-80b-a3b": "qwen3_next",
+    "granite-4.0-h-micro": "granitemoehybrid",
 }
 
 
@@ -54,14 +65,19 @@ def kv_event_sources(state: ServerState) -> dict[str, dict[str, Any]]:
             "format": settings.kv_events_format.value,
             "model": settings.model_name,
             "block_size": state.config.block_size,
+            # mocker: the KV cache groups a hybrid model's events carry in group_idx
+            "kv_cache_groups": state.config.layout.describe(),
         }
     return sources
 
 
 def _model_type(state: ServerState) -> str:
-    """The preset's family ("llama", "qwen2", "mistral"), or "llama" for a custom shape."""
+    """The preset's family ("llama", "qwen2", "mistral", a hybrid's model_type), or "llama"
+    for a custom shape."""
     for name, shape in MODEL_PRESETS.items():
         if shape == state.config.model:
+            if name in _HYBRID_TYPES:
+                return _HYBRID_TYPES[name]
             family = name.split("-")[0].replace(".", "").rstrip("0123456789")
             return {"qwen": "qwen2"}.get(family, family)
     return "llama"

@@ -214,6 +214,7 @@ class EngineCore:
             lora_adapters=self._lora_adapters() if self.config.enable_lora else (),
             kv_expired=self.holds.num_expired if self.holds is not None else 0,
             kv_fetch=self._kv_fetch() if self.pulls is not None else (0, 0, 0),
+            group_usage=tuple(self._hybrid.group_usage()) if self._hybrid is not None else (),
             **self._tier_snapshot(),
         )
 

@@ -64,6 +64,9 @@ class EngineSnapshot:
     # P/D decode side, vLLM's async KV load stages: waiting to start, in progress, loaded
     # and waiting to run.
     kv_fetch: tuple[int, int, int] = (0, 0, 0)
+    # Hybrid models: each KV cache group's share of the pool in use (sums to kv_usage but
+    # for displaced blocks; empty for a dense model).
+    group_usage: tuple[float, ...] = ()
 
     @property
     def queue_score(self) -> int:

@@ -194,7 +194,7 @@ class HybridKVCacheManager:
             used[g] += n
             manager.extend(table, total, blocks)
         if hits.num_blocks:
-            request.num_cached_blocks = len(tables[0])
+            request.num_cached_blocks = hits.num_blocks  # the hit is cached; the rest is not
             self._release_skipped(request, num_computed)
         return True
 

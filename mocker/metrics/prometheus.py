@@ -342,9 +342,11 @@ class MetricsCollector(Collector):
         return info
 
     def _cache_config_info(self) -> GaugeMetricFamily:
-        # vLLM's labels, then the secondary tiers (mocker): "fs=BLOCKS,obj=BLOCKS" or None.
+        # vLLM's labels, then the secondary tiers (mocker): "fs=BLOCKS,obj=BLOCKS" or None,
+        # and the KV cache groups (mocker): "INDEX:KIND[:WINDOW]" joined by commas.
         names = ["block_size", "cache_dtype", "enable_prefix_caching", "num_cpu_blocks",
-                 "num_gpu_blocks", "kv_offloading_size", "secondary_tiers", "engine"]  # fmt: skip
+                 "num_gpu_blocks", "kv_offloading_size", "mamba_cache_mode", "secondary_tiers",
+                 "kv_cache_groups", "engine"]  # fmt: skip
         info = GaugeMetricFamily(
             "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=names
         )
@@ -354,9 +356,17 @@ class MetricsCollector(Collector):
             cpu_blocks = str(cfg.num_cpu_blocks) if cfg.has_cpu_tier else "None"
             offload_gib = str(cfg.kv_offloading_size)  # as given (None with --num-host-blocks)
             tiers = ",".join(f"{t.name}={t.capacity_blocks}" for t in cfg.storage_tiers)
+            groups = ",".join(
+                f"{g.index}:{g.kind.value}" + (f":{g.sliding_window}" if g.sliding_window else "")
+                for g in cfg.layout.groups
+            )
+            # vLLM's mode: "align" saves Mamba states for prefix caching, "none" does not.
+            mamba_mode = "align" if cfg.enable_prefix_caching else "none"
             info.add_metric(
                 [str(cfg.block_size), "auto", str(cfg.enable_prefix_caching), cpu_blocks,
-                 str(cfg.num_gpu_blocks), offload_gib, tiers or "None", m.engine],
+                 str(cfg.num_gpu_blocks), offload_gib,
+                 mamba_mode if cfg.layout.has_mamba else "None", tiers or "None", groups,
+                 m.engine],
                 1.0,
             )  # fmt: skip
         return info

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import xxhash
 
@@ -38,22 +40,21 @@ class PromptBuilder:
     __slots__ = ("_per", "_seed", "block_size", "trace_block_size", "vocab")
 
     def __init__(self, block_size: int, trace_block_size: int, vocab: int, seed: int) -> None:
-        if trace_block_size % block_size:
-            raise ValueError(
-                f"--trace-block-size ({trace_block_size}) must be a multiple of the engine's "
-                f"block size ({block_size})"
-            )
         self.block_size = block_size
         self.trace_block_size = trace_block_size
         self.vocab = vocab
         self._seed = splitmix64(seed & MASK64)
-        self._per = trace_block_size // block_size
+        # Engine blocks per trace block; 0 when they do not divide it (a Mamba hybrid's
+        # block: see `_straddling`).
+        self._per = 0 if trace_block_size % block_size else trace_block_size // block_size
 
     def prompt(self, request: TraceRequest) -> tuple[list[int], list[BlockHash]]:
         """(prompt token ids, hashes of its full engine blocks)."""
         n, bs, tbs = request.input_length, self.block_size, self.trace_block_size
         num_full = n // bs
         ids = request.hash_ids[: -(-n // tbs)]
+        if not self._per:
+            return self._straddling(ids, n)
         keys = []
         key = self._seed
         for h in ids[: -(-num_full // self._per)]:
@@ -71,6 +72,25 @@ class PromptBuilder:
             last = ids[-1] & MASK64
             lo = num_full * bs - (len(ids) - 1) * tbs  # its first position in that trace block
             tokens.extend(self._token(last, pos) for pos in range(lo, lo + tail))
+        return tokens, hashes
+
+    def _straddling(self, ids: Sequence[int], n: int) -> tuple[list[int], list[BlockHash]]:
+        """Engine blocks that do not divide trace blocks: block j holds tokens up to position
+        (j + 1)·bs − 1, in trace block t = ((j + 1)·bs − 1) // tbs, so its content is given by
+        the ids up to t and its end: its hash mixes the key of that id prefix with j."""
+        bs, tbs = self.block_size, self.trace_block_size
+        num_full = n // bs
+        keys: list[int] = []
+        key = self._seed
+        for h in ids:
+            key = splitmix64(key ^ (h & MASK64))
+            keys.append(key)
+        hashes = [
+            BlockHash(splitmix64(keys[((j + 1) * bs - 1) // tbs] ^ (j * GOLDEN & MASK64)))
+            for j in range(num_full)
+        ]
+        tokens = [FILLER_TOKEN] * (num_full * bs)
+        tokens.extend(self._token(ids[p // tbs] & MASK64, p % tbs) for p in range(num_full * bs, n))
         return tokens, hashes
 
     def _token(self, hash_id: int, position: int) -> int:

@@ -56,6 +56,8 @@ def summarize(result: ReplayResult) -> dict[str, Any]:
         extra["pull_s"] = _quantiles([r.pull_time for r in pd])
     if any(r.lora is not None for r in done):
         extra["lora_wait_s"] = _quantiles([r.lora_wait for r in done if r.lora is not None])
+    if config is not None and config.is_hybrid:
+        extra["kv_usage_by_group"] = _group_usage(result)
     return {
         "requests": len(result.records),
         "finished": len(done),
@@ -82,6 +84,20 @@ def summarize(result: ReplayResult) -> dict[str, Any]:
         "steps": result.num_steps,
         **extra,
     }
+
+
+def _group_usage(result: ReplayResult) -> dict[str, dict[str, float]]:
+    """Per KV cache group ("INDEX:KIND"), its share of the device pool over the samples of
+    every engine: mean and peak."""
+    layout = result.cores[0].config.layout
+    out: dict[str, dict[str, float]] = {}
+    for g in layout.groups:
+        values = [s.group_usage[g.index] for s in result.samples if s.group_usage]
+        out[f"{g.index}:{g.kind.value}"] = {
+            "mean": round(sum(values) / len(values), 6) if values else 0.0,
+            "max": round(max(values), 6) if values else 0.0,
+        }
+    return out
 
 
 def table(summary: dict[str, Any]) -> str:
@@ -112,6 +128,14 @@ def table(summary: dict[str, Any]) -> str:
         f"simulated {summary['sim_duration_s']:.1f} s in {summary['wall_s']:.1f} s wall "
         f"({summary['speedup_over_real_time']}x real time)",
     ]
+    if "kv_usage_by_group" in summary:
+        lines.append(
+            "KV usage by group (mean / peak): "
+            + ", ".join(
+                f"{g} {u['mean']:.1%} / {u['max']:.1%}"
+                for g, u in summary["kv_usage_by_group"].items()
+            )
+        )
     for key, what in (("pull_s", "P/D KV pull"), ("lora_wait_s", "LoRA adapter load wait")):
         if key in summary:
             q = summary[key]
@@ -161,6 +185,10 @@ def _plots(result: ReplayResult, out_dir: Path) -> list[Path]:
         samples = [s for s in result.samples if s.engine == engine]
         times = [s.time for s in samples]
         kv.plot(times, [s.kv_usage for s in samples], label=f"engine {engine}")
+        if samples and samples[0].group_usage:  # a hybrid model: each group's share too
+            for g in range(len(samples[0].group_usage)):
+                kv.plot(times, [s.group_usage[g] for s in samples], linestyle=":",
+                        label=f"engine {engine} group {g}")  # fmt: skip
         queue.plot(times, [s.waiting for s in samples], label=f"engine {engine}")
     kv.set_ylabel("KV usage")
     queue.set_ylabel("waiting requests")

@@ -66,6 +66,7 @@ class EngineSample:
     cpu_usage: float
     running: int
     waiting: int
+    group_usage: tuple[float, ...] = ()  # hybrid models: per KV cache group
 
 
 @dataclass(slots=True)
@@ -393,7 +394,13 @@ class _ReplayRun:
             snap = self.cores[k].snapshot()
             result.samples.append(
                 EngineSample(
-                    end, k, snap.kv_usage, snap.cpu_usage, snap.num_running, snap.num_waiting
+                    end,
+                    k,
+                    snap.kv_usage,
+                    snap.cpu_usage,
+                    snap.num_running,
+                    snap.num_waiting,
+                    snap.group_usage,
                 )
             )
         if self.progress is not None and finished:

@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from mocker.config import LORA_RANKS, MODEL_PRESETS, ConfigError, EngineConfig, OffloadPolicy
+import yaml
+
+from mocker.config import (
+    LORA_RANKS,
+    MODEL_PRESETS,
+    ConfigError,
+    EngineConfig,
+    ModelShape,
+    OffloadPolicy,
+)
 from mocker.kv.hashing import HashAlgo
 from mocker.settings.kv_transfer import parse_kv_transfer_config
 from mocker.settings.option import Option
 
-__all__ = ["ENGINE_OPTIONS", "engine_config_from"]
+__all__ = ["ENGINE_OPTIONS", "engine_config_from", "model_shape_from"]
+
+logger = logging.getLogger(__name__)
 
 _D = EngineConfig()
 
@@ -66,10 +80,13 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "model_shape",
-        "model dimensions that size KV blocks (mocker)",
+        "model dimensions that size KV blocks: a preset ("
+        + ", ".join(MODEL_PRESETS)
+        + "), or a custom shape as a JSON object or a .json/.yaml file (see the README's "
+        "Hybrid models) (mocker)",
         "llama-3-8b",
-        "str",
-        choices=tuple(MODEL_PRESETS),
+        "json",
+        metavar="NAME|JSON|FILE",
     ),
     Option(
         "preemption_victim",
@@ -191,6 +208,35 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
 )
 
 
+def model_shape_from(value: str | Mapping[str, Any]) -> ModelShape:
+    """A preset by name, or a custom shape: a JSON object (inline, or a YAML mapping), or
+    the path of a .json / .yaml file holding one."""
+    if isinstance(value, Mapping):
+        return ModelShape.from_mapping(value)
+    text = value.strip()
+    if text in MODEL_PRESETS:
+        return MODEL_PRESETS[text]
+    if text.startswith("{"):
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"invalid model_shape: not valid JSON: {exc}") from None
+        return ModelShape.from_mapping(raw)
+    path = Path(text)
+    if path.suffix in (".json", ".yaml", ".yml"):
+        try:
+            raw = yaml.safe_load(path.read_text())  # JSON is YAML
+        except OSError as exc:
+            raise ConfigError(f"invalid model_shape={text!r}: cannot read: {exc}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"invalid model_shape={text!r}: not JSON or YAML: {exc}") from None
+        return ModelShape.from_mapping(raw)
+    raise ConfigError(
+        f"invalid model_shape={text!r}: one of the presets {', '.join(MODEL_PRESETS)}, a JSON "
+        "object, or a .json / .yaml file"
+    )
+
+
 def _num_host_blocks(values: Mapping[str, Any]) -> int:
     """CPU-tier blocks from --num-host-blocks or --kv-offloading-size GiB (not both)."""
     blocks, gib = values["num_host_blocks"], values["kv_offloading_size"]
@@ -202,7 +248,9 @@ def _num_host_blocks(values: Mapping[str, Any]) -> int:
     if gib is not None:
         if gib < 0:
             raise ConfigError(f"invalid kv_offloading_size={gib!r}: must be >= 0 GiB")
-        block_bytes = values["block_size"] * MODEL_PRESETS[values["model_shape"]].kv_bytes_per_token
+        block_bytes = (
+            values["block_size"] * model_shape_from(values["model_shape"]).kv_bytes_per_token
+        )
         blocks = int(gib * 2**30 // block_bytes)
         if gib > 0 and blocks == 0:
             raise ConfigError(
@@ -216,7 +264,7 @@ def _num_host_blocks(values: Mapping[str, Any]) -> int:
 
 def _offload(values: Mapping[str, Any]) -> dict[str, Any]:
     """Tier settings: from an OffloadingConnector --kv-transfer-config, or the flags."""
-    shape = MODEL_PRESETS[values["model_shape"]]
+    shape = model_shape_from(values["model_shape"])
     offload = parse_kv_transfer_config(
         values["kv_transfer_config"], values["block_size"], shape.kv_bytes_per_token
     )
@@ -254,7 +302,7 @@ def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
         lora_disk_load_ms=values["lora_disk_load_ms"],
         speedup_ratio=values["speedup_ratio"],
         timing_profile=values["timing_profile"],
-        model=MODEL_PRESETS[values["model_shape"]],
+        model=model_shape_from(values["model_shape"]),
         preemption_victim=values["preemption_victim"],
         eviction_policy=values["eviction_policy"],
         eos_probability=values["eos_probability"],
@@ -267,6 +315,13 @@ def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
         **_offload(values),
         **extra,
     )
+    if config.block_size != values["block_size"]:
+        logger.info(
+            "Setting attention block size to %d tokens to ensure that attention page size is "
+            ">= mamba page size (the model's Mamba state is %d bytes per layer).",
+            config.block_size,
+            config.model.mamba_state_bytes,
+        )
     if config.is_hybrid:
         # vLLM sums every group's max_memory_usage: a request at max_model_len must fit.
         need = config.layout.max_blocks_per_request(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from mocker.replay.prompts import FILLER_TOKEN, PromptBuilder
 from mocker.replay.trace import TraceRequest
 
@@ -49,9 +47,20 @@ def test_deterministic_per_seed() -> None:
     assert not set(a) & set(b) and a_tokens[144:] != b_tokens[144:]
 
 
-def test_trace_blocks_must_hold_whole_engine_blocks() -> None:
-    with pytest.raises(ValueError, match="multiple of the engine's block size"):
-        PromptBuilder(BS, 40, 1000, 0)
+def test_engine_blocks_straddling_trace_blocks_share_by_the_ids_they_cover() -> None:
+    # A Mamba hybrid's engine block (here 24 tokens) does not divide a 64-token trace block:
+    # block j is shared exactly when the ids of every trace block it touches are.
+    b = PromptBuilder(24, TBS, 1000, seed=1)
+    tokens, x = b.prompt(req(200, 1, 2, 3, 4))
+    _, y = b.prompt(req(200, 1, 2, 9, 4))
+    assert len(x) == len(y) == 200 // 24 and len(set(x)) == len(x)
+    # Blocks 0..4 end at positions 23, 47, 71, 95, 119 (ids 1, 1, 2, 2, 2): shared; block 5
+    # ends at 143, in the third trace block, where the ids differ: nothing after is shared.
+    assert x[:5] == y[:5]
+    assert not set(x[5:]) & set(y[5:])
+    assert len(tokens) == 200 and tokens[: 8 * 24] == [FILLER_TOKEN] * (8 * 24)
+    # The tail (positions 192..199, in the fourth trace block) is the same for equal ids.
+    assert tokens[192:] == b.prompt(req(200, 7, 8, 9, 4))[0][192:]
 
 
 def test_a_two_token_vocabulary_still_gives_tokens() -> None:

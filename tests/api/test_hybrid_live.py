@@ -1,0 +1,75 @@
+"""Hybrid models through `mocker serve --model-shape`: the `openai` client, usage, /metrics."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.servers import serve
+
+
+def scrape(url: str) -> dict[str, float]:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def info_labels(url: str) -> dict[str, str]:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    (family,) = (f for f in text_string_to_metric_families(text)
+                 if f.name == "vllm:cache_config_info")  # fmt: skip
+    return dict(family.samples[0].labels)
+
+
+def cached_tokens(client: openai.OpenAI, prompt: list[int]) -> int:
+    c = client.completions.create(
+        model="mocker", prompt=prompt, max_tokens=2, extra_body={"ignore_eos": True}
+    )
+    assert c.usage is not None and c.usage.prompt_tokens_details is not None
+    assert c.usage.prompt_tokens == len(prompt) and c.usage.completion_tokens == 2
+    return c.usage.prompt_tokens_details.cached_tokens or 0
+
+
+def test_qwen3_next_hits_only_where_a_mamba_state_was_saved() -> None:
+    # Block 544 (the attention block grown to hold a Gated DeltaNet state). A 2000-token
+    # prompt is computed in two passes, [0, 1632) and [1632, 2000): its Mamba states are
+    # saved at 1632 = 3 × 544 (the last boundary before the prompt's end) and no earlier.
+    with serve("--model-shape", "qwen3-next-80b-a3b", "--speedup-ratio", "100",
+               "--num-gpu-blocks-override", "2048") as (_, url):  # fmt: skip
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        a = list(range(1000, 3000))
+        assert cached_tokens(client, a) == 0
+        assert cached_tokens(client, a) == 1632  # full attention and every Mamba group
+        # Shares 1000 tokens with `a`: full attention holds its first block, but no Mamba
+        # state was saved at 544, so nothing hits (a dense model would hit 544).
+        b = a[:1000] + list(range(5000, 6000))
+        assert cached_tokens(client, b) == 0
+        assert cached_tokens(client, b) == 1632  # b's own states, saved at 1632
+        m = scrape(url)
+        assert m["vllm:prefix_cache_hits_total"] == 2 * 1632
+        assert m["vllm:prefix_cache_queries_total"] == 4 * 2000
+        assert m["vllm:prompt_tokens_cached_total"] == 2 * 1632
+        assert m["vllm:kv_cache_usage_perc"] == 0.0  # every request finished: all freed
+        labels = info_labels(url)
+        assert labels["block_size"] == "544"
+        assert labels["mamba_cache_mode"] == "align"
+        assert labels["kv_cache_groups"] == "0:mamba,1:mamba,2:mamba,3:full_attention"
+
+
+def test_gpt_oss_hits_through_the_window() -> None:
+    # Sliding window 128 over blocks of 16: a hit needs the 8 blocks before it cached in the
+    # sliding group, and the whole prefix in the full one.
+    with serve("--model-shape", "gpt-oss-20b", "--speedup-ratio", "100", "--max-model-len", "8192",
+               "--num-gpu-blocks-override", "2048") as (_, url):  # fmt: skip
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        a = list(range(1000, 2000))
+        assert cached_tokens(client, a) == 0
+        assert cached_tokens(client, a) == 999 // 16 * 16  # 62 blocks: 992
+        b = a[:500] + list(range(7000, 7500))
+        assert cached_tokens(client, b) == 500 // 16 * 16  # 31 blocks: 496
+        m = scrape(url)
+        assert m["vllm:prefix_cache_hits_total"] == 992 + 496
+        assert m["vllm:kv_cache_usage_perc"] == 0.0
+        labels = info_labels(url)
+        assert labels["block_size"] == "16"
+        assert labels["kv_cache_groups"] == "0:sliding_window:128,1:full_attention"
