@@ -42,8 +42,8 @@ class HybridKVCacheManager:
     every table of a request has the same length.
     """
 
-    __slots__ = ("_attention", "_full", "_others", "block_size", "enable_caching",
-                 "layout", "managers", "pool", "used")  # fmt: skip
+    __slots__ = ("_attention", "_full", "_others", "_releasing", "block_size",
+                 "enable_caching", "layout", "managers", "pool", "used")  # fmt: skip
 
     def __init__(self, pool: BlockPool, layout: KVLayout) -> None:
         self.pool = pool
@@ -59,6 +59,8 @@ class HybridKVCacheManager:
         # Blocks each group holds referenced (for the timing model and per-group usage).
         self.used = [0] * len(self.managers)
         self._attention = [g.is_attention for g in layout.groups]
+        # Groups that release blocks as a request advances (sliding windows, Mamba states).
+        self._releasing = [i for i, m in enumerate(self.managers) if m.releases]
 
     # -- read-only views ------------------------------------------------------------------------
 
@@ -126,13 +128,13 @@ class HybridKVCacheManager:
             request.blocks = cast(list[KVBlock], tables[0])
         return tables
 
-    def _release_skipped(self, request: Request, num_computed: int) -> None:
+    def _release_skipped(self, request: Request, tables: list[Table], num_computed: int) -> None:
         """Free the blocks no group needs any more (out of a window, superseded states);
         their hashes stay cached. Sets when to look again."""
-        tables = self._tables(request)
         pool, used = self.pool, self.used
         recheck = NEVER
-        for g, manager in enumerate(self.managers):
+        for g in self._releasing:
+            manager = self.managers[g]
             table = tables[g]
             skip = min(manager.num_skipped(num_computed), len(table))
             if skip:
@@ -157,45 +159,51 @@ class HybridKVCacheManager:
         computed_blocks: GroupHits | Sequence[KVBlock] = (),
     ) -> bool:
         """Room for `num_new_tokens` more tokens after the hit, in every group or none:
-        returns False, changing no table, when the pool is short."""
+        returns False, changing no table, when the pool is short.
+
+        Every table of a request has the same length (positions line up), so the blocks a
+        pass needs follow from one number: how many positions the tables grow by."""
         hits = computed_blocks if isinstance(computed_blocks, GroupHits) else _NO_HIT
-        bs = self.block_size
-        num_computed = request.num_computed_tokens + hits.num_blocks * bs
-        self._release_skipped(request, request.num_computed_tokens)
         tables = self._tables(request)
-        total = num_computed + num_new_tokens
+        computed = request.num_computed_tokens
+        if computed >= request.kv_recheck:
+            self._release_skipped(request, tables, computed)
+        num_hit = hits.num_blocks
+        bs = self.block_size
+        total = computed + num_hit * bs + num_new_tokens
+        grow = -(-total // bs) - len(tables[0]) - num_hit
+        if grow <= 0 and not num_hit:
+            return True
         pool = self.pool
-        needs: list[int] = []
-        revived = 0
-        for g, manager in enumerate(self.managers):
-            table = tables[g]
-            if hits.num_blocks:
-                hit_table = hits.tables[g]
-                revived += sum(1 for b in hit_table if b is not None and b.ref_cnt == 0)
-                needs.append(manager.num_new_blocks(table + hit_table, total))
-            else:
-                needs.append(manager.num_new_blocks(table, total))
-        if sum(needs) + revived > pool.num_reusable:
+        managers = self.managers
+        needs = [m.num_new_blocks(len(t), grow) for m, t in zip(managers, tables, strict=True)]
+        need = sum(needs)
+        if num_hit:
+            # Hits sitting on the free side stop being free when they are taken.
+            need += sum(1 for t in hits.tables for b in t if b is not None and b.ref_cnt == 0)
+        if need > pool.num_reusable:
             return False
         used = self.used
-        for g, manager in enumerate(self.managers):
-            table = tables[g]
-            if hits.num_blocks:
-                hit_table = hits.tables[g]
-                held = [b for b in hit_table if b is not None]
+        if num_hit:
+            for g, hit_table in enumerate(hits.tables):
                 before = pool.num_used
-                pool.touch(held)
+                pool.touch([b for b in hit_table if b is not None])
                 used[g] += pool.num_used - before
-                table.extend(hit_table)
+                tables[g].extend(hit_table)
+            request.num_cached_blocks = num_hit  # the hit is cached; the rest is not
+        new = pool.get_new_blocks(sum(needs)) if grow > 0 else []
+        at = 0
+        end = len(tables[0]) + max(grow, 0)
+        for g, manager in enumerate(managers):
             n = needs[g]
-            blocks = pool.get_new_blocks(n) if n else []
+            blocks = new[at : at + n]
+            at += n
             for block in blocks:
                 block.group = g
             used[g] += n
-            manager.extend(table, total, blocks)
-        if hits.num_blocks:
-            request.num_cached_blocks = hits.num_blocks  # the hit is cached; the rest is not
-            self._release_skipped(request, num_computed)
+            manager.extend(tables[g], end, blocks)
+        if num_hit or computed == 0:
+            self._release_skipped(request, tables, computed + num_hit * bs)
         return True
 
     def append_blocks(self, request: Request, num_blocks: int) -> None:

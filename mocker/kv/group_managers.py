@@ -25,6 +25,8 @@ class GroupManager:
 
     __slots__ = ("_cached", "block_size", "caching", "group", "pool")
 
+    releases = False  # whether blocks are released before the request ends
+
     def __init__(self, group: KVCacheGroup, pool: BlockPool, caching: bool) -> None:
         self.group = group.index
         self.pool = pool
@@ -56,11 +58,12 @@ class GroupManager:
         """The computed-token count at which `num_skipped` next grows."""
         return NEVER
 
-    def num_new_blocks(self, table: Table, num_tokens: int) -> int:
-        """Blocks to allocate so that the table covers `num_tokens` tokens."""
-        return max(0, -(-num_tokens // self.block_size) - len(table))
+    def num_new_blocks(self, table_len: int, grow: int) -> int:
+        """Blocks to allocate when a table of `table_len` positions grows by `grow`."""
+        return max(grow, 0)
 
-    def extend(self, table: Table, num_tokens: int, blocks: list[KVBlock]) -> None:
+    def extend(self, table: Table, end: int, blocks: list[KVBlock]) -> None:
+        """Grow the table to `end` positions with the blocks allocated for it."""
         table.extend(blocks)
 
     def cacheable(self, num_computed: int) -> int:
@@ -74,6 +77,8 @@ class SlidingWindowManager(GroupManager):
     they stay cached until evicted, as vLLM's)."""
 
     __slots__ = ("_need", "window")
+
+    releases = True
 
     def __init__(self, group: KVCacheGroup, pool: BlockPool, caching: bool) -> None:
         super().__init__(group, pool, caching)
@@ -121,6 +126,8 @@ class MambaManager(GroupManager):
 
     __slots__ = ()
 
+    releases = True
+
     def find_hit(self, hashes: Sequence[BlockHash], max_blocks: int) -> int:
         """Right to left: the first saved state found wins."""
         cached = self._cached
@@ -146,21 +153,19 @@ class MambaManager(GroupManager):
             return NEVER
         return (self.num_skipped(num_computed) + 1) * self.block_size + 1
 
-    def num_new_blocks(self, table: Table, num_tokens: int) -> int:
+    def num_new_blocks(self, table_len: int, grow: int) -> int:
         """One state per pass at most: a block for the position the pass ends in, if the
         table does not reach it yet (without caching, the first one only)."""
-        if not self.caching:
-            return 0 if any(b is not None for b in table) else 1
-        return 1 if -(-num_tokens // self.block_size) > len(table) else 0
+        if grow <= 0 or (not self.caching and table_len):
+            return 0
+        return 1
 
-    def extend(self, table: Table, num_tokens: int, blocks: list[KVBlock]) -> None:
-        """The positions before the state's are null (their states are never saved)."""
-        end = -(-num_tokens // self.block_size)
+    def extend(self, table: Table, end: int, blocks: list[KVBlock]) -> None:
+        """The positions before the state's are null (their states are never saved);
+        without caching the one state stays at position 0."""
         if not self.caching:
-            if blocks:
-                table.extend(blocks)
-            if len(table) < end:
-                table.extend([None] * (end - len(table)))
+            table.extend(blocks)
+            table.extend([None] * (end - len(table)))
             return
         if blocks:
             table.extend([None] * (end - 1 - len(table)))

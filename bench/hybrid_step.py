@@ -1,0 +1,113 @@
+"""Hybrid-model step cost: one step() with 256 running decodes, hybrid shapes vs dense ones.
+
+Run from the repo root with no arguments: `python bench/hybrid_step.py`. Pins itself to one
+core, prints progress lines and one JSON object as its last line.
+
+Each hybrid preset is measured against a dense shape of the same layer count, KV heads and
+head size (every layer full attention), on the same prompts, alternating dense / hybrid
+three times (these 2-core machines are shared and noisy: the ratio of the medians is the
+figure, not the absolute times). Prompts are staggered so that decode steps keep crossing
+block boundaries (the allocator, sliding-window releases and Mamba state moves all run).
+Target (issue 17): hybrid ≤ 1.5 × dense.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness import emit, log, pin
+
+from mocker.config import MODEL_PRESETS, EngineConfig, ModelShape
+from mocker.engine.core import EngineCore
+from mocker.request import EngineRequest, SamplingParams
+
+NUM_RUNNING = 256
+MEASURED_STEPS = 400
+ROUNDS = 3
+HYBRIDS = ("gpt-oss-20b", "gemma-3-12b", "qwen3-next-80b-a3b", "granite-4.0-h-micro")
+
+
+def dense_twin(shape: ModelShape) -> ModelShape:
+    """The same layers, KV heads and head size, every layer full attention."""
+    return replace(shape, layer_types=(), sliding_window=None, mamba_state_bytes=0)
+
+
+def step_median_ms(config: EngineConfig) -> tuple[float, float]:
+    """Median ms of a decode step with NUM_RUNNING running requests; blocks taken per step."""
+    core = EngineCore(config)
+    bs = config.block_size
+    for i in range(NUM_RUNNING):
+        # Prompt ends spread over a block: some request crosses a boundary every step.
+        n = 4 * bs + (i * bs) // NUM_RUNNING + 1
+        prompt = [(i * 1009 + j) % 100_000 + 2 for j in range(n)]
+        core.add_request(
+            EngineRequest(f"r{i}", prompt, SamplingParams(max_tokens=4000, ignore_eos=True))
+        )
+    now = 0.0
+    started: set[str] = set()
+    while len(started) < NUM_RUNNING:
+        result = core.step(now)
+        now = result.end
+        started.update(o.request_id for o in result.outputs)
+    for _ in range(20):  # warm up: settle the one-pass-later releases
+        now = core.step(now).end
+    costs: list[float] = []
+    used_before = core.pool.num_used
+    for _ in range(MEASURED_STEPS):
+        t0 = time.perf_counter_ns()
+        result = core.step(now)
+        costs.append((time.perf_counter_ns() - t0) / 1e6)
+        now = result.end
+        if result.stats.num_generated_tokens != NUM_RUNNING:
+            raise SystemExit(f"a measured step produced {result.stats.num_generated_tokens}")
+    grown = (core.pool.num_used - used_before) / MEASURED_STEPS
+    return statistics.median(costs), grown
+
+
+def main() -> None:
+    cpu = max(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    if cpu is not None:
+        pin(cpu)
+    log(f"pinned to cpu {cpu}")
+    results: dict[str, dict[str, object]] = {}
+    for name in HYBRIDS:
+        shape = MODEL_PRESETS[name]
+        common = {"num_gpu_blocks": 200_000, "max_model_len": 65536}
+        hybrid = EngineConfig(model=shape, **common)
+        # The twin's block: the hybrid's, or (a Mamba hybrid's 544 is no power of two) the
+        # largest power of two below it.
+        twin_bs = 1 << (hybrid.block_size.bit_length() - 1)
+        dense = EngineConfig(model=dense_twin(shape), block_size=twin_bs, **common)
+        dense_ms: list[float] = []
+        hybrid_ms: list[float] = []
+        for r in range(ROUNDS):
+            d, _ = step_median_ms(dense)
+            h, grown = step_median_ms(hybrid)
+            dense_ms.append(d)
+            hybrid_ms.append(h)
+            log(f"{name} round {r + 1}: dense {d:.3f} ms, hybrid {h:.3f} ms ({h / d:.2f}x)")
+        ratio = statistics.median(hybrid_ms) / statistics.median(dense_ms)
+        results[name] = {
+            "groups": len(hybrid.layout.groups),
+            "block_size": hybrid.block_size,
+            "dense_block_size": twin_bs,
+            "dense_step_ms_median": round(statistics.median(dense_ms), 4),
+            "hybrid_step_ms_median": round(statistics.median(hybrid_ms), 4),
+            "dense_step_ms_runs": [round(x, 4) for x in dense_ms],
+            "hybrid_step_ms_runs": [round(x, 4) for x in hybrid_ms],
+            "hybrid_vs_dense": round(ratio, 3),
+            "target_met": ratio <= 1.5,
+        }
+    emit({"cpu": cpu, "num_running": NUM_RUNNING, "shapes": results,
+          "targets_met": all(r["target_met"] for r in results.values())})  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
