@@ -39,8 +39,8 @@ def dense_twin(shape: ModelShape) -> ModelShape:
     return replace(shape, layer_types=(), sliding_window=None, mamba_state_bytes=0)
 
 
-def step_median_ms(config: EngineConfig) -> tuple[float, float]:
-    """Median ms of a decode step with NUM_RUNNING running requests; blocks taken per step."""
+def step_median_ms(config: EngineConfig) -> float:
+    """Median ms of a decode step with NUM_RUNNING running requests."""
     core = EngineCore(config)
     bs = config.block_size
     for i in range(NUM_RUNNING):
@@ -59,7 +59,6 @@ def step_median_ms(config: EngineConfig) -> tuple[float, float]:
     for _ in range(20):  # warm up: settle the one-pass-later releases
         now = core.step(now).end
     costs: list[float] = []
-    used_before = core.pool.num_used
     for _ in range(MEASURED_STEPS):
         t0 = time.perf_counter_ns()
         result = core.step(now)
@@ -67,8 +66,7 @@ def step_median_ms(config: EngineConfig) -> tuple[float, float]:
         now = result.end
         if result.stats.num_generated_tokens != NUM_RUNNING:
             raise SystemExit(f"a measured step produced {result.stats.num_generated_tokens}")
-    grown = (core.pool.num_used - used_before) / MEASURED_STEPS
-    return statistics.median(costs), grown
+    return statistics.median(costs)
 
 
 def main() -> None:
@@ -88,8 +86,8 @@ def main() -> None:
         dense_ms: list[float] = []
         hybrid_ms: list[float] = []
         for r in range(ROUNDS):
-            d, _ = step_median_ms(dense)
-            h, grown = step_median_ms(hybrid)
+            d = step_median_ms(dense)
+            h = step_median_ms(hybrid)
             dense_ms.append(d)
             hybrid_ms.append(h)
             log(f"{name} round {r + 1}: dense {d:.3f} ms, hybrid {h:.3f} ms ({h / d:.2f}x)")
