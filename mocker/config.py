@@ -104,14 +104,12 @@ class ModelShape:
         _int_in("head_dim", self.head_dim, 1, 4096)
         if self.dtype_bytes not in (1, 2, 4):
             _fail("dtype_bytes", self.dtype_bytes, "must be 1 (fp8), 2 (fp16/bf16) or 4 (fp32)")
-        if not self.layer_types:
-            return
         object.__setattr__(self, "layer_types", tuple(self.layer_types))
-        if len(self.layer_types) != self.num_layers:
+        if self.layer_types and len(self.layer_types) != self.num_layers:
             _fail("layer_types", list(self.layer_types),
                   f"must list one type per layer (num_layers={self.num_layers})")  # fmt: skip
         try:
-            kinds = {layer_kind(t) for t in self.layer_types}
+            kinds = {layer_kind(t) for t in self.layer_types} or {SpecKind.FULL}
         except ValueError as exc:
             raise ConfigError(f"invalid layer_types: {exc}") from None
         if SpecKind.SLIDING in kinds:
@@ -360,8 +358,13 @@ class EngineConfig:
     pull_latency_ms: float = 0.5
     pull_timeout: float = 30.0
     hold_timeout: float = 30.0
-    # The KV cache groups and the block size they use, derived from the model (not set).
+    # Hybrid offload (vLLM PR #38261): the unit a tier stores, in tokens, holding every
+    # group's data for that chunk (None: one block).
+    hybrid_chunk_size: int | None = None
+    # The KV cache groups and the block size they use, derived from the model (not set),
+    # and the block size given (before a Mamba hybrid's alignment).
     layout: KVLayout = field(init=False, repr=False, compare=False)
+    requested_block_size: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         bs = self.block_size
@@ -370,10 +373,15 @@ class EngineConfig:
             _fail("model", self.model, "must be a ModelShape")
         layout = kv_layout(self.model, bs)
         # A hybrid model with Mamba layers enlarges the block (vLLM's "Setting attention
-        # block size to N tokens ..."): the given size is then replaced by the aligned one.
-        # (A Mamba hybrid's aligned size, given again by with_changes, stands.)
-        if (bs & (bs - 1) or bs > 1024) and not (layout.has_mamba and bs == layout.block_size):
+        # block size to N tokens ..."): the given size is then replaced by the aligned one,
+        # and the given one kept (`with_changes` starts from it again). An aligned size
+        # given as such stands.
+        if (bs & (bs - 1) or bs > 1024) and not (
+            layout.has_mamba
+            and any(kv_layout(self.model, 1 << k).block_size == bs for k in range(11))
+        ):
             _fail("block_size", bs, "must be a power of two in [1, 1024]")
+        object.__setattr__(self, "requested_block_size", bs)
         object.__setattr__(self, "block_size", layout.block_size)
         object.__setattr__(self, "layout", layout)
         _int_in("num_gpu_blocks", self.num_gpu_blocks, 1, 1 << 26)
@@ -434,12 +442,14 @@ class EngineConfig:
         if isinstance(ep, bool) or not isinstance(ep, int | float) or not (0.0 <= ep <= 1.0):
             _fail("eos_probability", ep, "must be in [0, 1]")
         # Combinations, checked as vLLM does at start-up.
-        if layout.is_hybrid and (self.num_cpu_blocks or self.kv_role is not KVRole.NONE):
+        if layout.is_hybrid and self.kv_role is not KVRole.NONE:
             raise ConfigError(
-                "a hybrid model shape (KV cache groups of several kinds) with "
-                + ("CPU offloading" if self.num_cpu_blocks else "P/D (NixlConnector)")
-                + " is not supported yet: use a dense --model-shape, or drop the connector"
+                "a hybrid model shape (KV cache groups of several kinds) with P/D "
+                "(NixlConnector) is not supported yet: use a dense --model-shape, or drop the "
+                "connector"
             )
+        if layout.is_hybrid and self.num_cpu_blocks:
+            self._check_hybrid_offload(layout)
         if self.num_cpu_blocks and not self.enable_prefix_caching:
             raise ConfigError(
                 f"a CPU tier (num_cpu_blocks={self.num_cpu_blocks}) needs prefix caching: "
@@ -470,6 +480,53 @@ class EngineConfig:
                 "max_model_len, or enable chunked prefill"
             )
 
+    def _check_hybrid_offload(self, layout: KVLayout) -> None:
+        if self.offload_policy is not OffloadPolicy.WRITE_THROUGH:
+            raise ConfigError(
+                "a hybrid model's KV is offloaded as vLLM's OffloadingConnector does it "
+                "(write-through, whole chunks of every group): use --offload-policy "
+                "write-through or an OffloadingConnector --kv-transfer-config"
+            )
+        bs = layout.block_size
+        chunk = self.hybrid_chunk_size if self.hybrid_chunk_size is not None else bs
+        _int_in("hybrid_chunk_size", chunk, 1, 1 << 24)
+        if chunk % bs:
+            _fail("hybrid_chunk_size", chunk, f"must be a multiple of the block size ({bs})")
+        if chunk >= self.max_model_len:
+            # A chunk is stored once a prompt has computed all of it, and a prompt's last
+            # token is never cached: no prompt within max_model_len could fill one.
+            best = (self.max_model_len - 1) // bs * bs
+            hint = f"use hybrid_chunk_size {best}" if best else f"raise max_model_len above {bs}"
+            raise ConfigError(
+                f"hybrid_chunk_size ({chunk}) leaves no chunk that can ever be stored with "
+                f"max_model_len {self.max_model_len} (the first chunk needs {chunk + 1} "
+                f"tokens): {hint}"
+            )
+        need = self.unit_bytes // self.block_bytes
+        if self.num_cpu_blocks < need:
+            raise ConfigError(
+                f"the CPU tier ({self.num_cpu_blocks} blocks) holds no chunk: one needs {need} "
+                f"blocks' worth (every KV cache group's share of {chunk} tokens): raise it"
+            )
+
+    @property
+    def unit_blocks(self) -> int:
+        """Device blocks per position a tier stores as one unit (1 for a dense model)."""
+        if not self.layout.is_hybrid or self.hybrid_chunk_size is None:
+            return 1
+        return self.hybrid_chunk_size // self.block_size
+
+    @property
+    def unit_bytes(self) -> int:
+        """Bytes of one tier unit: a block, or a hybrid chunk (every attention group's
+        blocks of the chunk and every Mamba group's state at its end)."""
+        layout = self.layout
+        if not layout.is_hybrid:
+            return self.block_bytes
+        n_attn = sum(1 for g in layout.groups if g.is_attention)
+        n_mamba = len(layout.groups) - n_attn
+        return (self.unit_blocks * n_attn + n_mamba) * self.block_bytes
+
     def _coerce_enum(self, name: str, enum: type[StrEnum]) -> None:
         value = getattr(self, name)
         try:
@@ -497,4 +554,5 @@ class EngineConfig:
         unknown = sorted(set(changes) - known)
         if unknown:
             raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
+        changes.setdefault("block_size", self.requested_block_size)
         return replace(self, **changes)

@@ -5,13 +5,14 @@ plugged in instead of built."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mocker.config import EngineConfig, OffloadPolicy, StorageKind
 from mocker.kv.block_pool import BlockPool
 from mocker.kv.coordinator import HybridKVCacheManager
 from mocker.kv.manager import KVCacheManager, KVManager
 from mocker.tiers.connector import TierConnector
+from mocker.tiers.hybrid_store import HybridWriteThrough
 from mocker.tiers.lru import LruTier
 from mocker.tiers.storage import StorageTier
 
@@ -37,12 +38,30 @@ def build_shared_tiers(config: EngineConfig) -> dict[str, StorageTier]:
     }
 
 
+def _blocks_per_unit(config: EngineConfig) -> int:
+    """Device blocks' worth of bytes in one tier unit (1, or a hybrid chunk's)."""
+    return config.unit_bytes // config.block_bytes
+
+
 def _storage_tier(config: EngineConfig, name: str) -> StorageTier:
     spec = next(t for t in config.storage_tiers if t.name == name)
+    per_unit = _blocks_per_unit(config)
+    if per_unit > 1:  # capacities are given in device blocks' bytes: count chunks
+        spec = replace(spec, capacity_blocks=max(spec.capacity_blocks // per_unit, 1))
     return StorageTier(
-        spec, config.block_size, config.block_bytes, speedup=config.speedup_ratio,
-        record_events=config.enable_kv_cache_events, seed=config.seed,
+        spec, config.block_size * config.unit_blocks, config.unit_bytes,
+        speedup=config.speedup_ratio, record_events=config.enable_kv_cache_events,
+        seed=config.seed,
     )  # fmt: skip
+
+
+def _storage(config: EngineConfig, shared: Mapping[str, StorageTier] | None) -> list[StorageTier]:
+    """The engine's secondary tiers: the shared ones given, the others its own."""
+    shared = shared or {}
+    return [
+        shared[spec.name] if spec.name in shared else _storage_tier(config, spec.name)
+        for spec in config.storage_tiers
+    ]
 
 
 def build_kv_stack(
@@ -68,12 +87,24 @@ def build_kv_stack(
         keep_tokens=cpu is not None and cpu.record_events,
         groups=config.layout.groups,
     )
-    if config.is_hybrid:  # tiers and P/D are refused for these (EngineConfig)
-        return KVStack(pool, HybridKVCacheManager(pool, config.layout))
     if cpu is None and config.has_cpu_tier:
         cpu = LruTier(
-            config.num_cpu_blocks, config.block_size, record_events=config.enable_kv_cache_events
+            config.num_cpu_blocks // _blocks_per_unit(config),
+            config.block_size * config.unit_blocks,
+            record_events=config.enable_kv_cache_events,
         )
+    if config.is_hybrid:
+        hybrid = HybridKVCacheManager(pool, config.layout)
+        if cpu is None:
+            return KVStack(pool, hybrid)
+        connector = TierConnector(
+            config, pool, cpu, prefill_ms, storage=_storage(config, shared), engine_id=engine_id
+        )
+        # Whole chunks of every group, stored write-through (EngineConfig refuses write-back).
+        connector.policy = HybridWriteThrough(
+            connector, hybrid, prompt_only=config.offload_prompt_only
+        )
+        return KVStack(pool, hybrid, cpu, connector)
     if cpu is None:
         return KVStack(pool, KVCacheManager(pool))
     write_back = config.offload_policy is OffloadPolicy.EVICT
@@ -84,14 +115,9 @@ def build_kv_stack(
     if write_back:
         pass_blocks = -(-config.max_num_batched_tokens // config.block_size)
         evict_ahead = min(pass_blocks, config.num_gpu_blocks // 8)
-    shared = shared or {}
-    storage = [
-        shared[spec.name] if spec.name in shared else _storage_tier(config, spec.name)
-        for spec in config.storage_tiers
-    ]
     connector = TierConnector(
         config, pool, cpu, prefill_ms, write_back=write_back, evict_ahead=evict_ahead,
-        storage=storage, engine_id=engine_id,
+        storage=_storage(config, shared), engine_id=engine_id,
     )  # fmt: skip
     kv = KVCacheManager(pool, make_room=connector.policy.make_room)
     return KVStack(pool, kv, cpu, connector)

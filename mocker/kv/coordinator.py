@@ -228,24 +228,41 @@ class HybridKVCacheManager:
                 self.used[g] -= before - pool.num_used  # an adopted duplicate freed its own
         request.num_cached_blocks = num_full
 
+    def free_tables(self, tables: list[Table]) -> None:
+        """Release the blocks of a request's tables, each tail first (the request may be
+        gone: a write-through policy frees a finished one's once its copies end)."""
+        pool, used = self.pool, self.used
+        for g, table in enumerate(tables):
+            held = [b for b in reversed(table) if b is not None]
+            if held:
+                before = pool.num_used
+                pool.free_blocks(held)
+                used[g] -= before - pool.num_used
+
+    def release_blocks(self, blocks: list[KVBlock]) -> None:
+        """Drop one reference from each block, in this order (a copy's pin ends)."""
+        pool, used = self.pool, self.used
+        for block in blocks:
+            before = pool.num_used
+            pool.free_blocks((block,))
+            if pool.num_used != before:
+                used[block.group] -= 1
+
     def free(self, request: Request) -> None:
         """Release every group's blocks, each table tail first."""
         tables = request.group_blocks
         if tables is not None:
-            pool, used = self.pool, self.used
-            for g, table in enumerate(tables):
-                held = [b for b in reversed(table) if b is not None]
-                if held:
-                    before = pool.num_used
-                    pool.free_blocks(held)
-                    used[g] -= before - pool.num_used
+            self.free_tables(tables)
             request.group_blocks = None
         request.blocks = []
         request.num_cached_blocks = 0
         request.kv_recheck = NEVER
 
     def finish_load(self, request: Request) -> None:
-        raise NotImplementedError("tier loads are not modelled for hybrid models yet")
+        """Chunks loaded from a tier landed in the request's reserved blocks, in every group
+        (each Mamba group's one state, at the load's end): computed, and cached."""
+        request.num_computed_tokens = len(self._tables(request)[0]) * self.block_size
+        self.cache_blocks(request)
 
     def finish_pull(self, request: Request) -> None:
         raise NotImplementedError("P/D pulls are not modelled for hybrid models yet")

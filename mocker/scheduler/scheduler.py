@@ -56,12 +56,14 @@ class Scheduler:
     __slots__ = (
         "_block_size",
         "_carry",
+        "_chunk",
         "_chunked",
         "_external",
         "_mamba_split",
         "_max_loras",
         "_max_seqs",
         "_token_budget",
+        "_unit",
         "_victim",
         "connector",
         "kv",
@@ -100,6 +102,15 @@ class Scheduler:
         # Mamba layers saving states for prefix caching (vLLM's mamba_cache_mode "align"):
         # prefill chunks end on block boundaries, where states are saved.
         self._mamba_split = config.layout.has_mamba and config.enable_prefix_caching
+        # Device blocks per tier unit (a hybrid model's offload chunk), and (hybrid offload
+        # with Mamba groups) the chunk in tokens: prefill chunks stop at each chunk's end
+        # too, so that a state is saved there and the chunk can be stored.
+        self._unit = config.unit_blocks
+        self._chunk = (
+            config.block_size * config.unit_blocks
+            if self._mamba_split and config.has_cpu_tier
+            else 0
+        )
         # A KV connector answers lookups (tiers, or P/D: a prefill engine's answers 0): its
         # queries and hits are counted (vLLM's external_prefix_cache_*).
         self._external = connector is not None or config.kv_role is not KVRole.NONE
@@ -302,7 +313,9 @@ class Scheduler:
             if aligned > start or bs <= self._token_budget:
                 end = aligned
         last_cache = (request.num_tokens - 1) // bs * bs
-        for stop in ((start // bs + 1) * bs if start % bs else 0, last_cache):
+        chunk = self._chunk
+        next_chunk = (start // chunk + 1) * chunk if chunk else 0
+        for stop in ((start // bs + 1) * bs if start % bs else 0, last_cache, next_chunk):
             if start < stop < end:
                 end = stop
         return max(end - start, 0)
@@ -405,6 +418,7 @@ class Scheduler:
         waiting = self.waiting
         kv, connector = self.kv, self.connector
         bs = kv.block_size
+        unit = self._unit
         skipped: list[tuple[Request, int]] = []
         loras = self._batch_loras()
         while budget > 0 and len(self.running) < self._max_seqs and waiting:
@@ -430,9 +444,11 @@ class Scheduler:
                 self.loading.add(request)
                 out.pulls.append((request, len(request.blocks) - len(hits)))
                 continue
-            num_loaded = 0
-            if connector is not None:
-                matched = connector.num_matched_blocks(request, len(hits))
+            num_loaded = 0  # tier units (blocks; a hybrid model's chunks of `unit` blocks)
+            # A tier continues a device hit that ends on a unit's boundary (a hybrid model's
+            # other hits are recomputed past it).
+            if connector is not None and not len(hits) % unit:
+                matched = connector.num_matched_blocks(request, len(hits) // unit)
                 if matched is None:
                     # Retry later (its KV is being promoted to the CPU tier): it keeps its
                     # place, and the requests behind it go on (vLLM skips it this pass).
@@ -442,13 +458,14 @@ class Scheduler:
             if num_loaded:
                 # Reserve device slots for the tier's blocks and park the request until its
                 # KV has loaded; it needs no budget until then.
-                if not kv.allocate_slots(request, num_loaded * bs, hits):
+                loaded_tokens = num_loaded * unit * bs
+                if not kv.allocate_slots(request, loaded_tokens, hits):
                     break
                 waiting.pop()
                 request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
-                request.load_hits = (num_hit, num_loaded * bs)
+                request.load_hits = (num_hit, loaded_tokens)
                 self.loading.add(request)
-                out.loads.append((request, len(hits), num_loaded))
+                out.loads.append((request, len(hits) // unit, num_loaded))
                 continue
             num_new = request.num_tokens - num_hit
             if num_new > budget:

@@ -19,6 +19,7 @@ from mocker.config import (
     OffloadPolicy,
 )
 from mocker.kv.hashing import HashAlgo
+from mocker.kv.spec import kv_layout
 from mocker.settings.kv_transfer import parse_kv_transfer_config
 from mocker.settings.option import Option
 
@@ -265,9 +266,24 @@ def _num_host_blocks(values: Mapping[str, Any]) -> int:
 def _offload(values: Mapping[str, Any]) -> dict[str, Any]:
     """Tier settings: from an OffloadingConnector --kv-transfer-config, or the flags."""
     shape = model_shape_from(values["model_shape"])
+    # The engine's block (a Mamba hybrid's is enlarged) and its bytes: a tier's capacity is
+    # counted in those.
+    layout = kv_layout(shape, values["block_size"])
     offload = parse_kv_transfer_config(
-        values["kv_transfer_config"], values["block_size"], shape.kv_bytes_per_token
+        values["kv_transfer_config"], layout.block_size, layout.block_bytes // layout.block_size
     )
+    chunk = offload.get("hybrid_chunk_size")
+    if chunk is not None and layout.is_hybrid and chunk % layout.block_size:
+        # vLLM's planner warns when a group's block size does not divide the chunk.
+        rounded = max(chunk // layout.block_size, 1) * layout.block_size
+        logger.warning(
+            "hybrid_chunk_size %d is not a multiple of the KV cache groups' block size %d: "
+            "using %d",
+            chunk,
+            layout.block_size,
+            rounded,
+        )
+        offload["hybrid_chunk_size"] = rounded
     if "num_cpu_blocks" not in offload:  # no OffloadingConnector (none, or P/D alone)
         return {"num_cpu_blocks": _num_host_blocks(values),
                 "offload_policy": values["offload_policy"],

@@ -23,7 +23,8 @@ _NIXL_IGNORED = {"backends", "enforce_handshake_compat", "num_threads", "decoder
 _SPECS = ("CPUOffloadingSpec", "TieringOffloadingSpec")
 # vLLM's extra-config keys this mock reads, and those it accepts without a use for them.
 _EXTRA_KEYS = {"spec_name", "cpu_bytes_to_use", "block_size", "eviction_policy",
-               "offload_prompt_only", "secondary_tiers", "store_threshold"}  # fmt: skip
+               "offload_prompt_only", "secondary_tiers", "store_threshold",
+               "hybrid_chunk_size"}  # fmt: skip
 _EXTRA_IGNORED = {"spec_module_path", "num_cpu_blocks"}
 # Per secondary tier: the mock's keys, and vLLM's own keys that mean nothing here.
 _TIER_KEYS = {"type", "capacity_bytes", "read_gbps", "write_gbps", "latency_ms", "failure_rate"}
@@ -125,13 +126,19 @@ def parse_kv_transfer_config(
         raise _fail("secondary_tiers", tiers_raw,
                     "needs spec_name TieringOffloadingSpec, as vLLM")  # fmt: skip
     tiers = tuple(_tier(i, t, gpu_block_bytes) for i, t in enumerate(tiers_raw))
-    return OffloadSettings(
+    settings = OffloadSettings(
         num_cpu_blocks=cpu_blocks,
         offload_policy="write-through",
         offload_prompt_only=prompt_only,
         storage_tiers=tiers,
         min_load_blocks=block_size // gpu_block_size,
     )
+    if "hybrid_chunk_size" in extra:  # vLLM PR #38261's planner unit, in tokens
+        chunk = extra["hybrid_chunk_size"]
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise _fail("hybrid_chunk_size", chunk, "must be a positive number of tokens")
+        settings["hybrid_chunk_size"] = chunk
+    return settings
 
 
 def _multi(

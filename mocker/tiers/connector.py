@@ -30,6 +30,7 @@ from mocker.kv.events import KVEvent
 from mocker.kv.hashing import BlockHash
 from mocker.request import Request
 from mocker.tiers.channel import Channel, Done
+from mocker.tiers.hybrid_store import chunk_keys
 from mocker.tiers.link import Link, TransferId
 from mocker.tiers.lru import LruTier
 from mocker.tiers.storage import StorageTier
@@ -107,9 +108,12 @@ class TierConnector:
             if write_back
             else WriteThrough(self, prompt_only=config.offload_prompt_only)
         )
-        self.block_bytes = config.block_bytes
+        # A tier's unit: a device block, or (hybrid models) a chunk of `unit` blocks of every
+        # KV cache group (mocker.tiers.hybrid_store); sizes and lookups count in units.
+        self.unit = config.unit_blocks
+        self.block_bytes = config.unit_bytes
         self.batch_size = config.offload_batch_size
-        self.block_size = config.block_size
+        self.block_size = config.block_size * self.unit
         self._prefill_ms = prefill_ms
         speedup = config.speedup_ratio
         latency_s = config.transfer_latency_ms / 1000.0
@@ -171,7 +175,7 @@ class TierConnector:
         if request.skip_tier_load:
             request.promoted = None
             return 0
-        hashes = request.block_hashes
+        hashes = chunk_keys(request.block_hashes, self.unit)
         stop = min((request.num_tokens - 1) // self.block_size, len(hashes))
         n = self.cpu.lookup(hashes, num_device_blocks, stop)
         pos = num_device_blocks + n
@@ -507,7 +511,7 @@ class TierConnector:
     def start_load(self, now: float, request: Request, start: int, num_blocks: int) -> None:
         """Copy blocks [start, start + num_blocks) of the request from the CPU tier into the
         device slots the scheduler reserved for them."""
-        hashes = request.block_hashes[start : start + num_blocks]
+        hashes = chunk_keys(request.block_hashes, self.unit)[start : start + num_blocks]
         self.cpu.prepare_load(hashes)
         promoted, request.promoted = request.promoted, None
         if request.num_cached_tokens < 0:  # its hits are counted once, at its first admission

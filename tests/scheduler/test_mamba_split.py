@@ -1,0 +1,107 @@
+"""Mamba-aligned prefill chunks: passes end on block boundaries where states are saved."""
+
+from typing import Any
+
+import pytest
+
+from mocker.config import MODEL_PRESETS, EngineConfig
+from mocker.engine.core import EngineCore
+from mocker.request import EngineRequest, SamplingParams
+
+QWEN3_NEXT = MODEL_PRESETS["qwen3-next-80b-a3b"]  # block 544
+
+
+def _core(model: str = "qwen3-next-80b-a3b", **kw: Any) -> EngineCore:
+    base: dict[str, Any] = {"model": MODEL_PRESETS[model], "num_gpu_blocks": 256,
+                            "max_num_seqs": 8, "max_model_len": 16384}  # fmt: skip
+    base.update(kw)
+    return EngineCore(EngineConfig(**base))
+
+
+def _computed_per_pass(core: EngineCore, num_tokens: int, rid: str = "a") -> list[int]:
+    """Add one request of `num_tokens` prompt tokens; its computed tokens after each pass
+    until its prompt is done."""
+    core.add_request(EngineRequest(rid, list(range(num_tokens)), SamplingParams(max_tokens=2)))
+    r = core.requests[rid]
+    now, seen = 0.0, []
+    while r.num_computed_tokens < num_tokens:
+        now = core.step(now).end
+        seen.append(r.num_computed_tokens)
+    return seen
+
+
+def test_the_preset_runs_on_544_token_blocks() -> None:
+    assert _core().config.block_size == 544
+
+
+def test_a_prompt_stops_at_the_last_boundary_before_its_end() -> None:
+    # (1000 − 1) // 544 × 544 = 544: the state a later prompt with this prefix can hit.
+    assert _computed_per_pass(_core(), 1000) == [544, 1000]
+
+
+def test_a_long_prompt_stops_at_its_last_boundary() -> None:
+    # (5000 − 1) // 544 = 9 blocks: 9 × 544 = 4896, then the rest.
+    assert _computed_per_pass(_core(), 5000) == [4896, 5000]
+
+
+def test_a_prompt_of_whole_blocks_stops_one_block_early() -> None:
+    # 1088 = 2 × 544: (1088 − 1) // 544 × 544 = 544, the last token is computed after.
+    assert _computed_per_pass(_core(), 1088) == [544, 1088]
+
+
+def test_a_short_prompt_is_one_pass() -> None:
+    assert _computed_per_pass(_core(), 500) == [500]  # no boundary inside it
+
+
+def test_a_budget_short_of_the_prompt_ends_chunks_on_boundaries() -> None:
+    # 1500 a pass: 1500 // 544 × 544 = 1088 each, until 4352 + 1500 passes the end: then
+    # the last boundary 4896, then 5000.
+    core = _core(max_num_batched_tokens=1500)
+    assert _computed_per_pass(core, 5000) == [1088, 2176, 3264, 4352, 4896, 5000]
+
+
+def test_a_budget_under_one_block_stops_at_the_next_boundary() -> None:
+    # 512 < 544: the first chunk cannot end on a boundary, so it takes the budget; the next
+    # starts mid-block and stops at the boundary 544; then the rest.
+    core = _core(max_num_batched_tokens=512)
+    assert _computed_per_pass(core, 1000) == [512, 544, 1000]
+
+
+def test_the_split_follows_the_block_size_given() -> None:
+    core = _core(block_size=1024)  # kept: larger than the aligned 544
+    assert core.config.block_size == 1024
+    assert _computed_per_pass(core, 3000) == [2048, 3000]  # (3000 − 1) // 1024 × 1024
+
+
+@pytest.mark.parametrize("model", ["llama-3-8b", "gpt-oss-20b"])
+def test_no_split_without_mamba_layers(model: str) -> None:
+    assert _computed_per_pass(_core(model), 1000) == [1000]
+
+
+def test_no_split_without_prefix_caching() -> None:
+    # No state is saved (vLLM's mamba_cache_mode "none"): nothing to align to.
+    assert _computed_per_pass(_core(enable_prefix_caching=False), 1000) == [1000]
+
+
+def test_a_second_prompt_hits_the_saved_state() -> None:
+    core = _core()
+    _computed_per_pass(core, 1000)
+    now = 0.0
+    while core.has_unfinished_requests():
+        now = core.step(now).end
+    # The same 1000 tokens: at most (1000 − 1) // 544 = 1 block, and a state is saved there.
+    assert _computed_per_pass(core, 1000, "b") == [1000]
+    assert core.requests["b"].num_cached_tokens == 544
+
+
+def test_two_prompts_share_the_budget_on_boundaries() -> None:
+    core = _core(max_num_batched_tokens=1500)
+    for rid, start in (("a", 0), ("b", 7)):
+        prompt = list(range(start, start + 1000))
+        core.add_request(EngineRequest(rid, prompt, SamplingParams(max_tokens=2)))
+    a, b = core.requests["a"], core.requests["b"]
+    now = core.step(0.0).end
+    # a: [0, 544); b: min(1000, 1500 − 544 = 956) → down to the boundary 544.
+    assert (a.num_computed_tokens, b.num_computed_tokens) == (544, 544)
+    core.step(now)
+    assert (a.num_computed_tokens, b.num_computed_tokens) == (1000, 1000)
