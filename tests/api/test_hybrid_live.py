@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.kv_consumer import Subscriber, replay
 from tests.support.servers import serve
 
 
@@ -56,11 +60,21 @@ def test_qwen3_next_hits_only_where_a_mamba_state_was_saved() -> None:
         assert labels["kv_cache_groups"] == "0:mamba,1:mamba,2:mamba,3:full_attention"
 
 
-def test_gpt_oss_hits_through_the_window() -> None:
+def test_gpt_oss_hits_through_the_window(tmp_path: Path) -> None:
     # Sliding window 128 over blocks of 16: a hit needs the 8 blocks before it cached in the
     # sliding group, and the whole prefix in the full one.
-    with serve("--model-shape", "gpt-oss-20b", "--speedup-ratio", "100", "--max-model-len", "8192",
-               "--num-gpu-blocks-override", "2048") as (_, url):  # fmt: skip
+    events = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                         "endpoint": f"ipc://{tmp_path}/events",
+                         "replay_endpoint": "tcp://127.0.0.1:*"})  # fmt: skip
+    with serve("--model-shape", "gpt-oss-20b", "--speedup-ratio", "100", "--max-model-len",
+               "8192", "--num-gpu-blocks-override", "2048",
+               "--kv-events-config", events) as (_, url):  # fmt: skip
+        # The publisher sends (and keeps for replay) once a first subscriber is there.
+        sub = Subscriber(f"ipc://{tmp_path}/events")
+        try:
+            sub.wait_for_seq(0)  # the engine's start-up batch
+        finally:
+            sub.close()
         client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
         a = list(range(1000, 2000))
         assert cached_tokens(client, a) == 0
@@ -73,3 +87,25 @@ def test_gpt_oss_hits_through_the_window() -> None:
         labels = info_labels(url)
         assert labels["block_size"] == "16"
         assert labels["kv_cache_groups"] == "0:sliding_window:128,1:full_attention"
+        source = httpx.get(url + "/kv_event_sources", timeout=10).json()["0"]
+        assert [g["kv_cache_spec_kind"] for g in source["kv_cache_groups"]] == [
+            "sliding_window", "full_attention"
+        ]  # fmt: skip
+        # Every block both prompts computed is announced once per group, with vLLM's group
+        # fields; nothing was evicted (a pool of 2048 blocks).
+        stored: dict[int, list[int]] = {0: [], 1: []}
+        for message in replay(source["replay_connect"], 0):
+            for event in message.batch.events:
+                if type(event).__name__ == "AllBlocksCleared":  # the start-up announcement
+                    assert not stored[0]
+                    continue
+                assert type(event).__name__ == "BlockStored"
+                assert (
+                    event.kv_cache_spec_kind
+                    == ("sliding_window", "full_attention")[event.group_idx]
+                )
+                assert event.kv_cache_spec_sliding_window == (128, None)[event.group_idx]
+                stored[event.group_idx] += event.block_hashes
+        # a: 1000 prompt + 2 output tokens fill 62 blocks; b: 31 shared, 31 more of its own.
+        assert len(stored[0]) == len(set(stored[0])) == 62 + 31
+        assert sorted(stored[0]) == sorted(stored[1])

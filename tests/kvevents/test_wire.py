@@ -84,3 +84,38 @@ def test_a_decoder_for_the_other_layout_rejects_it() -> None:
 def test_sequence_frames() -> None:
     assert seq_bytes(0) == bytes(8) and seq_bytes(258) == b"\x00" * 6 + b"\x01\x02"
     assert END_SEQ == b"\xff" * 8
+
+
+HYBRID = [
+    BlockStored(block_hashes=(5,), parent_block_hash=4, token_ids=(1, 2), block_size=2,
+                group_idx=0, kv_cache_spec_kind="sliding_window",
+                kv_cache_spec_sliding_window=128),
+    BlockStored(block_hashes=(6,), parent_block_hash=None, token_ids=(3, 4), block_size=2,
+                group_idx=3, kv_cache_spec_kind="mamba"),
+    BlockRemoved(block_hashes=(5,), group_idx=0),
+]  # fmt: skip
+
+
+def test_group_fields_in_both_layouts() -> None:
+    # vLLM 0.33's trailing fields after extra_keys (left out as null): group_idx,
+    # kv_cache_spec_kind, kv_cache_spec_sliding_window on BlockStored, group_idx on
+    # BlockRemoved; omitted when unset in the map form (a dense model's stream is unchanged).
+    _, events, _ = msgspec.msgpack.decode(BatchEncoder(EventFormat.MAP).encode(1.0, HYBRID))
+    assert list(events[0])[-3:] == [
+        "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"
+    ]  # fmt: skip
+    assert events[0]["kv_cache_spec_sliding_window"] == 128
+    assert events[1]["group_idx"] == 3 and "kv_cache_spec_sliding_window" not in events[1]
+    assert events[2] == {"type": "BlockRemoved", "block_hashes": [5], "medium": "GPU",
+                         "group_idx": 0}  # fmt: skip
+    _, arrays, _ = msgspec.msgpack.decode(BatchEncoder(EventFormat.ARRAY).encode(1.0, HYBRID))
+    assert arrays[0][8:] == [None, 0, "sliding_window", 128]  # extra_keys null
+    assert arrays[1][8:] == [None, 3, "mamba", None]
+    assert arrays[2] == ["BlockRemoved", [5], "GPU", 0]
+    for fmt in EventFormat:
+        batch = decoder(fmt is EventFormat.ARRAY).decode(BatchEncoder(fmt).encode(1.0, HYBRID))
+        stored, mamba, removed = batch.events
+        assert (stored.group_idx, stored.kv_cache_spec_kind) == (0, "sliding_window")
+        assert stored.kv_cache_spec_sliding_window == 128
+        assert (mamba.group_idx, mamba.kv_cache_spec_kind) == (3, "mamba")
+        assert removed.group_idx == 0

@@ -33,10 +33,17 @@ def wire_types(array_like: bool) -> tuple[type, tuple[type, type, type]]:
         medium: str | None
         lora_name: str | None
         extra_keys: list[Any] | None = None
+        # vLLM 0.33's optional trailing fields (KV cache groups, tier locality).
+        group_idx: int | None = None
+        kv_cache_spec_kind: str | None = None
+        kv_cache_spec_sliding_window: int | None = None
+        locality: str | None = None
 
     class BlockRemoved(Event):
         block_hashes: list[int]
         medium: str | None
+        group_idx: int | None = None
+        locality: str | None = None
 
     class AllBlocksCleared(Event):
         pass
