@@ -19,11 +19,8 @@ def poly_decode_ms(u: float) -> float:
 
 def durations(config: EngineConfig, prompt_len: int, passes: int) -> list[float]:
     core = EngineCore(config)
-    core.add_request(
-        EngineRequest(
-            "r", list(range(100, 100 + prompt_len)), SamplingParams(max_tokens=50, ignore_eos=True)
-        )  # fmt: skip
-    )
+    sampling = SamplingParams(max_tokens=50, ignore_eos=True)
+    core.add_request(EngineRequest("r", list(range(100, 100 + prompt_len)), sampling))
     out, t = [], 0.0
     for _ in range(passes):
         result = core.step(t)

@@ -196,3 +196,29 @@ def test_prefill_engines_split_the_pool_and_report_pull_times(
     assert (
         main(args(trace_file(tmp_path), out, "--num-engines", "1", "--prefill-engines", "1")) == 2
     )
+
+
+@pytest.mark.parametrize(
+    ("shape", "groups", "hits"),
+    [
+        ("gpt-oss-20b", ["0:sliding_window", "1:full_attention"], True),
+        # Its 544-token blocks (straddling the trace's 128-token ones) are longer than every
+        # prompt (300..377 tokens): nothing can hit.
+        ("qwen3-next-80b-a3b", ["0:mamba", "1:mamba", "2:mamba", "3:full_attention"], False),
+    ],
+)
+def test_hybrid_shapes_report_kv_usage_by_group(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shape: str, groups: list[str], hits: bool
+) -> None:
+    out = tmp_path / "out"
+    assert main(args(trace_file(tmp_path), out, "--model-shape", shape, "--no-plots",
+                     "--num-gpu-blocks-override", "1000")) == 0  # fmt: skip
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["finished"] == 12
+    usage = summary["kv_usage_by_group"]
+    assert list(usage) == groups
+    for u in usage.values():
+        assert 0.0 < u["mean"] <= u["max"] <= 1.0
+    # The requests share prefixes (hash ids 0 and 1..3): the device hits some.
+    assert (summary["prefix_hit_rate"]["device"] > 0) is hits
+    assert "KV usage by group (mean / peak): " + groups[0] in capsys.readouterr().out

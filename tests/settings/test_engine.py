@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
+import json
+import logging
+from pathlib import Path
 
-from mocker.config import ConfigError, EngineConfig
+import pytest
+import yaml
+
+from mocker.config import MODEL_PRESETS, ConfigError, EngineConfig
 from mocker.settings import engine_config_from, resolve
 from tests.support.settings import ALL, parse_flags
 
@@ -51,3 +56,41 @@ def test_host_tier_mistakes_fail_at_start_up(argv: list[str], message: str) -> N
 
 def test_unset_flags_give_the_config_defaults() -> None:
     assert engine_config_from(resolve(parse_flags([]), ALL, environ={})[0]) == EngineConfig()
+
+
+def _config(*argv: str) -> EngineConfig:
+    return engine_config_from(resolve(parse_flags(list(argv)), ALL, environ={})[0])
+
+
+def test_model_shape_preset_inline_json_and_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="mocker.settings.engine"):
+        qwen = _config("--model-shape", "qwen3-next-80b-a3b", "--max-model-len", "8192")
+    assert qwen.block_size == 544 and qwen.model == MODEL_PRESETS["qwen3-next-80b-a3b"]
+    assert "Setting attention block size to 544 tokens" in caplog.text
+    custom = {"num_layers": 4, "num_kv_heads": 2, "head_dim": 64,
+              "layer_types": ["sliding_attention", "full_attention"] * 2,
+              "sliding_window": 64}  # fmt: skip
+    inline = _config("--model-shape", json.dumps(custom), "--max-model-len", "4096")
+    assert [g.kind.value for g in inline.layout.groups] == ["sliding_window", "full_attention"]
+    path = tmp_path / "shape.yaml"
+    path.write_text(yaml.safe_dump(custom))
+    assert _config("--model-shape", str(path), "--max-model-len", "4096").model == inline.model
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model-shape", "llama-9"], "one of the presets llama-3-8b"),
+        (["--model-shape", "{not json"], "not valid JSON"),
+        (["--model-shape", "/nonexistent/shape.json"], "cannot read"),
+        (["--model-shape", '{"num_layers": 2, "heads": 3}'], "unknown model shape key"),
+        # Full attention ceil(131072 / 16) = 8192 blocks alone exceed 1000.
+        (["--model-shape", "gpt-oss-20b", "--num-gpu-blocks-override", "1000"],
+         "across the model's 2 KV cache groups"),
+    ],
+)  # fmt: skip
+def test_model_shape_mistakes_name_the_setting(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        _config(*argv)
