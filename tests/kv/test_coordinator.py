@@ -411,7 +411,7 @@ def _random_workload(caching: bool, seed: int, steps: int = 250) -> tuple[int, i
     rng = random.Random(seed)
     prefixes = [[rng.randrange(1000, 2000) for _ in range(60)] for _ in range(3)]
     index: set[tuple[int | None, BlockHash]] = set()
-    now, n = 0.0, 0
+    now, n, hit_tokens = 0.0, 0, 0
     added: list[Request] = []
     for step in range(steps):
         if rng.random() < 0.3 and len(core.requests) < 6:
@@ -439,10 +439,20 @@ def _random_workload(caching: bool, seed: int, steps: int = 250) -> tuple[int, i
                 index.clear()
         assert index == {(g, h) for g in groups for h in pool.cached_hashes(g)}, step
         _check_groups(pool, kv, core.requests.values())
+        # Metric identities: the usage gauge is every group's share summed; hits are counted
+        # once per admitted request, and never exceed what was queried.
+        snap = core.snapshot()
+        assert res.stats.kv_usage == snap.kv_usage == pool.num_used / pool.num_blocks
+        assert snap.kv_usage == pytest.approx(sum(snap.group_usage))
+        assert 0 <= res.stats.prefix_hits <= res.stats.prefix_queries
+        hit_tokens += res.stats.prefix_hits
     preemptions = core.scheduler.num_preemptions
     while core.has_unfinished_requests():
-        now = core.step(now).end
+        res = core.step(now)
+        now = res.end
+        hit_tokens += res.stats.prefix_hits
     assert pool.num_used == 0 and kv.used == [0] * len(groups)
+    assert hit_tokens == sum(r.num_cached_tokens for r in added if r.num_cached_tokens > 0)
     return preemptions, sum(1 for r in added if r.num_cached_tokens > 0)
 
 
