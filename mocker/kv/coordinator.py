@@ -139,9 +139,15 @@ class HybridKVCacheManager:
             skip = min(manager.num_skipped(num_computed), len(table))
             if skip:
                 removed: list[KVBlock] = []
-                for i in range(skip - 1, -1, -1):  # back to the first already released
+                # Back to the first already released: a window's blocks are contiguous. A
+                # Mamba table has gaps (a pass over several blocks saves one state), so it
+                # is walked to its start (it holds a state or two).
+                sparse = manager.sparse
+                for i in range(skip - 1, -1, -1):
                     block = table[i]
                     if block is None:
+                        if sparse:
+                            continue
                         break
                     removed.append(block)
                     table[i] = None

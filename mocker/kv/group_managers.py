@@ -26,6 +26,7 @@ class GroupManager:
     __slots__ = ("_cached", "block_size", "caching", "group", "pool")
 
     releases = False  # whether blocks are released before the request ends
+    sparse = False  # whether a table has null positions between held blocks
 
     def __init__(self, group: KVCacheGroup, pool: BlockPool, caching: bool) -> None:
         self.group = group.index
@@ -127,6 +128,7 @@ class MambaManager(GroupManager):
     __slots__ = ()
 
     releases = True
+    sparse = True
 
     def find_hit(self, hashes: Sequence[BlockHash], max_blocks: int) -> int:
         """Right to left: the first saved state found wins."""

@@ -105,3 +105,20 @@ def test_two_prompts_share_the_budget_on_boundaries() -> None:
     assert (a.num_computed_tokens, b.num_computed_tokens) == (544, 544)
     core.step(now)
     assert (a.num_computed_tokens, b.num_computed_tokens) == (1000, 1000)
+
+
+def test_budget_split_prefill_keeps_two_states_per_mamba_group() -> None:
+    # A budget of 1500 splits a 5000-token prompt at 1088, 2176, 3264, 4352 (block
+    # boundaries), so each pass saves its state two blocks further on: the Mamba table is
+    # sparse, and the state a pass superseded must still be released.
+    config = EngineConfig(model=MODEL_PRESETS["qwen3-next-80b-a3b"], num_gpu_blocks=100,
+                          max_model_len=8192, max_num_batched_tokens=1500)  # fmt: skip
+    core = EngineCore(config)
+    core.add_request(EngineRequest("a", list(range(5000)), SamplingParams(max_tokens=2)))
+    request = core.requests["a"]
+    now = 0.0
+    while request.num_computed_tokens < 5000:
+        now = core.step(now).end
+        assert request.group_blocks is not None
+        for g in range(3):  # the Mamba groups: the running state and at most one more
+            assert sum(b is not None for b in request.group_blocks[g]) <= 2
