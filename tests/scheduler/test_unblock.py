@@ -6,7 +6,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from mocker.config import ModelShape
 from mocker.kv.block_pool import BlockPool
+from mocker.kv.coordinator import HybridKVCacheManager
 from mocker.kv.manager import KVCacheManager
 from mocker.request import Request, RequestId, RequestStatus, SamplingParams
 from mocker.scheduler.scheduler import Scheduler
@@ -94,3 +96,35 @@ def test_a_retried_promotion_does_not_keep_loaded_requests_waiting() -> None:
     # blocks back at once and a resumes.
     assert out.num_scheduled == {a: 24}
     assert list(sched.waiting) == [b, waiting]
+
+
+def test_a_loaded_request_resumes_before_a_fresh_one_in_every_group() -> None:
+    # The rule for a hybrid model (sliding window 8 + full attention, block 4): the
+    # loaded request's tables grow in both groups, so it needs two blocks per position.
+    shape = ModelShape(num_layers=2, num_kv_heads=1, head_dim=8, layer_types=(
+        "sliding_attention", "full_attention"), sliding_window=8)  # fmt: skip
+    config = small_config(model=shape, num_gpu_blocks=24, max_num_batched_tokens=64)
+    pool = BlockPool(24, BLOCK, enable_caching=False, groups=config.layout.groups)
+    kv = HybridKVCacheManager(pool, config.layout)
+    sched = Scheduler(config, kv)
+    running = request("r", 24)
+    sched.add(running)
+    assert sched.schedule().num_scheduled == {running: 24}  # 6 positions × 2 groups: 12
+    running.num_computed_tokens = 24
+    a = request("a", 24)  # its load of 2 positions (4 blocks) ended
+    assert kv.allocate_slots(a, 2 * BLOCK)
+    a.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+    a.load_hits = (0, 2 * BLOCK)
+    sched.loading.add(a)
+    kv.finish_load(a)
+    sched.resume(a)
+    assert pool.num_used == 16
+    fresh = request("w", 8)  # 2 positions: 4 blocks
+    sched.add(fresh)
+    running.append_output_token(1)  # its next decode needs a 7th position: 2 blocks
+    out = sched.schedule()
+    # r first releases the sliding blocks wholly before 24 − 8 + 1 = 17 (positions 0..3: 4
+    # blocks), then takes 2: 14 in use, 10 free. a needs 4 more positions (8 blocks) and goes
+    # before the fresh request, which would have fitted first (4 blocks) and left a short.
+    assert out.num_scheduled == {running: 1, a: 16} and list(sched.waiting) == [fresh]
+    assert sched.ready == [] and pool.num_used == 22
