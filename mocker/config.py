@@ -162,6 +162,10 @@ class ModelShape:
                         f"model shape: {key} must be an object, and comes instead of "
                         "mamba_state_bytes"
                     )
+                for name, value in params.items():
+                    # A convolution of width k keeps k − 1 inputs: at least 2.
+                    low = 2 if name in ("d_conv", "conv_kernel") else 1
+                    _int_in(f"{key}.{name}", value, low, 1 << 24)
                 try:
                     values["mamba_state_bytes"] = state_fn(**params)
                 except TypeError as exc:
@@ -368,7 +372,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         bs = self.block_size
-        _int_in("block_size", bs, 1, 1 << 16)
+        if isinstance(bs, bool) or not isinstance(bs, int) or bs < 1:
+            _fail("block_size", bs, "must be a power of two in [1, 1024]")
         if not isinstance(self.model, ModelShape):
             _fail("model", self.model, "must be a ModelShape")
         layout = kv_layout(self.model, bs)
@@ -450,6 +455,19 @@ class EngineConfig:
             )
         if layout.is_hybrid and self.num_cpu_blocks:
             self._check_hybrid_offload(layout)
+        if layout.is_hybrid and self.eviction_policy is EvictionPolicyName.LINEAGE:
+            # Lineage counts a block's cached children along one prefix chain; a window's and
+            # a Mamba group's blocks are cached out of chain order.
+            raise ConfigError(
+                "eviction_policy lineage follows one prefix chain per block and is not "
+                "modelled for a hybrid model's KV cache groups: use lru (vLLM's)"
+            )
+        if layout.block_size > self.max_model_len:
+            raise ConfigError(
+                f"the model's Mamba state needs blocks of {layout.block_size} tokens, more than "
+                f"max_model_len ({self.max_model_len}): no block would ever fill; raise "
+                "max_model_len or check mamba_state_bytes"
+            )
         if self.num_cpu_blocks and not self.enable_prefix_caching:
             raise ConfigError(
                 f"a CPU tier (num_cpu_blocks={self.num_cpu_blocks}) needs prefix caching: "
@@ -503,11 +521,14 @@ class EngineConfig:
                 f"tokens): {hint}"
             )
         need = self.unit_bytes // self.block_bytes
-        if self.num_cpu_blocks < need:
-            raise ConfigError(
-                f"the CPU tier ({self.num_cpu_blocks} blocks) holds no chunk: one needs {need} "
-                f"blocks' worth (every KV cache group's share of {chunk} tokens): raise it"
-            )
+        for name, blocks in (("the CPU tier", self.num_cpu_blocks),
+                             *((f"secondary tier {t.name}", t.capacity_blocks)
+                               for t in self.storage_tiers)):  # fmt: skip
+            if blocks < need:
+                raise ConfigError(
+                    f"{name} ({blocks} blocks) holds no chunk: one needs {need} blocks' worth "
+                    f"(every KV cache group's share of {chunk} tokens): raise it"
+                )
 
     @property
     def unit_blocks(self) -> int:

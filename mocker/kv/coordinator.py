@@ -108,12 +108,14 @@ class HybridKVCacheManager:
                     hit, changed = n, True
         return hit
 
-    def get_computed_blocks(self, request: Request) -> GroupHits:
-        """Longest cached prefix valid in every group, capped at num_tokens − 1 tokens."""
+    def get_computed_blocks(self, request: Request, max_blocks: int | None = None) -> GroupHits:
+        """Longest cached prefix valid in every group, capped at num_tokens − 1 tokens (and
+        at `max_blocks`)."""
         if not self.enable_caching:
             return _NO_HIT
         hashes = request.block_hashes
-        hit = self.find_hit_blocks(hashes, (request.num_tokens - 1) // self.block_size)
+        cap = (request.num_tokens - 1) // self.block_size
+        hit = self.find_hit_blocks(hashes, cap if max_blocks is None else min(max_blocks, cap))
         if not hit:
             return _NO_HIT
         return GroupHits([m.hit_table(hashes, hit) for m in self.managers], hit)
@@ -163,9 +165,13 @@ class HybridKVCacheManager:
         request: Request,
         num_new_tokens: int,
         computed_blocks: GroupHits | Sequence[KVBlock] = (),
+        *,
+        loaded: bool = False,
     ) -> bool:
         """Room for `num_new_tokens` more tokens after the hit, in every group or none:
-        returns False, changing no table, when the pool is short.
+        returns False, changing no table, when the pool is short. `loaded`: the tokens are
+        loaded from a tier, not computed, so a sliding window's positions already out of
+        the window when the load ends get no block (as vLLM skips them).
 
         Every table of a request has the same length (positions line up), so the blocks a
         pass needs follow from one number: how many positions the tables grow by."""
@@ -177,12 +183,23 @@ class HybridKVCacheManager:
         num_hit = hits.num_blocks
         bs = self.block_size
         total = computed + num_hit * bs + num_new_tokens
-        grow = -(-total // bs) - len(tables[0]) - num_hit
+        end = -(-total // bs)
+        start = len(tables[0]) + num_hit  # the positions the tables hold after the hit
+        grow = end - start
         if grow <= 0 and not num_hit:
             return True
         pool = self.pool
         managers = self.managers
-        needs = [m.num_new_blocks(len(t), grow) for m, t in zip(managers, tables, strict=True)]
+        # Per group, the first position that needs a block, and how many blocks it takes.
+        firsts = [start] * len(managers)
+        if loaded:
+            for g, m in enumerate(managers):
+                if m.releases and not m.sparse:
+                    firsts[g] = max(start, min(m.num_skipped(total), end))
+        needs = [
+            m.num_new_blocks(len(t) + num_hit, grow) if m.sparse else max(0, end - first)
+            for m, t, first in zip(managers, tables, firsts, strict=True)
+        ]
         need = sum(needs)
         if num_hit:
             # Hits sitting on the free side stop being free when they are taken.
@@ -199,7 +216,6 @@ class HybridKVCacheManager:
             request.num_cached_blocks = num_hit  # the hit is cached; the rest is not
         new = pool.get_new_blocks(sum(needs)) if grow > 0 else []
         at = 0
-        end = len(tables[0]) + max(grow, 0)
         for g, manager in enumerate(managers):
             n = needs[g]
             blocks = new[at : at + n]
@@ -207,7 +223,9 @@ class HybridKVCacheManager:
             for block in blocks:
                 block.group = g
             used[g] += n
-            manager.extend(tables[g], end, blocks)
+            if firsts[g] > start:  # loaded positions already out of the window: null
+                tables[g].extend([None] * (firsts[g] - start))
+            manager.extend(tables[g], max(end, start), blocks)
         if num_hit or computed == 0:
             self._release_skipped(request, tables, computed + num_hit * bs)
         return True

@@ -32,10 +32,15 @@ class KVManager(Protocol):
     @property
     def awaiting_displaced(self) -> bool: ...
 
-    def get_computed_blocks(self, request: Request) -> Sized: ...
+    def get_computed_blocks(self, request: Request, max_blocks: int | None = None) -> Sized: ...
 
     def allocate_slots(
-        self, request: Request, num_new_tokens: int, computed_blocks: Any = ...
+        self,
+        request: Request,
+        num_new_tokens: int,
+        computed_blocks: Any = ...,
+        *,
+        loaded: bool = False,
     ) -> bool: ...
 
     def append_blocks(self, request: Request, num_blocks: int) -> None: ...
@@ -66,15 +71,16 @@ class KVCacheManager:
     def usage(self) -> float:
         return self.pool.usage
 
-    def get_computed_blocks(self, request: Request) -> list[KVBlock]:
-        """Longest cached prefix of a request, in blocks.
+    def get_computed_blocks(self, request: Request, max_blocks: int | None = None) -> list[KVBlock]:
+        """Longest cached prefix of a request, in blocks (at most `max_blocks`).
 
         Capped at num_tokens - 1 tokens: the last token is always computed, so
         the pass that admits the request produces its logits.
         """
         if not self.enable_caching:
             return []
-        max_blocks = (request.num_tokens - 1) // self.block_size
+        cap = (request.num_tokens - 1) // self.block_size
+        max_blocks = cap if max_blocks is None else min(max_blocks, cap)
         return self.pool.lookup_prefix(request.block_hashes[:max_blocks])
 
     def allocate_slots(
@@ -82,8 +88,11 @@ class KVCacheManager:
         request: Request,
         num_new_tokens: int,
         computed_blocks: Sequence[KVBlock] = (),
+        *,
+        loaded: bool = False,
     ) -> bool:
-        """Give the request room for `num_new_tokens` more tokens, after its prefix hits.
+        """Give the request room for `num_new_tokens` more tokens, after its prefix hits
+        (`loaded`: loaded from a tier rather than computed; the same for a dense model).
 
         Returns False, changing nothing, if the pool cannot supply the blocks now.
         """

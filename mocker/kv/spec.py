@@ -115,11 +115,14 @@ class KVLayout:
     def has_mamba(self) -> bool:
         return any(g.kind is SpecKind.MAMBA for g in self.groups)
 
-    def max_blocks_per_request(self, num_tokens: int, max_batched_tokens: int) -> int:
+    def max_blocks_per_request(
+        self, num_tokens: int, max_batched_tokens: int, caching: bool = True
+    ) -> int:
         """The most blocks one request of `num_tokens` holds at once, every group together
         (vLLM sums each spec's max_memory_usage the same way): full attention every block,
         a sliding window its window plus one pass's chunk and a block of slack, a Mamba
-        group two states (the running one and the one it was copied from)."""
+        group two states (the running one and the one it was copied from), one without
+        prefix caching."""
         bs = self.block_size
         total = 0
         for group in self.groups:
@@ -130,7 +133,7 @@ class KVLayout:
                 span = min(group.sliding_window - 1 + max_batched_tokens, num_tokens)
                 total += min(-(-span // bs) + 1, -(-num_tokens // bs))
             else:
-                total += 2
+                total += 2 if caching else 1
         return total
 
     def describe(self) -> list[dict[str, object]]:

@@ -365,7 +365,7 @@ class MetricsCollector(Collector):
             info.add_metric(
                 [str(cfg.block_size), "auto", str(cfg.enable_prefix_caching), cpu_blocks,
                  str(cfg.num_gpu_blocks), offload_gib,
-                 mamba_mode if cfg.layout.has_mamba else "None", tiers or "None", groups,
+                 mamba_mode if cfg.layout.has_mamba else "none", tiers or "None", groups,
                  m.engine],
                 1.0,
             )  # fmt: skip

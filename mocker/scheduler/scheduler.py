@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -320,6 +321,23 @@ class Scheduler:
                 end = stop
         return max(end - start, 0)
 
+    def _chunk_aligned_lookup(self, request: Request, hits: Sized) -> tuple[Sized, int | None]:
+        """A hybrid model's device hit that ends inside a tier chunk: the longest hit valid in
+        every group up to the chunk boundary before it, continued by the tier if together
+        they reach past the device hit (the rest is recomputed); else the device hit alone
+        (and the tier forgets what it kept for the request). None: retry later."""
+        connector, unit = self.connector, self._unit
+        assert connector is not None
+        cut = self.kv.get_computed_blocks(request, len(hits) // unit * unit)
+        if len(cut) % unit:
+            connector.skip_lookup(request)
+            return hits, 0
+        matched = connector.num_matched_blocks(request, len(cut) // unit)
+        if matched is None or len(cut) + matched * unit > len(hits):
+            return cut, matched
+        connector.skip_lookup(request)
+        return hits, 0
+
     def _pick_victim(self) -> Request:
         """The lowest-priority running request (highest value, as vLLM's priority policy);
         among equals the newest (default) or the oldest."""
@@ -445,10 +463,14 @@ class Scheduler:
                 out.pulls.append((request, len(request.blocks) - len(hits)))
                 continue
             num_loaded = 0  # tier units (blocks; a hybrid model's chunks of `unit` blocks)
-            # A tier continues a device hit that ends on a unit's boundary (a hybrid model's
-            # other hits are recomputed past it).
-            if connector is not None and not len(hits) % unit:
-                matched = connector.num_matched_blocks(request, len(hits) // unit)
+            if connector is not None:
+                if len(hits) % unit:
+                    # A hybrid device hit that ends inside a chunk: the tier continues from a
+                    # chunk boundary, so the hit is cut back to one if that gains tokens.
+                    hits, matched = self._chunk_aligned_lookup(request, hits)
+                    num_hit = len(hits) * bs
+                else:
+                    matched = connector.num_matched_blocks(request, len(hits) // unit)
                 if matched is None:
                     # Retry later (its KV is being promoted to the CPU tier): it keeps its
                     # place, and the requests behind it go on (vLLM skips it this pass).
@@ -459,7 +481,7 @@ class Scheduler:
                 # Reserve device slots for the tier's blocks and park the request until its
                 # KV has loaded; it needs no budget until then.
                 loaded_tokens = num_loaded * unit * bs
-                if not kv.allocate_slots(request, loaded_tokens, hits):
+                if not kv.allocate_slots(request, loaded_tokens, hits, loaded=True):
                     break
                 waiting.pop()
                 request.status = RequestStatus.WAITING_FOR_REMOTE_KVS

@@ -227,7 +227,7 @@ def model_shape_from(value: str | Mapping[str, Any]) -> ModelShape:
     if path.suffix in (".json", ".yaml", ".yml"):
         try:
             raw = yaml.safe_load(path.read_text())  # JSON is YAML
-        except OSError as exc:
+        except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"invalid model_shape={text!r}: cannot read: {exc}") from None
         except yaml.YAMLError as exc:
             raise ConfigError(f"invalid model_shape={text!r}: not JSON or YAML: {exc}") from None
@@ -249,9 +249,10 @@ def _num_host_blocks(values: Mapping[str, Any]) -> int:
     if gib is not None:
         if gib < 0:
             raise ConfigError(f"invalid kv_offloading_size={gib!r}: must be >= 0 GiB")
-        block_bytes = (
-            values["block_size"] * model_shape_from(values["model_shape"]).kv_bytes_per_token
-        )
+        # One device block's bytes (a hybrid's: a page per layer slot of a group).
+        block_bytes = kv_layout(
+            model_shape_from(values["model_shape"]), values["block_size"]
+        ).block_bytes
         blocks = int(gib * 2**30 // block_bytes)
         if gib > 0 and blocks == 0:
             raise ConfigError(
@@ -273,7 +274,10 @@ def _offload(values: Mapping[str, Any]) -> dict[str, Any]:
         values["kv_transfer_config"], layout.block_size, layout.block_bytes // layout.block_size
     )
     chunk = offload.get("hybrid_chunk_size")
-    if chunk is not None and layout.is_hybrid and chunk % layout.block_size:
+    if chunk is not None and not layout.is_hybrid:
+        logger.warning("hybrid_chunk_size %d is ignored: the model has one KV cache group", chunk)
+        del offload["hybrid_chunk_size"]
+    elif chunk is not None and chunk % layout.block_size:
         # vLLM's planner warns when a group's block size does not divide the chunk.
         rounded = max(chunk // layout.block_size, 1) * layout.block_size
         logger.warning(
@@ -341,7 +345,7 @@ def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
     if config.is_hybrid:
         # vLLM sums every group's max_memory_usage: a request at max_model_len must fit.
         need = config.layout.max_blocks_per_request(
-            config.max_model_len, config.max_num_batched_tokens
+            config.max_model_len, config.max_num_batched_tokens, config.enable_prefix_caching
         )
         if need > config.num_gpu_blocks:
             raise ConfigError(

@@ -194,11 +194,19 @@ class TierConnector:
             self._looked_up.append(hashes[num_device_blocks:pos])
         return n
 
+    def skip_lookup(self, request: Request) -> None:
+        """The request is admitted without a lookup (or without loading what one found):
+        what the connector kept for its retry is released, as a lookup would."""
+        hold = self._holds.pop(request, None)
+        if hold is not None:
+            self._released.append(hold)
+        request.promoted = None
+
     def load_pays_off(self, num_blocks: int, promote_s: float = 0.0) -> bool:
         """Load rather than recompute: enough blocks, and copying them (after a promotion of
         `promote_s`) is faster than prefilling their tokens (unscaled model times, the
         transfers alone on their links)."""
-        if num_blocks < self.config.min_load_blocks:
+        if num_blocks * self.unit < self.config.min_load_blocks:  # counted in device blocks
             return False
         transfer_s = promote_s + self._h2d_model.duration(num_blocks * self.block_bytes)
         return transfer_s * 1000.0 < self._prefill_ms(num_blocks * self.block_size)

@@ -86,6 +86,11 @@ def test_model_shape_preset_inline_json_and_file(
         (["--model-shape", "{not json"], "not valid JSON"),
         (["--model-shape", "/nonexistent/shape.json"], "cannot read"),
         (["--model-shape", '{"num_layers": 2, "heads": 3}'], "unknown model shape key"),
+        (["--model-shape", '{"num_layers": 1, "layer_types": ["mamba"], "mamba2": {'
+          '"intermediate": 64, "n_groups": 1, "d_state": 8, "d_conv": 1, "n_heads": 2, '
+          '"head_dim": 8}}'], "mamba2.d_conv"),
+        (["--model-shape", "gpt-oss-20b", "--max-model-len", "4096",
+          "--eviction-policy", "lineage"], "lineage"),
         # Full attention ceil(131072 / 16) = 8192 blocks alone exceed 1000.
         (["--model-shape", "gpt-oss-20b", "--num-gpu-blocks-override", "1000"],
          "across the model's 2 KV cache groups"),
@@ -94,3 +99,17 @@ def test_model_shape_preset_inline_json_and_file(
 def test_model_shape_mistakes_name_the_setting(argv: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         _config(*argv)
+
+
+def test_model_shape_file_not_text_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(b"\xff\xfe")
+    with pytest.raises(ConfigError, match="cannot read"):
+        _config("--model-shape", str(path))
+
+
+def test_kv_offloading_size_counts_a_hybrid_block() -> None:
+    # gpt-oss-20b: one device block is 12 layers × 16 tokens × 2 × 8 × 64 × 2 = 393,216 bytes.
+    config = _config("--model-shape", "gpt-oss-20b", "--max-model-len", "4096",
+                     "--offload-policy", "write-through", "--kv-offloading-size", "1")  # fmt: skip
+    assert config.num_cpu_blocks == 2**30 // 393_216

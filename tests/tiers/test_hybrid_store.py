@@ -410,19 +410,20 @@ def test_cpu_hit_loads_whole_chunks_into_every_group() -> None:
     a2 = core.requests["a2"]
     run.step()
     # (80 − 1) // 32 = 2 chunks are looked up and found: 4 positions reserved in every
-    # group, the Mamba group's one state at the end (the others are null).
+    # group; the window's positions already out of it when the load ends (before
+    # 64 − 16 + 1 = 49: 0..2) get no block, nor do the Mamba group's but its last state.
     assert a2.status == RequestStatus.WAITING_FOR_REMOTE_KVS
-    assert _held(a2) == [[True] * 4, [False, False, False, True], [True] * 4]
-    assert kv.used == [4, 1, 4]
+    assert _held(a2) == [[False, False, False, True], [False, False, False, True], [True] * 4]
+    assert kv.used == [1, 1, 4]
     deadline = core.next_transfer_deadline()
     assert deadline is not None
     core.advance_transfers(deadline)  # the load ends; no pass
     assert _status(a2) == RequestStatus.WAITING and a2.num_computed_tokens == 64
     swa, mamba, full = _tables(a2)
-    for g, table in ((0, swa), (2, full)):  # loaded, and cached on the device
-        assert [core.pool.group_map(g)[hashes[i]] for i in range(4)] == table
+    assert [core.pool.group_map(2)[hashes[i]] for i in range(4)] == full  # loaded, cached
+    assert core.pool.group_map(0)[hashes[3]] is swa[3]
     assert core.pool.group_map(1)[hashes[3]] is mamba[3]
-    assert kv.used == [4, 1, 4]
+    assert kv.used == [1, 1, 4]
     _check_groups(core)
     run.step()
     # The rest [64, 80): the window releases (64 − 15) // 16 = 3 blocks first; the Mamba
@@ -440,11 +441,13 @@ def test_cpu_hit_loads_whole_chunks_into_every_group() -> None:
     ("prompt_len", "min_load_blocks", "tier_hits"),
     [
         # 12 tokens: (12 − 1) // 8 = 1 chunk looked up (2 blocks a group): one unit.
-        (12, 1, (("cpu", 8),)),
-        (12, 2, ()),  # min_load_blocks counts units: 1 < 2, recomputed
-        # 20 tokens: 2 chunks.
-        (20, 2, (("cpu", 16),)),
-        (20, 3, ()),
+        # min_load_blocks counts device blocks (as --min-load-blocks and vLLM's offload
+        # block_size do): a chunk is 2 of them.
+        (12, 2, (("cpu", 8),)),
+        (12, 3, ()),  # 2 < 3: recomputed
+        # 20 tokens: 2 chunks, 4 blocks.
+        (20, 4, (("cpu", 16),)),
+        (20, 5, ()),
     ],
 )
 def test_min_load_blocks_counts_chunks(
