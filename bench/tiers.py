@@ -16,6 +16,14 @@ Two parts, each comparing configurations in the same run:
   - `small_cpu_fs`: a CPU tier smaller than the working set, so rounds 2+ are promoted
     from fs (the staged fs -> CPU -> device path on every hit);
   - `none`: no tiers, the baseline. Target: `cpu_fs` <= 1.2x per pass.
+  Two more views of the `cpu_fs` / `none` ratio, because single replays on this machine swing
+  by 2x within seconds (the other tenants' load):
+  - co-stepped: both replays run in this process at once, a few passes of one, then of the
+    other, each kept at the same share of its passes, so a slow second hits both alike;
+    the median of COSTEP_RUNS runs is the headline figure;
+  - instructions: each config replayed once under `valgrind --tool=callgrind`, counting only
+    inside `EngineCore.step()` (a deterministic count of work; cache misses are not in it,
+    so time ratios run above it). Skipped, saying so, without valgrind.
 - mooncake: `mocker replay` of ../shared/traces/mooncake_conversation.jsonl on 8 engines,
   round robin (a conversation's turns land on different engines), each run in a child
   pinned to the other core: no tiers; a CPU tier per engine; the CPU tiers plus ONE obj tier
@@ -28,11 +36,17 @@ figures across runs.
 
 from __future__ import annotations
 
+import gc
 import json
+import os
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +57,7 @@ from offload import (
     NUM_GPU_BLOCKS,
     NUM_HOST_BLOCKS,
     REPLAY_RATE,
+    REPLAY_SPEEDUP,
     SATURATED_RATE,
     Config,
     replay_requests,
@@ -51,6 +66,10 @@ from offload import (
 )
 
 from mocker.config import StorageTierSpec
+from mocker.engine.core import EngineCore
+from mocker.engine.outputs import StepResult
+from mocker.engine.virtual import VirtualDriver, VirtualRun
+from mocker.request import EngineRequest
 
 # -- step cost --
 REPS = 15  # replays per config and workload
@@ -61,6 +80,9 @@ CPU_FS_EVICT = Config("cpu_fs_evict", NUM_HOST_BLOCKS, "evict", (FS,))
 SMALL_CPU_FS = Config("small_cpu_fs", SMALL_CPU_BLOCKS, "write-through", (FS,))
 NONE = Config("none", 0)
 STEP_COST_TARGET = 1.20
+COSTEP_RUNS = 8
+COSTEP_CHUNK = 8  # passes of one replay before the other's turn
+CALLGRIND_TIMEOUT_S = 400
 
 # -- mooncake --
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
@@ -105,14 +127,146 @@ def step_cost() -> dict[str, Any]:
     configs = [CPU_FS, CPU_FS_EVICT, SMALL_CPU_FS]
     out: dict[str, Any] = {"reps_per_config": REPS}
     for label, rate in (("scenario", REPLAY_RATE), ("saturated", SATURATED_RATE)):
-        timed = time_configs(label, replay_requests(prompts, rate), configs, NONE, REPS)
+        requests = replay_requests(prompts, rate)
+        timed = time_configs(label, requests, configs, NONE, REPS)
         out[label] = {"arrival_rate_per_s": rate, **timed["timing"]}
         out[label]["hits_rounds_2plus"] = {
             name: {k: first["rounds_2plus"][k] for k in
                    ("device_hit_rate", "tier_hit_rates", "ttft_p50_ms", "ttft_p99_ms")}
             for name, first in timed["firsts"].items()
         }  # fmt: skip
+        out[label]["costepped"] = costepped(label, requests, CPU_FS, NONE)
     return out
+
+
+# -- co-stepped timing ------------------------------------------------------------------------
+
+
+class _Timed:
+    """A replay whose `EngineCore.step()` calls are timed, advanced from outside."""
+
+    def __init__(self, cfg: Config, requests: list[EngineRequest]) -> None:
+        core = EngineCore(cfg.engine(REPLAY_SPEEDUP))
+        real = core.step
+        self.ns = 0
+        self.passes = 0
+
+        def step(now: float) -> StepResult:
+            t0 = time.perf_counter_ns()
+            result = real(now)
+            self.ns += time.perf_counter_ns() - t0
+            self.passes += not result.idle
+            return result
+
+        core.step = step  # type: ignore[method-assign]
+        self.results: Iterator[StepResult] | None = VirtualDriver(core).steps(
+            requests, run=VirtualRun()
+        )
+
+    def advance(self, n: int) -> None:
+        for _ in range(n):
+            if self.results is None or next(self.results, None) is None:
+                self.results = None
+                return
+
+    @property
+    def us_per_pass(self) -> float:
+        return self.ns / max(1, self.passes) / 1000
+
+
+def costep_once(cfg: Config, baseline: Config, requests: list[EngineRequest],
+                passes: dict[str, int]) -> float:  # fmt: skip
+    """Both replays at once: whichever is behind in its share of its passes goes next, for
+    COSTEP_CHUNK passes. Returns cfg's µs per pass over baseline's."""
+    a, b = _Timed(cfg, requests), _Timed(baseline, requests)
+    na, nb = passes[cfg.name], passes[baseline.name]
+    gc.collect()
+    gc.disable()
+    try:
+        while a.results is not None or b.results is not None:
+            a_behind = a.passes / na <= b.passes / nb
+            nxt = a if a.results is not None and (b.results is None or a_behind) else b
+            nxt.advance(COSTEP_CHUNK)
+    finally:
+        gc.enable()
+    return a.us_per_pass / b.us_per_pass
+
+
+def costepped(
+    label: str, requests: list[EngineRequest], cfg: Config, baseline: Config
+) -> dict[str, Any]:
+    passes = {}
+    for c in (cfg, baseline):
+        t = _Timed(c, requests)
+        t.advance(10**9)
+        passes[c.name] = t.passes
+    ratios = [costep_once(cfg, baseline, requests, passes) for _ in range(COSTEP_RUNS)]
+    runs = ", ".join(f"{r:.3f}" for r in ratios)
+    log(f"  {label} co-stepped {cfg.name}/{baseline.name}: {runs}")
+    return {
+        "ratio_per_pass_median": round(statistics.median(ratios), 3),
+        "ratio_per_pass_runs": [round(r, 3) for r in ratios],
+        "passes": passes,
+    }
+
+
+# -- instructions -----------------------------------------------------------------------------
+
+# Run under callgrind with --toggle-collect=functools_reduce: every step() goes through
+# functools.reduce (a C function nothing else on this path calls), so only step()'s own
+# instructions are counted.
+_COUNTED = """
+import functools, sys
+sys.path.insert(0, {bench!r})
+import tiers
+from offload import REPLAY_RATE, SATURATED_RATE, replay_requests, working_set
+from mocker.engine.core import EngineCore
+from mocker.engine.virtual import VirtualDriver, VirtualRun
+configs = (tiers.CPU_FS, tiers.CPU_FS_EVICT, tiers.SMALL_CPU_FS, tiers.NONE)
+cfg = {{c.name: c for c in configs}}[sys.argv[1]]
+rate = {{"scenario": REPLAY_RATE, "saturated": SATURATED_RATE}}[sys.argv[2]]
+core = EngineCore(cfg.engine(tiers.REPLAY_SPEEDUP))
+real, passes = core.step, [0]
+def step(now):
+    result = functools.reduce(lambda _a, _b: real(now), (0, 0))
+    passes[0] += not result.idle
+    return result
+core.step = step
+for _ in VirtualDriver(core).steps(replay_requests(working_set(), rate), run=VirtualRun()):
+    pass
+print("passes", passes[0])
+"""
+
+
+def count_instructions(name: str, label: str) -> dict[str, int]:
+    out = Path(tempfile.mkdtemp(prefix="tiers-cg-")) / "callgrind.out"
+    argv = ["valgrind", "--tool=callgrind", "--toggle-collect=functools_reduce",
+            f"--callgrind-out-file={out}", sys.executable, "-c",
+            _COUNTED.format(bench=str(ROOT / "bench")), name, label]  # fmt: skip
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=True,
+                          timeout=CALLGRIND_TIMEOUT_S)  # fmt: skip
+    passes = int(done.stdout.split()[-1])
+    collected = next(line for line in done.stderr.splitlines() if "Collected" in line)
+    instructions = int(collected.rsplit(":", 1)[1].strip())
+    shutil.rmtree(out.parent, ignore_errors=True)
+    return {"instructions": instructions, "passes": passes,
+            "per_pass": instructions // max(1, passes)}  # fmt: skip
+
+
+def instructions() -> dict[str, Any]:
+    """Instructions per pass of every config (the scenario workload), counted in parallel
+    (the counts do not depend on the machine's load)."""
+    if shutil.which("valgrind") is None:
+        log("  instructions: SKIPPED, valgrind is not installed (apt-get install valgrind)")
+        return {"skipped": "valgrind is not installed"}
+    names = [c.name for c in (CPU_FS, CPU_FS_EVICT, SMALL_CPU_FS, NONE)]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        counted = pool.map(lambda n: count_instructions(n, "scenario"), names)
+        counts = dict(zip(names, counted, strict=True))
+    base = counts[NONE.name]["per_pass"]
+    ratios = {n: round(counts[n]["per_pass"] / base, 3) for n in names if n != NONE.name}
+    log(f"  instructions per pass: {ratios} ({base:,} without tiers)")
+    return {"per_config": counts, "ratio_per_pass": ratios}
 
 
 def mooncake_once(name: str, flags: list[str]) -> dict[str, Any]:
@@ -156,12 +310,18 @@ def main() -> int:
     errors: list[str] = []
     log(f"step cost: {REPS} reps per config, device pool {NUM_GPU_BLOCKS} blocks")
     cost = attempt(errors, "step cost", step_cost) or {}
+    log("instructions per pass (callgrind)")
+    counted = attempt(errors, "instructions", instructions) or {}
     log(f"mooncake: {TRACE.name} on {ENGINES} engines, {ROUTER}")
     trace = attempt(errors, "mooncake", mooncake) or {}
-    ratio = cost.get("scenario", {}).get("ratio_per_pass", {}).get(CPU_FS.name)
+    ratio = cost.get("scenario", {}).get("costepped", {}).get("ratio_per_pass_median")
     runs = trace.get("runs", {})
     summary: dict[str, Any] = {
         "step_cost_ratio_cpu_fs": ratio,
+        "step_cost_ratio_cpu_fs_alternating": cost.get("scenario", {})
+        .get("ratio_per_pass", {})
+        .get(CPU_FS.name),
+        "step_instructions_ratio_cpu_fs": counted.get("ratio_per_pass", {}).get(CPU_FS.name),
         "step_cost_ratio_cpu_fs_saturated": cost.get("saturated", {})
         .get("ratio_per_pass", {})
         .get(CPU_FS.name),
@@ -171,11 +331,14 @@ def main() -> int:
         "mooncake_ttft_p50_ms": {name: r["ttft_p50_ms"] for name, r in runs.items()},
         "mooncake_ttft_p99_ms": {name: r["ttft_p99_ms"] for name, r in runs.items()},
         "notes": (
-            "step_cost_ratio_* = median us of EngineCore.step() per pass, config / none "
-            "(idle calls' time counted, divided by the calls that ran a pass). Hit rates are "
-            "hit tokens / prompt tokens, per tier; mooncake TTFTs are simulated."
+            "step_cost_ratio_cpu_fs = median over co-stepped runs of us of EngineCore.step() "
+            "per pass, cpu_fs / none (idle calls' time counted, divided by the calls that ran "
+            "a pass); *_alternating = the same ratio from medians of whole replays in rotated "
+            "order; step_instructions_ratio = instructions per pass under callgrind. Hit "
+            "rates are hit tokens / prompt tokens, per tier; mooncake TTFTs are simulated."
         ),
         "step_cost": cost,
+        "step_instructions": counted,
         "mooncake": trace,
         "wall_s": round(time.perf_counter() - started, 1),
         "machine": MACHINE,

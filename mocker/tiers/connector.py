@@ -21,6 +21,8 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import compress
+from operator import attrgetter
 from typing import TypeAlias
 
 from mocker.config import EngineConfig
@@ -35,12 +37,15 @@ from mocker.tiers.link import Link, TransferId
 from mocker.tiers.lru import LruTier
 from mocker.tiers.storage import StorageTier
 from mocker.tiers.store_policy import StorePolicy, WriteBack, WriteThrough
-from mocker.tiers.tier import BlockKey, TierBlock
+from mocker.tiers.tier import BlockBatch, BlockKey
 from mocker.tiers.transfers import TierCounters, TransferKind, TransferRecord
 
 __all__ = ["DEVICE", "TierConnector"]
 
 DEVICE = "gpu"  # the device's name in channel keys
+
+_HASH = attrgetter("block_hash")
+_PARENT = attrgetter("parent_hash")
 
 # A store posted for a pass's end: (time, order, blocks, keys, owners).
 _Posted: TypeAlias = tuple[float, int, list[KVBlock], list[BlockHash], "list[Request] | None"]
@@ -138,8 +143,10 @@ class TierConnector:
         self._loads: dict[Request, _Load] = {}
         self._promotions: dict[Request, _Promotion] = {}
         self._promoting: dict[BlockKey, _Promotion] = {}  # keys on their way to the CPU tier
-        self._holds: dict[Request, list[BlockKey]] = {}  # promoted runs kept for a retry
-        self._released: list[list[BlockKey]] = []  # holds to unpin after this pass's loads
+        # Promoted runs kept for a retry (each pinned as itself: a pin is released with the
+        # sequence that took it), and holds to unpin after this pass's loads.
+        self._holds: dict[Request, list[list[BlockKey]]] = {}
+        self._released: list[list[BlockKey]] = []
         self._looked_up: list[list[BlockKey]] = []  # CPU runs found this pass, to spare
         # Copies in flight, by the id of their block list: device → CPU (the device blocks)
         # and CPU → secondary tiers (the CPU keys they pin).
@@ -151,6 +158,9 @@ class TierConnector:
         # Bumped whenever a transfer starts, ends or is cancelled: the live driver re-arms
         # its transfer timer when it changes.
         self.version = 0
+        self._shared = self.has_shared_tier
+        self._deadline: float | None = None
+        self._deadline_version = -1
         # Cumulative totals, for checks (metrics and reports read the records).
         self.stored_blocks = 0
         self.loaded_blocks = 0
@@ -171,7 +181,7 @@ class TierConnector:
             return None
         hold = self._holds.pop(request, None)
         if hold is not None:
-            self._released.append(hold)  # unpinned once this pass's loads have pinned theirs
+            self._released += hold  # unpinned once this pass's loads have pinned theirs
         if request.skip_tier_load:
             request.promoted = None
             return 0
@@ -199,7 +209,7 @@ class TierConnector:
         what the connector kept for its retry is released, as a lookup would."""
         hold = self._holds.pop(request, None)
         if hold is not None:
-            self._released.append(hold)
+            self._released += hold
         request.promoted = None
 
     def load_pays_off(self, num_blocks: int, promote_s: float = 0.0) -> bool:
@@ -256,7 +266,8 @@ class TierConnector:
     def cpu_pins(self) -> dict[BlockKey, int]:
         """The pins the connector holds on CPU-tier keys: loads, holds, cascades (checks)."""
         pins: dict[BlockKey, int] = {}
-        runs = [ld.hashes for ld in self._loads.values()] + list(self._holds.values())
+        runs = [ld.hashes for ld in self._loads.values()]
+        runs += [run for hold in self._holds.values() for run in hold]
         runs += [p.hold for p in self._promotions.values()] + self._released
         runs += self._cascading.values()
         for run in runs:
@@ -276,13 +287,19 @@ class TierConnector:
     def next_deadline(self) -> float | None:
         """When something next needs the engine's attention: a transfer ends, a load or
         promotion times out, or a posted store is due (None: nothing)."""
+        # Kept until the version changes (every start, end and cancel bumps it), unless a
+        # shared tier's channels are in the list: another engine's transfers move them.
+        if self._deadline_version == self.version and not self._shared:
+            return self._deadline
         times = [t for ch in self.channels if (t := ch.next_deadline()) is not None]
         t = self._next_timeout()
         if t is not None:
             times.append(t)
         if self._posted:
             times.append(self._posted[0][0])
-        return min(times) if times else None
+        self._deadline = min(times) if times else None
+        self._deadline_version = self.version
+        return self._deadline
 
     def take_records(self) -> list[TransferRecord]:
         if not self._records:
@@ -312,22 +329,22 @@ class TierConnector:
         (not held there yet, and room found). The policy hears of the keys the CPU tier
         evicted to make room."""
         cpu = self.cpu
-        # The tokens are needed only for the Stored events when the copy lands, here and in
-        # the tiers the block cascades to (the same record): all tiers publish, or none.
-        keep = cpu.record_events
-        bs = self.block_size
-        tier_blocks = [
-            TierBlock(b.cached_hash, b.parent_hash, b.token_ids(bs) if keep else (), b.lora_name)
-            for b in blocks
-        ]
-        plan = cpu.prepare_store(tier_blocks)
+        keys = list(map(_HASH, blocks))
+        batch = BlockBatch(keys, list(map(_PARENT, blocks)), unique=True)  # device hashes
+        if cpu.record_events:
+            # The tokens are needed only for the Stored events when the copy lands, here
+            # and in the tiers the block cascades to (the same record): all tiers publish,
+            # or none.
+            bs = self.block_size
+            batch.meta = [(b.token_ids(bs), b.lora_name) for b in blocks]
+        plan = cpu.prepare_store(batch)
         self.stores_skipped += plan.skipped
         if plan.evicted:
             self.policy.cpu_evicted(plan.evicted)
         if len(plan.keys) == len(blocks):
-            return list(blocks)
+            return blocks if isinstance(blocks, list) else list(blocks)
         chosen = set(plan.keys)
-        return [b for b in blocks if b.block_hash in chosen]
+        return list(compress(blocks, map(chosen.__contains__, keys)))
 
     def request_finished(self, request: Request) -> bool:
         """A request finished: True if its blocks must wait for copies in flight (vLLM's
@@ -467,7 +484,7 @@ class TierConnector:
             self.cpu.complete_store(promotion.keys)
             # The landed blocks join the hold: pinned until the request's retry.
             self.cpu.prepare_load(promotion.keys)
-            self._holds[promotion.request] = promotion.hold + promotion.keys
+            self._holds[promotion.request] = [promotion.hold, promotion.keys]
             request = promotion.request
             if request.promoted is None:
                 request.promoted = {}
@@ -503,9 +520,8 @@ class TierConnector:
         if promotion is not None:
             promotion.tier.read.cancel(now, promotion.tid)
             self._unwind(promotion)
-        hold = self._holds.pop(request, None)
-        if hold is not None:
-            self.cpu.complete_load(hold)
+        for run in self._holds.pop(request, ()):
+            self.cpu.complete_load(run)
 
     def end_schedule(self) -> None:
         """The pass's loads have pinned their CPU blocks: the holds they replace go."""
@@ -583,6 +599,10 @@ class TierConnector:
         whose load timed out). Requests whose promotion failed are still waiting: their
         next lookup answers 0."""
         timed_out: list[Request] = []
+        due = self.next_deadline()
+        if due is None or due > now:  # (most polls: nothing is due)
+            self._time = max(self._time, now)
+            return [], timed_out
         channels, posted = self.channels, self._posted
         while True:
             t, channel = math.inf, None

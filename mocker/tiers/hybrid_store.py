@@ -94,23 +94,20 @@ class HybridWriteThrough(WriteThrough):
         for unit in chosen:
             assert isinstance(unit, ChunkUnit)
             pool.touch(unit.members)  # referenced already: pinned, not newly used
-        self._staged.extend((u, request) for u in chosen)
         if chosen:
-            self._storing[request] = self._storing.get(request, 0) + len(chosen)
+            self._stage(request, chosen)
 
     def stored(self, blocks: list[KVBlock], owners: list[Request] | None) -> None:
         release = self._kv.release_blocks
         for unit in reversed(blocks):  # tail first, as a request frees its blocks
             assert isinstance(unit, ChunkUnit)
             release(unit.members[::-1])
-        storing = self._storing
-        for owner in owners or ():
-            storing[owner] -= 1
-            if not storing[owner]:
-                del storing[owner]
-                held = self._held_tables.pop(owner, None)
-                if held is not None:
-                    self._kv.free_tables(held)
+        self._copies_ended(owners)
+
+    def _release_held(self, owner: Request) -> None:
+        held = self._held_tables.pop(owner, None)
+        if held is not None:
+            self._kv.free_tables(held)
 
     def request_finished(self, request: Request) -> bool:
         if request not in self._storing or request.group_blocks is None:

@@ -120,20 +120,23 @@ class Link:
 
     def _progress(self, now: float) -> None:
         """Advance the shared service to `now`; transfers whose bytes are through move to the
-        finish heap, due after their latency. Time never goes back."""
+        finish heap, due after their latency. Time never goes back. (`_head` and
+        `_bytes_done_at` are written out inline: this runs at every start and poll.)"""
         if now < self._time:
             return
-        active = self._active
+        active, heap = self._active, self._heap
         while active:
-            head = self._head()
-            assert head is not None
-            finish = self._bytes_done_at(head)
+            # The heap holds an entry for every active transfer (and stale ones: skipped).
+            while active.get(heap[0][1]) != heap[0][0]:
+                heapq.heappop(heap)
+            head = heap[0][0]
+            finish = self._time + max(0.0, head - self._service) * len(active) / self.bandwidth
             if finish > now:
                 break
             # Bytes done: time and service move to this instant exactly (no drift).
             self._time = finish
             self._service = head
-            _, tid = heapq.heappop(self._heap)
+            tid = heapq.heappop(heap)[1]
             del active[tid]
             heapq.heappush(self._delayed, (finish + self.latency, tid))
             self._fresh = False  # n changed: the others' finish times moved
@@ -143,5 +146,5 @@ class Link:
             # Idle: restart the service count, so it never grows large enough to lose
             # precision over a long uptime (stale heap entries go with it).
             self._service = 0.0
-            self._heap.clear()
+            heap.clear()
         self._time = now

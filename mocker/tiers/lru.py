@@ -3,27 +3,40 @@ every tier below it that evicts by recency)."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Sequence
-from itertools import islice
-from operator import attrgetter
+from collections import deque
+from collections.abc import Iterable, Sequence
+from itertools import compress, islice, repeat, takewhile
+from operator import ne
 
 from mocker.kv.events import BlockRemoved, BlockStored, KVEvent, parents_first
-from mocker.tiers.tier import BlockKey, Medium, StorePlan, TierBlock
+from mocker.tiers.pins import Pins
+from mocker.tiers.tier import BlockBatch, BlockKey, BlockMeta, Medium, StorePlan
 
 __all__ = ["LruTier"]
+
+# Every block any tier stores, loads or pins passes through this class: its per-block work is
+# C-level (dict and set operations, `map` consumed by `_drain`), never a Python loop, so a
+# tier's cost stays a small fraction of the device pool's (bench/tiers.py).
+
+
+def _drain(calls: Iterable[object]) -> None:
+    """Run a lazy `map` of calls to the end at C speed, keeping nothing."""
+    deque(calls, maxlen=0)
 
 
 class LruTier:
     """A `Tier` (mocker.tiers.tier) of `capacity` slots, evicting least recently used first.
 
-    Incoming and resident blocks together never exceed the capacity. Pins live beside the
-    LRU order (a count per pinned key), so the blocks themselves are plain data that every
-    tier of a cascade can share.
+    Incoming and resident blocks together never exceed the capacity. A block is its key and
+    its parent's (the events' chains, the order of a batch in the LRU); its tokens and LoRA
+    are kept only when the tier publishes events.
+
+    Pins are runs of keys beside the LRU order (mocker.tiers.pins), counted per key only
+    when an eviction scan meets them.
     """
 
-    __slots__ = ("_events", "_incoming", "_pins", "_resident", "block_size", "capacity",
-                 "medium", "name", "record_events")  # fmt: skip
+    __slots__ = ("_events", "_incoming", "_meta", "_pins", "_resident", "block_size",
+                 "capacity", "medium", "name", "record_events")  # fmt: skip
 
     def __init__(
         self,
@@ -39,9 +52,14 @@ class LruTier:
         self.capacity = capacity
         self.block_size = block_size
         self.record_events = record_events
-        self._resident: OrderedDict[BlockKey, TierBlock] = OrderedDict()  # LRU first
-        self._incoming: dict[BlockKey, TierBlock] = {}
-        self._pins: dict[BlockKey, int] = {}  # resident keys being read: never evicted
+        # key -> parent key: resident blocks in LRU order (least recently used first), and
+        # blocks whose copy has not landed yet. A plain dict keeps the order: made most
+        # recently used = popped and inserted again, at C speed; an OrderedDict allocates a
+        # node per key, which doubles the cost of every store.
+        self._resident: dict[BlockKey, BlockKey | None] = {}
+        self._incoming: dict[BlockKey, BlockKey | None] = {}
+        self._meta: dict[BlockKey, BlockMeta] = {}  # resident or incoming; events only
+        self._pins = Pins()  # reads in flight: never evicted
         self._events: list[KVEvent] = []
 
     # -- state --------------------------------------------------------------------------------
@@ -72,38 +90,49 @@ class LruTier:
     def resident_keys(self) -> set[BlockKey]:
         return set(self._resident)
 
-    def num_pinned(self) -> int:
-        return len(self._pins)
-
     def pins(self) -> dict[BlockKey, int]:
         """Pin count of each pinned resident block (for checks)."""
-        return dict(self._pins)
+        return self._pins.per_key()
+
+    def num_pinned(self) -> int:
+        return len(self._pins.per_key())
 
     def lookup(self, keys: Sequence[BlockKey], start: int, stop: int) -> int:
-        resident = self._resident
-        n = 0
-        for i in range(start, stop):
-            if keys[i] not in resident:
-                break
-            n += 1
-        return n
+        contains = self._resident.__contains__
+        if all(map(contains, islice(keys, start, stop))):
+            return max(0, min(stop, len(keys)) - start)  # (the common answer, no list built)
+        return len(list(takewhile(contains, islice(keys, start, stop))))
 
     # -- stores -------------------------------------------------------------------------------
 
-    def prepare_store(self, blocks: Sequence[TierBlock]) -> StorePlan:
+    def prepare_store(self, blocks: BlockBatch) -> StorePlan:
         """The blocks not held yet are reserved in order, the least recently used unpinned
         blocks evicted to make room (never a block of this batch); when every resident
         block is pinned, the blocks past the room are skipped (no room will appear before a
         load ends)."""
-        plan = StorePlan()
         resident, incoming = self._resident, self._incoming
-        # Set and dict operations at C speed: this runs for every block stored in any tier.
-        fresh = dict(zip(map(_KEY, blocks), blocks, strict=True))  # a key once, batch order
-        held = resident.keys() & fresh.keys()
-        for key in held:
-            del fresh[key]
-        for key in incoming.keys() & fresh.keys():
-            del fresh[key]
+        keys = blocks.keys
+        if (
+            blocks.unique
+            and len(keys) <= self.capacity - len(resident) - len(incoming)
+            and resident.keys().isdisjoint(keys)
+            and incoming.keys().isdisjoint(keys)
+        ):
+            # All new and room for all (most batches): no dict of them is built.
+            incoming.update(zip(keys, blocks.parents, strict=True))
+            plan = StorePlan(keys=list(keys))
+            self._keep_meta(plan.keys, blocks)
+            return plan
+        fresh = dict(zip(keys, blocks.parents, strict=True))  # a key once, batch order
+        # (Bound `pop`, not `__delitem__`: a slot wrapper builds an argument tuple per call;
+        # and `isdisjoint` first: most batches are all new, or all held.)
+        held: set[BlockKey] | tuple[()] = ()
+        if not resident.keys().isdisjoint(fresh):
+            held = resident.keys() & fresh.keys()
+            _drain(map(fresh.pop, held))
+        if incoming and not incoming.keys().isdisjoint(fresh):
+            _drain(map(fresh.pop, incoming.keys() & fresh.keys()))
+        plan = StorePlan()
         if not fresh:
             return plan
         need = len(fresh) - (self.capacity - len(resident) - len(incoming))
@@ -114,29 +143,44 @@ class LruTier:
             if len(victims) < need:
                 plan.skipped = need - len(victims)
                 keep = len(fresh) - plan.skipped
-                fresh = dict(list(fresh.items())[:keep])
+                fresh = dict(islice(fresh.items(), keep))
         incoming.update(fresh)
         plan.keys = list(fresh)
+        self._keep_meta(plan.keys, blocks)
         return plan
 
-    def _victims(self, n: int, spared: set[BlockKey]) -> list[BlockKey]:
+    def _keep_meta(self, keys: list[BlockKey], blocks: BlockBatch) -> None:
+        """What the events of these reserved keys will name (events only)."""
+        if not self.record_events:
+            return
+        if blocks.meta is None:  # a caller that keeps no tokens: events name none
+            self._meta.update(dict.fromkeys(keys, ((), None)))
+        elif len(keys) == len(blocks.keys):  # (then the same keys, in the same order)
+            self._meta.update(zip(keys, blocks.meta, strict=True))
+        else:
+            meta = dict(zip(blocks.keys, blocks.meta, strict=True))
+            self._meta.update(zip(keys, map(meta.__getitem__, keys), strict=True))
+
+    def _victims(self, n: int, spared: set[BlockKey] | tuple[()]) -> list[BlockKey]:
         """Up to n least recently used keys that are neither pinned nor spared, in one scan
         from the LRU end. A pinned block the scan passes is in use (a read in flight): it
         moves to the most recently used end, so no later scan passes it again (a copy to a
         slow shared tier can keep thousands pinned)."""
-        pins = self._pins
-        resident = self._resident
+        resident, pins = self._resident, self._pins
         if not pins and not spared:
             return list(islice(resident, n))
         victims: list[BlockKey] = []
-        # No more than the unpinned blocks can go: once they are found, stop (a tier whose
-        # every block is pinned answers at once).
-        n = min(n, len(resident) - len(pins))
-        if n <= 0:
-            return victims
         in_use: list[BlockKey] = []
+        # No more than the unpinned blocks can go: once they are found, stop (a tier whose
+        # every block is pinned answers at once). The pins counted with repeats bound the
+        # pinned keys from above: only when that bound leaves too few are they counted.
+        if len(resident) - pins.total < n:
+            n = min(n, len(resident) - self.num_pinned())
+            if n <= 0:
+                return victims
+        taken, released = pins.counters()
         for key in resident:
-            if key in pins:
+            if taken.get(key, 0) > released.get(key, 0):
                 in_use.append(key)
                 continue
             if key in spared:
@@ -144,50 +188,54 @@ class LruTier:
             victims.append(key)
             if len(victims) == n:
                 break
-        for key in in_use:
-            resident.move_to_end(key)
+        self._to_end(in_use)
         return victims
 
     def _evict(self, keys: list[BlockKey]) -> None:
-        resident = self._resident
-        for key in keys:
-            del resident[key]
+        _drain(map(self._resident.pop, keys))
         if self.record_events:
+            _drain(map(self._meta.pop, keys, repeat(None)))
             medium = self.medium
             self._events.extend(BlockRemoved(block_hashes=(key,), medium=medium) for key in keys)
 
     def complete_store(self, keys: Sequence[BlockKey], success: bool = True) -> None:
         """Within a batch a parent becomes more recent than its children, as vLLM's LRU
         touches a chain in reverse, so a chain is evicted leaf first."""
-        landed = list(map(self._incoming.pop, keys))
-        if not success or not landed:
+        parents = list(map(self._incoming.pop, keys))
+        if not parents:
             return
-        ordered = _children_first(landed)
-        self._resident.update(zip(map(_KEY, ordered), ordered, strict=True))
+        if not success:
+            if self.record_events:
+                _drain(map(self._meta.pop, keys, repeat(None)))
+            return
+        ordered_keys, ordered_parents = _children_first(
+            keys if isinstance(keys, list) else list(keys), parents
+        )
+        self._resident.update(zip(ordered_keys, ordered_parents, strict=True))
         if self.record_events:
-            self._record_stored(landed)
+            self._record_stored(keys, parents)
 
-    def _record_stored(self, blocks: list[TierBlock]) -> None:
+    def _record_stored(self, keys: Sequence[BlockKey], parents: list[BlockKey | None]) -> None:
         """One BlockStored per run of blocks that chain parent to child."""
-        run: list[TierBlock] = []
-        for block in blocks:
-            if run and block.parent != run[-1].key:
-                self._emit_run(run)
-                run = []
-            run.append(block)
-        self._emit_run(run)
+        start = 0
+        for i in range(1, len(keys)):
+            if parents[i] != keys[i - 1]:
+                self._emit_run(keys[start:i], parents[start])
+                start = i
+        self._emit_run(keys[start:], parents[start])
 
-    def _emit_run(self, run: list[TierBlock]) -> None:
+    def _emit_run(self, keys: Sequence[BlockKey], parent: BlockKey | None) -> None:
+        meta = self._meta
         tokens: list[int] = []
-        for block in run:
-            tokens.extend(block.token_ids)
+        for key in keys:
+            tokens.extend(meta[key][0])
         self._events.append(
             BlockStored(
-                block_hashes=tuple(b.key for b in run),
-                parent_block_hash=run[0].parent,
+                block_hashes=tuple(keys),
+                parent_block_hash=parent,
                 token_ids=tuple(tokens),
                 block_size=self.block_size,
-                lora_name=run[0].lora_name,
+                lora_name=meta[keys[0]][1],
                 medium=self.medium,
             )
         )
@@ -195,45 +243,41 @@ class LruTier:
     # -- loads --------------------------------------------------------------------------------
 
     def touch(self, keys: Sequence[BlockKey]) -> None:
-        resident = self._resident
-        for key in reversed(keys):  # the chain's root ends most recently used
-            if key in resident:
-                resident.move_to_end(key)
+        # The chain's root ends most recently used.
+        self._to_end(list(filter(self._resident.__contains__, reversed(keys))))
 
     def prepare_load(self, keys: Sequence[BlockKey]) -> None:
-        """A read starts (keys in chain order): pinned, and most recently used."""
-        move, pins = self._resident.move_to_end, self._pins
-        for key in reversed(keys):
-            move(key)  # a KeyError for a key that is not resident
-            pins[key] = pins.get(key, 0) + 1
+        """A read starts (keys in chain order): pinned, and most recently used (the chain's
+        root most of all). `complete_load` takes the same sequence."""
+        self._to_end(keys[::-1])  # a KeyError: not resident
+        self._pins.add(keys)
+
+    def _to_end(self, keys: Sequence[BlockKey]) -> None:
+        """Make these resident keys the most recently used, the last one most of all."""
+        resident = self._resident
+        resident.update(zip(keys, map(resident.pop, keys), strict=True))  # (in order)
 
     def complete_load(self, keys: Sequence[BlockKey]) -> None:
         self.unpin(keys)
 
     def pin(self, keys: Sequence[BlockKey]) -> None:
         """Keep resident keys from eviction while they are read (a cascade), without
-        touching their recency (unless an eviction scan passes one: see `_victims`)."""
-        resident, pins = self._resident, self._pins
-        for key in keys:
-            if key not in resident:
-                raise KeyError(key)
-            pins[key] = pins.get(key, 0) + 1
+        touching their recency (unless an eviction scan passes one: see `_victims`).
+        `unpin` takes the same sequence."""
+        resident = self._resident
+        if not all(map(resident.__contains__, keys)):
+            raise KeyError(next(k for k in keys if k not in resident))
+        self._pins.add(keys)
 
     def unpin(self, keys: Sequence[BlockKey]) -> None:
-        pins = self._pins
-        for key in keys:
-            n = pins.get(key, 0)
-            if n <= 0:
-                raise ValueError(f"{self.name} block {key} unpinned more often than pinned")
-            if n == 1:
-                del pins[key]
-            else:
-                pins[key] = n - 1
+        self._pins.remove(keys, self.name)
 
-    def copies(self, keys: Sequence[BlockKey]) -> list[TierBlock]:
-        """These resident blocks, to store in another tier (the records are shared: pins
-        and recency are each tier's own)."""
-        return list(map(self._resident.__getitem__, keys))
+    def copies(self, keys: Sequence[BlockKey]) -> BlockBatch:
+        """These resident blocks, to store in another tier (pins and recency are each
+        tier's own; the event records are shared)."""
+        parents = list(map(self._resident.__getitem__, keys))
+        meta = list(map(self._meta.__getitem__, keys)) if self.record_events else None
+        return BlockBatch(list(keys), parents, meta, unique=True)  # (a tier's keys are)
 
     # -- events -------------------------------------------------------------------------------
 
@@ -241,10 +285,9 @@ class LruTier:
         """Record a BlockStored for every resident block, parents first (after a consumer
         was told AllBlocksCleared while this tier kept its blocks)."""
         if self.record_events and self._resident:
-            for block in parents_first(
-                self._resident.values(), lambda b: b.key, lambda b: b.parent
-            ):
-                self._emit_run([block])
+            resident = self._resident
+            for key in parents_first(resident, lambda k: k, resident.__getitem__):
+                self._emit_run((key,), resident[key])
 
     def take_events(self) -> list[KVEvent]:
         if not self._events:
@@ -253,33 +296,59 @@ class LruTier:
         return events
 
 
-_KEY = attrgetter("key")
-_PARENT = attrgetter("parent")
+def _children_first(
+    keys: list[BlockKey], parents: list[BlockKey | None]
+) -> tuple[list[BlockKey], list[BlockKey | None]]:
+    """The keys and their parents reordered so that every block comes after its descendants.
 
-
-def _children_first(blocks: list[TierBlock]) -> list[TierBlock]:
-    """The blocks ordered so that every block comes after its descendants in the list."""
-    keys, parents = list(map(_KEY, blocks)), list(map(_PARENT, blocks))
+    A batch is one chain or several, root first (a write-through batch, a promotion) or leaf
+    first (an evict batch): those orders are found and applied with C-level comparisons and
+    slices; anything else (a chain that branches within the batch) takes a post-order walk.
+    Every path gives the walk's order: the chains in the order of their roots, each leaf
+    first."""
     if parents[:-1] == keys[1:]:
-        return blocks  # one chain, leaf first (an evict batch)
+        return keys, parents  # one chain, leaf first (an evict batch)
     if parents[1:] == keys[:-1]:
-        return blocks[::-1]  # one chain, root first (a write-through batch)
-    in_batch = {b.key for b in blocks}
-    children: dict[BlockKey, list[TierBlock]] = {}
-    roots: list[TierBlock] = []
-    for block in blocks:
-        parent = block.parent
-        if parent is not None and parent in in_batch and parent != block.key:
-            children.setdefault(parent, []).append(block)
+        return keys[::-1], parents[::-1]  # one chain, root first (a write-through batch)
+    n = len(keys)
+    # Root-first chains: a run continues while each block's parent is the key before it.
+    starts = [0, *compress(range(1, n), map(ne, parents[1:], keys[:-1]))]
+    in_batch = set(keys)
+    if not any(map(in_batch.__contains__, map(parents.__getitem__, starts))):
+        out_keys: list[BlockKey] = []
+        out_parents: list[BlockKey | None] = []
+        for lo, hi in zip(starts, [*starts[1:], n], strict=True):
+            out_keys += keys[hi - 1 : lo - 1 if lo else None : -1]
+            out_parents += parents[hi - 1 : lo - 1 if lo else None : -1]
+        return out_keys, out_parents
+    # Leaf-first chains: a run continues while each block's parent is the key after it.
+    ends = [*compress(range(1, n), map(ne, parents[:-1], keys[1:])), n]
+    if not any(map(in_batch.__contains__, map(parents.__getitem__, [e - 1 for e in ends]))):
+        return keys, parents
+    walked = _post_order(list(zip(keys, parents, strict=True)), in_batch)
+    return [k for k, _ in walked], [p for _, p in walked]
+
+
+def _post_order(
+    pairs: list[tuple[BlockKey, BlockKey | None]], in_batch: set[BlockKey]
+) -> list[tuple[BlockKey, BlockKey | None]]:
+    children: dict[BlockKey, list[tuple[BlockKey, BlockKey | None]]] = {}
+    roots: list[tuple[BlockKey, BlockKey | None]] = []
+    for pair in pairs:
+        key, parent = pair
+        if parent is not None and parent in in_batch and parent != key:
+            children.setdefault(parent, []).append(pair)
         else:
-            roots.append(block)
-    out: list[TierBlock] = []
-    stack: list[tuple[TierBlock, bool]] = [(r, False) for r in reversed(roots)]
+            roots.append(pair)
+    out: list[tuple[BlockKey, BlockKey | None]] = []
+    stack: list[tuple[tuple[BlockKey, BlockKey | None], bool]] = [
+        (r, False) for r in reversed(roots)
+    ]
     while stack:  # iterative post-order: chains can be thousands of blocks long
-        block, expanded = stack.pop()
+        pair, expanded = stack.pop()
         if expanded:
-            out.append(block)
+            out.append(pair)
             continue
-        stack.append((block, True))
-        stack.extend((c, False) for c in children.get(block.key, ()))
+        stack.append((pair, True))
+        stack.extend((c, False) for c in children.get(pair[0], ()))
     return out

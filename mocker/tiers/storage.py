@@ -12,7 +12,7 @@ from mocker.kv.events import BlockRemoved, BlockStored, KVEvent
 from mocker.tiers.channel import Channel
 from mocker.tiers.link import Link
 from mocker.tiers.lru import LruTier
-from mocker.tiers.tier import BlockKey, Locality, Medium, StorePlan, TierBlock
+from mocker.tiers.tier import BlockBatch, BlockKey, Locality, Medium, StorePlan
 
 __all__ = ["StorageTier"]
 
@@ -57,7 +57,8 @@ class StorageTier:
         self.read = Channel(Link(spec.read_gbps * 1e9 * speedup, latency / speedup), spec.name,
                             "cpu")  # fmt: skip
         self._rng = random.Random(f"{seed}:{spec.name}")  # str seeds are deterministic
-        self._storer: dict[BlockKey, int] = {}  # who stored each resident or incoming key
+        # Who stored each resident or incoming key (kept only when the tier publishes events).
+        self._storer: dict[BlockKey, int] = {}
         self._queues: dict[int, list[KVEvent]] = {}  # per subscriber
 
     def subscribe(self, engine: int) -> None:
@@ -71,14 +72,15 @@ class StorageTier:
 
     # -- residency, with the storer remembered ------------------------------------------------
 
-    def prepare_store(self, blocks: Sequence[TierBlock], engine: int) -> StorePlan:
+    def prepare_store(self, blocks: BlockBatch, engine: int) -> StorePlan:
         plan = self.tier.prepare_store(blocks)
+        if not self.tier.record_events:
+            return plan  # (whose block it is matters to events only)
         self._fan_out()  # the evictions, while their storers are known
         storer = self._storer
         for key in plan.evicted:
             storer.pop(key, None)
-        for key in plan.keys:
-            storer[key] = engine
+        storer.update(dict.fromkeys(plan.keys, engine))
         return plan
 
     def complete_store(self, keys: Sequence[BlockKey], success: bool) -> None:
@@ -86,7 +88,8 @@ class StorageTier:
         if not success:
             for key in keys:
                 self._storer.pop(key, None)
-        self._fan_out()
+        if self.tier.record_events:
+            self._fan_out()
 
     def take_events(self, engine: int) -> list[KVEvent]:
         queue = self._queues.get(engine)

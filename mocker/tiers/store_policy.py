@@ -5,6 +5,8 @@ points."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import compress, repeat
+from operator import attrgetter, is_not
 from typing import TYPE_CHECKING, Protocol
 
 from mocker.kv.block import KVBlock
@@ -15,6 +17,8 @@ if TYPE_CHECKING:
     from mocker.tiers.connector import TierConnector
 
 __all__ = ["StorePolicy", "WriteBack", "WriteThrough"]
+
+_HASH = attrgetter("block_hash")
 
 
 class StorePolicy(Protocol):
@@ -71,12 +75,15 @@ class WriteThrough:
     finished request's whole block table waits for those copies (vLLM's delay_free), then
     is freed tail first. Eviction from the device is then free."""
 
-    __slots__ = ("_connector", "_held", "_prompt_only", "_staged", "_storing")
+    __slots__ = ("_connector", "_held", "_owners", "_prompt_only", "_staged", "_storing")
 
     def __init__(self, connector: TierConnector, *, prompt_only: bool = True) -> None:
         self._connector = connector
         self._prompt_only = prompt_only
-        self._staged: list[tuple[KVBlock, Request]] = []  # pinned, copied at the pass's end
+        # Pinned, copied at the pass's end; each block's request beside it (lists built at C
+        # level: every stored block passes here).
+        self._staged: list[KVBlock] = []
+        self._owners: list[Request] = []
         # A request's copies in flight, and the block tables of finished requests held until
         # their last copy ends.
         self._storing: dict[Request, int] = {}
@@ -98,22 +105,28 @@ class WriteThrough:
             stop = min(stop, request.num_prompt_tokens // connector.block_size)
         if stop <= before:
             return
-        blocks = [b for b in request.blocks[before:stop] if b.block_hash is not None]
-        pinned = connector.plan_store(blocks)
+        if not connector.pool.enable_caching:
+            return  # nothing is cached, so nothing can be stored
+        # Blocks counted as cached hold their hashes (a duplicate was swapped for the block
+        # already cached under its hash).
+        pinned = connector.plan_store(request.blocks[before:stop])
         if pinned:
             connector.pool.touch(pinned)
-            self._staged.extend((b, request) for b in pinned)
-            self._storing[request] = self._storing.get(request, 0) + len(pinned)
+            self._stage(request, pinned)
+
+    def _stage(self, request: Request, pinned: list[KVBlock]) -> None:
+        self._staged += pinned
+        self._owners += repeat(request, len(pinned))
+        self._storing[request] = self._storing.get(request, 0) + len(pinned)
 
     def after_schedule(self, now: float) -> None:
         """Nothing: allocation displaces nothing under write-through."""
 
     def end_pass(self, end: float) -> None:
         if self._staged:
-            staged, self._staged = self._staged, []
-            blocks = [b for b, _ in staged]
-            hashes = [b.cached_hash for b in blocks]
-            self._connector.start_stores(end, blocks, hashes, [r for _, r in staged])
+            blocks, owners = self._staged, self._owners
+            self._staged, self._owners = [], []
+            self._connector.start_stores(end, blocks, list(map(_HASH, blocks)), owners)
 
     def make_room(self, num_blocks: int) -> None:
         """Nothing to do: every free device block is reusable."""
@@ -125,17 +138,32 @@ class WriteThrough:
         """Nothing: device blocks are not retained under write-through."""
 
     def stored(self, blocks: list[KVBlock], owners: list[Request] | None) -> None:
-        pool = self._connector.pool
         # Unpin tail first, as a request frees its blocks, so a chain is evicted leaf first.
-        pool.free_blocks(reversed(blocks))
+        self._connector.pool.free_blocks(reversed(blocks))
+        self._copies_ended(owners)
+
+    def _copies_ended(self, owners: list[Request] | None) -> None:
+        """Count the ended copies against their requests; a finished request whose last
+        copy ended is freed (in the order the batch reaches each one's last block: a
+        request's blocks are contiguous in a batch)."""
+        if not owners:
+            return
         storing = self._storing
-        for owner in owners or ():
-            storing[owner] -= 1
-            if not storing[owner]:
-                del storing[owner]
-                held = self._held.pop(owner, None)
-                if held:
-                    pool.free_blocks(reversed(held))
+        # Where each request's run of blocks starts (C-level: a batch is a few runs).
+        starts = [0, *compress(range(1, len(owners)), map(is_not, owners[1:], owners[:-1]))]
+        for lo, hi in zip(starts, [*starts[1:], len(owners)], strict=True):
+            owner = owners[lo]
+            left = storing[owner] - (hi - lo)
+            if left:
+                storing[owner] = left
+                continue
+            del storing[owner]
+            self._release_held(owner)
+
+    def _release_held(self, owner: Request) -> None:
+        held = self._held.pop(owner, None)
+        if held:
+            self._connector.pool.free_blocks(reversed(held))
 
     def request_finished(self, request: Request) -> bool:
         if request not in self._storing:

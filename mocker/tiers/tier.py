@@ -11,7 +11,8 @@ from typing import Protocol
 from mocker.kv.events import KVEvent
 from mocker.kv.hashing import BlockHash
 
-__all__ = ["BlockKey", "Locality", "Medium", "StorePlan", "Tier", "TierBlock"]
+__all__ = ["BlockBatch", "BlockKey", "BlockMeta", "Locality", "Medium", "StorePlan", "Tier",
+           "TierBlock"]  # fmt: skip
 
 # What a tier is keyed by: the device block's hash (the prefix chain, LoRA and salt are in
 # it), never a request.
@@ -33,16 +34,44 @@ class Locality(StrEnum):
     REMOTE = "REMOTE"
 
 
+# What a BlockStored event names of a block besides its key and parent: its tokens and LoRA.
+BlockMeta = tuple[tuple[int, ...], str | None]
+
+
 @dataclass(slots=True, eq=False)
 class TierBlock:
-    """One block's KV in a tier (or on its way there): what a BlockStored event names.
-    Plain data, never changed, so a cascade shares one record between tiers; the tokens
-    are kept only when the tiers publish events."""
+    """One block's KV as a BlockStored event names it: a row of a `BlockBatch` (for callers
+    that build batches by hand; the store path itself never makes one per block)."""
 
     key: BlockKey
     parent: BlockKey | None
     token_ids: tuple[int, ...]
     lora_name: str | None = None
+
+
+@dataclass(slots=True)
+class BlockBatch:
+    """Blocks to store in a tier, as columns: every block any tier stores passes through
+    here, so a batch is built and read with C-level list operations, never an object per
+    block. `parents` order a batch in the LRU (a chain is evicted leaf first) and chain the
+    events; `meta` is kept only when the tiers publish events (all tiers do, or none)."""
+
+    keys: list[BlockKey]
+    parents: list[BlockKey | None]
+    meta: list[BlockMeta] | None = None
+    # No key twice (a chain, a tier's copies): a store then builds no dict to dedupe them.
+    unique: bool = False
+
+    @classmethod
+    def of(cls, blocks: Sequence[TierBlock]) -> BlockBatch:
+        return cls(
+            [b.key for b in blocks],
+            [b.parent for b in blocks],
+            [(b.token_ids, b.lora_name) for b in blocks],
+        )
+
+    def __len__(self) -> int:
+        return len(self.keys)
 
 
 @dataclass(slots=True)
@@ -89,7 +118,7 @@ class Tier(Protocol):
         """The read ended (or was dropped): unpin."""
         ...
 
-    def prepare_store(self, blocks: Sequence[TierBlock]) -> StorePlan:
+    def prepare_store(self, blocks: BlockBatch) -> StorePlan:
         """Reserve slots for the blocks not held yet, evicting as needed (see StorePlan)."""
         ...
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import NamedTuple
 
 __all__ = ["TierCounters", "TransferKind", "TransferRecord"]
 
@@ -14,10 +15,10 @@ class TransferKind(IntEnum):
     LOAD = 1  # towards the device (CPU → device, a secondary tier → CPU)
 
 
-@dataclass(frozen=True, slots=True)
-class TransferRecord:
+class TransferRecord(NamedTuple):
     """A finished transfer (times on the engine's clock) from tier `src` to tier `dst`
-    (tier names: "gpu", "cpu", "fs", "obj")."""
+    (tier names: "gpu", "cpu", "fs", "obj"). A named tuple: one is made per transfer, and a
+    frozen dataclass costs several times as much to build."""
 
     kind: TransferKind
     num_blocks: int

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mocker.kv.events import BlockRemoved, BlockStored
 from mocker.kv.hashing import BlockHash
-from mocker.tiers.lru import LruTier
-from mocker.tiers.tier import Medium, TierBlock
+from mocker.tiers.lru import LruTier, _children_first, _post_order
+from mocker.tiers.tier import BlockBatch, Medium, TierBlock
 
 
 def blk(h: int, parent: int | None = None) -> TierBlock:
@@ -16,7 +18,7 @@ def blk(h: int, parent: int | None = None) -> TierBlock:
 
 def reserve(tier: LruTier, block: TierBlock) -> list[BlockHash] | None:
     """One block's prepare_store: the keys evicted for it, or None if it was skipped."""
-    plan = tier.prepare_store([block])
+    plan = tier.prepare_store(BlockBatch.of([block]))
     return None if plan.skipped else plan.evicted
 
 
@@ -108,14 +110,14 @@ def test_a_batch_plan_skips_held_keys_and_stops_where_no_room_is_left() -> None:
     reserve(host, blk(1))
     host.complete_store([BlockHash(1)])
     host.prepare_load([BlockHash(1)])  # pinned: never evicted
-    plan = host.prepare_store([blk(1), blk(2), blk(3), blk(4), blk(1)])
+    plan = host.prepare_store(BlockBatch.of([blk(1), blk(2), blk(3), blk(4), blk(1)]))
     assert plan.keys == [BlockHash(2), BlockHash(3)] and plan.evicted == []
     assert plan.skipped == 1  # 4 found no room; 1 is held, neither stored nor skipped
 
 
 def test_a_failed_store_frees_its_slots_and_shows_nothing() -> None:
     tier = LruTier(2, 2, name="fs", medium=Medium.STORAGE, record_events=True)
-    assert tier.prepare_store([blk(1), blk(2)]).keys == [BlockHash(1), BlockHash(2)]
+    assert tier.prepare_store(BlockBatch.of([blk(1), blk(2)])).keys == [BlockHash(1), BlockHash(2)]
     tier.complete_store([BlockHash(1)], success=False)
     tier.complete_store([BlockHash(2)])
     assert not tier.holds(BlockHash(1)) and BlockHash(2) in tier and tier.num_used == 1
@@ -135,7 +137,7 @@ def test_touch_makes_a_chain_most_recently_used_root_last() -> None:
 
 
 def stored(tier: LruTier, *keys: int) -> None:
-    tier.prepare_store([blk(k) for k in keys])
+    tier.prepare_store(BlockBatch.of([blk(k) for k in keys]))
     tier.complete_store([BlockHash(k) for k in keys])
 
 
@@ -156,14 +158,14 @@ def test_a_pinned_block_the_eviction_passes_becomes_most_recently_used() -> None
 def test_a_store_never_evicts_a_block_of_its_own_batch() -> None:
     tier = LruTier(3, 2)
     stored(tier, 1, 2, 3)  # 1 is the least recently used
-    plan = tier.prepare_store([blk(4), blk(1)])
+    plan = tier.prepare_store(BlockBatch.of([blk(4), blk(1)]))
     assert plan.keys == [BlockHash(4)] and plan.evicted == [BlockHash(2)]
     assert BlockHash(1) in tier
 
 
 def test_a_key_twice_in_one_batch_is_reserved_once() -> None:
     tier = LruTier(4, 2)
-    plan = tier.prepare_store([blk(1), blk(2), blk(1)])
+    plan = tier.prepare_store(BlockBatch.of([blk(1), blk(2), blk(1)]))
     assert plan.keys == [BlockHash(1), BlockHash(2)] and tier.num_incoming == 2
 
 
@@ -172,19 +174,78 @@ def test_an_all_pinned_tier_skips_a_whole_batch_without_evicting() -> None:
     stored(tier, 1, 2, 3, 4)
     tier.pin([BlockHash(k) for k in (1, 2, 3, 4)])
     tier.take_events()
-    plan = tier.prepare_store([blk(5), blk(6)])
+    plan = tier.prepare_store(BlockBatch.of([blk(5), blk(6)]))
     assert (plan.keys, plan.evicted, plan.skipped) == ([], [], 2)
     assert tier.take_events() == [] and tier.num_used == 4
 
 
 def test_cascaded_records_are_shared_and_pins_are_each_tiers_own() -> None:
-    cpu, fs = LruTier(4, 2), LruTier(4, 2, name="fs")
+    cpu = LruTier(4, 2, record_events=True)
+    fs = LruTier(4, 2, name="fs", record_events=True)
     stored(cpu, 1, 2)
     copies = cpu.copies([BlockHash(1), BlockHash(2)])
     fs.prepare_store(copies)
     fs.complete_store([BlockHash(1), BlockHash(2)])
-    assert fs.copies([BlockHash(1)])[0] is copies[0]  # one record, no copy made
+    again = fs.copies([BlockHash(1)]).meta
+    assert copies.meta is not None and again is not None
+    assert again[0] is copies.meta[0]  # one record, no copy made
+    assert fs.copies([BlockHash(2)]).parents == [None]
     cpu.pin([BlockHash(1)])
     assert cpu.pins() == {BlockHash(1): 1} and fs.pins() == {}
     with pytest.raises(KeyError):
         cpu.pin([BlockHash(9)])  # only a resident block can be pinned
+
+
+def chains(draw: st.DrawFn) -> tuple[list[BlockHash], list[BlockHash | None]]:
+    """A batch as a connector makes them: chains root first, leaf first, or mixed, some
+    continuing a chain of the batch (a branch)."""
+    keys: list[BlockHash] = []
+    parents: list[BlockHash | None] = []
+    next_key = 1
+    for _ in range(draw(st.integers(1, 4))):
+        length = draw(st.integers(1, 5))
+        root_parent: BlockHash | None = (
+            draw(st.sampled_from(keys)) if keys and draw(st.booleans()) else None
+        )
+        chain = [BlockHash(next_key + i) for i in range(length)]
+        next_key += length
+        chain_parents = [root_parent, *chain[:-1]]
+        if draw(st.booleans()):  # leaf first
+            chain, chain_parents = chain[::-1], chain_parents[::-1]
+        keys += chain
+        parents += chain_parents
+    return keys, parents
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_children_first_orders_every_batch_as_the_post_order_walk(data: st.DataObject) -> None:
+    keys, parents = data.draw(st.composite(chains)())
+    got_keys, got_parents = _children_first(list(keys), list(parents))
+    walked = _post_order(list(zip(keys, parents, strict=True)), set(keys))
+    assert list(zip(got_keys, got_parents, strict=True)) == walked
+    position = {k: i for i, k in enumerate(got_keys)}
+    for k, p in zip(got_keys, got_parents, strict=True):
+        if p is not None and p in position:
+            assert position[p] > position[k]  # every block after its descendants
+
+
+@pytest.mark.parametrize("unique", [True, False])
+def test_a_unique_batch_reserves_as_any_batch_does(unique: bool) -> None:
+    # The no-dict path for batches of distinct keys and the general path agree, whether
+    # the batch fits, partly is held already, or needs evictions.
+    tier = LruTier(6, 2, record_events=True)
+    stored(tier, 1, 2, 3)
+    batch = BlockBatch.of([blk(4, 3), blk(5, 4)])
+    batch.unique = unique
+    plan = tier.prepare_store(batch)
+    assert (plan.keys, plan.evicted, plan.skipped) == ([BlockHash(4), BlockHash(5)], [], 0)
+    batch = BlockBatch.of([blk(5, 4), blk(6, 5), blk(7, 6), blk(8, 7)])
+    batch.unique = unique
+    plan = tier.prepare_store(batch)  # 5 incoming already; 6, 7, 8 evict 1 and 2
+    assert plan.keys == [BlockHash(6), BlockHash(7), BlockHash(8)]
+    assert plan.evicted == [BlockHash(1), BlockHash(2)]
+    tier.complete_store([BlockHash(k) for k in (4, 5, 6, 7, 8)])
+    stored_events = [e for e in tier.take_events() if isinstance(e, BlockStored)]
+    assert stored_events[-1].block_hashes == (4, 5, 6, 7, 8)
+    assert stored_events[-1].token_ids == (4, 5, 5, 6, 6, 7, 7, 8, 8, 9)

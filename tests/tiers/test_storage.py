@@ -21,7 +21,7 @@ from mocker.engine.virtual import VirtualDriver, VirtualRun
 from mocker.kv.events import BlockStored
 from mocker.kv.hashing import BlockHash
 from mocker.request import EngineRequest, SamplingParams
-from mocker.tiers.tier import TierBlock
+from mocker.tiers.tier import BlockBatch, TierBlock
 from mocker.tiers.transfers import TransferKind, TransferRecord
 
 BLOCK = 16
@@ -125,7 +125,7 @@ def test_a_run_promoted_from_two_tiers_counts_each_by_hand() -> None:
     fs_tier, obj_tier = (t.tier for t in core.connector.storage)
     assert (fs_tier.num_resident, obj_tier.num_resident, cpu.num_resident) == (8, 16, 16)
     # Other blocks fill the CPU tier (its 16 slots): A is in fs and obj only.
-    plan = cpu.prepare_store([TierBlock(-k, None, ()) for k in range(1, 17)])
+    plan = cpu.prepare_store(BlockBatch.of([TierBlock(-k, None, ()) for k in range(1, 17)]))
     cpu.complete_store(plan.keys)
     assert len(plan.evicted) == 16
     core.reset_prefix_cache(driver.clock.now())
@@ -228,7 +228,7 @@ def test_shared_tier_events_are_local_to_the_storer_and_remote_to_the_others() -
     obj.subscribe(0)
     obj.subscribe(1)
     blocks = [TierBlock(1, None, (1,) * BLOCK), TierBlock(2, 1, (2,) * BLOCK)]
-    plan = obj.prepare_store(blocks, engine=0)
+    plan = obj.prepare_store(BlockBatch.of(blocks), engine=0)
     obj.complete_store(plan.keys, True)
     (mine,) = obj.take_events(0)
     (theirs,) = obj.take_events(1)
@@ -236,7 +236,7 @@ def test_shared_tier_events_are_local_to_the_storer_and_remote_to_the_others() -
     assert (mine.medium, mine.locality, mine.block_hashes) == ("STORAGE", "LOCAL", (1, 2))
     assert (theirs.medium, theirs.locality) == ("STORAGE", "REMOTE")
     # A failed copy publishes nothing and frees its slots.
-    plan = obj.prepare_store([TierBlock(3, 2, (3,) * BLOCK)], engine=1)
+    plan = obj.prepare_store(BlockBatch.of([TierBlock(3, 2, (3,) * BLOCK)]), engine=1)
     obj.complete_store(plan.keys, False)
     assert obj.take_events(0) == [] and obj.tier.num_used == 2
 
@@ -254,7 +254,7 @@ def put_in_fs(core: EngineCore, keys: Sequence[BlockHash]) -> None:
     assert core.connector is not None
     fs = core.connector.storage[0]
     blocks = [TierBlock(k, p, ()) for p, k in zip([None, *keys], keys, strict=False)]
-    fs.complete_store(fs.prepare_store(blocks, engine=0).keys, True)
+    fs.complete_store(fs.prepare_store(BlockBatch.of(blocks), engine=0).keys, True)
 
 
 def assert_retained_iff_not_on_cpu(core: EngineCore) -> None:
@@ -346,7 +346,7 @@ def test_blocks_promoted_twice_count_once_for_their_tier() -> None:
     assert conn.num_matched_blocks(req, 0) == LOADABLE
     conn.end_schedule()  # the scheduler found no device room: no load, the hold goes
     cpu.pin(h[:10])  # (so that the filler below evicts exactly blocks 10-14)
-    plan = cpu.prepare_store([TierBlock(-k, None, ()) for k in range(1, 7)])
+    plan = cpu.prepare_store(BlockBatch.of([TierBlock(-k, None, ()) for k in range(1, 7)]))
     cpu.unpin(h[:10])
     cpu.complete_store(plan.keys)
     assert set(h[10:15]) <= set(plan.evicted)
