@@ -72,7 +72,7 @@ from mocker.engine.virtual import VirtualDriver, VirtualRun
 from mocker.request import EngineRequest
 
 # -- step cost --
-REPS = 15  # replays per config and workload
+REPS = 9  # replays per config and workload
 FS = StorageTierSpec("fs", 16_384, read_gbps=8.0, write_gbps=4.0, latency_ms=0.1)  # type: ignore[arg-type]
 SMALL_CPU_BLOCKS = 3_000  # < the working set (~8,000 blocks): hits come from fs
 CPU_FS = Config("cpu_fs", NUM_HOST_BLOCKS, "write-through", (FS,))
@@ -80,7 +80,7 @@ CPU_FS_EVICT = Config("cpu_fs_evict", NUM_HOST_BLOCKS, "evict", (FS,))
 SMALL_CPU_FS = Config("small_cpu_fs", SMALL_CPU_BLOCKS, "write-through", (FS,))
 NONE = Config("none", 0)
 STEP_COST_TARGET = 1.20
-COSTEP_RUNS = 8
+COSTEP_RUNS = 6
 COSTEP_CHUNK = 8  # passes of one replay before the other's turn
 CALLGRIND_TIMEOUT_S = 400
 

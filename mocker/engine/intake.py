@@ -86,7 +86,9 @@ def _check_fits_the_pool(config: EngineConfig, n: int, max_tokens: int) -> None:
     # A request the pool can never hold would wait forever: refuse it now. Its peak is
     # n + max_tokens - 1 KV tokens: the last sampled token is never computed.
     # A hybrid model's groups share the pool: every group's blocks count.
-    blocks = config.layout.max_blocks_per_request(n + max_tokens - 1, config.max_num_batched_tokens)
+    blocks = config.layout.max_blocks_per_request(
+        n + max_tokens - 1, config.max_num_batched_tokens, config.enable_prefix_caching
+    )
     if blocks > config.num_gpu_blocks:
         groups = f", {len(config.layout.groups)} KV cache groups" if config.is_hybrid else ""
         raise RequestRejected(

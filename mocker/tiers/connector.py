@@ -599,10 +599,11 @@ class TierConnector:
         whose load timed out). Requests whose promotion failed are still waiting: their
         next lookup answers 0."""
         timed_out: list[Request] = []
-        due = self.next_deadline()
-        if due is None or due > now:  # (most polls: nothing is due)
-            self._time = max(self._time, now)
-            return [], timed_out
+        if not self._shared:  # (cached: most polls find nothing due and return here)
+            due = self.next_deadline()
+            if due is None or due > now:
+                self._time = max(self._time, now)
+                return [], timed_out
         channels, posted = self.channels, self._posted
         while True:
             t, channel = math.inf, None

@@ -3,7 +3,7 @@ every tier below it that evicts by recency)."""
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from itertools import compress, islice, repeat, takewhile
 from operator import ne
@@ -53,10 +53,10 @@ class LruTier:
         self.block_size = block_size
         self.record_events = record_events
         # key -> parent key: resident blocks in LRU order (least recently used first), and
-        # blocks whose copy has not landed yet. A plain dict keeps the order: made most
-        # recently used = popped and inserted again, at C speed; an OrderedDict allocates a
-        # node per key, which doubles the cost of every store.
-        self._resident: dict[BlockKey, BlockKey | None] = {}
+        # blocks whose copy has not landed yet. An OrderedDict, not a plain dict: a dict
+        # leaves a hole where a key was taken out, and an eviction scan from the LRU end
+        # would walk over all of them (hundreds of thousands in a large shared tier).
+        self._resident: OrderedDict[BlockKey, BlockKey | None] = OrderedDict()
         self._incoming: dict[BlockKey, BlockKey | None] = {}
         self._meta: dict[BlockKey, BlockMeta] = {}  # resident or incoming; events only
         self._pins = Pins()  # reads in flight: never evicted
@@ -95,7 +95,7 @@ class LruTier:
         return self._pins.per_key()
 
     def num_pinned(self) -> int:
-        return len(self._pins.per_key())
+        return len(self._pins.counts())
 
     def lookup(self, keys: Sequence[BlockKey], start: int, stop: int) -> int:
         contains = self._resident.__contains__
@@ -171,16 +171,14 @@ class LruTier:
             return list(islice(resident, n))
         victims: list[BlockKey] = []
         in_use: list[BlockKey] = []
+        pinned = pins.counts()
         # No more than the unpinned blocks can go: once they are found, stop (a tier whose
-        # every block is pinned answers at once). The pins counted with repeats bound the
-        # pinned keys from above: only when that bound leaves too few are they counted.
-        if len(resident) - pins.total < n:
-            n = min(n, len(resident) - self.num_pinned())
-            if n <= 0:
-                return victims
-        taken, released = pins.counters()
+        # every block is pinned answers at once).
+        n = min(n, len(resident) - len(pinned))
+        if n <= 0:
+            return victims
         for key in resident:
-            if taken.get(key, 0) > released.get(key, 0):
+            if key in pinned:
                 in_use.append(key)
                 continue
             if key in spared:
@@ -255,7 +253,7 @@ class LruTier:
     def _to_end(self, keys: Sequence[BlockKey]) -> None:
         """Make these resident keys the most recently used, the last one most of all."""
         resident = self._resident
-        resident.update(zip(keys, map(resident.pop, keys), strict=True))  # (in order)
+        _drain(map(resident.move_to_end, keys))
 
     def complete_load(self, keys: Sequence[BlockKey]) -> None:
         self.unpin(keys)

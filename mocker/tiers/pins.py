@@ -1,9 +1,8 @@
 """The reads in flight on a tier's blocks (loads, cascades, holds): pins that keep blocks from
-eviction, registered per run and counted per key only when an eviction needs it."""
+eviction, registered per run and counted per key only once an eviction needs it."""
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 
 from mocker.tiers.tier import BlockKey
@@ -14,23 +13,22 @@ __all__ = ["Pins"]
 class Pins:
     """A multiset of pinned runs of keys.
 
-    Pinning and unpinning a run is O(1): most reads end before any eviction looks at their
-    blocks (a read makes its blocks the most recently used, and a tier that holds its
-    working set never evicts). The per-key counts an eviction scan needs are built from
-    the runs the first time one asks while pins exist, then kept up to date with two
-    C-level counters (taken and released: a key is pinned while taken more often than
-    released) until the last pin goes.
+    Pinning and unpinning a run is O(1) while nothing asks which keys are pinned: most reads
+    end before any eviction looks at their blocks (a read makes its blocks the most recently
+    used, and a tier that holds its working set never evicts). The first time an eviction
+    asks while pins exist, the per-key counts are built from the runs; from then on every
+    pin and unpin keeps them exact (a Python loop per key, as a tier that evicts while
+    reading needs anyway), until the last pin goes.
 
     A run is the sequence object that was pinned: unpin the same object (a content-equal
     sequence is found too, more slowly).
     """
 
-    __slots__ = ("_released", "_runs", "_taken", "total")
+    __slots__ = ("_counts", "_runs", "total")
 
     def __init__(self) -> None:
         self._runs: dict[int, list[Sequence[BlockKey]]] = {}  # id(run) -> that run, per pin
-        self._taken: Counter[BlockKey] | None = None
-        self._released: Counter[BlockKey] | None = None
+        self._counts: dict[BlockKey, int] | None = None  # pinned keys only, when built
         self.total = 0  # keys pinned, repeats counted
 
     def __bool__(self) -> bool:
@@ -43,8 +41,10 @@ class Pins:
         else:
             entry.append(keys)
         self.total += len(keys)
-        if self._taken is not None:
-            self._taken.update(keys)
+        counts = self._counts
+        if counts is not None:
+            for key in keys:
+                counts[key] = counts.get(key, 0) + 1
 
     def remove(self, keys: Sequence[BlockKey], owner: str = "tier") -> None:
         runs = self._runs
@@ -60,15 +60,18 @@ class Pins:
         if not entry:
             del runs[rid]
         if not runs:
-            self._taken = self._released = None
+            self._counts = None
             self.total = 0
             return
         self.total -= len(keys)
-        if self._taken is not None and self._released is not None:
-            self._released.update(keys)
-            if len(self._taken) > 2 * self.total + 1024:
-                # Mostly keys no longer pinned: forget the counts (rebuilt when asked).
-                self._taken = self._released = None
+        counts = self._counts
+        if counts is not None:
+            for key in keys:
+                n = counts[key]
+                if n == 1:
+                    del counts[key]
+                else:
+                    counts[key] = n - 1
 
     def _find(self, keys: Sequence[BlockKey]) -> int | None:
         """A pinned run with these keys, pinned as another sequence object."""
@@ -78,19 +81,19 @@ class Pins:
                 return rid
         return None
 
-    def counters(self) -> tuple[Counter[BlockKey], Counter[BlockKey]]:
-        """(taken, released) per key: a key is pinned while taken > released."""
-        if self._taken is None or self._released is None:
-            taken: Counter[BlockKey] = Counter()
-            for entry in self._runs.values():
-                for run in entry:
-                    taken.update(run)
-            self._taken, self._released = taken, Counter()
-        return self._taken, self._released
-
-    def per_key(self) -> dict[BlockKey, int]:
-        """Pin count of each pinned key (for checks, and a scan's bound)."""
+    def counts(self) -> dict[BlockKey, int]:
+        """Pin count of each pinned key (kept up to date from now on while pins exist)."""
         if not self._runs:
             return {}
-        taken, released = self.counters()
-        return {k: n - released.get(k, 0) for k, n in taken.items() if n > released.get(k, 0)}
+        if self._counts is None:
+            counts: dict[BlockKey, int] = {}
+            for entry in self._runs.values():
+                for run in entry:
+                    for key in run:
+                        counts[key] = counts.get(key, 0) + 1
+            self._counts = counts
+        return self._counts
+
+    def per_key(self) -> dict[BlockKey, int]:
+        """A copy of the per-key counts (for checks)."""
+        return dict(self.counts())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from mocker.config import MODEL_PRESETS, EngineConfig
 from mocker.engine.intake import (
     RequestRejected,
     check_min_tokens,
@@ -65,3 +66,16 @@ def test_request_id_in_use_wording() -> None:
 def test_bad_strings_are_caught_before_hashing() -> None:
     with pytest.raises(RequestRejected, match="cache_salt"):
         check_request(small_config(), EngineRequest("a", [1, 2], cache_salt="\ud800"))
+
+
+def test_a_hybrid_request_fits_by_every_groups_blocks() -> None:
+    # qwen3-next-80b-a3b (block 544): a request of 5439 KV tokens holds ceil(5439 / 544) =
+    # 10 full-attention blocks and one state per Mamba group (3) without prefix caching
+    # (two with it: the running state and the one it was copied from).
+    shape = MODEL_PRESETS["qwen3-next-80b-a3b"]
+    uncached = EngineConfig(model=shape, num_gpu_blocks=13, max_model_len=5440,
+                            enable_prefix_caching=False)  # fmt: skip
+    assert check_request(uncached, req("a", range(5000), max_tokens=440)) == 440
+    cached = EngineConfig(model=shape, num_gpu_blocks=15, max_model_len=5440)
+    with pytest.raises(RequestRejected, match="needs up to 16 KV blocks"):
+        check_request(cached, req("a", range(5000), max_tokens=440))

@@ -465,3 +465,25 @@ def test_random_workload_without_prefix_caching_keeps_the_counts() -> None:
 def test_random_workload_with_prefix_caching_keeps_the_counts(seed: int) -> None:
     preemptions, hits = _random_workload(caching=True, seed=seed)
     assert preemptions > 0 and hits > 0
+
+
+def test_engine_preemption_and_abort_free_every_group() -> None:
+    # Two requests decoding in a pool too small for both: the newest is preempted and holds
+    # nothing in any group; aborting both leaves every group's count at zero.
+    core = _core(("sliding_attention", "mamba", "full_attention"), block_size=16,
+                 num_gpu_blocks=24, max_num_batched_tokens=64)  # fmt: skip
+    kv = core.kv
+    assert isinstance(kv, HybridKVCacheManager)
+    core.add_request(_req("a", range(100, 148), 120))
+    core.add_request(_req("b", range(300, 348), 120))
+    a, b = core.requests["a"], core.requests["b"]
+    now = 0.0
+    while not b.num_preemptions:
+        now = core.step(now).end
+        assert a.num_preemptions == 0
+    assert b.group_blocks is None and b.blocks == []
+    held = [_held(t) for t in _tables(a)]
+    assert kv.used == held and core.pool.num_used == sum(held)
+    core.abort_request("a", now)
+    core.abort_request("b", now)
+    assert kv.used == [0, 0, 0] and core.pool.num_used == 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
+from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from mocker.kvevents.config import EventFormat
 from mocker.kvevents.wire import END_SEQ, BatchEncoder, seq_bytes
 from tests.support.kv_consumer import decoder
@@ -119,3 +119,56 @@ def test_group_fields_in_both_layouts() -> None:
         assert stored.kv_cache_spec_sliding_window == 128
         assert (mamba.group_idx, mamba.kv_cache_spec_kind) == (3, "mamba")
         assert removed.group_idx == 0
+
+
+def _dense_layout(event: object) -> list[object]:
+    """A dense (single-group) event as vLLM's array layout has always had it."""
+    if isinstance(event, BlockStored):
+        tokens = list(event.token_ids)
+        return ["BlockStored", list(event.block_hashes), event.parent_block_hash, tokens,
+                event.block_size, None, event.medium, event.lora_name]  # fmt: skip
+    if isinstance(event, BlockRemoved):
+        return ["BlockRemoved", list(event.block_hashes), event.medium]
+    return ["AllBlocksCleared"]
+
+
+def test_a_dense_engine_writes_todays_stream_without_group_fields() -> None:
+    # Stores, evictions, a CPU tier's stores and evictions, and a reset's re-announcements:
+    # no event of a dense model carries a group field, in either layout.
+    from mocker.engine.core import EngineCore
+    from mocker.engine.virtual import VirtualDriver
+    from tests.support.engines import req, small_config
+
+    config = small_config(num_gpu_blocks=12, enable_kv_cache_events=True, num_cpu_blocks=6,
+                          offload_policy="write-through", max_num_seqs=2)  # fmt: skip
+    core = EngineCore(config)
+    events: list[KVEvent] = []
+    requests = [req(f"r{i}", [100 * i + t for t in range(16)], max_tokens=2) for i in range(5)]
+    for result in VirtualDriver(core).steps(requests):
+        events += result.kv_events
+    events += core.reset_prefix_cache(core.time)[1].kv_events
+    kinds = {type(e).__name__ for e in events}
+    assert kinds == {"BlockStored", "BlockRemoved", "AllBlocksCleared"}
+    assert {e.medium for e in events if isinstance(e, BlockStored)} == {"GPU", "CPU"}
+    for event in events:
+        assert getattr(event, "group_idx", None) is None
+        assert getattr(event, "kv_cache_spec_kind", None) is None
+    payload = BatchEncoder(EventFormat.ARRAY).encode(1.0, events)
+    assert payload == msgspec.msgpack.encode([1.0, [_dense_layout(e) for e in events], 0])
+    mapped = msgspec.msgpack.decode(BatchEncoder(EventFormat.MAP).encode(1.0, events))[1]
+    for event in mapped:
+        assert not {"group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"} & set(event)
+
+
+def test_a_dense_stored_event_is_byte_for_byte_the_same() -> None:
+    # One block of a dense model, array layout: [1.0, [["BlockStored", [7], null, [1, 2],
+    # 2, null, "GPU", null]], 0], frozen as bytes.
+    event = BlockStored(block_hashes=(7,), parent_block_hash=None, token_ids=(1, 2), block_size=2)
+    payload = BatchEncoder(EventFormat.ARRAY).encode(1.0, [event])
+    assert payload.hex() == (
+        "93cb3ff0000000000000"  # [ 1.0,
+        "9198ab426c6f636b53746f726564"  # [[ "BlockStored",
+        "9107c0920102"  # [7], null, [1, 2],
+        "02c0a3475055c0"  # 2, null, "GPU", null ]],
+        "00"  # 0 ]
+    )

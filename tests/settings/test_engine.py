@@ -113,3 +113,14 @@ def test_kv_offloading_size_counts_a_hybrid_block() -> None:
     config = _config("--model-shape", "gpt-oss-20b", "--max-model-len", "4096",
                      "--offload-policy", "write-through", "--kv-offloading-size", "1")  # fmt: skip
     assert config.num_cpu_blocks == 2**30 // 393_216
+
+
+def test_start_up_counts_every_hybrid_group_together() -> None:
+    # gpt-oss-20b at max_model_len 1024, 256-token passes: full attention holds 1024 / 16 =
+    # 64 blocks and the sliding window (128) ceil((127 + 256) / 16) + 1 = 25, 89 together.
+    # 80 blocks hold the full group alone but not both: refused, as vLLM's summed check.
+    flags = ("--model-shape", "gpt-oss-20b", "--max-model-len", "1024",
+             "--max-num-batched-tokens", "256")  # fmt: skip
+    with pytest.raises(ConfigError, match="needs 89 KV blocks"):
+        _config(*flags, "--num-gpu-blocks-override", "80")
+    assert _config(*flags, "--num-gpu-blocks-override", "89").num_gpu_blocks == 89
