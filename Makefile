@@ -49,6 +49,7 @@ bench: $(TEST_STAMP)
 	$(BIN)/python bench/tiers.py
 	$(BIN)/python bench/replay_speed.py
 	$(BIN)/python bench/hashing.py
+	$(BIN)/python bench/hybrid_step.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis
