@@ -23,7 +23,8 @@ Two parts, each comparing configurations in the same run:
     the median of COSTEP_RUNS runs is the headline figure;
   - instructions: each config replayed once under `valgrind --tool=callgrind`, counting only
     inside `EngineCore.step()` (a deterministic count of work; cache misses are not in it,
-    so time ratios run above it). Skipped, saying so, without valgrind.
+    so time ratios run above it; counts do not depend on the load, so these runs are not
+    pinned and use both cores). Skipped, saying so, without valgrind.
 - mooncake: `mocker replay` of ../shared/traces/mooncake_conversation.jsonl on 8 engines,
   round robin (a conversation's turns land on different engines), each run in a child
   pinned to the other core: no tiers; a CPU tier per engine; the CPU tiers plus ONE obj tier

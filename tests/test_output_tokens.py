@@ -43,3 +43,12 @@ def test_the_inlined_mixer_is_splitmix64() -> None:
         x = splitmix64((seed + k) & MASK64)
         assert s.token(seed, k, False) == palette[(x >> 7) % len(palette)]
     assert s.tokens(seed, 0, 200) == [s.token(seed, k, False) for k in range(200)]
+
+
+def test_token_rows_are_each_requests_tokens() -> None:
+    s = OutputTokenSampler(range(50, 250), eos_token_id=2, eos_probability=0.0, seed=3)
+    seeds = [s.request_seed(f"r{i}") for i in range(5)] + [(1 << 64) - 1]
+    starts = [0, 7, 100, 3, 0, 12]
+    rows = s.token_rows(seeds, starts, 9)
+    assert rows == [s.tokens(seed, start, 9) for seed, start in zip(seeds, starts, strict=True)]
+    assert rows[1] == [s.token(seeds[1], k, False) for k in range(7, 16)]

@@ -41,10 +41,12 @@ def run_decodes(core: EngineCore, now: float, stop_at: float) -> DecodeRun | Non
     if not passes:
         return None
     marks = [(len(r.all_token_ids), len(r.block_hashes)) for r in batch]
-    for request in batch:  # tokens (and block hashes) first: no pool state changes yet
-        request.append_output_tokens(
-            core.sampler.tokens(request.token_seed, request.num_output_tokens, passes)
-        )
+    # Tokens (and block hashes) first: no pool state changes yet.
+    rows = core.sampler.token_rows(
+        [r.token_seed for r in batch], [r.num_output_tokens for r in batch], passes
+    )
+    for request, row in zip(batch, rows, strict=True):
+        request.append_output_tokens(row)
     if _would_dedup(core, batch, passes):
         for request, (num_tokens, num_hashes) in zip(batch, marks, strict=True):
             del request.all_token_ids[num_tokens:]

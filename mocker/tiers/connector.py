@@ -131,6 +131,10 @@ class TierConnector:
         self.h2d = Channel(h2d_link, cpu.name, DEVICE)
         self.channels: list[Channel] = [self.d2h, self.h2d]
         for tier in self.storage:
+            if tier.tier.record_events != cpu.record_events:
+                # A cascade copies the CPU tier's event records: all tiers publish, or none.
+                which = "the CPU tier" if cpu.record_events else f"the {tier.name} tier"
+                raise ValueError(f"only {which} records KV events: all tiers publish, or none")
             tier.subscribe(engine_id)
             self.channels += [tier.write, tier.read]
         self.counters: dict[str, TierCounters] = {t.name: TierCounters() for t in self.storage}
@@ -330,6 +334,8 @@ class TierConnector:
         evicted to make room."""
         cpu = self.cpu
         keys = list(map(_HASH, blocks))
+        if None in keys:
+            raise RuntimeError("a block to store holds no hash (it is not cached)")
         batch = BlockBatch(keys, list(map(_PARENT, blocks)), unique=True)  # device hashes
         if cpu.record_events:
             # The tokens are needed only for the Stored events when the copy lands, here

@@ -14,9 +14,10 @@ from mocker.tiers.tier import BlockBatch, BlockKey, BlockMeta, Medium, StorePlan
 
 __all__ = ["LruTier"]
 
-# Every block any tier stores, loads or pins passes through this class: its per-block work is
-# C-level (dict and set operations, `map` consumed by `_drain`), never a Python loop, so a
-# tier's cost stays a small fraction of the device pool's (bench/tiers.py).
+# Every block any tier stores, loads or pins passes through this class: its per-block work on
+# the common paths (reserve, land, copy out, look up, load) is C-level (dict and set
+# operations, `map` consumed by `_drain`); Python loops per block are left to events and to
+# eviction scans that meet pinned blocks (bench/tiers.py).
 
 
 def _drain(calls: Iterable[object]) -> None:
@@ -98,9 +99,11 @@ class LruTier:
         return len(self._pins.counts())
 
     def lookup(self, keys: Sequence[BlockKey], start: int, stop: int) -> int:
+        if stop > len(keys):
+            raise IndexError(f"lookup up to {stop} of {len(keys)} keys")
         contains = self._resident.__contains__
         if all(map(contains, islice(keys, start, stop))):
-            return max(0, min(stop, len(keys)) - start)  # (the common answer, no list built)
+            return max(0, stop - start)  # (the common answer, without building the run)
         return len(list(takewhile(contains, islice(keys, start, stop))))
 
     # -- stores -------------------------------------------------------------------------------

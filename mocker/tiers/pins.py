@@ -20,16 +20,15 @@ class Pins:
     pin and unpin keeps them exact (a Python loop per key, as a tier that evicts while
     reading needs anyway), until the last pin goes.
 
-    A run is the sequence object that was pinned: unpin the same object (a content-equal
-    sequence is found too, more slowly).
+    A run is the sequence object that was pinned, released whole: unpin the same object
+    (a content-equal sequence is found too, more slowly), and do not change it meanwhile.
     """
 
-    __slots__ = ("_counts", "_runs", "total")
+    __slots__ = ("_counts", "_runs")
 
     def __init__(self) -> None:
         self._runs: dict[int, list[Sequence[BlockKey]]] = {}  # id(run) -> that run, per pin
         self._counts: dict[BlockKey, int] | None = None  # pinned keys only, when built
-        self.total = 0  # keys pinned, repeats counted
 
     def __bool__(self) -> bool:
         return bool(self._runs)
@@ -40,7 +39,6 @@ class Pins:
             self._runs[id(keys)] = [keys]
         else:
             entry.append(keys)
-        self.total += len(keys)
         counts = self._counts
         if counts is not None:
             for key in keys:
@@ -53,7 +51,10 @@ class Pins:
             found = self._find(keys)
             if found is None:
                 first = keys[0] if keys else None
-                raise ValueError(f"{owner} block {first} unpinned more often than pinned")
+                raise ValueError(
+                    f"{owner} block {first} unpinned more often than pinned (a run of "
+                    f"{len(keys)} keys that no pin took: a pin is released whole)"
+                )
             rid = found
         entry = runs[rid]
         entry.pop()
@@ -61,9 +62,7 @@ class Pins:
             del runs[rid]
         if not runs:
             self._counts = None
-            self.total = 0
             return
-        self.total -= len(keys)
         counts = self._counts
         if counts is not None:
             for key in keys:

@@ -91,7 +91,8 @@ class Tier(Protocol):
 
     A block is *incoming* from `prepare_store` until `complete_store`, and *resident* after a
     successful one; only resident blocks are found by `lookup`, and only resident, unpinned
-    ones are evicted. `prepare_load` pins blocks for a read until `complete_load`.
+    ones are evicted. `prepare_load` pins blocks for a read until `complete_load`, which
+    takes the same run of keys (the same sequence, unchanged): a pin is a read of a run.
     """
 
     name: str

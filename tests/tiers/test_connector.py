@@ -293,3 +293,25 @@ def test_write_through_releases_a_finished_request_tail_first() -> None:
     cached_order = [b.block_hash for b in core.pool.policy.order() if b.block_hash is not None]  # type: ignore[attr-defined]
     # Leaf first, as vLLM frees a request's table: the chain's root is evicted last.
     assert cached_order == list(reversed(a.block_hashes[:7]))
+
+
+def test_tiers_that_disagree_on_publishing_events_are_refused() -> None:
+    # A cascade copies the CPU tier's event records into the tiers below it.
+    from mocker.config import StorageTierSpec
+    from mocker.tiers.lru import LruTier
+
+    fs = StorageTierSpec("fs", 64, read_gbps=8.0, write_gbps=4.0)  # type: ignore[arg-type]
+    config = small_config(num_cpu_blocks=16, offload_policy="write-through",
+                          storage_tiers=(fs,), enable_kv_cache_events=True)  # fmt: skip
+    with pytest.raises(ValueError, match="only the fs tier records KV events"):
+        EngineCore(config, cpu_tier=LruTier(16, config.block_size, record_events=False))
+
+
+def test_a_block_without_a_hash_is_never_planned_for_a_store() -> None:
+    from mocker.kv.block import BlockId, KVBlock
+
+    core = EngineCore(small_config(num_cpu_blocks=8, offload_policy="write-through"))
+    assert core.connector is not None
+    with pytest.raises(RuntimeError, match="holds no hash"):
+        core.connector.plan_store([KVBlock(BlockId(0))])
+    assert core.connector.cpu.num_incoming == 0

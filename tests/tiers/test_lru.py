@@ -204,8 +204,8 @@ def chains(draw: st.DrawFn) -> tuple[list[BlockHash], list[BlockHash | None]]:
     next_key = 1
     for _ in range(draw(st.integers(1, 4))):
         length = draw(st.integers(1, 5))
-        root_parent: BlockHash | None = (
-            draw(st.sampled_from(keys)) if keys and draw(st.booleans()) else None
+        root_parent: BlockHash | None = draw(
+            st.sampled_from([None, BlockHash(10_000 + next_key), *keys])  # or outside
         )
         chain = [BlockHash(next_key + i) for i in range(length)]
         next_key += length
@@ -221,6 +221,9 @@ def chains(draw: st.DrawFn) -> tuple[list[BlockHash], list[BlockHash | None]]:
 @given(st.data())
 def test_children_first_orders_every_batch_as_the_post_order_walk(data: st.DataObject) -> None:
     keys, parents = data.draw(st.composite(chains)())
+    if data.draw(st.booleans()):  # any order at all (chains interleaved, parents after)
+        order = data.draw(st.permutations(range(len(keys))))
+        keys, parents = [keys[i] for i in order], [parents[i] for i in order]
     got_keys, got_parents = _children_first(list(keys), list(parents))
     walked = _post_order(list(zip(keys, parents, strict=True)), set(keys))
     assert list(zip(got_keys, got_parents, strict=True)) == walked
@@ -249,3 +252,16 @@ def test_a_unique_batch_reserves_as_any_batch_does(unique: bool) -> None:
     stored_events = [e for e in tier.take_events() if isinstance(e, BlockStored)]
     assert stored_events[-1].block_hashes == (4, 5, 6, 7, 8)
     assert stored_events[-1].token_ids == (4, 5, 5, 6, 6, 7, 7, 8, 8, 9)
+
+
+def test_pins_are_counted_per_key_only_once_an_eviction_meets_them() -> None:
+    tier = LruTier(3, 2)
+    stored(tier, 1, 2, 3)
+    load = [BlockHash(1), BlockHash(2)]
+    tier.prepare_load(load)  # 3 is now the least recently used
+    assert tier._pins._counts is None  # a read alone counts nothing per key
+    assert reserve(tier, blk(4)) == [BlockHash(3)]  # the scan needed the counts
+    assert tier._pins._counts == {BlockHash(1): 1, BlockHash(2): 1}
+    assert reserve(tier, blk(5)) is None  # 1 and 2 are pinned, 4 incoming: no room
+    tier.complete_load(load)
+    assert tier._pins._counts is None and tier.num_pinned() == 0
