@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from mocker.engine.core import EngineCore
 from mocker.engine.stats import FinishedRequestStats
+from mocker.kv.manager import KVCacheManager
 from mocker.request import Request, RequestStatus
 
 __all__ = ["DecodeRun", "run_decodes"]
@@ -125,11 +126,11 @@ def _apply(
 ) -> list[FinishedRequestStats]:
     """The pool operations of the passes, in step()'s order; the requests that finished."""
     kv = core.kv
-    for p in sorted(allocs):
-        if p > passes:
-            break
-        for request in allocs[p]:
-            kv.append_blocks(request, 1)
+    assert isinstance(kv, KVCacheManager)  # (a hybrid model's passes are stepped)
+    # Blocks handed out pass by pass in running order: one take from the pool, dealt out.
+    order = [r for p in sorted(allocs) if p <= passes for r in allocs[p]]
+    if order:
+        kv.append_block_each(order)
     finished: list[FinishedRequestStats] = []
     for request in batch:
         request.num_computed_tokens += passes

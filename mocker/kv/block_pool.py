@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from operator import attrgetter
+from functools import partial
+from itertools import takewhile
+from operator import attrgetter, is_not
 
 from mocker.config import EvictionPolicyName
 from mocker.kv.block import BlockId, KVBlock
@@ -13,6 +15,8 @@ from mocker.kv.hashing import BlockHash
 from mocker.kv.spec import KVCacheGroup
 
 __all__ = ["BlockPool"]
+
+_NOT_NONE = partial(is_not, None)  # C-level "is not None" for takewhile
 
 _REF_CNT = attrgetter("ref_cnt")
 
@@ -133,12 +137,10 @@ class BlockPool:
 
     def lookup_prefix(self, block_hashes: Sequence[BlockHash]) -> list[KVBlock]:
         """The cached blocks of the longest prefix of `block_hashes` found in the cache."""
-        # One C-level pass (map + index) instead of a Python loop: a long prompt waiting for
-        # room is looked up again every pass, and its prefix can be hundreds of blocks.
-        found = list(map(self._cached.get, block_hashes))
-        if None in found:
-            del found[found.index(None) :]
-        return found  # type: ignore[return-value]  # the Nones were cut off just above
+        # C-level (map, takewhile, a partial of a C function) and stopping at the first miss:
+        # a long prompt waiting for room is looked up again every pass, its prefix can be
+        # hundreds of blocks, and most prompts miss far before their end.
+        return list(takewhile(_NOT_NONE, map(self._cached.get, block_hashes)))
 
     def num_cached_prefix(self, block_hashes: Sequence[BlockHash]) -> int:
         """How many leading hashes are cached, stopping at the first miss (a router asks
@@ -438,10 +440,21 @@ class BlockPool:
             # Nothing to skip and no eviction that changes what pop() picks next (lineage
             # counts drop as parents lose children): take them in one go.
             out = self._policy.pop_many(n)
-            for block in out:
-                if block.block_hash is not None:
-                    self._evict(block)
-                block.ref_cnt = 1
+            if self.record_events:
+                for block in out:
+                    if block.block_hash is not None:
+                        self._evict(block)
+                    block.ref_cnt = 1
+            else:
+                # `_evict` written out (no events, no lineage): every allocated block passes.
+                maps = self._maps
+                for block in out:
+                    block_hash = block.block_hash
+                    if block_hash is not None:
+                        del maps[block.group][block_hash]
+                        block.block_hash = block.parent_hash = None
+                        block.token_src = None
+                    block.ref_cnt = 1
             self.num_used += n
             return out
         out = []

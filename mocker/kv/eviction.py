@@ -96,12 +96,7 @@ class LRUPolicy(EvictionPolicy):
         return self._queue.popleft_many(n)
 
     def push_many(self, blocks: list[KVBlock]) -> None:
-        queue = self._queue
-        for block in blocks:
-            if block.block_hash is None:
-                queue.appendleft(block)
-            else:
-                queue.append(block)
+        self._queue.push_many(blocks)
 
     def order(self) -> list[KVBlock]:
         """Free blocks in reuse order (for tests and debugging)."""

@@ -67,6 +67,38 @@ class FreeBlockQueue:
         block.prev_free = block.next_free = None
         self._len -= 1
 
+    def push_many(self, blocks: Iterable[KVBlock]) -> None:
+        """Each block in turn: one holding a hash to the tail (reused last), one without to
+        the head (reused first), as `append` / `appendleft` would, linked in one walk (the
+        freeing hot path: every block of every finished request)."""
+        head, tail = self._head, self._tail
+        last = tail.prev_free  # the tail end of the list as it grows
+        assert last is not None
+        n = 0
+        for block in blocks:
+            if block.prev_free is not None:
+                last.next_free = tail  # (the list stays whole for whoever catches this)
+                tail.prev_free = last
+                self._len += n
+                raise ValueError(f"{block!r} is already on a free list")
+            if block.block_hash is None:
+                first = head.next_free
+                assert first is not None
+                block.prev_free = head
+                block.next_free = first
+                head.next_free = block
+                first.prev_free = block
+                if last is head:
+                    last = block
+            else:
+                block.prev_free = last
+                last.next_free = block
+                last = block
+            n += 1
+        last.next_free = tail
+        tail.prev_free = last
+        self._len += n
+
     def popleft(self) -> KVBlock:
         first = self._head.next_free
         if first is self._tail or first is None:
