@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from itertools import takewhile
 from operator import attrgetter, is_not
+from typing import cast
 
 from mocker.config import EvictionPolicyName
 from mocker.kv.block import BlockId, KVBlock
@@ -140,7 +141,9 @@ class BlockPool:
         # C-level (map, takewhile, a partial of a C function) and stopping at the first miss:
         # a long prompt waiting for room is looked up again every pass, its prefix can be
         # hundreds of blocks, and most prompts miss far before their end.
-        return list(takewhile(_NOT_NONE, map(self._cached.get, block_hashes)))
+        get: Callable[[BlockHash], KVBlock | None] = self._cached.get
+        hits = list(takewhile(_NOT_NONE, map(get, block_hashes)))
+        return cast("list[KVBlock]", hits)  # (the Nones stopped the takewhile)
 
     def num_cached_prefix(self, block_hashes: Sequence[BlockHash]) -> int:
         """How many leading hashes are cached, stopping at the first miss (a router asks

@@ -29,14 +29,6 @@ class KVManager(Protocol):
     @property
     def num_used(self) -> int: ...
 
-    def append_block_each(self, requests: Sequence[Request]) -> None:
-        """One more block for each of these requests, in this order (one may come more than
-        once): the same blocks as one `append_blocks(r, 1)` after another, taken from the
-        pool in one call (the caller checked the room)."""
-        blocks = self.pool.get_new_blocks(len(requests))
-        for request, block in zip(requests, blocks, strict=True):
-            request.blocks.append(block)
-
     @property
     def awaiting_displaced(self) -> bool: ...
 
