@@ -169,7 +169,9 @@ def _describe_operation(path: str, operation: dict[str, Any], ranks: int) -> Non
         responses["400"] = _error("Invalid request (the OpenAI error shape)")
     if "requestBody" in operation:
         responses["404"] = _error("The model is not served here")
-    params = operation.get("parameters", [])
+    # Copies: the routes share their header parameters' dicts (dependencies.HEADER_PARAMETERS).
+    params = [dict(p) for p in operation.get("parameters", [])]
+    operation["parameters"] = params
     for param in params:
         if param.get("name") == "x-data-parallel-rank":
             param["schema"] = {"type": "string", "enum": [str(r) for r in range(ranks)]}
@@ -179,6 +181,8 @@ def _describe_operation(path: str, operation: dict[str, Any], ranks: int) -> Non
         # A test hook, not the API: it makes the server fail on purpose (500s among them), so
         # it is not offered to generated clients and fuzzers as a parameter.
         operation["parameters"] = [p for p in params if p.get("name") != fault]
+    if not operation["parameters"]:
+        del operation["parameters"]
     if any(p.get("name") == fault for p in params) and not path.endswith("/render"):
         operation["description"] = (
             operation.get("description", "")

@@ -12,6 +12,7 @@ one back), and /inference/v1/generate's request_id, answered as a header, must b
 
 from __future__ import annotations
 
+from array import array
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
@@ -94,6 +95,8 @@ def _check_value(value: Any, where: str, depth: int = 0) -> None:
     elif isinstance(value, list | tuple | dict):
         if depth >= MAX_DEPTH:
             raise ValueError(f"{where or 'a value'} is nested deeper than {MAX_DEPTH} levels")
+        if value and not isinstance(value, dict) and _int64s(value):
+            return  # a prompt's token ids: checked in C at once, not one call per id
         if isinstance(value, dict):
             for key, item in value.items():
                 _check_value(key, where, depth + 1)
@@ -101,6 +104,15 @@ def _check_value(value: Any, where: str, depth: int = 0) -> None:
         else:
             for item in value:
                 _check_value(item, where, depth + 1)
+
+
+def _int64s(values: list[Any] | tuple[Any, ...]) -> bool:
+    """Every item an int (or bool) in the signed 64-bit range (the rest: checked one by one)."""
+    try:
+        array("q", values)
+    except (TypeError, OverflowError):
+        return False
+    return True
 
 
 class _Open(BaseModel):

@@ -13,6 +13,7 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
+from mocker.api.direct_write import DirectBody, direct_body
 from mocker.api.raw_send import RAW_SEND
 
 __all__ = ["DeferredResponse", "Emitter", "EventStreamResponse", "json_response"]
@@ -41,7 +42,7 @@ class Emitter:
     take over that one stream, queueing its later chunks behind the blocked one.
     """
 
-    __slots__ = ("_backlog", "_ended", "_on_error", "_pending", "_send", "closed")
+    __slots__ = ("_backlog", "_direct", "_ended", "_on_error", "_pending", "_send", "closed")
 
     def __init__(self, send: Send, on_error: Callable[[], None]) -> None:
         self._send = send
@@ -49,7 +50,13 @@ class Emitter:
         self._backlog: deque[Message] = deque()
         self._pending: asyncio.Task[None] | None = None
         self._ended = False  # the last message is written or queued: nothing may follow it
+        self._direct: DirectBody | None = None
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def started(self) -> None:
+        """The response's start is written: from now on, body chunks go straight to uvicorn's
+        transport when it can take them (direct_write.py)."""
+        self._direct = direct_body(self._send)
 
     def emit(
         self, chunk: bytes, *, last: bool = False, on_sent: Callable[[], None] | None = None
@@ -61,6 +68,9 @@ class Emitter:
         self._ended = last
         if on_sent is not None:
             on_sent()
+        direct = self._direct
+        if direct is not None and not last and self._pending is None and direct.write(chunk):
+            return
         message = {"type": "http.response.body", "body": chunk, "more_body": not last}
         if self._pending is not None:
             self._backlog.append(message)
@@ -156,6 +166,7 @@ class EventStreamResponse(Response):
         watcher = asyncio.get_running_loop().create_task(_watch(receive, gone))
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            emitter.started()
             self.start(emitter)
             await emitter.closed
             await emitter.drain()

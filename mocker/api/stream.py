@@ -36,7 +36,9 @@ class StreamRenderer:
         "_emitter",
         "_escaped",
         "_first",
+        "_heads",
         "_num_open",
+        "_open_tail",
         "_piece",
         "_prompt_due",
         "_record_abort",
@@ -69,6 +71,16 @@ class StreamRenderer:
         self._prompt_due = [not writer.chat and c.prompt_token_ids is not None for c in choices]
         self._num_open = len(response.choices)
         self._emitter: Emitter | JitteredEmitter | None = None
+        # The plain case, a text chunk per pass with nothing but new text (no ids, no running
+        # usage): each choice's head (its first with the role delta before it) and the tail.
+        self._heads: list[bytes] | None = None
+        self._open_tail = b""
+        if isinstance(writer, ChunkWriter) and not writer.with_ids and not writer.continuous_usage:
+            parts = [writer.open_parts(c.index) for c in choices]
+            self._heads = [
+                first + head for first, (head, _) in zip(self._first, parts, strict=True)
+            ]
+            self._open_tail = parts[0][1] if parts else b""
 
     def attach(self, emitter: Emitter | JitteredEmitter) -> None:
         self._emitter = emitter
@@ -80,6 +92,23 @@ class StreamRenderer:
         assert emitter is not None
         if choice.done or emitter.closed.done():
             return  # after a stop string matched, or the response has ended
+        heads = self._heads
+        if (
+            heads is not None
+            and type(out) is RequestOutput
+            and not out.finished
+            and choice.stops is None
+            and choice.abort_at is None
+        ):
+            # A token chunk that ends nothing (nearly every chunk): no general assembly.
+            choice.account(out)
+            escaped, ids = self._escaped, out.new_token_ids
+            text = escaped(ids[0]) if len(ids) == 1 else b"".join([escaped(t) for t in ids])
+            index = choice.index
+            emitter.emit(heads[index] + text + self._open_tail)
+            if self._first[index]:
+                self._first_sent(index)
+            return
         if isinstance(out, EngineDeadError):
             choice.done = True
             emitter.emit(error_event(503, f"The engine failed: {out}") + DONE, last=True)
@@ -119,7 +148,7 @@ class StreamRenderer:
             chunk = self._first[index] + writer.text(
                 index, text, choice.finish_reason, choice.stop_reason, usage
             )
-        self._first[index] = b""
+        self._first_sent(index)
         if not choice.done:
             emitter.emit(chunk)
             return
@@ -134,6 +163,13 @@ class StreamRenderer:
         if writer.include_usage:
             chunk += writer.usage(*totals(self._response.choices))
         emitter.emit(chunk + DONE, last=True)
+
+    def _first_sent(self, index: int) -> None:
+        """Choice `index`'s first chunk is out: what went before it goes no more."""
+        self._first[index] = b""
+        writer = self._writer
+        if self._heads is not None and isinstance(writer, ChunkWriter):
+            self._heads[index] = writer.open_parts(index)[0]
 
     def _cut(self, choice: Choice, text: bytes, emitter: Emitter | JitteredEmitter) -> None:
         """An injected abort: what came so far (no finish reason), then the error."""

@@ -77,3 +77,12 @@ def test_generate_chunks_are_vllms_token_stream() -> None:
     }  # fmt: skip
     (usage,) = _decode(w.usage(1, 2, 0))
     assert usage["choices"] == [] and usage["usage"] == usage_dict(1, 2, 0)
+
+
+def test_open_parts_frame_the_same_chunk_as_text() -> None:
+    for chat in (False, True):
+        w = ChunkWriter(chat=chat, response_id="r-1", created=3, model="m", include_usage=True,
+                        continuous_usage=False)  # fmt: skip
+        for index in (0, 2):
+            head, tail = w.open_parts(index)
+            assert head + b"h\\u00e9llo" + tail == w.text(index, b"h\\u00e9llo")

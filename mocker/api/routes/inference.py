@@ -5,7 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from mocker.api.dependencies import Headers, check_accepting, server_state
+from mocker.api.dependencies import (
+    HEADER_PARAMETERS,
+    check_accepting,
+    request_headers,
+    server_state,
+)
 from mocker.api.protocol import GenerateRequest
 
 __all__ = ["router"]
@@ -14,8 +19,8 @@ __all__ = ["router"]
 router = APIRouter(prefix="/inference/v1")
 
 
-@router.post("/generate")
-async def generate(body: GenerateRequest, headers: Headers, request: Request) -> Response:
+@router.post("/generate", openapi_extra=HEADER_PARAMETERS)
+async def generate(body: GenerateRequest, request: Request) -> Response:
     state = server_state(request)
     check_accepting(state)
-    return state.serving.generate(body, headers)
+    return state.serving.generate(body, request_headers(request))

@@ -5,7 +5,13 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from mocker.api.dependencies import Headers, State, check_accepting, server_state
+from mocker.api.dependencies import (
+    HEADER_PARAMETERS,
+    State,
+    check_accepting,
+    request_headers,
+    server_state,
+)
 from mocker.api.protocol import ChatCompletionRequest, CompletionRequest, ModelCard
 from mocker.api.responses import json_response
 
@@ -15,30 +21,28 @@ __all__ = ["router"]
 router = APIRouter(prefix="/v1")
 
 
-@router.post("/completions")
-async def completions(body: CompletionRequest, headers: Headers, request: Request) -> Response:
+@router.post("/completions", openapi_extra=HEADER_PARAMETERS)
+async def completions(body: CompletionRequest, request: Request) -> Response:
     state = server_state(request)
     check_accepting(state)
-    return state.serving.completions(body, headers)
+    return state.serving.completions(body, request_headers(request))
 
 
-@router.post("/chat/completions")
-async def chat_completions(
-    body: ChatCompletionRequest, headers: Headers, request: Request
-) -> Response:
+@router.post("/chat/completions", openapi_extra=HEADER_PARAMETERS)
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     state = server_state(request)
     check_accepting(state)
-    return state.serving.chat(body, headers)
+    return state.serving.chat(body, request_headers(request))
 
 
-@router.post("/completions/render")
-async def render_completions(body: CompletionRequest, headers: Headers, state: State) -> Response:
-    return state.serving.render_completions(body, headers)
+@router.post("/completions/render", openapi_extra=HEADER_PARAMETERS)
+async def render_completions(body: CompletionRequest, request: Request) -> Response:
+    return server_state(request).serving.render_completions(body, request_headers(request))
 
 
-@router.post("/chat/completions/render")
-async def render_chat(body: ChatCompletionRequest, headers: Headers, state: State) -> Response:
-    return state.serving.render_chat(body, headers)
+@router.post("/chat/completions/render", openapi_extra=HEADER_PARAMETERS)
+async def render_chat(body: ChatCompletionRequest, request: Request) -> Response:
+    return server_state(request).serving.render_chat(body, request_headers(request))
 
 
 @router.get("/models")

@@ -1,0 +1,62 @@
+"""Streamed body chunks written straight to uvicorn's transport, framed exactly as it frames them.
+
+uvicorn's ASGI `send` for a body chunk of a chunked response checks the cycle's state, frames
+the chunk (`<hex length>\\r\\n<chunk>\\r\\n`) and writes it to the transport. Through the
+coroutine protocol that costs a message dict, a coroutine, and a StopIteration per token: about
+a third of the Python work of streaming one token. `DirectBody` does the same write with the
+same checks for the common case (the connection open, its buffer not over the high-water mark)
+and says no otherwise, so flow control, the last chunk (which ends the response and decides
+keep-alive) and every other server go through `send` as before.
+tests/api/test_direct_write.py fails if uvicorn's cycle stops looking the way this assumes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.types import Send
+
+__all__ = ["DirectBody", "direct_body"]
+
+
+def _cycle_types() -> tuple[type, ...]:
+    """uvicorn's HTTP/1.1 cycle classes whose body framing `DirectBody` reproduces."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+    except ImportError:  # httptools missing: uvicorn runs h11, whose send is used as is
+        return ()
+    return (RequestResponseCycle,)
+
+
+_CYCLES = _cycle_types()
+
+
+class DirectBody:
+    """Writes body chunks of one started, chunked response to its transport."""
+
+    __slots__ = ("_cycle",)
+
+    def __init__(self, cycle: Any) -> None:
+        self._cycle = cycle
+
+    def write(self, chunk: bytes) -> bool:
+        """Frame and write a non-final chunk; False (nothing written) when `send` must take it:
+        the client has gone, the transport asked to pause, or the response has ended."""
+        cycle = self._cycle
+        if cycle.disconnected or cycle.flow.write_paused or cycle.response_complete:
+            return False
+        cycle.transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        return True
+
+
+def direct_body(send: Send) -> DirectBody | None:
+    """A `DirectBody` for a response whose start `send` has written, if `send` is uvicorn's
+    httptools cycle and the body is chunked (not a HEAD, no content-length); else None."""
+    cycle: Any = getattr(send, "__self__", None)
+    if cycle is None or type(cycle) not in _CYCLES:
+        return None
+    if not cycle.response_started or cycle.chunked_encoding is not True:
+        return None
+    if cycle.scope.get("method") == "HEAD":
+        return None
+    return DirectBody(cycle)

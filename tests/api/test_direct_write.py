@@ -1,0 +1,113 @@
+"""direct_write: body chunks framed and written exactly as uvicorn's own send would, and only
+when its send would write them at once (else the send path, with its flow control)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+from uvicorn.protocols.http.flow_control import FlowControl
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+from mocker.api.direct_write import DirectBody, direct_body
+from mocker.api.responses import Emitter
+
+START = {"type": "http.response.start", "status": 200, "headers": [(b"x-a", b"1")]}
+CHUNKS = [b"data: {}\n\n", b"x" * 300, "data: \u00e9\n\n".encode()]
+
+
+class Transport(asyncio.Transport):
+    """Records what is written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[bytes] = []
+
+    def write(self, data: Any) -> None:
+        self.written.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def _cycle(method: str = "POST") -> tuple[RequestResponseCycle, Transport]:
+    transport = Transport()
+    scope: Any = {"type": "http", "method": method, "path": "/", "headers": []}
+    cycle = RequestResponseCycle(
+        scope, transport, FlowControl(transport), logging.getLogger("t"), logging.getLogger("t"),
+        False, [], asyncio.Event(), False, True, lambda: None,
+    )  # fmt: skip
+    return cycle, transport
+
+
+async def test_the_bytes_are_those_uvicorns_send_writes() -> None:
+    sent, sent_transport = _cycle()
+    direct, direct_transport = _cycle()
+    for cycle in (sent, direct):
+        await cycle.send(START)
+    body = direct_body(direct.send)
+    assert isinstance(body, DirectBody)
+    for chunk in CHUNKS:
+        await sent.send({"type": "http.response.body", "body": chunk, "more_body": True})
+        assert body.write(chunk)
+    assert direct_transport.written == sent_transport.written
+    assert len(sent_transport.written) == 1 + len(CHUNKS)
+
+
+async def test_it_declines_what_the_send_path_must_take() -> None:
+    cycle, transport = _cycle()
+    assert direct_body(cycle.send) is None  # the response has not started
+    await cycle.send(START)
+    body = direct_body(cycle.send)
+    assert body is not None
+    cycle.flow.pause_writing()  # the client reads slowly: the send path waits for it
+    assert not body.write(b"a")
+    cycle.flow.resume_writing()
+    assert body.write(b"a")
+    cycle.disconnected = True
+    assert not body.write(b"b")
+    cycle.disconnected = False
+    await cycle.send({"type": "http.response.body", "body": b"", "more_body": False})
+    assert not body.write(b"c")  # the response has ended
+    assert transport.written[1:] == [b"1\r\na\r\n", b"0\r\n\r\n"]  # "a" once, then the end
+
+
+async def test_only_a_started_chunked_body_of_uvicorns_httptools_cycle() -> None:
+    head, _ = _cycle("HEAD")
+    await head.send(START)
+    assert direct_body(head.send) is None
+    sized, _ = _cycle()
+    await sized.send({**START, "headers": [(b"content-length", b"3")]})
+    assert direct_body(sized.send) is None
+
+    async def other_server(message: Any) -> None:
+        pass
+
+    assert direct_body(other_server) is None
+
+
+@pytest.mark.parametrize("paused", [False, True])
+async def test_the_emitter_writes_directly_unless_the_transport_is_paused(paused: bool) -> None:
+    cycle, transport = _cycle()
+    emitter = Emitter(cycle.send, lambda: None)
+    await cycle.send(START)
+    emitter.started()
+    if paused:
+        cycle.flow.pause_writing()
+    emitter.emit(CHUNKS[0])
+    emitter.emit(CHUNKS[1])
+    if paused:  # the first chunk waits in uvicorn's send, the second behind it
+        assert len(transport.written) == 1
+        cycle.flow.resume_writing()
+    emitter.emit(CHUNKS[2], last=True)
+    await emitter.drain()
+    await asyncio.wait_for(emitter.closed, 5)
+    expected, expected_transport = _cycle()
+    await expected.send(START)
+    for i, chunk in enumerate(CHUNKS):
+        last = i == len(CHUNKS) - 1
+        await expected.send({"type": "http.response.body", "body": chunk, "more_body": not last})
+    assert b"".join(transport.written) == b"".join(expected_transport.written)
+    assert cycle.response_complete
