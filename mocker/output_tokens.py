@@ -7,7 +7,7 @@ from collections.abc import Collection, Sequence
 
 import numpy as np
 
-from mocker.mixing import GOLDEN, MASK64, splitmix64, splitmix64_array
+from mocker.mixing import GOLDEN, MASK64, splitmix64_array
 
 __all__ = ["OutputTokenSampler"]
 
@@ -55,8 +55,12 @@ class OutputTokenSampler:
         x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
         x ^= x >> 31
         threshold = self._eos_threshold
-        if eos_allowed and threshold and (splitmix64(x) >> 11) < threshold:
-            return self.eos_token_id
+        if eos_allowed and threshold:
+            e = (x + GOLDEN) & MASK64  # splitmix64(x), inlined as well
+            e = ((e ^ (e >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+            e = ((e ^ (e >> 27)) * 0x94D049BB133111EB) & MASK64
+            if ((e ^ (e >> 31)) >> 11) < threshold:
+                return self.eos_token_id
         palette = self._palette
         return palette[(x >> 7) % len(palette)]
 

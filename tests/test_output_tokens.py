@@ -52,3 +52,16 @@ def test_token_rows_are_each_requests_tokens() -> None:
     rows = s.token_rows(seeds, starts, 9)
     assert rows == [s.tokens(seed, start, 9) for seed, start in zip(seeds, starts, strict=True)]
     assert rows[1] == [s.token(seeds[1], k, False) for k in range(7, 16)]
+
+
+def test_the_inlined_eos_draw_is_splitmix64_of_the_token_mix() -> None:
+    s = OutputTokenSampler(range(1000), eos_token_id=1, eos_probability=0.3, seed=5)
+    threshold = int(0.3 * (1 << 53))
+    seed = s.request_seed("req-2")
+    draws = 0
+    for k in range(500):
+        x = splitmix64((seed + k) & MASK64)
+        eos = (splitmix64(x) >> 11) < threshold
+        draws += eos
+        assert (s.token(seed, k, True) == 1) is eos
+    assert 100 < draws < 200  # both branches taken

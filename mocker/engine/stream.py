@@ -54,9 +54,16 @@ class RequestStream:
             try:
                 listener(out)
             except Exception:  # a consumer bug must not take the engine loop down with it
-                logger.exception("output listener of request %s failed", self.request_id)
-                self.finished = True
+                self._listener_failed()
             return
+        self._merge(out)
+
+    def _listener_failed(self) -> None:
+        logger.exception("output listener of request %s failed", self.request_id)
+        self.finished = True
+
+    def _merge(self, out: RequestOutput) -> None:
+        """Keep `out` for `get()`, merged with what is already waiting there."""
         pending = self._pending
         if pending is None:
             self._pending = out
@@ -113,8 +120,17 @@ def deliver(streams: dict[str, RequestStream], result: StepResult) -> None:
             if kept is None:
                 kept = outputs[:i]
             continue
-        stream.put(out)
-        if out.finished:
+        # RequestStream.put, inlined: this runs once per token.
+        finished = stream.finished = out.finished
+        listener = stream._listener
+        if listener is None:
+            stream._merge(out)
+        else:
+            try:
+                listener(out)
+            except Exception:  # a consumer bug must not take the engine loop down with it
+                stream._listener_failed()
+        if finished:
             del streams[out.request_id]
         if kept is not None:
             kept.append(out)

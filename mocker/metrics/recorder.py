@@ -132,12 +132,8 @@ class StatsRecorder:
             for tier, n in stats.tier_cached.items():
                 by_tier[tier] = by_tier.get(tier, 0) + n
                 self.prompt_tokens_cached_tiers += n
-        observe = self.ttft.observe
-        for ttft in stats.time_to_first_tokens:
-            observe(ttft)
-        observe = self.itl.observe
-        for itl in stats.inter_token_latencies:
-            observe(itl)
+        self.ttft.observe_each(stats.time_to_first_tokens)
+        self.itl.observe_each(stats.inter_token_latencies)
 
     def _transfer(self, t: TransferRecord) -> None:
         if not t.touches_device:  # CPU ↔ a secondary tier

@@ -168,7 +168,8 @@ class Scheduler:
 
     def remove_finished(self) -> None:
         """Drop finished requests from the running list (once per pass, O(running))."""
-        self.running = [r for r in self.running if not r.is_finished]
+        last_unfinished = RequestStatus.PREEMPTED  # RequestStatus.is_finished, inlined
+        self.running = [r for r in self.running if r.status <= last_unfinished]
 
     # -- the pass -----------------------------------------------------------------------------
 
@@ -252,7 +253,9 @@ class Scheduler:
             request = running[i]
             num_tokens = len(request.all_token_ids)
             computed = request.num_computed_tokens
-            num_new = min(num_tokens - computed, budget)
+            num_new = num_tokens - computed
+            if num_new > budget:
+                num_new = budget
             if self._mamba_split:
                 num_new = self._mamba_aligned(request, computed, num_new)
                 if not num_new:
@@ -290,7 +293,13 @@ class Scheduler:
                     continue  # it sits this pass out
             scheduled[request] = num_new
             budget -= num_new
-            if _is_decode(request, num_new):
+            # _is_decode, inlined (once per running request per pass): `computed` is still
+            # the request's, as allocation changed none of its counts.
+            if (
+                num_new == 1
+                and computed == num_tokens - 1
+                and num_tokens > request.num_prompt_tokens
+            ):
                 decodes += 1
             else:
                 prefill += num_new

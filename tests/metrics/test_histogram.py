@@ -25,3 +25,14 @@ def test_vllm_bucket_tables() -> None:
     assert len(BUCKETS["request_time"]) == 21 and BUCKETS["request_time"][-1] == 7680.0
     assert BUCKETS["iteration_tokens"][-1] == 16384
     assert BUCKETS["preemptions"] == (1, 2, 3, 4, 5, 10, 20)
+
+
+def test_observe_each_is_observe_in_order_bit_for_bit() -> None:
+    values = [0.1, 0.1, 0.1, 0.30000000000000004, 0.005, 0.005, 7.5, 0.1, 1e-9, 400.0, 0.1]
+    one, each = Histogram(BUCKETS["itl"]), Histogram(BUCKETS["itl"])
+    for v in values:
+        one.observe(v)
+    each.observe_each(values)
+    each.observe_each([])
+    assert each.counts == one.counts and each.total == one.total  # the same float, not close
+    assert each.count == len(values)
