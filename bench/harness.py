@@ -76,11 +76,17 @@ def pinned(argv: list[str], cpu: int = SERVER_CPU) -> list[str]:
     return ["taskset", "-c", str(cpu), *argv]
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of the whole process (all threads), from /proc/PID/stat."""
+def cpu_split(pid: int) -> tuple[float, float]:
+    """(utime, stime) of the whole process (all threads), from /proc/PID/stat: the time in
+    its own code and in the kernel on its behalf (socket writes, mostly)."""
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat.rsplit(")", 1)[1].split()  # the command name may contain spaces
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of the whole process (all threads)."""
+    return sum(cpu_split(pid))
 
 
 def client_setup(name: str) -> Path:
