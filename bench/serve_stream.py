@@ -419,21 +419,20 @@ def itl(n: int, logs: Path) -> dict[str, Any]:
     return result
 
 
-def alternating(n: int, logs: Path, errors: list[str]) -> tuple[list[Load], list[Load]]:
-    """TPUT_ROUNDS throughput runs of mocker and of the floor, alternating (who goes first
-    swaps every round), so that a slow spell of this shared machine hits both alike."""
-    ours: list[Load] = []
-    floor: list[Load] = []
+def alternating(n: int, logs: Path, errors: list[str]) -> list[tuple[Load | None, Load | None]]:
+    """TPUT_ROUNDS rounds of one throughput run of mocker and one of the floor, back to back
+    (who goes first swaps every round), so that a slow spell of this shared machine hits both
+    alike. Per round (mocker, floor); a run that failed is None (and named in `errors`)."""
+    rounds: list[tuple[Load | None, Load | None]] = []
     for i in range(TPUT_ROUNDS):
-        order = [("mocker", ours), ("baseline", floor)]
-        for name, loads in order if i % 2 == 0 else order[::-1]:
+        got: dict[str, Load | None] = {}
+        for name in ("mocker", "baseline") if i % 2 == 0 else ("baseline", "mocker"):
             argv = serve_argv(TPUT_SPEEDUP) if name == "mocker" else BASELINE_ARGV
-            load = attempt(
+            got[name] = attempt(
                 errors, f"{name} round {i}", lambda a=argv, m=name: throughput(m, a, n, logs)
             )
-            if load is not None:
-                loads.append(load)
-    return ours, floor
+        rounds.append((got["mocker"], got["baseline"]))
+    return rounds
 
 
 def median_of(loads: list[Load], key: Callable[[Load], float]) -> float:
@@ -443,12 +442,16 @@ def median_of(loads: list[Load], key: Callable[[Load], float]) -> float:
 def row_for(n: int, logs: Path) -> dict[str, Any]:
     row: dict[str, Any] = {"streams": n}
     errors: list[str] = []
-    ours, floor = alternating(n, logs, errors)
+    rounds = alternating(n, logs, errors)
+    ours = [m for m, _ in rounds if m is not None]
+    floor = [b for _, b in rounds if b is not None]
+    # Pairs only of runs that went back to back (a round with a failed run drops out).
+    pairs = [(m, b) for m, b in rounds if m is not None and b is not None]
     fidelity = attempt(errors, "itl", lambda: itl(n, logs))
     if errors:
         row["errors"] = errors
     if ours:
-        mocker = ours[-1]  # chunk shapes: the same every run
+        chunks = sum(r.chunks for r in ours)
         row.update(
             tokens_per_s=round(median_of(ours, lambda r: r.tokens_per_s)),
             tokens_per_s_runs=[round(r.tokens_per_s) for r in ours],
@@ -456,12 +459,12 @@ def row_for(n: int, logs: Path) -> dict[str, Any]:
             server_user_us_per_token=round(median_of(ours, lambda r: r.user_us_per_token), 2),
             server_sys_us_per_token=round(median_of(ours, lambda r: r.sys_us_per_token), 2),
             chunks_per_s=round(median_of(ours, lambda r: r.chunks_per_s)),
-            tokens_per_chunk=round(mocker.tokens_per_chunk, 2),
+            tokens_per_chunk=round(sum(r.counted_tokens for r in ours) / max(1, chunks), 2),
             multi_token_chunk_frac=round(
-                sum(r.multi_token_chunks for r in ours) / max(1, sum(r.chunks for r in ours)), 3
+                sum(r.multi_token_chunks for r in ours) / max(1, chunks), 3
             ),
             max_tokens_per_chunk=max(r.max_chunk_tokens for r in ours),
-            chunk_bytes=round(mocker.mean_chunk_bytes, 1),
+            chunk_bytes=round(sum(r.mean_chunk_bytes * r.chunks for r in ours) / max(1, chunks), 1),
             client_cpu=round(median_of(ours, lambda r: r.client_cpu), 3),
             window_s=round(median_of(ours, lambda r: r.window_s), 3),
             failed_streams=sum(r.failed for r in ours),
@@ -480,14 +483,13 @@ def row_for(n: int, logs: Path) -> dict[str, Any]:
             baseline_cpu=round(median_of(floor, lambda r: r.server_cpu), 3),
             baseline_user_us_per_token=round(median_of(floor, lambda r: r.user_us_per_token), 2),
             baseline_sys_us_per_token=round(median_of(floor, lambda r: r.sys_us_per_token), 2),
-            baseline_chunk_bytes=round(floor[-1].mean_chunk_bytes, 1),
+            baseline_chunk_bytes=round(median_of(floor, lambda r: r.mean_chunk_bytes), 1),
             baseline_client_cpu=round(median_of(floor, lambda r: r.client_cpu), 3),
             baseline_failed_streams=sum(r.failed for r in floor),
         )
         log_issues = [line for r in floor for line in r.log_issues]
         if log_issues:
             row["baseline_log_issues"] = log_issues[:3]
-    pairs = list(zip(ours, floor, strict=False))
     if pairs:
         # Per round (the two ran back to back), then the median: the spread says how noisy.
         ratios = [m.tokens_per_s / b.tokens_per_s for m, b in pairs]

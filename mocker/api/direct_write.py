@@ -45,7 +45,8 @@ class DirectBody:
         cycle = self._cycle
         if cycle.disconnected or cycle.flow.write_paused or cycle.response_complete:
             return False
-        cycle.transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        if chunk:  # an empty chunk frames to nothing (its frame would end the body)
+            cycle.transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
         return True
 
 

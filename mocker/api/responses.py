@@ -69,8 +69,13 @@ class Emitter:
         if on_sent is not None:
             on_sent()
         direct = self._direct
-        if direct is not None and not last and self._pending is None and direct.write(chunk):
-            return
+        if direct is not None and not last and self._pending is None:
+            try:
+                if direct.write(chunk):
+                    return
+            except Exception:  # as from `send`: e.g. the transport closed under us
+                self._fail()
+                return
         message = {"type": "http.response.body", "body": chunk, "more_body": not last}
         if self._pending is not None:
             self._backlog.append(message)

@@ -148,7 +148,8 @@ class StreamRenderer:
             chunk = self._first[index] + writer.text(
                 index, text, choice.finish_reason, choice.stop_reason, usage
             )
-        self._first_sent(index)
+        if self._first[index]:
+            self._first_sent(index)
         if not choice.done:
             emitter.emit(chunk)
             return

@@ -15,7 +15,7 @@ from mocker.api.direct_write import DirectBody, direct_body
 from mocker.api.responses import Emitter
 
 START = {"type": "http.response.start", "status": 200, "headers": [(b"x-a", b"1")]}
-CHUNKS = [b"data: {}\n\n", b"x" * 300, "data: \u00e9\n\n".encode()]
+CHUNKS = [b"data: {}\n\n", b"", b"x" * 300, "data: \u00e9\n\n".encode()]
 
 
 class Transport(asyncio.Transport):
@@ -52,8 +52,10 @@ async def test_the_bytes_are_those_uvicorns_send_writes() -> None:
     for chunk in CHUNKS:
         await sent.send({"type": "http.response.body", "body": chunk, "more_body": True})
         assert body.write(chunk)
-    assert direct_transport.written == sent_transport.written
-    assert len(sent_transport.written) == 1 + len(CHUNKS)
+    # (uvicorn writes b"" for the empty chunk, DirectBody nothing: the same bytes.)
+    assert b"".join(direct_transport.written) == b"".join(sent_transport.written)
+    assert [w for w in direct_transport.written if w] == [w for w in sent_transport.written if w]
+    assert len(direct_transport.written) == len(CHUNKS)  # the start and one write per chunk
 
 
 async def test_it_declines_what_the_send_path_must_take() -> None:
@@ -96,12 +98,12 @@ async def test_the_emitter_writes_directly_unless_the_transport_is_paused(paused
     emitter.started()
     if paused:
         cycle.flow.pause_writing()
-    emitter.emit(CHUNKS[0])
-    emitter.emit(CHUNKS[1])
-    if paused:  # the first chunk waits in uvicorn's send, the second behind it
+    for chunk in CHUNKS[:-1]:
+        emitter.emit(chunk)
+    if paused:  # the first chunk waits in uvicorn's send, the others behind it
         assert len(transport.written) == 1
         cycle.flow.resume_writing()
-    emitter.emit(CHUNKS[2], last=True)
+    emitter.emit(CHUNKS[-1], last=True)
     await emitter.drain()
     await asyncio.wait_for(emitter.closed, 5)
     expected, expected_transport = _cycle()
@@ -111,3 +113,20 @@ async def test_the_emitter_writes_directly_unless_the_transport_is_paused(paused
         await expected.send({"type": "http.response.body", "body": chunk, "more_body": not last})
     assert b"".join(transport.written) == b"".join(expected_transport.written)
     assert cycle.response_complete
+
+
+async def test_a_failing_direct_write_ends_the_response_as_a_failing_send_does() -> None:
+    cycle, _ = _cycle()
+    failed: list[bool] = []
+    emitter = Emitter(cycle.send, lambda: failed.append(True))
+    await cycle.send(START)
+    emitter.started()
+
+    def closed(data: Any) -> None:
+        raise RuntimeError("unable to perform operation: the handler is closed")
+
+    cycle.transport.write = closed  # type: ignore[method-assign]
+    emitter.emit(CHUNKS[0])
+    assert failed == [True] and emitter.closed.done()
+    emitter.emit(CHUNKS[1])  # nothing more is attempted
+    assert failed == [True]
