@@ -26,10 +26,10 @@ class RawSendApp(FastAPI):
     the server after a drain with a 503 instead of a logged traceback."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        scope[RAW_SEND] = send
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
+        scope[RAW_SEND] = send
         started = False
 
         async def send_start(message: Message) -> None:
@@ -49,6 +49,10 @@ class RawSendApp(FastAPI):
                 with contextlib.suppress(Exception):
                     reply = error_response(503, "The server is shutting down.")
                     await reply(scope, receive, send)
+        finally:
+            # uvicorn's cycle holds the scope, and the scope would hold the cycle's send: a
+            # reference cycle (with everything the request hung on the scope) for the GC.
+            scope.pop(RAW_SEND, None)
 
     def is_draining(self) -> bool:
         """The server state says so (set on SIGTERM); no state yet: not draining."""

@@ -55,6 +55,8 @@ class RequestStream:
                 listener(out)
             except Exception:  # a consumer bug must not take the engine loop down with it
                 self._listener_failed()
+            if self.finished:
+                self._listener = None  # nothing follows: let go of the consumer (a cycle)
             return
         self._merge(out)
 
@@ -89,8 +91,9 @@ class RequestStream:
             return  # already fully delivered
         self._error = error
         self.finished = True
-        if self._listener is not None:
-            self._listener(EngineDeadError(str(error)))
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener(EngineDeadError(str(error)))
             return
         self._event.set()
 
@@ -131,6 +134,9 @@ def deliver(streams: dict[str, RequestStream], result: StepResult) -> None:
             except Exception:  # a consumer bug must not take the engine loop down with it
                 stream._listener_failed()
         if finished:
+            # Its last output: the stream lets go of its consumer (the renderer holds the
+            # stream, the stream its listener: a reference cycle left to the cyclic GC).
+            stream._listener = None
             del streams[out.request_id]
         if kept is not None:
             kept.append(out)

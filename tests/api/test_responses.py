@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 
 import httpx
 
+from mocker.api.choice import Choice
 from mocker.api.responses import Emitter
+from mocker.api.stream import StreamRenderer
+from mocker.engine.stream import RequestStream
 from tests.support.servers import ServerThread, make_app
 
 
@@ -87,3 +91,41 @@ async def test_nothing_is_written_after_the_last_message_even_behind_a_slow_read
     await emitter.drain()
     assert [m["body"] for m in sent] == [b"one", b"error + [DONE]"]
     assert failures == []  # the extra messages were dropped, not refused by the server
+
+
+def _alive(kinds: tuple[type, ...]) -> int:
+    return sum(1 for o in gc.get_objects() if isinstance(o, kinds))
+
+
+def test_a_streamed_response_leaves_no_reference_cycle_behind() -> None:
+    # With the cyclic GC off, only reference counting frees: a response whose objects hang
+    # in a cycle (the renderer holds the stream, the stream its listener; uvicorn's cycle
+    # holds the scope, the scope the cycle's send) would stay alive here until a full
+    # collection, the pause every stream then waits through.
+    kinds = (StreamRenderer, Emitter, Choice, RequestStream)
+    body = {"prompt": "hello there", "max_tokens": 6, "stream": True, "n": 1}
+    with ServerThread(make_app()) as server, httpx.Client(base_url=server.url) as http:
+        for path, payload in (("/v1/completions", body), ("/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "stream": True,
+        })):  # fmt: skip
+            with http.stream("POST", path, json=payload) as r:  # warm-up: lazy imports
+                r.read()
+        gc.collect()
+        gc.disable()
+        try:
+            before = _alive(kinds)
+            for i in range(6):
+                path, payload = ("/v1/completions", body) if i % 2 else (
+                    "/v1/chat/completions",
+                    {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
+                     "stream": True},
+                )  # fmt: skip
+                with http.stream("POST", path, json=payload) as r:
+                    assert r.status_code == 200 and r.read().endswith(b"data: [DONE]\n\n")
+            _wait_idle(server)
+            deadline = time.monotonic() + 10
+            while _alive(kinds) > before:  # the handlers' last steps, on the server's thread
+                assert time.monotonic() < deadline, f"{_alive(kinds) - before} objects kept"
+                time.sleep(0.01)
+        finally:
+            gc.enable()
