@@ -81,20 +81,15 @@ class FreeBlockQueue:
                 tail.prev_free = last
                 self._len += n
                 raise ValueError(f"{block!r} is already on a free list")
-            if block.block_hash is None:
-                first = head.next_free
-                assert first is not None
-                block.prev_free = head
-                block.next_free = first
-                head.next_free = block
-                first.prev_free = block
+            if block.block_hash is None:  # (rare: a request's last, partial block)
+                self._link_after(head, block)  # counted there
                 if last is head:
                     last = block
             else:
                 block.prev_free = last
                 last.next_free = block
                 last = block
-            n += 1
+                n += 1
         last.next_free = tail
         tail.prev_free = last
         self._len += n
