@@ -21,8 +21,16 @@ def splitmix64(x: int) -> int:
 
 def splitmix64_array(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     """`splitmix64` over a uint64 array (numpy's wrapping arithmetic is the masked one)."""
-    with np.errstate(over="ignore"):
-        x = x + np.uint64(GOLDEN)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    if x.ndim == 0:  # numpy warns when a scalar wraps around; arrays wrap silently
+        with np.errstate(over="ignore"):
+            return _mix(x)
+    # (No errstate for arrays: entering one costs more than mixing a short array, and the
+    # replay mixes one per prompt and per run of decode passes.)
+    return _mix(x)
+
+
+def _mix(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    x = x + np.uint64(GOLDEN)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return x ^ (x >> np.uint64(31))

@@ -67,9 +67,9 @@ class OutputTokenSampler:
     def tokens(self, request_seed: int, start: int, count: int) -> list[int]:
         """Tokens at output positions start .. start+count-1 where EOS is not allowed: the
         same as `token(request_seed, k, False)` for each, computed as one array."""
-        with np.errstate(over="ignore"):
-            x = np.arange(start, start + count, dtype=np.uint64)
-            x += np.uint64(request_seed & MASK64)
+        # (Array arithmetic wraps without a warning: no errstate needed.)
+        x = np.arange(start, start + count, dtype=np.uint64)
+        x += np.uint64(request_seed & MASK64)
         index = (splitmix64_array(x) >> np.uint64(7)) % np.uint64(len(self._palette))
         tokens: list[int] = self._palette_array[index].tolist()
         return tokens
@@ -79,10 +79,9 @@ class OutputTokenSampler:
     ) -> list[list[int]]:
         """`tokens(seed, start, count)` for many requests at once: one array computation
         for a whole batch (a run of decode passes) instead of one per request."""
-        with np.errstate(over="ignore"):
-            x = np.asarray([s & MASK64 for s in request_seeds], dtype=np.uint64)
-            x = x + np.asarray(starts, dtype=np.uint64)
-            x = x[:, None] + np.arange(count, dtype=np.uint64)[None, :]
+        x = np.asarray([s & MASK64 for s in request_seeds], dtype=np.uint64)
+        x = x + np.asarray(starts, dtype=np.uint64)
+        x = x[:, None] + np.arange(count, dtype=np.uint64)[None, :]
         index = (splitmix64_array(x) >> np.uint64(7)) % np.uint64(len(self._palette))
         rows: list[list[int]] = self._palette_array[index].tolist()
         return rows

@@ -107,6 +107,9 @@ class EngineCore:
             config.seed,
         )
         self.requests: dict[str, Request] = {}
+        # False: a pass builds no RequestOutput (a driver that reads only the finished
+        # records and the requests' own times: replay); everything else is the same.
+        self.emit_outputs = True
         # The timing model's KV tokens are a dense model's: a hybrid model's blocks hold
         # group_size of its num_layers layers each (1 for a dense model).
         layout = config.layout
@@ -118,18 +121,25 @@ class EngineCore:
 
     # -- intake -------------------------------------------------------------------------------
 
-    def check_request(self, spec: EngineRequest) -> int:
+    def check_request(self, spec: EngineRequest, *, ids_in_range: bool = False) -> int:
         """Validate without changing anything (mocker.engine.intake); returns the resolved
         max_tokens."""
         if spec.request_id in self.requests:
             raise request_id_in_use(spec.request_id)
-        return check_request(self.config, spec)
+        return check_request(self.config, spec, ids_in_range=ids_in_range)
 
-    def add_request(self, spec: EngineRequest, *, checked: bool = False) -> Request:
+    def add_request(
+        self, spec: EngineRequest, *, checked: bool = False, ids_in_range: bool = False
+    ) -> Request:
         """`checked`: the driver validated it already (the live engine does, at its door);
-        only max_tokens is resolved again."""
+        only max_tokens is resolved again. `ids_in_range`: the driver built the prompt's ids
+        (replay), so every other check runs but theirs (mocker.engine.intake)."""
         config = self.config
-        max_tokens = resolve_max_tokens(config, spec) if checked else self.check_request(spec)
+        max_tokens = (
+            resolve_max_tokens(config, spec)
+            if checked
+            else self.check_request(spec, ids_in_range=ids_in_range)
+        )
         request = Request(
             request_id=RequestId(spec.request_id),
             all_token_ids=list(spec.prompt_token_ids),
@@ -431,10 +441,10 @@ class EngineCore:
         for request in sched.admitted:
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
-        outputs, finished = self._advance(sched, end)
+        outputs, finished, generated = self._advance(sched, end)
         if connector is not None:
             connector.policy.end_pass(end)
-        stats = self._stats(sched, len(outputs))
+        stats = self._stats(sched, generated)
         return StepResult(now, end, outputs, stats, finished, self._take_events(), records,
                           pulled)  # fmt: skip
 
@@ -456,14 +466,17 @@ class EngineCore:
 
     def _advance(
         self, sched: SchedulerOutput, end: float
-    ) -> tuple[list[RequestOutput], list[FinishedRequestStats]]:
+    ) -> tuple[list[RequestOutput], list[FinishedRequestStats], int]:
         """Apply the pass: computed tokens, newly full blocks cached, one token per completion.
-        Runs per generated token: locals are bound once."""
+        Returns the outputs (none when `emit_outputs` is off), the finished requests' stats
+        and how many tokens were sampled. Runs per generated token: locals are bound once."""
         outputs: list[RequestOutput] = []
         finished: list[FinishedRequestStats] = []
         bs = self.config.block_size
         sampler = self.sampler
         token, eos = sampler.token, sampler.eos_token_id
+        emit = self.emit_outputs
+        silent = 0  # tokens sampled without an output object
         for request, n in sched.num_scheduled.items():
             computed = request.num_computed_tokens + n
             request.num_computed_tokens = computed
@@ -478,6 +491,15 @@ class EngineCore:
             if k < sp.min_tokens and tok in sp.stop_token_ids:
                 tok = unmasked(sampler, request, k)
             request.append_output_token(tok)
+            if not emit:
+                if request.first_token_time is None:
+                    request.first_token_time = end
+                request.last_token_time = end
+                silent += 1
+                status = stop_status(request, tok, k + 1, eos)
+                if status is not None:
+                    finished.append(self.finish_in_pass(request, status, end))
+                continue
             first = request.first_token_time is None
             if first:
                 request.first_token_time = end
@@ -499,7 +521,7 @@ class EngineCore:
             outputs.append(out)
         if finished:
             self.scheduler.remove_finished()
-        return outputs, finished
+        return outputs, finished, silent + len(outputs)
 
     def finish_in_pass(
         self, request: Request, status: RequestStatus, end: float

@@ -211,6 +211,8 @@ class _ReplayRun:
         self.started = time.perf_counter()
         self.trace = trace
         self.cores = _cores(config, num_engines, prefill_engines)
+        for core in self.cores:
+            core.emit_outputs = False  # rows and samples come from the requests themselves
         self.num_prefill = prefill_engines
         self.loop = EventLoop(self.cores, self)
         self.clocks = self.loop.clocks
@@ -304,7 +306,7 @@ class _ReplayRun:
                              lora_path=item.lora, block_hashes=hashes,
                              remote_decode=pd)  # fmt: skip
         try:
-            core.add_request(spec)
+            core.add_request(spec, ids_in_range=True)  # (the builder's ids: see prompts.py)
         except RequestRejected as exc:
             self.result.records.append(
                 RequestRecord(
@@ -338,7 +340,7 @@ class _ReplayRun:
                              lora_path=item.lora, block_hashes=hashes,
                              remote_prefill=remote)  # fmt: skip
         # Its prefill engine took it: the decode engine does too (the same configuration).
-        self.cores[target].add_request(spec)
+        self.cores[target].add_request(spec, ids_in_range=True)
         if remote is not None:
             # Its heartbeats keep the lease alive while it waits (decode engines never die
             # here): the hold lasts until its pull, however long the queue.

@@ -246,3 +246,27 @@ def test_snapshot_names_the_adapters_of_unfinished_requests_oldest_first() -> No
     _run(core)
     assert core.snapshot().lora_adapters == ()
     assert make_core().snapshot().lora_adapters == ()  # LoRA off: never listed
+
+
+def test_a_core_without_output_objects_runs_the_same_passes() -> None:
+    # Replay reads no RequestOutput: with emit_outputs off a pass builds none, and every
+    # finished record, pass end and per-pass stat is what the emitting core gives.
+    from mocker.engine.virtual import VirtualDriver
+
+    def steps(emit: bool) -> tuple[list[tuple[object, ...]], list[object], int]:
+        core = make_core(num_gpu_blocks=24)  # small: preemptions happen too
+        core.emit_outputs = emit
+        specs = [req(f"r{i}", range(i, i + 9 + 3 * i), max_tokens=5 + i, arrival=0.001 * i,
+                     min_tokens=1) for i in range(8)]  # fmt: skip
+        passes, finished, outputs = [], [], 0
+        for result in VirtualDriver(core).steps(specs):
+            passes.append((result.start, result.end, result.stats))
+            finished += result.finished
+            outputs += len(result.outputs)
+        return passes, finished, outputs
+
+    on, off = steps(True), steps(False)
+    assert on[0] == off[0] and on[1] == off[1]
+    assert on[2] > 0 and off[2] == 0
+    assert sum(stats.num_generated_tokens for _, _, stats in off[0]) == on[2]
+    assert any(stats.num_preemptions for _, _, stats in off[0])

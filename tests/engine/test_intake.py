@@ -79,3 +79,17 @@ def test_a_hybrid_request_fits_by_every_groups_blocks() -> None:
     cached = EngineConfig(model=shape, num_gpu_blocks=15, max_model_len=5440)
     with pytest.raises(RequestRejected, match="needs up to 16 KV blocks"):
         check_request(cached, req("a", range(5000), max_tokens=440))
+
+
+def test_ids_built_by_the_driver_are_counted_not_checked() -> None:
+    # Replay's prompt builder makes its ids in range: only they skip the id check; every
+    # other check still runs.
+    config = small_config(max_model_len=40)
+    bad = req("a", [2**40, -1, 3], max_tokens=4)
+    with pytest.raises(RequestRejected, match="integers"):
+        check_request(config, bad)
+    assert check_request(config, bad, ids_in_range=True) == 4
+    with pytest.raises(RequestRejected, match="empty"):
+        check_request(config, req("a", [], max_tokens=4), ids_in_range=True)
+    with pytest.raises(RequestRejected, match="maximum context length"):
+        check_request(config, req("a", range(40), max_tokens=4), ids_in_range=True)

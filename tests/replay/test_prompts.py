@@ -63,6 +63,15 @@ def test_engine_blocks_straddling_trace_blocks_share_by_the_ids_they_cover() -> 
     assert tokens[192:] == b.prompt(req(200, 7, 8, 9, 4))[0][192:]
 
 
+def test_every_id_is_an_int_below_the_vocabulary() -> None:
+    # The engine takes these ids unchecked (`ids_in_range`): they must be ints in [0, vocab)
+    # (and vocab_size <= 2^31 by the config).
+    b = PromptBuilder(BS, TBS, 1000, seed=3)
+    for n in (1, 15, 16, 100, 257):
+        tokens, _ = b.prompt(req(n, *range(1, 7)))
+        assert len(tokens) == n and all(type(t) is int and 0 <= t < 1000 for t in tokens)
+
+
 def test_a_two_token_vocabulary_still_gives_tokens() -> None:
     tokens, _ = PromptBuilder(BS, TBS, 2, 0).prompt(req(20, 1))
     assert len(tokens) == 20 and set(tokens[16:]) <= {0, 1}
