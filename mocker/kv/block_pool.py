@@ -273,6 +273,16 @@ class BlockPool:
         policy = self._policy
         keep = self.keep_tokens
         lineage = policy.tracks_lineage
+        if not lineage and self._cache_new_run(blocks, start, end, block_hashes):
+            if keep:
+                bs = self.block_size
+                for i in range(start, end):
+                    block = blocks[i]
+                    block.token_src = token_ids
+                    block.token_start = i * bs
+                    block.lora_name = lora_name
+            self._record_stored(start, end, block_hashes, token_ids, lora_name)
+            return
         bs = self.block_size
         run_start = -1  # first index of the current run of newly stored blocks
         for i in range(start, end):
@@ -302,6 +312,30 @@ class BlockPool:
                 run_start = -1
         if run_start >= 0:
             self._record_stored(run_start, end, block_hashes, token_ids, lora_name)
+
+    def _cache_new_run(
+        self, blocks: list[KVBlock], start: int, end: int, block_hashes: Sequence[BlockHash]
+    ) -> bool:
+        """`cache_full_blocks`' common case, at C level where it can be: no hash of
+        blocks[start:end] is cached yet (nor twice among them), so every block is registered
+        as itself, all in one run (no lineage to count: its policy needs each block's parent
+        as it is cached). False (nothing changed): the per-block path must run."""
+        cached = self._cached
+        hashes = block_hashes[start:end]
+        if not cached.keys().isdisjoint(hashes):
+            return False
+        table = blocks[start:end]
+        before = len(cached)
+        cached.update(zip(hashes, table, strict=True))
+        if len(cached) - before != len(hashes):  # a hash twice in the run: undo
+            for block_hash in hashes:
+                cached.pop(block_hash, None)
+            return False
+        parents = block_hashes[start - 1 : end - 1] if start else [None, *hashes[:-1]]
+        for block, block_hash, parent in zip(table, hashes, parents, strict=True):
+            block.block_hash = block_hash
+            block.parent_hash = parent
+        return True
 
     def _record_stored(
         self,

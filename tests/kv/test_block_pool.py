@@ -186,3 +186,52 @@ def test_an_over_free_still_frees_the_blocks_before_it() -> None:
     with pytest.raises(ValueError, match="freed more often"):
         pool.free_blocks([a, b])
     assert pool.num_used == 1 and pool.num_free == 2
+
+
+@pytest.mark.parametrize(("events", "keep"), [(True, True), (False, True), (False, False)])
+def test_the_all_new_run_path_leaves_what_the_per_block_path_leaves(
+    events: bool, keep: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # cache_full_blocks registers a run of all-new hashes at C level; a run with a cached
+    # hash, or a hash twice, takes the per-block path. Random tables (shared prefixes,
+    # repeated hashes, partial ranges) through both must leave the same pool.
+    import random
+
+    def play(fast: bool) -> tuple[object, ...]:
+        pool = BlockPool(40, BS, record_events=events, keep_tokens=keep)
+        if not fast:  # (after the fast run: the class is patched until the test ends)
+            monkeypatch.setattr(BlockPool, "_cache_new_run", lambda *a: False)
+        rng = random.Random(11)
+        held: list[list] = []
+        for _ in range(300):
+            if held and (rng.random() < 0.4 or pool.num_reusable < 8):
+                table = held.pop(rng.randrange(len(held)))
+                pool.free_blocks(reversed(table))
+                continue
+            n = rng.randint(1, 6)
+            hashes = [rng.choice([1, 2, 3]) * 100 + k for k in range(n)]
+            start = rng.randint(0, n - 1)
+            if n > 1 and rng.random() < 0.15:  # a new run with a hash twice in it
+                hashes = [rng.randrange(10**6, 10**9) + k for k in range(n)]
+                hashes[-1] = hashes[0]
+                start = 0
+            table = pool.get_new_blocks(n)
+            pool.cache_full_blocks(table, 0, start, hashes, list(range(n * BS)), "lora")
+            pool.cache_full_blocks(table, start, n, hashes, list(range(n * BS)), "lora")
+            held.append(table)
+        blocks = sorted({id(b): b for t in held for b in t}.values(), key=lambda b: b.block_id)
+        return (
+            _order(pool),
+            sorted((h, b.block_id) for h, b in pool._cached.items()),
+            [
+                (b.block_id, b.ref_cnt, b.block_hash, b.parent_hash, b.token_start, b.lora_name)
+                for b in blocks
+            ],
+            [[b.block_id for b in t] for t in held],
+            pool.take_events(),
+            pool.num_used,
+        )
+
+    fast, slow = play(True), play(False)
+    assert fast == slow
+    assert fast[4] or not events
