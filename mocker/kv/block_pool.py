@@ -322,9 +322,12 @@ class BlockPool:
         as it is cached). False (nothing changed): the per-block path must run."""
         cached = self._cached
         hashes = block_hashes[start:end]
+        table = blocks[start:end]
+        # (A short table or hash list: the per-block path raises where it runs out.)
+        if len(table) != end - start or len(hashes) != end - start:
+            return False
         if not cached.keys().isdisjoint(hashes):
             return False
-        table = blocks[start:end]
         before = len(cached)
         cached.update(zip(hashes, table, strict=True))
         if len(cached) - before != len(hashes):  # a hash twice in the run: undo

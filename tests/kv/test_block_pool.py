@@ -203,7 +203,8 @@ def test_the_all_new_run_path_leaves_what_the_per_block_path_leaves(
             monkeypatch.setattr(BlockPool, "_cache_new_run", lambda *a: False)
         rng = random.Random(11)
         held: list[list] = []
-        for _ in range(300):
+        chains: list[list] = []  # every block's hash and parent after each step
+        for step in range(300):
             if held and (rng.random() < 0.4 or pool.num_reusable < 8):
                 table = held.pop(rng.randrange(len(held)))
                 pool.free_blocks(reversed(table))
@@ -211,21 +212,33 @@ def test_the_all_new_run_path_leaves_what_the_per_block_path_leaves(
             n = rng.randint(1, 6)
             hashes = [rng.choice([1, 2, 3]) * 100 + k for k in range(n)]
             start = rng.randint(0, n - 1)
-            if n > 1 and rng.random() < 0.15:  # a new run with a hash twice in it
+            r = rng.random()
+            if r < 0.4:  # a new prefix, cached in one or two runs
                 hashes = [rng.randrange(10**6, 10**9) + k for k in range(n)]
-                hashes[-1] = hashes[0]
-                start = 0
+                if n > 1 and r < 0.15:  # with a hash twice in it
+                    hashes[-1] = hashes[0]
+                    start = 0
             table = pool.get_new_blocks(n)
-            pool.cache_full_blocks(table, 0, start, hashes, list(range(n * BS)), "lora")
-            pool.cache_full_blocks(table, start, n, hashes, list(range(n * BS)), "lora")
+            tokens = list(range(step, step + n * BS))  # (each table's own token list)
+            pool.cache_full_blocks(table, 0, start, hashes, tokens, "lora")
+            pool.cache_full_blocks(table, start, n, hashes, tokens, "lora")
             held.append(table)
-        blocks = sorted({id(b): b for t in held for b in t}.values(), key=lambda b: b.block_id)
+            chains.append([(b.block_hash, b.parent_hash) for b in pool.blocks])
         return (
+            chains,
             _order(pool),
             sorted((h, b.block_id) for h, b in pool._cached.items()),
-            [
-                (b.block_id, b.ref_cnt, b.block_hash, b.parent_hash, b.token_start, b.lora_name)
-                for b in blocks
+            [  # every block, held or free: what a later hit, copy or event would read
+                (
+                    b.block_id,
+                    b.ref_cnt,
+                    b.block_hash,
+                    b.parent_hash,
+                    b.token_start,
+                    b.lora_name,
+                    None if b.token_src is None else list(b.token_src),
+                )
+                for b in pool.blocks
             ],
             [[b.block_id for b in t] for t in held],
             pool.take_events(),
@@ -235,3 +248,15 @@ def test_the_all_new_run_path_leaves_what_the_per_block_path_leaves(
     fast, slow = play(True), play(False)
     assert fast == slow
     assert fast[4] or not events
+
+
+def test_a_run_longer_than_its_table_changes_nothing_before_it_fails() -> None:
+    pool = BlockPool(8, BS)
+    table = pool.get_new_blocks(2)
+    with pytest.raises(IndexError):
+        pool.cache_full_blocks(table, 0, 3, [11, 12, 13], list(range(3 * BS)))
+    # As the per-block path leaves it: the blocks it reached are cached, each as itself.
+    assert {h: (b.block_id, b.block_hash) for h, b in pool._cached.items()} == {
+        11: (0, 11),
+        12: (1, 12),
+    }

@@ -64,12 +64,14 @@ def test_engine_blocks_straddling_trace_blocks_share_by_the_ids_they_cover() -> 
 
 
 def test_every_id_is_an_int_below_the_vocabulary() -> None:
-    # The engine takes these ids unchecked (`ids_in_range`): they must be ints in [0, vocab)
-    # (and vocab_size <= 2^31 by the config).
+    # The engine takes these ids unchecked (`ids_in_range`): they must be ints in [0, 2^32),
+    # which ids below the vocabulary (vocab_size <= 2^31 by the config) and the filler are.
     b = PromptBuilder(BS, TBS, 1000, seed=3)
     for n in (1, 15, 16, 100, 257):
         tokens, _ = b.prompt(req(n, *range(1, 7)))
         assert len(tokens) == n and all(type(t) is int and 0 <= t < 1000 for t in tokens)
+    tokens, _ = PromptBuilder(BS, TBS, 2, seed=3).prompt(req(40, 1, 2))  # the smallest vocabulary
+    assert all(type(t) is int and 0 <= t < 2**32 for t in tokens)
 
 
 def test_a_two_token_vocabulary_still_gives_tokens() -> None:
