@@ -491,15 +491,6 @@ class EngineCore:
             if k < sp.min_tokens and tok in sp.stop_token_ids:
                 tok = unmasked(sampler, request, k)
             request.append_output_token(tok)
-            if not emit:
-                if request.first_token_time is None:
-                    request.first_token_time = end
-                request.last_token_time = end
-                silent += 1
-                status = stop_status(request, tok, k + 1, eos)
-                if status is not None:
-                    finished.append(self.finish_in_pass(request, status, end))
-                continue
             first = request.first_token_time is None
             if first:
                 request.first_token_time = end
@@ -507,13 +498,17 @@ class EngineCore:
             else:
                 latency = end - request.last_token_time
             request.last_token_time = end
+            status = stop_status(request, tok, k + 1, eos)
+            if status is not None:  # (finishing changes nothing the output reads)
+                finished.append(self.finish_in_pass(request, status, end))
+            if not emit:
+                silent += 1
+                continue
             out = RequestOutput(
                 request.request_id, [tok], end, False, None, request.num_prompt_tokens,
                 request.num_cached_tokens, request.tier_hits, first, latency,
             )  # fmt: skip
-            status = stop_status(request, tok, k + 1, eos)
             if status is not None:
-                finished.append(self.finish_in_pass(request, status, end))
                 out.finished = True
                 out.finish_reason = request.finish_reason
                 if request.remote_decode and self.holds is not None:
