@@ -327,7 +327,9 @@ class _ReplayRun:
                              lora_path=item.lora, block_hashes=hashes,
                              remote_decode=pd)  # fmt: skip
         try:
-            core.add_request(spec, ids_in_range=True)  # (the builder's ids: see prompts.py)
+            # (The builder's ids, see prompts.py; its lists are the request's own, but a P/D
+            # decode leg is sent the same ones later.)
+            core.add_request(spec, ids_in_range=True, handed_over=not pd)
         except RequestRejected as exc:
             self.result.records.append(
                 RequestRecord(
@@ -361,7 +363,7 @@ class _ReplayRun:
                              lora_path=item.lora, block_hashes=hashes,
                              remote_prefill=remote)  # fmt: skip
         # Its prefill engine took it: the decode engine does too (the same configuration).
-        self.cores[target].add_request(spec, ids_in_range=True)
+        self.cores[target].add_request(spec, ids_in_range=True, handed_over=True)  # (last use)
         if remote is not None:
             # Its heartbeats keep the lease alive while it waits (decode engines never die
             # here): the hold lasts until its pull, however long the queue.

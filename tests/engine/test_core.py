@@ -270,3 +270,33 @@ def test_a_core_without_output_objects_runs_the_same_passes() -> None:
     assert on[2] > 0 and off[2] == 0
     assert sum(stats.num_generated_tokens for _, _, stats in off[0]) == on[2]
     assert any(stats.num_preemptions for _, _, stats in off[0])
+
+
+def test_a_handed_over_prompt_is_grown_in_place_and_otherwise_copied() -> None:
+    """`handed_over` (replay's fresh lists): the request takes the spec's prompt and hash
+    lists as its own and grows them; without it (or for lists it cannot grow, a tuple)
+    they are copied and the spec's stay as they were. Either way the same passes."""
+    from dataclasses import replace
+
+    from mocker.kv.hashing import BlockHash
+
+    def played(handed_over: bool, tuples: bool = False) -> tuple[EngineRequest, list[int]]:
+        core = make_core()
+        prompt, hashes = list(range(10, 22)), [BlockHash(7), BlockHash(8)]  # 2 full blocks
+        spec = replace(req("a", prompt, max_tokens=6), block_hashes=hashes)
+        if tuples:
+            spec = replace(spec, prompt_token_ids=tuple(prompt), block_hashes=tuple(hashes))
+        request = core.add_request(spec, handed_over=handed_over)
+        assert (request.all_token_ids is spec.prompt_token_ids) == (handed_over and not tuples)
+        assert (request.block_hashes is spec.block_hashes) == (handed_over and not tuples)
+        tokens = _collect(core)["a"]
+        return spec, tokens
+
+    grown, tokens = played(True)
+    assert list(grown.prompt_token_ids) == list(range(10, 22)) + tokens  # the output appended
+    assert len(grown.block_hashes or ()) == 4  # and the blocks it filled hashed there
+    copied, same = played(False)
+    assert list(copied.prompt_token_ids) == list(range(10, 22)) and same == tokens
+    assert list(copied.block_hashes or ()) == [7, 8]
+    as_tuples, same = played(True, tuples=True)
+    assert list(as_tuples.prompt_token_ids) == list(range(10, 22)) and same == tokens
