@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -13,6 +12,7 @@ from fastapi import Depends, FastAPI
 from mocker import __version__
 from mocker.api.auth import require_api_key
 from mocker.api.errors import install_error_handlers
+from mocker.api.gc_tuning import serving_gc
 from mocker.api.lora import runtime_updates_allowed
 from mocker.api.openapi import describe_openapi
 from mocker.api.raw_send import RawSendApp
@@ -41,20 +41,16 @@ def _lifespan(state: ServerState) -> Callable[[FastAPI], AbstractAsyncContextMan
         if delay > 0:
             state.ready_at = asyncio.get_running_loop().time() + delay
             logger.info("start-up delay: /health and completions answer 503 for %.1f s", delay)
-        # Everything built so far lives as long as the server (KV blocks, tokenizer tables):
-        # keep it out of the cyclic GC's full collections, which otherwise walk those
-        # hundreds of thousands of objects and stall every stream for ~100 ms (vLLM does
-        # the same after start-up).
-        gc.collect()
-        gc.freeze()
-        try:
-            yield
-        finally:
-            await state.engines.stop()
-            for channel in state.side_channels:
-                await channel.close()
-            for publisher in state.publishers:
-                await asyncio.to_thread(publisher.close)
+        # Start-up objects frozen out of the cyclic GC, young collections rare (gc_tuning).
+        with serving_gc():
+            try:
+                yield
+            finally:
+                await state.engines.stop()
+                for channel in state.side_channels:
+                    await channel.close()
+                for publisher in state.publishers:
+                    await asyncio.to_thread(publisher.close)
 
     return lifespan
 
