@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from mocker.config import EngineConfig
 from mocker.disagg.holds import KVHolds
@@ -41,6 +41,8 @@ from mocker.tiers.transfers import TransferRecord
 from mocker.timing import PassShape, TimingModel, load_timing_model, pass_duration_s
 
 __all__ = ["EngineCore", "RequestRejected"]
+
+T = TypeVar("T")
 
 
 class EngineCore:
@@ -152,7 +154,7 @@ class EngineCore:
         prompt = spec.prompt_token_ids
         request = Request(
             request_id=RequestId(spec.request_id),
-            all_token_ids=prompt if handed_over and type(prompt) is list else list(prompt),
+            all_token_ids=_owned(prompt, handed_over),
             num_prompt_tokens=len(prompt),
             max_tokens=max_tokens,
             sampling=spec.sampling,
@@ -166,11 +168,8 @@ class EngineCore:
             remote_prefill=spec.remote_prefill if self.pulls is not None else None,
         )
         if self.config.enable_prefix_caching:
-            hashes = spec.block_hashes
-            if hashes is not None:
-                request.block_hashes = (
-                    hashes if handed_over and type(hashes) is list else list(hashes)
-                )
+            if spec.block_hashes is not None:
+                request.block_hashes = _owned(spec.block_hashes, handed_over)
             request.enable_hashing(self.hasher, self.config.block_size, spec.cache_salt)
         self.requests[spec.request_id] = request
         self.scheduler.add(request)
@@ -593,3 +592,9 @@ class EngineCore:
             return None
         host, port = self.side_channel
         return handoff_params(self.config, request, hold_id, host, port)
+
+
+def _owned(items: Sequence[T], handed_over: bool) -> list[T]:
+    """The request's own list of these: the list itself when the driver hands it over (see
+    `EngineCore.add_request`), else a copy (a tuple, or a list the driver keeps)."""
+    return items if handed_over and type(items) is list else list(items)
