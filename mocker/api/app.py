@@ -11,6 +11,7 @@ from fastapi import Depends, FastAPI
 
 from mocker import __version__
 from mocker.api.auth import require_api_key
+from mocker.api.direct_routes import DirectRoutes
 from mocker.api.errors import install_error_handlers
 from mocker.api.gc_tuning import serving_gc
 from mocker.api.lora import runtime_updates_allowed
@@ -64,6 +65,7 @@ def create_app(settings: ServerSettings, config: EngineConfig, tokenizer: TextTo
         lifespan=_lifespan(state),
     )
     app.state.mocker = state
+    app.direct = DirectRoutes(state)
     install_error_handlers(app)
     describe_openapi(app, settings, config, tokenizer)
     # The API key check only when one is set: a dependency costs every request its solving.

@@ -10,12 +10,12 @@ from fastapi import Header
 from mocker.api.dependencies import State
 from mocker.api.errors import OpenAIError
 
-__all__ = ["require_admin_token", "require_api_key"]
+__all__ = ["check_bearer", "require_admin_token", "require_api_key"]
 
 Authorization = Annotated[str | None, Header()]
 
 
-def _check_bearer(authorization: str | None, token: str | None, what: str) -> None:
+def check_bearer(authorization: str | None, token: str | None, what: str) -> None:
     if token is None:
         return  # not configured: open
     expected = f"Bearer {token}".encode()
@@ -25,9 +25,9 @@ def _check_bearer(authorization: str | None, token: str | None, what: str) -> No
 
 async def require_api_key(state: State, authorization: Authorization = None) -> None:
     """--api-key: 'Authorization: Bearer KEY' on every /v1 route."""
-    _check_bearer(authorization, state.settings.api_key, "API key")
+    check_bearer(authorization, state.settings.api_key, "API key")
 
 
 async def require_admin_token(state: State, authorization: Authorization = None) -> None:
     """--admin-token: 'Authorization: Bearer TOKEN' on /admin routes."""
-    _check_bearer(authorization, state.settings.admin_token, "admin token")
+    check_bearer(authorization, state.settings.admin_token, "admin token")

@@ -12,7 +12,14 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-__all__ = ["OpenAIError", "error_body", "error_response", "install_error_handlers"]
+__all__ = [
+    "OpenAIError",
+    "error_body",
+    "error_response",
+    "install_error_handlers",
+    "openai_error_response",
+    "unexpected_error_response",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +81,16 @@ def error_response(
     )
 
 
+def openai_error_response(exc: OpenAIError) -> Response:
+    return error_response(exc.status, exc.message, exc.param, error_type=exc.error_type)
+
+
+def unexpected_error_response(method: str, path: str, exc: Exception) -> Response:
+    """A bug, not the client's fault: logged, answered in the OpenAI shape, no traceback out."""
+    logger.exception("unhandled error on %s %s", method, path, exc_info=exc)
+    return error_response(500, f"internal error: {type(exc).__name__}")
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     """One readable line per problem, e.g. `max_tokens: Input should be greater than 0`."""
     lines: list[str] = []
@@ -99,7 +116,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OpenAIError)
     async def _openai_error(request: Request, exc: OpenAIError) -> Response:
-        return error_response(exc.status, exc.message, exc.param, error_type=exc.error_type)
+        return openai_error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
@@ -113,6 +130,4 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
-        # A bug, not the client's fault: log it, answer in the OpenAI shape, no traceback out.
-        logger.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(500, f"internal error: {type(exc).__name__}")
+        return unexpected_error_response(request.method, request.url.path, exc)

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from starlette.types import Message, Receive, Scope, Send
 
 from mocker.api.errors import error_response
+
+if TYPE_CHECKING:
+    from mocker.api.direct_routes import DirectRoutes
 
 __all__ = ["RAW_SEND", "RawSendApp"]
 
@@ -22,8 +26,11 @@ RAW_SEND = "mocker.send"
 
 
 class RawSendApp(FastAPI):
-    """FastAPI that puts the server's `send` in the scope, and ends a request cancelled by
-    the server after a drain with a 503 instead of a logged traceback."""
+    """FastAPI that puts the server's `send` in the scope, serves the generation POSTs past
+    its stack (`direct`, once set: mocker.api.direct_routes), and ends a request cancelled
+    by the server after a drain with a 503 instead of a logged traceback."""
+
+    direct: DirectRoutes | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -37,8 +44,14 @@ class RawSendApp(FastAPI):
             started = started or message["type"] == "http.response.start"
             await send(message)
 
+        direct = self.direct
+        route = None if direct is None else direct.route(scope)
         try:
-            await super().__call__(scope, receive, send_start)
+            if route is not None:
+                assert direct is not None
+                await direct.serve(route, scope, receive, send_start, super().__call__)
+            else:
+                await super().__call__(scope, receive, send_start)
         except asyncio.CancelledError:
             if not self.is_draining():
                 raise

@@ -1,0 +1,159 @@
+"""The two generation routes served straight from the ASGI scope; FastAPI only when needed.
+
+FastAPI's way to a generation endpoint (nine middleware and router layers, a Request
+object, dependency solving, the body read and parsed through them) cost about a tenth of
+the server's time in a 500-stream run of 200-token streams, more than the endpoint itself,
+and most of a short request's handling. A POST to `/v1/completions` or
+`/v1/chat/completions` whose body is a JSON object the request model accepts is served
+here: the same model, the same serving call, the same responses and error handlers' output.
+Anything else (a body that is not JSON or does not validate, another content type, a client
+gone while sending) goes to the FastAPI app with its body handed back, so every error a
+client can make is answered by the one path that always answered it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import orjson
+from pydantic import BaseModel
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from mocker.api.auth import check_bearer
+from mocker.api.dependencies import check_accepting
+from mocker.api.errors import OpenAIError, openai_error_response, unexpected_error_response
+from mocker.api.protocol import ChatCompletionRequest, CompletionRequest
+from mocker.api.serving import RequestHeaders
+from mocker.api.state import ServerState
+
+__all__ = ["DirectRoutes"]
+
+Handler = Callable[[Any, RequestHeaders], Response]
+
+
+class _Route(NamedTuple):
+    model: type[BaseModel]
+    handle: Handler
+
+
+def _json_content(content_type: bytes | None) -> bool:
+    """Whether FastAPI parses the body as JSON: a Content-Type of application/json or
+    application/*+json, parameters allowed (none at all: not, its strict_content_type)."""
+    if not content_type:
+        return False
+    media = content_type.split(b";", 1)[0].strip().lower()
+    return media == b"application/json" or (
+        media.startswith(b"application/") and media.endswith(b"+json")
+    )
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole body, or None if the client went away while sending it."""
+    parts: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None  # http.disconnect
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _replaying(body: bytes, receive: Receive) -> Receive:
+    """`receive` with the body already read given back first, for the FastAPI app."""
+    given = False
+
+    async def again() -> Message:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return again
+
+
+class DirectRoutes:
+    """Serves the generation POSTs of a server state; `route` says which requests it takes."""
+
+    __slots__ = ("_api_key", "_routes", "_state")
+
+    def __init__(self, state: ServerState) -> None:
+        self._state = state
+        self._api_key = state.settings.api_key
+        serving = state.serving
+        self._routes = {
+            "/v1/completions": _Route(CompletionRequest, serving.completions),
+            "/v1/chat/completions": _Route(ChatCompletionRequest, serving.chat),
+        }
+
+    def route(self, scope: Scope) -> _Route | None:
+        if scope["method"] != "POST":
+            return None
+        path: str = scope["path"]
+        root: str = scope.get("root_path", "")
+        if root and path.startswith(root + "/"):
+            path = path[len(root) :]  # behind a proxy's root_path, as Starlette routes it
+        return self._routes.get(path)
+
+    async def serve(
+        self,
+        route: _Route,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        app: ASGIApp,
+    ) -> None:
+        """Serve one request `route` took; `app` (FastAPI) answers what this does not."""
+        headers: dict[bytes, bytes] = {}
+        for name, value in scope["headers"]:
+            headers.setdefault(name, value)  # the first of each, as Starlette's Headers.get
+        body = await _read_body(receive)
+        if body is None:
+            return  # gone before the request was whole: nobody to answer
+        try:
+            if not body or not _json_content(headers.get(b"content-type")):
+                raise ValueError("not for the direct path")
+            request = route.model.model_validate(orjson.loads(body), from_attributes=True)
+        except Exception:
+            # Whatever FastAPI makes of it (a 400 naming the field, a 415...), it answers.
+            await app(scope, _replaying(body, receive), send)
+            return
+        started = False
+
+        async def send_start(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            response = self._respond(route, request, headers)
+            await response(scope, receive, send_start)
+        except OpenAIError as exc:
+            if started:
+                raise
+            await openai_error_response(exc)(scope, receive, send)
+        except Exception as exc:
+            if started:
+                raise  # as Starlette: the server ends a response it cannot finish
+            await unexpected_error_response("POST", scope["path"], exc)(scope, receive, send)
+
+    def _respond(self, route: _Route, request: BaseModel, headers: dict[bytes, bytes]) -> Response:
+        if self._api_key is not None:
+            check_bearer(_text(headers.get(b"authorization")), self._api_key, "API key")
+        check_accepting(self._state)
+        return route.handle(
+            request,
+            RequestHeaders(
+                _text(headers.get(b"x-request-id")) or None,
+                _text(headers.get(b"x-data-parallel-rank")),
+                _text(headers.get(b"x-mocker-fail")),
+            ),
+        )
+
+
+def _text(value: bytes | None) -> str | None:
+    """A header value as Starlette decodes it (latin-1)."""
+    return None if value is None else value.decode("latin-1")
