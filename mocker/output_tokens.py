@@ -74,6 +74,22 @@ class OutputTokenSampler:
         tokens: list[int] = self._palette_array[index].tolist()
         return tokens
 
+    def draws(self, request_seed: int, start: int, count: int, eos_from: int) -> list[int]:
+        """`token(request_seed, k, k >= eos_from)` for k in start .. start+count-1, computed
+        as one array: a request's next tokens drawn ahead, instead of one big-integer
+        splitmix64 (two with EOS possible) per token in the pass."""
+        x = np.arange(start, start + count, dtype=np.uint64)
+        x += np.uint64(request_seed & MASK64)
+        mixed = splitmix64_array(x)
+        tokens = self._palette_array[(mixed >> np.uint64(7)) % np.uint64(len(self._palette))]
+        threshold = self._eos_threshold
+        if threshold and eos_from < start + count:
+            eos = (splitmix64_array(mixed) >> np.uint64(11)) < np.uint64(threshold)
+            eos[: max(0, eos_from - start)] = False
+            tokens[eos] = self.eos_token_id
+        drawn: list[int] = tokens.tolist()
+        return drawn
+
     def token_rows(
         self, request_seeds: Sequence[int], starts: Sequence[int], count: int
     ) -> list[list[int]]:

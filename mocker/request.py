@@ -134,6 +134,10 @@ class Request:
     first_token_time: float | None = None
     last_token_time: float = 0.0  # when its latest output token was made
     finished_time: float | None = None
+    # Its next output tokens drawn ahead (mocker.engine.stopping.draw): drawn[j] is token
+    # drawn_from + j.
+    drawn: list[int] | None = None
+    drawn_from: int = 0
     _chain: HashChain | None = None
     _block_size: int = 16
 

@@ -65,3 +65,18 @@ def test_the_inlined_eos_draw_is_splitmix64_of_the_token_mix() -> None:
         draws += eos
         assert (s.token(seed, k, True) == 1) is eos
     assert 100 < draws < 200  # both branches taken
+
+
+@pytest.mark.parametrize("eos_probability", [0.0, 0.3, 1.0])
+def test_draws_are_the_tokens_drawn_one_by_one(eos_probability: float) -> None:
+    s = OutputTokenSampler(range(500), eos_token_id=7, eos_probability=eos_probability, seed=3)
+    for rid in ("a", "b", "c"):
+        seed = s.request_seed(rid)
+        seed |= 1 << 63 if rid == "c" else 0  # a seed past int64: numpy must wrap it alike
+        for start, count, eos_from in ((0, 64, 0), (5, 40, 20), (100, 12, 1 << 62), (3, 9, 4)):
+            one_by_one = [s.token(seed, k, k >= eos_from) for k in range(start, start + count)]
+            assert s.draws(seed, start, count, eos_from) == one_by_one
+            if eos_probability == 1.0:  # the gate: EOS exactly from eos_from on
+                assert [t == 7 for t in one_by_one] == [
+                    k >= eos_from for k in range(start, start + count)
+                ]

@@ -5,7 +5,27 @@ from __future__ import annotations
 from mocker.output_tokens import OutputTokenSampler
 from mocker.request import Request, RequestStatus
 
-__all__ = ["stop_status", "unmasked"]
+__all__ = ["DRAW_AHEAD", "DRAW_MIN", "draw", "stop_status", "unmasked"]
+
+# Tokens drawn ahead at once, and the fewest worth an array computation (below it the
+# scalar draw is cheaper: numpy's fixed cost is about that of ten scalar draws).
+DRAW_AHEAD = 64
+DRAW_MIN = 12
+
+
+def draw(sampler: OutputTokenSampler, request: Request, k: int) -> int:
+    """Output token `k` of `request` (EOS possible once min_tokens are out, unless ignored):
+    the pass reads `request.drawn` inline and calls this when k is not in it. Draws the
+    request's next tokens, up to its max_tokens, into `request.drawn` as one array."""
+    sp = request.sampling
+    eos_from = (1 << 62) if sp.ignore_eos else sp.min_tokens
+    count = min(DRAW_AHEAD, request.max_tokens - k)
+    if count < DRAW_MIN:
+        request.drawn = None
+        return sampler.token(request.token_seed, k, k >= eos_from)
+    drawn = request.drawn = sampler.draws(request.token_seed, k, count, eos_from)
+    request.drawn_from = k
+    return drawn[0]
 
 
 def unmasked(sampler: OutputTokenSampler, request: Request, k: int) -> int:
