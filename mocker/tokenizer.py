@@ -6,7 +6,7 @@ import importlib.util
 import json
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -211,6 +211,12 @@ class TextTokenizer:
             raw = orjson.dumps(self.piece(token_id))[1:-1]
             self._escaped[token_id] = raw
         return raw
+
+    @property
+    def escaped_pieces(self) -> Mapping[int, bytes]:
+        """What `escaped_piece` has answered so far, by token id (read-only use: a lookup
+        here costs less than the call)."""
+        return self._escaped
 
     def id_to_token(self, token_id: int) -> str | None:
         return self._tk.id_to_token(token_id)

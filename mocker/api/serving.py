@@ -453,6 +453,7 @@ class OpenAIServing:
             response,
             writer,
             escaped=tokenizer.escaped_piece,
+            known=tokenizer.escaped_pieces,
             piece=tokenizer.piece,
             record_abort=faults.record_abort,
         )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 
 import orjson
@@ -37,6 +37,7 @@ class StreamRenderer:
         "_escaped",
         "_first",
         "_heads",
+        "_known",
         "_num_open",
         "_open_tail",
         "_piece",
@@ -53,12 +54,14 @@ class StreamRenderer:
         writer: ChunkWriter | GenerateChunkWriter,
         *,
         escaped: Callable[[int], bytes],
+        known: Mapping[int, bytes],
         piece: Callable[[int], str],
         record_abort: Callable[[], None],
     ) -> None:
         self._response = response
         self._writer = writer
         self._escaped = escaped
+        self._known = known  # what `escaped` has answered so far (filled as it answers)
         self._piece = piece
         self._record_abort = record_abort  # an injected abort reached the client
         # What goes before each choice's first chunk: the chat role delta (with the prompt's
@@ -103,7 +106,11 @@ class StreamRenderer:
             # A token chunk that ends nothing (nearly every chunk): no general assembly.
             choice.account(out)
             escaped, ids = self._escaped, out.new_token_ids
-            text = escaped(ids[0]) if len(ids) == 1 else b"".join([escaped(t) for t in ids])
+            if len(ids) == 1:
+                # The tokenizer's table first: a call per token costs more than the lookup.
+                text = self._known.get(ids[0]) or escaped(ids[0])
+            else:
+                text = b"".join([escaped(t) for t in ids])
             index = choice.index
             emitter.emit(heads[index] + text + self._open_tail)
             if self._first[index]:

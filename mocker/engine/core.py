@@ -539,6 +539,7 @@ class EngineCore:
         the running list once the pass is applied)."""
         request.status = status
         request.finished_time = end
+        request.drawn = None  # (a P/D hold keeps the request a while)
         holds = self.holds
         if holds is not None and request.remote_decode and request.blocks:
             # P/D prefill side: the blocks stay referenced until a decode engine has pulled
