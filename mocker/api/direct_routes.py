@@ -19,12 +19,13 @@ from typing import Any, NamedTuple
 import orjson
 from pydantic import BaseModel
 from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope
 
 from mocker.api.auth import check_bearer
 from mocker.api.dependencies import check_accepting
 from mocker.api.errors import OpenAIError, openai_error_response, unexpected_error_response
 from mocker.api.protocol import ChatCompletionRequest, CompletionRequest
+from mocker.api.raw_send import StartWatch
 from mocker.api.serving import RequestHeaders
 from mocker.api.state import ServerState
 
@@ -103,7 +104,7 @@ class DirectRoutes:
         route: _Route,
         scope: Scope,
         receive: Receive,
-        send: Send,
+        send: StartWatch,
         app: ASGIApp,
     ) -> None:
         """Serve one request `route` took; `app` (FastAPI) answers what this does not."""
@@ -121,22 +122,15 @@ class DirectRoutes:
             # Whatever FastAPI makes of it (a 400 naming the field, a 415...), it answers.
             await app(scope, _replaying(body, receive), send)
             return
-        started = False
-
-        async def send_start(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
         try:
             response = self._respond(route, request, headers)
-            await response(scope, receive, send_start)
+            await response(scope, receive, send)
         except OpenAIError as exc:
-            if started:
+            if send.started:
                 raise
             await openai_error_response(exc)(scope, receive, send)
         except Exception as exc:
-            if started:
+            if send.started:
                 raise  # as Starlette: the server ends a response it cannot finish
             await unexpected_error_response("POST", scope["path"], exc)(scope, receive, send)
 

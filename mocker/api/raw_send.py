@@ -20,9 +20,25 @@ from mocker.api.errors import error_response
 if TYPE_CHECKING:
     from mocker.api.direct_routes import DirectRoutes
 
-__all__ = ["RAW_SEND", "RawSendApp"]
+__all__ = ["RAW_SEND", "RawSendApp", "StartWatch"]
 
 RAW_SEND = "mocker.send"
+
+
+class StartWatch:
+    """A request's `send` that notes whether the response has started (one wrapper for the
+    app and the direct routes: each layer costs every message a coroutine)."""
+
+    __slots__ = ("_send", "started")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+
+    async def __call__(self, message: Message) -> None:
+        if not self.started:
+            self.started = message["type"] == "http.response.start"
+        await self._send(message)
 
 
 class RawSendApp(FastAPI):
@@ -37,28 +53,22 @@ class RawSendApp(FastAPI):
             await super().__call__(scope, receive, send)
             return
         scope[RAW_SEND] = send
-        started = False
-
-        async def send_start(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
+        watch = StartWatch(send)
         direct = self.direct
         route = None if direct is None else direct.route(scope)
         try:
             if route is not None:
                 assert direct is not None
-                await direct.serve(route, scope, receive, send_start, super().__call__)
+                await direct.serve(route, scope, receive, watch, super().__call__)
             else:
-                await super().__call__(scope, receive, send_start)
+                await super().__call__(scope, receive, watch)
         except asyncio.CancelledError:
             if not self.is_draining():
                 raise
             # After a drain, uvicorn cancels what is still running once its graceful timeout
             # has passed (say, a client stalled mid-upload): end it with a 503 rather than the
             # traceback uvicorn would log for the cancellation.
-            if not started:
+            if not watch.started:
                 with contextlib.suppress(Exception):
                     reply = error_response(503, "The server is shutting down.")
                     await reply(scope, receive, send)
