@@ -18,22 +18,25 @@ DRAW_MIN = 12
 def draw(sampler: OutputTokenSampler, request: Request, k: int) -> int:
     """Output token `k` of `request` (EOS possible once min_tokens are out, unless ignored):
     the pass reads `request.drawn` inline and calls this when k is not in it. Draws the
-    request's next tokens, up to its max_tokens, into `request.drawn` as one array."""
+    request's next tokens, up to its max_tokens, into `request.drawn` (as one array when
+    there are DRAW_MIN or more)."""
     sp = request.sampling
     eos_from = (1 << 62) if sp.ignore_eos else sp.min_tokens
-    count = min(DRAW_AHEAD, request.max_tokens - k)
-    if count < DRAW_MIN:
-        request.drawn = None
-        return sampler.token(request.token_seed, k, k >= eos_from)
-    drawn = request.drawn = sampler.draws(request.token_seed, k, count, eos_from)
-    request.drawn_from = k
+    count = max(1, min(DRAW_AHEAD, request.max_tokens - k))
+    seed = request.token_seed
+    if count < DRAW_MIN:  # one by one, still all at once
+        token = sampler.token
+        drawn = [token(seed, i, i >= eos_from) for i in range(k, k + count)]
+    else:
+        drawn = sampler.draws(seed, k, count, eos_from)
+    request.drawn, request.drawn_from = drawn, k
     return drawn[0]
 
 
 def unmasked(sampler: OutputTokenSampler, request: Request, k: int) -> int:
     """Output token `k` redrawn outside the stop token ids: while min_tokens is unmet vLLM's
     sampler masks them (and EOS), so the engine, which draws EOS only once min_tokens are
-    out, redraws a stop id it drew before then. (The plain draw is inlined in the pass.)"""
+    out, redraws a stop id it drew before then."""
     return sampler.token_avoiding(request.token_seed, k, request.sampling.stop_token_ids)
 
 

@@ -40,8 +40,10 @@ def test_draw_gives_each_token_as_the_sampler_does_and_draws_ahead(
     assert calls == 3
 
 
-def test_a_short_remainder_is_drawn_one_by_one() -> None:
+def test_a_short_remainder_is_drawn_one_by_one_all_at_once() -> None:
     sampler = OutputTokenSampler(range(300), eos_token_id=5, eos_probability=0.2, seed=1)
-    request = _request(DRAW_MIN - 1, SamplingParams())
-    assert draw(sampler, request, 0) == sampler.token(request.token_seed, 0, True)
-    assert request.drawn is None
+    request = _request(DRAW_MIN - 1, SamplingParams(min_tokens=3))
+    assert draw(sampler, request, 0) == sampler.token(request.token_seed, 0, False)
+    assert request.drawn == [
+        sampler.token(request.token_seed, k, k >= 3) for k in range(DRAW_MIN - 1)
+    ]
