@@ -115,6 +115,9 @@ def _int64s(values: list[Any] | tuple[Any, ...]) -> bool:
     return True
 
 
+_NOTHING_TO_CHECK = frozenset({type(None), bool, float})
+
+
 class _Open(BaseModel):
     # vLLM accepts (and logs) fields it does not know; load generators send many.
     model_config = ConfigDict(extra="allow")
@@ -122,7 +125,9 @@ class _Open(BaseModel):
     @model_validator(mode="after")
     def _valid_values(self) -> _Open:
         for name, value in self.__dict__.items():
-            if not isinstance(value, BaseModel):  # nested models check themselves
+            # Most fields are unset, flags or numbers: nothing to check, and no call for
+            # them (this runs for every request). Nested models check themselves.
+            if type(value) not in _NOTHING_TO_CHECK and not isinstance(value, BaseModel):
                 _check_value(value, name)
         for name, value in (self.model_extra or {}).items():
             _check_value(value, name)
