@@ -5,14 +5,13 @@ from __future__ import annotations
 from mocker.output_tokens import OutputTokenSampler
 from mocker.request import Request, RequestStatus
 
-__all__ = ["DRAW_AHEAD", "DRAW_FIRST", "DRAW_MIN", "draw", "stop_status", "unmasked"]
+__all__ = ["DRAW_AHEAD", "DRAW_MIN", "draw", "stop_status", "unmasked"]
 
-# How far ahead a request's tokens are drawn: DRAW_FIRST at first, twice as many each time
-# the pass has read the last draw to its end (it steps the request pass after pass), up to
-# DRAW_AHEAD; back to DRAW_FIRST when it has not (a replay's decode runs draw their own
-# tokens, and would leave a long draw unread). From DRAW_MIN on the draw is one numpy
-# array: its fixed cost, a few tens of µs, is that of about ten scalar draws.
-DRAW_FIRST = 4
+# Tokens drawn ahead at once, and the fewest worth an array computation (below it the
+# scalar draw is cheaper: numpy's fixed cost, a few tens of µs, is that of about ten scalar
+# draws, and an element costs little more). Only a request that stops early (EOS, a stop
+# id) leaves drawn tokens unused where every pass is stepped; a replay, whose decode runs
+# draw their own tokens, draws one at a time instead (EngineCore._advance).
 DRAW_AHEAD = 256
 DRAW_MIN = 12
 
@@ -20,15 +19,11 @@ DRAW_MIN = 12
 def draw(sampler: OutputTokenSampler, request: Request, k: int) -> int:
     """Output token `k` of `request` (EOS possible once min_tokens are out, unless ignored):
     the pass reads `request.drawn` inline and calls this when k is not in it. Draws the
-    request's next tokens, up to its max_tokens, into `request.drawn`."""
-    drawn = request.drawn
-    if drawn is not None and k == request.drawn_from + len(drawn):
-        want = min(2 * len(drawn), DRAW_AHEAD)
-    else:
-        want = DRAW_FIRST
-    count = max(1, min(want, request.max_tokens - k))
+    request's next tokens, up to its max_tokens, into `request.drawn` (as one array when
+    there are DRAW_MIN or more)."""
     sp = request.sampling
     eos_from = (1 << 62) if sp.ignore_eos else sp.min_tokens
+    count = max(1, min(DRAW_AHEAD, request.max_tokens - k))
     seed = request.token_seed
     if count < DRAW_MIN:  # one by one, still all at once
         token = sampler.token

@@ -300,3 +300,26 @@ def test_a_handed_over_prompt_is_grown_in_place_and_otherwise_copied() -> None:
     assert list(copied.block_hashes or ()) == [7, 8]
     as_tuples, same = played(True, tuples=True)
     assert list(as_tuples.prompt_token_ids) == list(range(10, 22)) and same == tokens
+
+
+@pytest.mark.parametrize("eos_probability", [0.0, 0.05])
+def test_tokens_are_drawn_ahead_only_where_the_core_emits_outputs(eos_probability: float) -> None:
+    """Live (outputs emitted) a request's next tokens are drawn ahead as an array; a replay
+    (no outputs; its decode runs draw their own tokens) draws one at a time. Same tokens."""
+    specs = [req(f"r{i}", range(1 + i, 30 + i), max_tokens=40 + 7 * i) for i in range(5)]
+    tokens: list[dict[str, list[int]]] = []
+    for emit in (True, False):
+        core = make_core(eos_probability=eos_probability)
+        core.emit_outputs = emit
+        requests = [core.add_request(spec) for spec in specs]
+        drawn_ahead = False
+        now = 0.0
+        while core.has_unfinished_requests():
+            now = core.step(now).end
+            drawn_ahead |= any(r.drawn is not None for r in requests if not r.is_finished)
+        assert drawn_ahead == emit
+        tokens.append({r.request_id: r.all_token_ids[r.num_prompt_tokens :] for r in requests})
+    assert tokens[0] == tokens[1]
+    if eos_probability:
+        lengths = [len(t) for t in tokens[0].values()]
+        assert any(n < 40 for n in lengths)  # EOS drawn, before max_tokens
