@@ -13,10 +13,10 @@ client can make is answered by the one path that always answered it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import orjson
 from pydantic import BaseModel
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope
@@ -45,6 +45,8 @@ def _json_content(content_type: bytes | None) -> bool:
     if not content_type:
         return False
     media = content_type.split(b";", 1)[0].strip().lower()
+    if media.count(b"/") != 1:  # the email parser FastAPI uses calls that text/plain
+        return False
     return media == b"application/json" or (
         media.startswith(b"application/") and media.endswith(b"+json")
     )
@@ -83,7 +85,7 @@ class DirectRoutes:
 
     def __init__(self, state: ServerState) -> None:
         self._state = state
-        self._api_key = state.settings.api_key
+        self._api_key = state.settings.api_key or None  # (create_app: only a set key)
         serving = state.serving
         self._routes = {
             "/v1/completions": _Route(CompletionRequest, serving.completions),
@@ -117,7 +119,9 @@ class DirectRoutes:
         try:
             if not body or not _json_content(headers.get(b"content-type")):
                 raise ValueError("not for the direct path")
-            request = route.model.model_validate(orjson.loads(body), from_attributes=True)
+            # json, as FastAPI parses it: orjson turns an integer past 64 bits into a float,
+            # which an untyped field (an extra key, logit_bias) would then let through.
+            request = route.model.model_validate(json.loads(body), from_attributes=True)
         except Exception:
             # Whatever FastAPI makes of it (a 400 naming the field, a 415...), it answers.
             await app(scope, _replaying(body, receive), send)
@@ -126,13 +130,18 @@ class DirectRoutes:
             response = self._respond(route, request, headers)
             await response(scope, receive, send)
         except OpenAIError as exc:
-            if send.started:
-                raise
-            await openai_error_response(exc)(scope, receive, send)
+            if not send.started:
+                await openai_error_response(exc)(scope, receive, send)
+                return
+            unexpected_error_response("POST", scope["path"], exc)  # logged, as Starlette does
+            raise
         except Exception as exc:
-            if send.started:
-                raise  # as Starlette: the server ends a response it cannot finish
-            await unexpected_error_response("POST", scope["path"], exc)(scope, receive, send)
+            # As Starlette's error middleware: logged and answered with a 500 if nothing was
+            # sent yet, then raised, so that the server closes the connection.
+            reply = unexpected_error_response("POST", scope["path"], exc)
+            if not send.started:
+                await reply(scope, receive, send)
+            raise
 
     def _respond(self, route: _Route, request: BaseModel, headers: dict[bytes, bytes]) -> Response:
         if self._api_key is not None:

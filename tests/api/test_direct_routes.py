@@ -129,6 +129,14 @@ BAD: list[tuple[str, bytes, dict[str, str]]] = [
     ("/v1/completions", b'{"prompt": "x", "max_tokens": 99999999999999999999999}', JSON),
     ("/v1/completions", b'{"prompt": "x", "max_tokens": 2}',
      {"content-type": "application/vnd+json"}),
+    # Integers past 64 bits where no field type refuses them (orjson would make them floats).
+    ("/v1/completions", b'{"prompt": "x", "max_tokens": 2, "foo": 99999999999999999999999}',
+     JSON),
+    ("/v1/completions", b'{"prompt": "x", "max_tokens": 2, "logit_bias": {"5": 1e2}}', JSON),
+    ("/v1/completions",
+     b'{"prompt": "x", "max_tokens": 2, "logit_bias": {"5": 100000000000000000000000}}', JSON),
+    ("/v1/completions", b'{"prompt": "x", "max_tokens": 2}',
+     {"content-type": "application/a/b+json"}),  # two slashes: text/plain to FastAPI
     ("/v1/chat/completions", b'{"messages": "hi"}', JSON),
     ("/v1/chat/completions", b'{"messages": [{"role": "user"}]}', JSON),
     ("/v1/chat/completions", b'{"messages": []}', JSON),
@@ -175,6 +183,13 @@ async def test_the_api_key_is_checked_as_on_the_framework_routes() -> None:
             pair, "/v1/completions", body,
             {**JSON, "authorization": "Bearer sekret", "x-request-id": "k"},
         )  # fmt: skip
+        assert status == 200
+
+
+async def test_an_empty_api_key_leaves_the_routes_open_on_both_paths() -> None:
+    async for pair in _pair(api_key=""):
+        body = orjson.dumps({"prompt": "x", "max_tokens": 2})
+        status, _ = await _same(pair, "/v1/completions", body, {**JSON, "x-request-id": "e"})
         assert status == 200
 
 
