@@ -67,17 +67,13 @@ class OutputTokenSampler:
     def tokens(self, request_seed: int, start: int, count: int) -> list[int]:
         """Tokens at output positions start .. start+count-1 where EOS is not allowed: the
         same as `token(request_seed, k, False)` for each, computed as one array."""
-        # (Array arithmetic wraps without a warning: no errstate needed.)
-        x = np.arange(start, start + count, dtype=np.uint64)
-        x += np.uint64(request_seed & MASK64)
-        index = (splitmix64_array(x) >> np.uint64(7)) % np.uint64(len(self._palette))
-        tokens: list[int] = self._palette_array[index].tolist()
-        return tokens
+        return self.draws(request_seed, start, count, start + count)  # EOS from past the end
 
     def draws(self, request_seed: int, start: int, count: int, eos_from: int) -> list[int]:
         """`token(request_seed, k, k >= eos_from)` for k in start .. start+count-1, computed
         as one array: a request's next tokens drawn ahead, instead of one big-integer
         splitmix64 (two with EOS possible) per token in the pass."""
+        # (Array arithmetic wraps without a warning: no errstate needed.)
         x = np.arange(start, start + count, dtype=np.uint64)
         x += np.uint64(request_seed & MASK64)
         mixed = splitmix64_array(x)

@@ -105,11 +105,12 @@ class StreamRenderer:
         ):
             # A token chunk that ends nothing (nearly every chunk): no general assembly.
             choice.account(out)
-            escaped, ids = self._escaped, out.new_token_ids
+            ids = out.new_token_ids
             if len(ids) == 1:
                 # The tokenizer's table first: a call per token costs more than the lookup.
-                text = self._known.get(ids[0]) or escaped(ids[0])
+                text = self._known.get(ids[0]) or self._escaped(ids[0])
             else:
+                escaped = self._escaped
                 text = b"".join([escaped(t) for t in ids])
             index = choice.index
             emitter.emit(heads[index] + text + self._open_tail)
