@@ -43,6 +43,19 @@ _encode = msgspec.msgpack.encode
 _decode = msgspec.msgpack.decode
 
 
+async def _send(sock: zmq.asyncio.Socket, frame: bytes) -> None:
+    """Send one frame. Closing a socket cancels the sends still waiting on it (pyzmq), as
+    when another question to the same dead peer timed out first and dropped it: that ends
+    this send as failed, not the task it runs in (a heartbeat loop, a question)."""
+    try:
+        await sock.send(frame)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the task itself is cancelled (a timeout, shutdown)
+        raise zmq.ZMQError(zmq.ENOTSOCK, "side channel dropped") from None
+
+
 async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
     """Cancel the tasks and wait for each to end."""
     for task in tasks:
@@ -198,7 +211,10 @@ class SideChannelClient:
                 message = [HB_MSG, engine_id, "HB:" + ",".join(hold_ids)]
                 try:
                     peer = self._peer(host, port)
-                    await asyncio.wait_for(peer.sock.send(_encode(message)), ANSWER_TIMEOUT_S)
+                    # (Not wait_for: on 3.11 a cancel that arrives as the send fails is lost,
+                    # and the loop, shut down, would sleep on forever.)
+                    async with asyncio.timeout(ANSWER_TIMEOUT_S):
+                        await _send(peer.sock, _encode(message))
                 except (TimeoutError, zmq.ZMQError) as exc:
                     logger.warning("NIXL heartbeat to %s:%d failed: %r", host, port, exc)
                     self._drop(host, port, self._peers.get((host, port)))
@@ -243,7 +259,7 @@ class SideChannelClient:
         try:
             message = [NOTIF_MSG, remote.engine_id, f"{remote.request_id}:1", nonce]
             async with asyncio.timeout(ANSWER_TIMEOUT_S):
-                await peer.sock.send(_encode(message))
+                await _send(peer.sock, _encode(message))
                 return await answer
         except TimeoutError:
             # A peer that does not answer in time is dropped: what it had queued goes with

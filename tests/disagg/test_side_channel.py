@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -16,7 +17,7 @@ import zmq.asyncio
 
 from mocker.config import KVRole
 from mocker.disagg import side_channel
-from mocker.disagg.params import parse_transfer_params
+from mocker.disagg.params import RemotePrefill, parse_transfer_params
 from mocker.disagg.pulls import PdCounters
 from mocker.disagg.side_channel import GET_META_MSG, SideChannelClient, SideChannelServer
 from mocker.engine.core import EngineCore
@@ -171,3 +172,44 @@ async def test_heartbeats_keep_a_lease_alive_through_a_long_pull(heartbeats: boo
         assert prefill.core.holds is not None
         assert prefill.core.holds.num_expired == (0 if heartbeats else 1)
         assert prefill.core.pool.num_used == 0
+
+
+@pytest.mark.parametrize("heartbeat_first", [True, False])
+async def test_a_peer_dropped_while_sends_wait_fails_them_and_heartbeats_go_on(
+    monkeypatch: pytest.MonkeyPatch, heartbeat_first: bool
+) -> None:
+    # A prefill replica killed mid-pull: its port refuses connections, so sends to it wait.
+    # Whichever send times out first drops the peer, which closes its socket, and pyzmq
+    # cancels the other sends still waiting on it. A release so cut short was lost without
+    # being counted (the test_pd_live flake under load), and a heartbeat so cut short ended
+    # the heartbeat loop for good.
+    monkeypatch.setattr(side_channel, "ANSWER_TIMEOUT_S", 0.3)
+    dead = socket.socket()  # bound, never listening: connections refused, the port kept
+    dead.bind(("127.0.0.1", 0))
+    port = dead.getsockname()[1]
+    remote = RemotePrefill("P", "p1", (0, 1, 2, 3), "127.0.0.1", port)
+    decode = _engine(KVRole.CONSUMER, "D", speedup_ratio=1.0, hold_timeout=0.6)
+    counters = PdCounters()
+    client = SideChannelClient(decode, counters)  # heartbeats every 0.1 s
+    wanted = [remote]
+    monkeypatch.setattr(decode.core, "remote_sources", lambda: wanted)
+    try:
+        if heartbeat_first:
+            client.start()  # its send times out first and drops the peer
+            await asyncio.sleep(0.15)
+            client.release(remote)
+        else:
+            client.release(remote)  # times out first, its drop cuts the heartbeat's send
+            await asyncio.sleep(0.05)
+            client.start()
+        for _ in range(200):
+            if counters.failed_releases:
+                break
+            await asyncio.sleep(0.01)
+        assert counters.failed_releases == 1
+        await asyncio.sleep(0.2)  # more heartbeats, each failing (the peer is still dead)
+        (heartbeats,) = [t for t in client._tasks if t.get_coro().__name__ == "_heartbeats"]
+        assert not heartbeats.done()  # still beating, for the holds still wanted
+    finally:
+        await client.close()
+        dead.close()
