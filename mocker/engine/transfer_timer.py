@@ -60,8 +60,11 @@ class TransferTimer:
                 continue
             delay = deadline - clock.now()
             if delay > 0:
+                # (Not wait_for: on 3.11 it loses a cancel that arrives as the wait ends,
+                # and a stopped timer would then wait on forever.)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(rearm.wait(), delay)
+                    async with asyncio.timeout(delay):
+                        await rearm.wait()
                 continue  # re-armed, or time is up: look again (timers may fire early)
             self._due()
             # The loop applies it at a time >= deadline, which changes the transfer set and
