@@ -154,6 +154,37 @@ def test_one_engine_matches_the_virtual_driver() -> None:
         assert rec.cached_tokens_device == req.num_cached_tokens
 
 
+def test_replay_skips_output_objects_and_hands_its_prompts_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Its fast switches: no RequestOutput per token (rows and samples read the requests),
+    # prompts built in range (no per-id check) and handed over (not copied). Dropping one
+    # would change no row, only the replay's speed: nothing else would notice.
+    added: list[tuple[bool, dict[str, object]]] = []
+    outputs: list[int] = []
+    real_add, real_step = EngineCore.add_request, EngineCore.step
+
+    def add_request(core: EngineCore, spec: EngineRequest, **kw: bool) -> object:
+        added.append((core.emit_outputs, kw))
+        return real_add(core, spec, **kw)
+
+    def step(core: EngineCore, now: float) -> object:
+        result = real_step(core, now)
+        outputs.append(len(result.outputs))
+        return result
+
+    monkeypatch.setattr(EngineCore, "add_request", add_request)
+    monkeypatch.setattr(EngineCore, "step", step)
+    trace = synthetic_trace(SyntheticSpec(num_requests=30, rate=40.0, input_length=200,
+                                          output_length=12, seed=3), TBS)  # fmt: skip
+    records = run(trace, config(), num_engines=2).records
+    assert len(records) == 30 and all(r.output_tokens == 12 for r in records)
+    assert len(added) == 30
+    assert all(not emit and kw == {"ids_in_range": True, "handed_over": True}
+               for emit, kw in added)  # fmt: skip
+    assert outputs and not any(outputs)  # steps ran, and none made an output object
+
+
 def test_kv_aware_routing_beats_round_robin_on_prefix_hits() -> None:
     trace = synthetic_trace(SyntheticSpec(num_requests=200, rate=50.0, input_length=512,
                                           output_length=8, shared_prefix_fraction=0.75,
