@@ -86,11 +86,10 @@ class BlockPool:
         # A copy in a lower tier records its block's tokens; so does a BlockStored
         # re-announced after a reset.
         self.keep_tokens = keep_tokens or record_events
-        self.blocks = [KVBlock(BlockId(i)) for i in range(num_blocks)]
-        self._policy: EvictionPolicy = make_policy(eviction_policy)
-        # Unhashed blocks are pushed to the head, so push in reverse to hand out 0, 1, 2, …
-        for block in reversed(self.blocks):
-            self._policy.push(block)
+        # (`BlockId(i)` is a Python call per block: one cast for all of them.)
+        self.blocks = list(map(KVBlock, cast("Iterable[BlockId]", range(num_blocks))))
+        # Handed out 0, 1, 2, … first.
+        self._policy: EvictionPolicy = make_policy(eviction_policy, self.blocks)
         self._cached: dict[BlockHash, KVBlock] = {}
         # One hash map per group; group 0's is `_cached` (a dense model has no other).
         self._maps: list[dict[BlockHash, KVBlock]] = [self._cached]

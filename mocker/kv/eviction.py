@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from mocker.config import EvictionPolicyName
 from mocker.kv.block import KVBlock
@@ -73,8 +73,9 @@ class LRUPolicy(EvictionPolicy):
     __slots__ = ("_queue",)
     tracks_lineage = False
 
-    def __init__(self) -> None:
-        self._queue = FreeBlockQueue()
+    def __init__(self, blocks: Iterable[KVBlock] = ()) -> None:
+        """`blocks`: free blocks that hold nothing, in the order they are to be reused."""
+        self._queue = FreeBlockQueue(blocks)
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -153,9 +154,10 @@ class LineagePolicy(LRUPolicy):
             parent.num_cached_children -= 1
 
 
-def make_policy(name: EvictionPolicyName) -> EvictionPolicy:
+def make_policy(name: EvictionPolicyName, blocks: Iterable[KVBlock] = ()) -> EvictionPolicy:
+    """The policy, holding `blocks` (free, holding nothing) in the order they are reused."""
     if name is EvictionPolicyName.LRU:
-        return LRUPolicy()
+        return LRUPolicy(blocks)
     if name is EvictionPolicyName.LINEAGE:
-        return LineagePolicy()
+        return LineagePolicy(blocks)
     raise ValueError(f"unknown eviction policy {name!r}")
