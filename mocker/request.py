@@ -138,14 +138,16 @@ class Request:
     # drawn_from + j.
     drawn: list[int] | None = None
     drawn_from: int = 0
-    _chain: HashChain | None = None
-    _block_size: int = 16
+    # What hashes each block that fills (None: no prefix caching), and the block size it
+    # hashes by: read by the core's per-token loop as well.
+    hash_chain: HashChain | None = None
+    hash_block_size: int = 16
 
     def enable_hashing(self, hasher: Hasher, block_size: int, cache_salt: str | None) -> None:
         """Hash the full blocks so far, and every block that fills from now on."""
-        self._chain = hasher.chain(self.lora_name, cache_salt, self.lora_path)
-        self._block_size = block_size
-        self._chain.extend(self.block_hashes, self.all_token_ids, block_size)
+        self.hash_chain = hasher.chain(self.lora_name, cache_salt, self.lora_path)
+        self.hash_block_size = block_size
+        self.hash_chain.extend(self.block_hashes, self.all_token_ids, block_size)
 
     @property
     def num_tokens(self) -> int:
@@ -172,13 +174,13 @@ class Request:
         tokens = self.all_token_ids
         before = len(tokens)
         tokens.extend(token_ids)
-        chain = self._chain
-        if chain is not None and len(tokens) // self._block_size > before // self._block_size:
-            chain.extend(self.block_hashes, tokens, self._block_size)
+        chain, bs = self.hash_chain, self.hash_block_size
+        if chain is not None and len(tokens) // bs > before // bs:
+            chain.extend(self.block_hashes, tokens, bs)
 
     def append_output_token(self, token_id: int) -> None:
         tokens = self.all_token_ids
         tokens.append(token_id)
-        chain = self._chain
-        if chain is not None and len(tokens) % self._block_size == 0:
-            chain.extend(self.block_hashes, tokens, self._block_size)
+        chain = self.hash_chain
+        if chain is not None and len(tokens) % self.hash_block_size == 0:
+            chain.extend(self.block_hashes, tokens, self.hash_block_size)

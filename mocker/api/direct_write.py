@@ -30,6 +30,10 @@ def _cycle_types() -> tuple[type, ...]:
 
 _CYCLES = _cycle_types()
 
+# The frame heads (`<hex length>\r\n`) of chunks shorter than this, as uvicorn writes them.
+_FRAMED = 4096
+_HEADS = [b"%x\r\n" % n for n in range(_FRAMED)]
+
 
 class DirectBody:
     """Writes body chunks of one started, chunked response to its transport."""
@@ -45,8 +49,12 @@ class DirectBody:
         cycle = self._cycle
         if cycle.disconnected or cycle.flow.write_paused or cycle.response_complete:
             return False
-        if chunk:  # an empty chunk frames to nothing (its frame would end the body)
-            cycle.transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        n = len(chunk)
+        if n < _FRAMED:  # (a token chunk: its frame's head looked up, not formatted)
+            if n:  # an empty chunk frames to nothing (its frame would end the body)
+                cycle.transport.write(_HEADS[n] + chunk + b"\r\n")
+        else:
+            cycle.transport.write(b"%x\r\n%b\r\n" % (n, chunk))
         return True
 
 

@@ -103,9 +103,14 @@ class StreamRenderer:
             and choice.stops is None
             and choice.abort_at is None
         ):
-            # A token chunk that ends nothing (nearly every chunk): no general assembly.
-            choice.account(out)
+            # A token chunk that ends nothing (nearly every chunk): no general assembly, and
+            # Choice.account inlined (what it does for an output that ends nothing).
             ids = out.new_token_ids
+            choice.completion_tokens += len(ids)
+            if choice.token_ids is not None:
+                choice.token_ids += ids
+            remote = choice.remote_cached_tokens
+            choice.cached_tokens = out.num_cached_tokens if remote is None else remote
             if len(ids) == 1:
                 # The tokenizer's table first: a call per token costs more than the lookup.
                 text = self._known.get(ids[0]) or self._escaped(ids[0])

@@ -508,7 +508,12 @@ class EngineCore:
                 tok = token(request.token_seed, k, not sp.ignore_eos and k >= sp.min_tokens)
             if k < sp.min_tokens and tok in sp.stop_token_ids:
                 tok = unmasked(sampler, request, k)
-            request.append_output_token(tok)
+            # Request.append_output_token, inlined (once per generated token).
+            tokens = request.all_token_ids
+            tokens.append(tok)
+            chain = request.hash_chain
+            if chain is not None and len(tokens) % request.hash_block_size == 0:
+                chain.extend(request.block_hashes, tokens, request.hash_block_size)
             first = request.first_token_time is None
             if first:
                 request.first_token_time = end
@@ -516,7 +521,11 @@ class EngineCore:
             else:
                 latency = end - request.last_token_time
             request.last_token_time = end
-            status = stop_status(request, tok, k + 1, eos)
+            # Nearly every token ends nothing: below the cap, not EOS, no stop ids to check.
+            if k + 1 < request.max_tokens and tok != eos and not sp.stop_token_ids:
+                status = None
+            else:
+                status = stop_status(request, tok, k + 1, eos)
             if status is not None:  # (finishing changes nothing the output reads)
                 finished.append(self.finish_in_pass(request, status, end))
             if not emit:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from mocker.request import FinishReason
@@ -24,6 +25,8 @@ __all__ = [
     "SchedulerStats",
     "queue_score",
 ]
+
+_NEW_TOKEN_IDS = attrgetter("new_token_ids")
 
 
 def queue_score(num_waiting: int, num_running: int) -> int:
@@ -134,23 +137,19 @@ class IterationStats:
 
     @classmethod
     def of(cls, outputs: Sequence[RequestOutput]) -> IterationStats:
+        # Once per pass over every delivered output: comprehensions and C-level sums, with
+        # a loop only over the (few) outputs that carry a request's first token.
         stats = cls()
-        itls = stats.inter_token_latencies
-        generated = 0
-        for out in outputs:
-            n = len(out.new_token_ids)
-            if not n:
-                continue
-            generated += n
-            if out.first_token:
-                stats.num_prompt_tokens += out.num_prompt_tokens
-                stats.num_cached_tokens += out.num_cached_tokens
-                for tier, n in out.tier_hits:
-                    stats.tier_cached[tier] = stats.tier_cached.get(tier, 0) + n
-                stats.time_to_first_tokens.append(out.latency)
-            else:
-                itls.append(out.latency)
-        stats.num_generation_tokens = generated
+        stats.num_generation_tokens = sum(map(len, map(_NEW_TOKEN_IDS, outputs)))
+        stats.inter_token_latencies = [
+            out.latency for out in outputs if not out.first_token and out.new_token_ids
+        ]
+        for out in [out for out in outputs if out.first_token and out.new_token_ids]:
+            stats.num_prompt_tokens += out.num_prompt_tokens
+            stats.num_cached_tokens += out.num_cached_tokens
+            for tier, n in out.tier_hits:
+                stats.tier_cached[tier] = stats.tier_cached.get(tier, 0) + n
+            stats.time_to_first_tokens.append(out.latency)
         return stats
 
 

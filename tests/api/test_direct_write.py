@@ -15,7 +15,10 @@ from mocker.api.direct_write import DirectBody, direct_body
 from mocker.api.responses import Emitter
 
 START = {"type": "http.response.start", "status": 200, "headers": [(b"x-a", b"1")]}
-CHUNKS = [b"data: {}\n\n", b"", b"x" * 300, "data: \u00e9\n\n".encode()]
+# Empty, short, and either side of the length where DirectBody stops looking its frame's
+# head up and formats it.
+CHUNKS = [b"data: {}\n\n", b"", b"x" * 300, "data: \u00e9\n\n".encode(), b"y" * 4095,
+          b"z" * 4096, b"w" * 70_000]  # fmt: skip
 
 
 class Transport(asyncio.Transport):
