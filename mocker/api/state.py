@@ -9,8 +9,6 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry
-
 from mocker.api.errors import OpenAIError
 from mocker.api.faults import FaultInjector
 from mocker.api.lora import LoraAdapters
@@ -25,7 +23,7 @@ from mocker.engine.live import LiveEngine
 from mocker.engine.outputs import StepResult
 from mocker.kvevents.config import advertised_host
 from mocker.kvevents.publisher import ZmqEventPublisher
-from mocker.metrics import MetricsCollector, StatsRecorder, build_registry
+from mocker.metrics import Exposition, MetricsCollector, StatsRecorder
 from mocker.settings import ServerSettings
 from mocker.tiers.storage import StorageTier
 from mocker.tokenizer import TextTokenizer
@@ -47,7 +45,7 @@ class ServerState:
     tokenizer: TextTokenizer
     engines: EngineGroup  # one per data-parallel rank
     metrics: list[StatsRecorder]  # by rank
-    registry: CollectorRegistry
+    exposition: Exposition  # the /metrics body
     serving: OpenAIServing
     faults: FaultInjector
     created: int
@@ -195,7 +193,7 @@ def build_state(
         tokenizer=tokenizer,
         engines=group,
         metrics=metrics,
-        registry=build_registry(collector),
+        exposition=Exposition(collector),
         serving=OpenAIServing(group, tokenizer, settings, config, faults, loras),
         faults=faults,
         created=int(time.time()),

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 from mocker.metrics.histogram import BUCKETS, Histogram, one_two_five_buckets
-from mocker.metrics.prometheus import FAMILIES, Family, MetricsCollector, build_registry
+from mocker.metrics.prometheus import (
+    FAMILIES,
+    Exposition,
+    Family,
+    MetricsCollector,
+    build_registry,
+)
 from mocker.metrics.recorder import StatsRecorder
 
 __all__ = [
     "BUCKETS",
     "FAMILIES",
+    "Exposition",
     "Family",
     "Histogram",
     "MetricsCollector",

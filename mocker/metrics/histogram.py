@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
+from functools import cache
 
 from prometheus_client.utils import floatToGoString
 
@@ -23,6 +24,7 @@ __all__ = [
     "TRANSFER_SIZE_BUCKETS",
     "TTFT_BUCKETS",
     "Histogram",
+    "bound_texts",
     "one_two_five_buckets",
 ]
 
@@ -70,6 +72,13 @@ def one_two_five_buckets(limit: int) -> tuple[int, ...]:
         exponent += 1
 
 
+@cache
+def bound_texts(bounds: tuple[float, ...]) -> tuple[str, ...]:
+    """Bucket bounds as `le` label values (Go's float format), `+Inf` last: formatted once
+    per set of bounds, not at every scrape."""
+    return (*map(_go_float, bounds), "+Inf")
+
+
 class Histogram:
     """Bucket counts; `observe(v, n)` records n equal observations at once."""
 
@@ -103,8 +112,7 @@ class Histogram:
     def cumulative(self) -> list[tuple[str, int]]:
         out: list[tuple[str, int]] = []
         running = 0
-        for bound, n in zip(self.bounds, self.counts, strict=False):
+        for bound, n in zip(bound_texts(self.bounds), self.counts, strict=True):
             running += n
-            out.append((_go_float(bound), running))
-        out.append(("+Inf", running + self.counts[-1]))
+            out.append((bound, running))
         return out

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cache
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -25,10 +26,17 @@ from mocker.config import KVRole
 from mocker.disagg.pulls import PULL_SOURCE
 from mocker.engine.stats import EngineSnapshot
 from mocker.faults import FaultType
-from mocker.metrics.histogram import Histogram
+from mocker.metrics.exposition import (
+    Series,
+    header,
+    histogram_text,
+    metric_text,
+    value_lines,
+)
+from mocker.metrics.histogram import Histogram, bound_texts
 from mocker.metrics.recorder import StatsRecorder
 
-__all__ = ["FAMILIES", "Family", "Kind", "MetricsCollector", "build_registry"]
+__all__ = ["FAMILIES", "Exposition", "Family", "Kind", "MetricsCollector", "build_registry"]
 
 
 class Kind(StrEnum):
@@ -260,6 +268,18 @@ NIXL_FAMILIES: tuple[Family, ...] = (
 _LABELS = ["model_name", "engine"]
 
 
+def _sample_name(family: Family) -> str:
+    """A family's sample name: a counter's ends in _total, as prometheus_client renders it."""
+    if family.kind is Kind.COUNTER:
+        return family.name if family.name.endswith("_total") else family.name + "_total"
+    return family.name
+
+
+@cache
+def _header(family: Family) -> str:
+    return header(_sample_name(family), family.help, family.kind.value)
+
+
 class MetricsCollector(Collector):
     """Renders the engines' metrics with vLLM's names, labels and buckets."""
 
@@ -279,20 +299,67 @@ class MetricsCollector(Collector):
         # vllm:lora_requests_info: every label set ever current, with the time it last was
         # (vLLM never removes one; readers take the newest).
         self._lora_series: dict[tuple[str, str, str], float] = {}
+        # For text(): each engine's labels, escaped once; each histogram's last text, by
+        # (sample name, engine), with the counts and sum it shows.
+        self._series = [Series(_LABELS, [model_name, m.engine]) for m in self.engines]
+        self._histogram_text: dict[tuple[str, str], tuple[tuple[int, ...], float, str]] = {}
 
     def describe(self) -> list[Metric]:
         return []  # rendered fresh at every scrape; nothing to pre-register
 
     def collect(self) -> Iterator[Metric]:
-        rows = [(m, m.current(), [self.model_name, m.engine]) for m in self.engines]
+        rows = self._rows()
+        for family in self._families():
+            yield self._render(family, rows)
+        yield from self._extras(rows)
+
+    def text(self) -> str:
+        """What `generate_latest` prints for `collect()`, written straight from the recorders
+        (tests/metrics/test_prometheus.py holds the two equal). A scrape runs on the event
+        loop of the engine passes, so its time is a gap in every stream: ~8 ms there for
+        one engine, well under one here. A histogram whose counts have not moved since the
+        last scrape (most of them, most of the time) reuses its text."""
+        rows = self._rows()
+        cache = self._histogram_text
+        out: list[str] = []
+        for family in self._families():
+            name = _sample_name(family)
+            out.append(_header(family))
+            for (m, snapshot, _), labels in zip(rows, self._series, strict=True):
+                value = family.source(m, snapshot)
+                if family.kind is not Kind.HISTOGRAM:
+                    value_lines(out, name, labels, value, family.label)
+                    continue
+                assert isinstance(value, Histogram), family.name
+                key, counts = (name, m.engine), tuple(value.counts)
+                hit = cache.get(key)
+                if hit is None or hit[0] != counts or hit[1] != value.total:
+                    text = histogram_text(
+                        name, labels, bound_texts(value.bounds), counts, value.total
+                    )
+                    hit = cache[key] = (counts, value.total, text)
+                out.append(hit[2])
+        out.extend(map(metric_text, self._extras(rows)))
+        return "".join(out)
+
+    def _rows(self) -> list[tuple[StatsRecorder, EngineSnapshot, list[str]]]:
+        return [(m, m.current(), [self.model_name, m.engine]) for m in self.engines]
+
+    def _families(self) -> Iterator[Family]:
+        """The table's families this server exports, in order."""
         for family in FAMILIES:
             if not family.legacy or self.legacy_names:
-                yield self._render(family, rows)
+                yield family
         role = self.engines[0].config.kv_role if self.engines else KVRole.NONE
         if role is not KVRole.NONE:
             for family in NIXL_FAMILIES:
                 if not family.consumer or role.consumes:
-                    yield self._render(family, rows)
+                    yield family
+
+    def _extras(
+        self, rows: list[tuple[StatsRecorder, EngineSnapshot, list[str]]]
+    ) -> Iterator[Metric]:
+        """The families outside the table: cache config, LoRA, injected failures."""
         yield self._cache_config_info()
         if self.engines and self.engines[0].config.enable_lora:
             yield self._lora_info([snapshot for _, snapshot, _ in rows])
@@ -384,11 +451,31 @@ class MetricsCollector(Collector):
 
 def build_registry(collector: MetricsCollector, *, process: bool = True) -> CollectorRegistry:
     """A registry with the vLLM collector (and process/GC metrics, as vLLM's server has)."""
-    from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR
-
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     if process:
-        for extra in (PROCESS_COLLECTOR, GC_COLLECTOR, PLATFORM_COLLECTOR):
+        for extra in process_collectors():
             registry.register(extra)
     return registry
+
+
+def process_collectors() -> tuple[Collector, ...]:
+    """prometheus_client's process, GC and platform collectors (vLLM's server exports them)."""
+    from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR
+
+    return (PROCESS_COLLECTOR, GC_COLLECTOR, PLATFORM_COLLECTOR)
+
+
+class Exposition:
+    """The /metrics body: the collector's text, then the process collectors' (the order one
+    registry of all of them renders in, as `build_registry` builds it)."""
+
+    def __init__(self, collector: MetricsCollector, *, process: bool = True) -> None:
+        self.collector = collector
+        self._process = CollectorRegistry(auto_describe=False)
+        for extra in process_collectors() if process else ():
+            self._process.register(extra)
+
+    def render(self) -> bytes:
+        process = "".join(map(metric_text, self._process.collect()))
+        return (self.collector.text() + process).encode()

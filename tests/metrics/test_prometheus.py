@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import generate_latest
 
+from mocker.config import KVRole, StorageTierSpec
 from mocker.engine.stats import EngineSnapshot
-from mocker.metrics import FAMILIES, MetricsCollector, StatsRecorder, build_registry
-from tests.support.engines import make_core
+from mocker.engine.virtual import VirtualDriver
+from mocker.faults import FaultType
+from mocker.metrics import (
+    FAMILIES,
+    Exposition,
+    MetricsCollector,
+    StatsRecorder,
+    build_registry,
+    prometheus,
+)
+from tests.support.engines import make_core, req
 
 
 def _render(recorder: StatsRecorder, *, legacy: bool) -> str:
@@ -37,3 +48,68 @@ def test_every_family_in_the_table_is_rendered_once() -> None:
             assert (f"# HELP {family.name}" in text) == shown, family.name
     names = [f.name for f in FAMILIES]
     assert len(names) == len(set(names))
+
+
+def _fed_recorders(**overrides: object) -> list[StatsRecorder]:
+    """Two ranks' recorders after a small virtual run each (histograms with counts)."""
+    recorders = []
+    for rank in range(2):
+        core = make_core(**overrides)
+        metrics = StatsRecorder(core.config, engine=str(rank))
+        requests = [req(f"r{i}", [7, i, i + 1, 9, 9], max_tokens=3 + i + rank) for i in range(5)]
+        for result in VirtualDriver(core).steps(requests):
+            metrics.on_step(result)
+        metrics.snapshot = lambda rank=rank: EngineSnapshot(rank, 1, 0.125 * (rank + 1))
+        recorders.append(metrics)
+    return recorders
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"num_cpu_blocks": 64, "storage_tiers": (StorageTierSpec("fs", 128, 4.0, 2.0),)},
+        {"kv_role": KVRole.CONSUMER},
+        {"kv_role": KVRole.PRODUCER, "enable_lora": True},
+    ],
+    ids=["plain", "tiers", "consumer", "producer-lora"],
+)
+def test_text_is_what_generate_latest_prints(
+    overrides: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """text() (what /metrics serves) against the Metric objects of collect() rendered by
+    prometheus_client, with two ranks, legacy names, injected failures and a model name
+    that needs escaping; again after more observations (the histogram text cache)."""
+    monkeypatch.setattr(prometheus.time, "time", lambda: 1_700_000_000.5)  # the LoRA gauge
+    recorders = _fed_recorders(**overrides)
+    collector = MetricsCollector(
+        recorders, 'model "x"\\y', legacy_names=True, failures={FaultType.RATE_LIMIT: 2}
+    )
+
+    def reference() -> str:
+        return generate_latest(build_registry(collector, process=False)).decode()
+
+    first = collector.text()
+    assert first == reference()
+    assert 'le="+Inf",model_name="model \\"x\\"\\\\y"' in first
+    recorders[1].ttft.observe(0.003)  # one histogram moves
+    recorders[0].prompt_tokens += 5
+    second = collector.text()
+    assert second == reference() and second != first
+    ttft = 'vllm:time_to_first_token_seconds_count{engine="1",model_name="model \\"x\\"\\\\y"}'
+    assert f"{ttft} {recorders[1].ttft.count}.0\n" in second
+
+
+def test_the_scrape_body_is_the_collector_then_the_process_metrics() -> None:
+    collector = MetricsCollector(_fed_recorders(), "m")
+    body = Exposition(collector).render().decode()
+    assert body.startswith(collector.text())
+    rest = body[len(collector.text()) :]
+    assert rest.startswith("# HELP python_gc_objects_collected_total") or rest.startswith(
+        "# HELP process_"
+    )
+    assert "# TYPE python_info gauge" in rest
+    whole = generate_latest(build_registry(collector)).decode()
+    families = [line for line in whole.splitlines() if line.startswith("# TYPE")]
+    assert [line for line in body.splitlines() if line.startswith("# TYPE")] == families
+    assert Exposition(collector, process=False).render().decode() == collector.text()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
 from mocker import __version__
@@ -48,7 +48,7 @@ async def version() -> Response:
 
 @router.get("/metrics")
 async def metrics(state: State) -> Response:
-    return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(state.exposition.render(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/kv_event_sources")
