@@ -50,6 +50,7 @@ bench: $(TEST_STAMP)
 	$(BIN)/python bench/replay_speed.py
 	$(BIN)/python bench/hashing.py
 	$(BIN)/python bench/hybrid_step.py
+	$(BIN)/python bench/metrics_scrape.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis
