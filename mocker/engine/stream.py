@@ -83,6 +83,7 @@ class RequestStream:
                 out.tier_hits,
                 pending.first_token,
                 pending.latency,  # of the first token merged
+                out.kv_transfer_params,  # (P/D: where the final output's KV waits)
             )
         self._event.set()
 
