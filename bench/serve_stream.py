@@ -40,7 +40,7 @@ from harness import (
     running,
     scrape,
 )
-from sse_client import SseConnection, completion_body, completion_request
+from sse_client import SseConnection, Stream, completion_body, completion_request
 
 # Run from the repo root with no arguments: `.venv/bin/python bench/serve_stream.py`.
 # Progress goes to stderr; the last stdout line is one JSON object. The machine has two
@@ -60,6 +60,10 @@ TPUT_ROUNDS = 3  # mocker and the floor alternately, per stream count: medians a
 TPUT_READ_BATCH = 8192
 ITL_SPEEDUP = 1.0  # real time: the client should see the modelled inter-token gaps
 ITL_MAX_TOKENS = 64
+# Stream counts whose ITL run is repeated with --max-merged-passes (a server that cannot keep
+# up streams several passes' tokens per chunk; its passes keep the modelled pace), and N.
+MERGED_FROM_STREAMS = 500
+MERGED_PASSES = 32
 
 CONNECT_TIMEOUT_S = 30.0
 RUN_TIMEOUT_S = 120.0
@@ -123,6 +127,9 @@ class Load:
     ttfts_ms: list[float] = field(default_factory=list)
     gaps_ms: list[float] = field(default_factory=list)
     decode_gaps_ms: list[float] = field(default_factory=list)  # after every stream's first token
+    # Per stream, once every stream has its first token: ms from its first chunk to its last,
+    # per token after the first chunk (a chunk may carry several).
+    decode_ms_per_token: list[float] = field(default_factory=list)
 
     @property
     def tokens_per_s(self) -> float:
@@ -196,7 +203,16 @@ async def run_load(
         decode_gaps_ms=[
             (b - a) * 1000 for c in clients for a, b in pairwise(c.times) if a >= all_started
         ],
+        decode_ms_per_token=[rate for c in clients if (rate := _decode_rate(c, all_started))],
     )
+
+
+def _decode_rate(stream: Stream, all_started: float) -> float | None:
+    """ms per token of a stream's chunks from `all_started` on (None: too few of them)."""
+    late = [(t, k) for t, k in zip(stream.times, stream.tokens, strict=True) if t >= all_started]
+    if len(late) < 3:
+        return None
+    return (late[-1][0] - late[0][0]) * 1000 / sum(k for _, k in late[1:])
 
 
 # -- /metrics during a run ---------------------------------------------------------------------
@@ -420,13 +436,16 @@ def publisher_ceiling() -> dict[str, Any]:
     return result
 
 
-def itl(n: int, logs: Path) -> dict[str, Any]:
-    with running("mocker-itl", serve_argv(ITL_SPEEDUP), logs) as server:
+def itl(n: int, logs: Path, merged: int = 1) -> dict[str, Any]:
+    argv = serve_argv(ITL_SPEEDUP) + (["--max-merged-passes", str(merged)] if merged > 1 else [])
+    with running("mocker-itl", argv, logs) as server:
         result = uvloop.run(run_itl(server.port, server.proc.pid, n))
     load: Load = result["load"]
     p50, p99 = percentile(load.gaps_ms, 0.5) or 0.0, percentile(load.gaps_ms, 0.99) or 0.0
     log(
-        f"  itl      N={n:4d}: client gap p50 {p50:.2f} ms p99 {p99:.2f} ms"
+        f"  itl{'+merge' if merged > 1 else '      '} N={n:4d}: client gap p50 {p50:.2f} ms"
+        f" p99 {p99:.2f} ms  decode ms/token p50"
+        f" {percentile(load.decode_ms_per_token, 0.5) or 0:.2f}"
         f" (decode-only p50 {percentile(load.decode_gaps_ms, 0.5) or 0:.2f}"
         f" p99 {percentile(load.decode_gaps_ms, 0.99) or 0:.2f})"
         f"  model {result['model_itl_ms'] or 0:.2f} ms"
@@ -468,6 +487,9 @@ def row_for(n: int, logs: Path) -> dict[str, Any]:
     # Pairs only of runs that went back to back (a round with a failed run drops out).
     pairs = [(m, b) for m, b in rounds if m is not None and b is not None]
     fidelity = attempt(errors, "itl", lambda: itl(n, logs))
+    merged = None
+    if n >= MERGED_FROM_STREAMS:
+        merged = attempt(errors, "itl merged", lambda: itl(n, logs, MERGED_PASSES))
     if errors:
         row["errors"] = errors
     if ours:
@@ -536,11 +558,26 @@ def row_for(n: int, logs: Path) -> dict[str, Any]:
             itl_client_cpu=round(load.client_cpu, 3),
             itl_window_s=round(load.window_s, 3),
             itl_failed_streams=load.failed,
+            itl_decode_ms_per_token_p50=rounded(percentile(load.decode_ms_per_token, 0.5)),
         )
         if load.errors:
             row["itl_stream_errors"] = load.errors
         if load.log_issues:
             row["itl_server_log_issues"] = load.log_issues[:3]
+    if merged is not None:
+        load = merged["load"]
+        row["merged"] = {
+            "max_merged_passes": MERGED_PASSES,
+            "decode_ms_per_token_p50": rounded(percentile(load.decode_ms_per_token, 0.5)),
+            "formula_itl_ms": rounded(merged["formula_itl_ms"]),
+            "model_itl_ms": rounded(merged["model_itl_ms"]),
+            "chunk_gap_p50_ms": rounded(percentile(load.decode_gaps_ms, 0.5)),
+            "chunk_gap_p99_ms": rounded(percentile(load.decode_gaps_ms, 0.99)),
+            "tokens_per_chunk": round(load.tokens_per_chunk, 3),
+            "max_tokens_per_chunk": load.max_chunk_tokens,
+            "window_s": round(load.window_s, 3),
+            "failed_streams": load.failed,
+        }
     return row
 
 

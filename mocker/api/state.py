@@ -110,7 +110,12 @@ def _rank_engine(
         )
         publisher = ZmqEventPublisher(events, topic=topic, rank=rank, fmt=settings.kv_events_format)
         on_step = _publishing(metrics.on_step, publisher)
-    engine = LiveEngine(core, on_step=on_step, on_finish=metrics.on_finish)
+    engine = LiveEngine(
+        core,
+        on_step=on_step,
+        on_finish=metrics.on_finish,
+        max_merged_passes=settings.max_merged_passes,
+    )
     metrics.snapshot = engine.snapshot
     return engine, metrics, publisher
 

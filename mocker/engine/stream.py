@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from mocker.engine.outputs import RequestOutput, StepResult
 
-__all__ = ["EngineDeadError", "OutputListener", "RequestStream", "deliver"]
+__all__ = ["EngineDeadError", "OutputListener", "RequestStream", "deliver", "merged"]
 
 logger = logging.getLogger(__name__)
 
@@ -19,6 +19,25 @@ class EngineDeadError(RuntimeError):
 
 # Called on the engine loop with each output, or with the engine's death.
 OutputListener = Callable[[RequestOutput | EngineDeadError], None]
+
+
+def merged(first: RequestOutput, then: RequestOutput) -> RequestOutput:
+    """`first` and `then` (a later output of the same request) as one output, as vLLM's
+    RequestOutputCollector merges a stream's deltas while its consumer lags: both token
+    lists, the later one's time and end, the first one's first-token mark and latency."""
+    return RequestOutput(
+        then.request_id,
+        first.new_token_ids + then.new_token_ids,
+        then.time,
+        then.finished,
+        then.finish_reason,
+        then.num_prompt_tokens,
+        then.num_cached_tokens,
+        then.tier_hits,
+        first.first_token,
+        first.latency,  # of the first token merged
+        then.kv_transfer_params,  # (P/D: where the final output's KV waits)
+    )
 
 
 class RequestStream:
@@ -72,19 +91,7 @@ class RequestStream:
         else:
             # The consumer fell behind: merge into a new object (the engine's outputs may
             # also be held by step observers, so they are never mutated).
-            self._pending = RequestOutput(
-                out.request_id,
-                pending.new_token_ids + out.new_token_ids,
-                out.time,
-                out.finished,
-                out.finish_reason,
-                out.num_prompt_tokens,
-                out.num_cached_tokens,
-                out.tier_hits,
-                pending.first_token,
-                pending.latency,  # of the first token merged
-                out.kv_transfer_params,  # (P/D: where the final output's KV waits)
-            )
+            self._pending = merged(pending, out)
         self._event.set()
 
     def fail(self, error: BaseException) -> None:

@@ -36,6 +36,8 @@ class ServerSettings:
     shutdown_timeout: float = 30.0
     data_parallel_size: int = 1
     startup_delay: float = 0.0
+    # Passes whose tokens a lagging server streams as one chunk (mocker.engine.live).
+    max_merged_passes: int = 1
     faults: FaultConfig = field(default_factory=FaultConfig)
     admin_token: str | None = None
     # GET /get_load's body: vllm-router's {"load": n} or the SGLang server's per-rank list
@@ -105,6 +107,17 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         _S.startup_delay,
         "float",
         metavar="SECONDS",
+    ),
+    Option(
+        "max_merged_passes",
+        "when the server wakes a whole pass or more after the engine's modelled pass ended "
+        "(it cannot keep up: too many streams for its CPU), run up to N passes back to back "
+        "and stream their tokens as one chunk per request, as a lagging vLLM API server "
+        "merges a stream's deltas; the passes keep their modelled pace. 1: a chunk per "
+        "pass, and the passes fall behind with the server (mocker)",
+        _S.max_merged_passes,
+        "int",
+        metavar="N",
     ),
     Option(
         "failure_rate",
@@ -219,6 +232,9 @@ def _check(values: Mapping[str, Any]) -> None:
     delay = values["startup_delay"]
     if not delay >= 0:
         raise ConfigError(f"invalid startup_delay={delay!r}: must be >= 0")
+    merged = values["max_merged_passes"]
+    if not 1 <= merged <= 1024:
+        raise ConfigError(f"invalid max_merged_passes={merged!r}: must be in [1, 1024]")
 
 
 def _faults(values: Mapping[str, Any]) -> FaultConfig:
@@ -258,6 +274,7 @@ def server_settings_from(values: Mapping[str, Any]) -> ServerSettings:
         shutdown_timeout=values["shutdown_timeout"],
         data_parallel_size=values["data_parallel_size"],
         startup_delay=values["startup_delay"],
+        max_merged_passes=values["max_merged_passes"],
         faults=_faults(values),
         admin_token=values["admin_token"] or None,
         get_load_format=values["get_load_format"],

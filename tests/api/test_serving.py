@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from tests.support.clocks import LateClock
 from tests.support.parsing import sse_events
-from tests.support.servers import AppClient, make_app, tokenizer
+from tests.support.servers import AppClient, make_app, settings, tokenizer
 
 
 async def _complete(c: AppClient, path: str = "/v1/completions", **body: Any) -> dict[str, Any]:
@@ -251,3 +252,28 @@ async def test_return_token_ids_on_chat(client: AppClient) -> None:
     assert chunks[0]["prompt_token_ids"] == tokenized["tokens"]  # on the role chunk
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert sum(len(c["choices"][0]["token_ids"]) for c in chunks[1:]) == 5
+
+
+async def test_passes_merged_by_a_lagging_server_stream_as_multi_token_chunks() -> None:
+    """--max-merged-passes on a server whose loop wakes late (a fake clock, as a CPU that
+    cannot keep up): chunks carry several tokens, and text, ids, usage and the metrics
+    still add up."""
+    app = make_app(settings(max_merged_passes=8), speedup_ratio=1.0)
+    for engine in app.state.mocker.engines:
+        engine.clock = LateClock(0.03)  # about five passes late every time
+    async with AppClient(app) as c:
+        r = await c.http.post(
+            "/v1/completions",
+            json={"prompt": "merge these", "max_tokens": 24, "stream": True, "ignore_eos": True,
+                  "return_token_ids": True, "stream_options": {"include_usage": True}},
+        )  # fmt: skip
+        events = sse_events(r.text)
+        metrics = (await c.http.get("/metrics")).text
+    chunks = [e for e in events[:-2] if e["choices"][0]["token_ids"]]
+    per_chunk = [len(e["choices"][0]["token_ids"]) for e in chunks]
+    assert sum(per_chunk) == 24 == events[-2]["usage"]["completion_tokens"]
+    assert max(per_chunk) > 1 and len(chunks) < 24
+    ids = [t for e in chunks for t in e["choices"][0]["token_ids"]]
+    assert "".join(e["choices"][0]["text"] for e in events[:-2]) == tokenizer().decode(ids)
+    assert 'vllm:generation_tokens_total{engine="0",model_name="mocker"} 24.0' in metrics
+    assert 'vllm:inter_token_latency_seconds_count{engine="0",model_name="mocker"} 23.0' in metrics

@@ -9,8 +9,9 @@ import pytest
 
 from mocker.engine.core import RequestRejected
 from mocker.engine.live import EngineDeadError, LiveEngine
-from mocker.engine.outputs import StepResult
+from mocker.engine.outputs import RequestOutput, StepResult
 from mocker.request import FinishReason
+from tests.support.clocks import LateClock
 from tests.support.engines import req, small_config
 from tests.support.kv_index import EventIndex
 
@@ -385,3 +386,90 @@ async def test_a_failing_reset_fails_its_caller_instead_of_hanging() -> None:
         await asyncio.wait_for(engine.reset_prefix_cache(), timeout=10)
     assert engine.is_dead
     await engine.stop()
+
+
+async def _run_late(merge: int, late: float, max_tokens: int = 24) -> tuple[
+    dict[str, list[list[int]]], list[StepResult], LiveEngine
+]:  # fmt: skip
+    """Three streams on an engine whose loop wakes `late` after every pass it sleeps for."""
+    steps: list[StepResult] = []
+    engine = LiveEngine(
+        small_config(speedup_ratio=1.0),
+        clock=LateClock(late),  # type: ignore[arg-type]
+        on_step=steps.append,
+        max_lag_s=60.0,  # (never resynchronised: the passes chain)
+        max_merged_passes=merge,
+    )
+    engine.start()
+    chunks: dict[str, list[list[int]]] = {}
+
+    async def consume(i: int) -> None:
+        spec = req(f"r{i}", [20 + i] * (5 + i), max_tokens=max_tokens, ignore_eos=True)
+        async for out in engine.generate(spec):
+            chunks.setdefault(spec.request_id, []).append(list(out.new_token_ids))
+
+    await asyncio.wait_for(asyncio.gather(*(consume(i) for i in range(3))), timeout=30)
+    await engine.stop()
+    return chunks, steps, engine
+
+
+async def test_a_lagging_loop_merges_passes_and_keeps_their_pace() -> None:
+    """Woken 2.5 passes late every time, the loop runs the passes that are due at once and
+    hands their tokens out together (at most max_merged_passes a chunk); the passes keep
+    chaining at their modelled pace and each is observed on its own, one token a request."""
+    plain_chunks, plain_steps, _ = await _run_late(merge=1, late=0.0)
+    decode = plain_steps[-1].end - plain_steps[-1].start  # a pass of three decodes
+    chunks, steps, engine = await _run_late(merge=4, late=2.5 * decode)
+    for request_id, got in chunks.items():
+        assert [t for c in got for t in c] == [t for c in plain_chunks[request_id] for t in c]
+        assert all(1 <= len(c) <= 4 for c in got)
+        assert max(len(c) for c in got) > 1  # merged
+        assert len(got) < 24
+    # The same passes, at the same modelled times: merging changed delivery only.
+    assert [(s.start, s.end) for s in steps] == [(s.start, s.end) for s in plain_steps]
+    assert all(b.start == a.end for a, b in itertools.pairwise(steps))
+    assert all(len(o.new_token_ids) == 1 for s in steps for o in s.outputs)
+    assert sum(len(s.outputs) for s in steps) == 3 * 24
+    assert engine.core.pool.num_used == 0 and not engine._held
+
+
+async def test_without_merging_a_lagging_loop_delivers_every_pass() -> None:
+    chunks, _, _ = await _run_late(merge=1, late=0.01)
+    assert all(len(c) == 1 for got in chunks.values() for c in got)
+
+
+async def test_a_stream_aborted_while_its_tokens_are_held_gets_nothing_more() -> None:
+    """An abort between passes ends the stream at once; tokens of earlier passes still held
+    for it are dropped at the hand-out (as vLLM drops a finished request's late deltas)."""
+    engine = LiveEngine(
+        small_config(speedup_ratio=1.0),
+        clock=LateClock(0.5),  # type: ignore[arg-type]
+        max_lag_s=60.0,
+        max_merged_passes=64,
+    )
+    engine.start()
+    a = engine.add_request(req("a", [7] * 6, max_tokens=40, ignore_eos=True))
+    b = engine.add_request(req("b", [8] * 6, max_tokens=40, ignore_eos=True))
+    seen_b: list[RequestOutput] = []
+    b.listen(seen_b.append)  # type: ignore[arg-type]
+    await _until(lambda: bool(engine._held.get(b)))  # b has tokens waiting to go out
+    delivered = sum(len(o.new_token_ids) for o in seen_b)
+    engine.abort("b", b)
+    await _until(lambda: not engine._held)  # the hand-out that would have carried them
+    assert seen_b[-1].finished and seen_b[-1].finish_reason is FinishReason.ABORT
+    assert sum(len(o.new_token_ids) for o in seen_b) == delivered  # nothing after the abort
+    tokens_a = 0
+    while True:
+        out = await asyncio.wait_for(a.get(), timeout=5)
+        tokens_a += len(out.new_token_ids)
+        if out.finished:
+            break
+    assert tokens_a == 40
+    await _until(lambda: not engine.core.has_unfinished_requests())
+    assert engine.core.pool.num_used == 0 and not engine._held
+    await engine.stop()
+
+
+def test_max_merged_passes_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_merged_passes"):
+        LiveEngine(small_config(), max_merged_passes=0)
