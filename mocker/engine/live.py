@@ -50,7 +50,8 @@ class LiveEngine:
     steps the core, sleeps until the pass's absolute end, then hands each
     request its new tokens. Consecutive passes chain deadline to deadline, so
     sleep overshoot does not drift the simulated clock (unless the loop falls
-    more than `max_lag_s` behind, when it resynchronises to the wall clock).
+    more than `max_lag_s` behind, when it resynchronises to the wall clock; with merged
+    passes, more than that many passes).
 
     With `max_merged_passes` > 1, a loop that wakes BEHIND_SHARE of a pass or more after
     its pass ended (the process cannot keep up with the modelled passes) runs the passes
@@ -345,6 +346,9 @@ class LiveEngine:
     async def _loop(self) -> None:
         core, clock = self.core, self.clock
         prev_end: float | None = None
+        # How far behind the loop may fall before it resynchronises: with merged passes, as
+        # far as that many passes (the lag they are there to catch up).
+        max_lag = self.max_lag_s
         while True:
             latest_arrival, transfers_due = self._drain_inbox()
             if transfers_due:
@@ -356,7 +360,7 @@ class LiveEngine:
                 await self._idle()
                 continue
             now = clock.now()
-            if prev_end is None or now - prev_end >= self.max_lag_s:
+            if prev_end is None or now - prev_end >= max_lag:
                 start = now
             else:
                 # Chain from the previous deadline, but never before a request that is in
@@ -377,6 +381,7 @@ class LiveEngine:
             await clock.sleep_until(result.end)
             prev_end = result.end
             if self.max_merged_passes > 1:
+                max_lag = max(self.max_lag_s, self.max_merged_passes * (result.end - result.start))
                 # Woken well after the pass ended: the next one may be due already.
                 behind = clock.now() - result.end >= BEHIND_SHARE * (result.end - result.start)
                 if behind or self._held:

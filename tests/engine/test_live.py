@@ -388,7 +388,7 @@ async def test_a_failing_reset_fails_its_caller_instead_of_hanging() -> None:
     await engine.stop()
 
 
-async def _run_late(merge: int, late: float, max_tokens: int = 24) -> tuple[
+async def _run_late(merge: int, late: float, max_tokens: int = 24, lag: float = 60.0) -> tuple[
     dict[str, list[list[int]]], list[StepResult], LiveEngine
 ]:  # fmt: skip
     """Three streams on an engine whose loop wakes `late` after every pass it sleeps for."""
@@ -397,7 +397,7 @@ async def _run_late(merge: int, late: float, max_tokens: int = 24) -> tuple[
         small_config(speedup_ratio=1.0),
         clock=LateClock(late),  # type: ignore[arg-type]
         on_step=steps.append,
-        max_lag_s=60.0,  # (never resynchronised: the passes chain)
+        max_lag_s=lag,  # (60 s: never resynchronised, the passes chain)
         max_merged_passes=merge,
     )
     engine.start()
@@ -473,3 +473,13 @@ async def test_a_stream_aborted_while_its_tokens_are_held_gets_nothing_more() ->
 def test_max_merged_passes_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_merged_passes"):
         LiveEngine(small_config(), max_merged_passes=0)
+
+
+async def test_merging_passes_catch_up_instead_of_resynchronising() -> None:
+    """Woken 80 ms late (over max_lag_s, 50 ms): a loop that merges passes chains them
+    from deadline to deadline and catches up; one that does not resynchronises to the
+    wall clock, and its passes fall behind their model."""
+    _, merging, _ = await _run_late(merge=64, late=0.08, lag=0.05)
+    assert all(b.start == a.end for a, b in itertools.pairwise(merging))
+    _, plain, _ = await _run_late(merge=1, late=0.08, lag=0.05)
+    assert any(b.start > a.end for a, b in itertools.pairwise(plain))
