@@ -87,7 +87,7 @@ class LiveEngine:
         # Passes run back to back while the loop is behind, their tokens handed out at once
         # (see _loop); 1: every pass's tokens go out before the next pass starts.
         self.max_merged_passes = max_merged_passes
-        self._held: dict[RequestStream, RequestOutput] = {}  # merged outputs not yet out
+        self._held: dict[RequestStream, list[RequestOutput]] = {}  # outputs not yet out
         self._held_passes = 0
         self._inbox: deque[InboxMessage] = deque()
         self._inbox_requests = 0  # AddRequests in the inbox: waiting, not yet in the core
@@ -395,8 +395,8 @@ class LiveEngine:
 
     def _hold(self, result: StepResult) -> None:
         """A pass whose tokens wait to go out with the next passes': observed now, its
-        outputs merged per stream (as `deliver`, those of streams already ended are
-        dropped: no client sees them, so no observer counts them)."""
+        outputs kept per stream (as `deliver`, those of streams already ended are dropped:
+        no client sees them, so no observer counts them)."""
         held, streams = self._held, self._streams
         kept: list[RequestOutput] = []
         for out in result.outputs:
@@ -404,8 +404,11 @@ class LiveEngine:
             if stream is None or stream.finished:
                 continue
             kept.append(out)
-            before = held.get(stream)
-            held[stream] = out if before is None else merged(before, out)
+            outs = held.get(stream)
+            if outs is None:
+                held[stream] = [out]
+            else:
+                outs.append(out)
         result.outputs = kept
         self._held_passes += 1
         if self.on_step is not None:
@@ -418,10 +421,10 @@ class LiveEngine:
         held, self._held = self._held, {}
         self._held_passes = 0
         streams = self._streams
-        for stream, out in held.items():
+        for stream, outs in held.items():
             if stream.finished:
                 continue
-            stream.put(out)
+            stream.put(outs[0] if len(outs) == 1 else merged(outs))
             if stream.finished and streams.get(stream.request_id) is stream:
                 del streams[stream.request_id]
 

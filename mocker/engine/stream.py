@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from mocker.engine.outputs import RequestOutput, StepResult
 
@@ -21,22 +21,23 @@ class EngineDeadError(RuntimeError):
 OutputListener = Callable[[RequestOutput | EngineDeadError], None]
 
 
-def merged(first: RequestOutput, then: RequestOutput) -> RequestOutput:
-    """`first` and `then` (a later output of the same request) as one output, as vLLM's
-    RequestOutputCollector merges a stream's deltas while its consumer lags: both token
-    lists, the later one's time and end, the first one's first-token mark and latency."""
+def merged(outputs: Sequence[RequestOutput]) -> RequestOutput:
+    """Consecutive outputs of one request as one, as vLLM's RequestOutputCollector merges a
+    stream's deltas while its consumer lags: all their tokens, the last one's time and end,
+    the first one's first-token mark and latency."""
+    first, last = outputs[0], outputs[-1]
     return RequestOutput(
-        then.request_id,
-        first.new_token_ids + then.new_token_ids,
-        then.time,
-        then.finished,
-        then.finish_reason,
-        then.num_prompt_tokens,
-        then.num_cached_tokens,
-        then.tier_hits,
+        last.request_id,
+        [t for out in outputs for t in out.new_token_ids],
+        last.time,
+        last.finished,
+        last.finish_reason,
+        last.num_prompt_tokens,
+        last.num_cached_tokens,
+        last.tier_hits,
         first.first_token,
         first.latency,  # of the first token merged
-        then.kv_transfer_params,  # (P/D: where the final output's KV waits)
+        last.kv_transfer_params,  # (P/D: where the final output's KV waits)
     )
 
 
@@ -91,7 +92,7 @@ class RequestStream:
         else:
             # The consumer fell behind: merge into a new object (the engine's outputs may
             # also be held by step observers, so they are never mutated).
-            self._pending = merged(pending, out)
+            self._pending = merged((pending, out))
         self._event.set()
 
     def fail(self, error: BaseException) -> None:
