@@ -423,9 +423,13 @@ class LiveEngine:
         streams = self._streams
         for stream, outs in held.items():
             if stream.finished:
-                continue
-            stream.put(outs[0] if len(outs) == 1 else merged(outs))
-            if stream.finished and streams.get(stream.request_id) is stream:
+                continue  # (its FinishEarly, still in the inbox, retires the id)
+            last = outs[-1]
+            stream.put(last if len(outs) == 1 else merged(outs))
+            # The id is free once its final output is out. Not on `stream.finished`: the
+            # consumer may end the stream while it takes the output (a stop string), and
+            # the request is then still in the core until its FinishEarly is applied.
+            if last.finished and streams.get(stream.request_id) is stream:
                 del streams[stream.request_id]
 
     def _release_remotes(self) -> None:
@@ -439,10 +443,10 @@ class LiveEngine:
 
     async def _idle(self) -> None:
         """Sleep until a request, an abort or the transfer timer wakes the loop."""
-        if self._held:
-            self._flush()
-        self._timer.rearm()
         self._wake.clear()
+        if self._held:
+            self._flush()  # (after the clear: a stop it causes posts and wakes the loop)
+        self._timer.rearm()
         await self._wake.wait()
 
     def _observe(self, result: StepResult) -> None:

@@ -110,9 +110,9 @@ SERVER_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "max_merged_passes",
-        "when the server wakes a whole pass or more after the engine's modelled pass ended "
-        "(it cannot keep up: too many streams for its CPU), run up to N passes back to back "
-        "and stream their tokens as one chunk per request, as a lagging vLLM API server "
+        "when the server wakes a quarter of a pass or more after the modelled pass ended "
+        "(too many streams for its CPU), run the due passes back to back and stream each "
+        "request's tokens of up to N passes as one chunk, as a lagging vLLM API server "
         "merges a stream's deltas; the passes keep their modelled pace. 1: a chunk per "
         "pass, and the passes fall behind with the server (mocker)",
         _S.max_merged_passes,

@@ -441,32 +441,85 @@ async def test_without_merging_a_lagging_loop_delivers_every_pass() -> None:
 async def test_a_stream_aborted_while_its_tokens_are_held_gets_nothing_more() -> None:
     """An abort between passes ends the stream at once; tokens of earlier passes still held
     for it are dropped at the hand-out (as vLLM drops a finished request's late deltas)."""
+    seen_b: list[RequestOutput] = []
+    aborted_with: list[int] = []  # tokens b had received when aborted
+
+    def on_step(result: StepResult) -> None:
+        # Called as a pass is held: abort b the first time it has tokens waiting.
+        if not aborted_with and engine._held.get(b):
+            aborted_with.append(sum(len(o.new_token_ids) for o in seen_b))
+            engine.abort("b", b)
+
     engine = LiveEngine(
         small_config(speedup_ratio=1.0),
         clock=LateClock(0.5),  # type: ignore[arg-type]
+        on_step=on_step,
         max_lag_s=60.0,
         max_merged_passes=64,
     )
     engine.start()
     a = engine.add_request(req("a", [7] * 6, max_tokens=40, ignore_eos=True))
     b = engine.add_request(req("b", [8] * 6, max_tokens=40, ignore_eos=True))
-    seen_b: list[RequestOutput] = []
     b.listen(seen_b.append)  # type: ignore[arg-type]
-    await _until(lambda: bool(engine._held.get(b)))  # b has tokens waiting to go out
-    delivered = sum(len(o.new_token_ids) for o in seen_b)
-    engine.abort("b", b)
-    await _until(lambda: not engine._held)  # the hand-out that would have carried them
-    assert seen_b[-1].finished and seen_b[-1].finish_reason is FinishReason.ABORT
-    assert sum(len(o.new_token_ids) for o in seen_b) == delivered  # nothing after the abort
     tokens_a = 0
     while True:
         out = await asyncio.wait_for(a.get(), timeout=5)
         tokens_a += len(out.new_token_ids)
         if out.finished:
             break
-    assert tokens_a == 40
+    assert tokens_a == 40 and aborted_with
+    assert seen_b[-1].finished and seen_b[-1].finish_reason is FinishReason.ABORT
+    assert sum(len(o.new_token_ids) for o in seen_b) == aborted_with[0]  # nothing after it
     await _until(lambda: not engine.core.has_unfinished_requests())
     assert engine.core.pool.num_used == 0 and not engine._held
+    await engine.stop()
+
+
+async def test_a_stream_stopped_by_its_consumer_during_a_hand_out_keeps_its_id() -> None:
+    """A consumer that ends its stream while taking a merged output (a stop string in it)
+    leaves the request in the core until its FinishEarly is applied: until then the id
+    stays in use, so a retry under it is refused rather than lost (its stream dropped by
+    the old request's FinishEarly, its request skipped as aborted)."""
+    engine = LiveEngine(
+        small_config(speedup_ratio=1.0),
+        clock=LateClock(0.03),  # type: ignore[arg-type]
+        max_lag_s=60.0,
+        max_merged_passes=8,
+    )
+    engine.start()
+    old = engine.add_request(req("x", [7] * 6, max_tokens=40, ignore_eos=True))
+    outputs: list[RequestOutput] = []
+    refused: list[bool] = []
+
+    def listener(out: RequestOutput) -> None:
+        outputs.append(out)
+        if len(outputs) == 2 and not out.finished:
+            engine.stop_request("x", old)  # what the renderer does on a stop string
+            asyncio.get_running_loop().call_soon(retry)
+
+    def retry() -> None:
+        try:
+            engine.add_request(req("x", [9] * 6, max_tokens=3), checked=True)
+        except RequestRejected:
+            refused.append(True)
+        else:
+            refused.append(False)
+
+    old.listen(listener)  # type: ignore[arg-type]
+    await _until(lambda: bool(refused))
+    if not refused[0]:  # taken: it must then run to its end like any request
+        retried = engine._streams.get("x")
+        assert retried is not None, "the old request's finish dropped the retry's stream"
+        got = 0
+        while True:
+            out = await asyncio.wait_for(retried.get(), timeout=5)
+            got += len(out.new_token_ids)
+            if out.finished:
+                break
+        assert got == 3
+    assert len(outputs[1].new_token_ids) > 1  # the stop came in a merged output
+    await _until(lambda: not engine.core.has_unfinished_requests())
+    assert engine.core.pool.num_used == 0
     await engine.stop()
 
 
