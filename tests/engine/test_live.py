@@ -8,7 +8,7 @@ import time
 import pytest
 
 from mocker.engine.core import RequestRejected
-from mocker.engine.live import EngineDeadError, LiveEngine
+from mocker.engine.live import EngineDeadError, LiveEngine, RequestStream
 from mocker.engine.outputs import RequestOutput, StepResult
 from mocker.request import FinishReason
 from tests.support.clocks import LateClock
@@ -388,6 +388,16 @@ async def test_a_failing_reset_fails_its_caller_instead_of_hanging() -> None:
     await engine.stop()
 
 
+async def _tokens_until_finished(stream: RequestStream) -> int:
+    """Read a stream (no listener) to its end; how many tokens it carried."""
+    tokens = 0
+    while True:
+        out = await asyncio.wait_for(stream.get(), timeout=5)
+        tokens += len(out.new_token_ids)
+        if out.finished:
+            return tokens
+
+
 async def _run_late(merge: int, late: float, max_tokens: int = 24, lag: float = 60.0) -> tuple[
     dict[str, list[list[int]]], list[StepResult], LiveEngine
 ]:  # fmt: skip
@@ -461,13 +471,7 @@ async def test_a_stream_aborted_while_its_tokens_are_held_gets_nothing_more() ->
     a = engine.add_request(req("a", [7] * 6, max_tokens=40, ignore_eos=True))
     b = engine.add_request(req("b", [8] * 6, max_tokens=40, ignore_eos=True))
     b.listen(seen_b.append)  # type: ignore[arg-type]
-    tokens_a = 0
-    while True:
-        out = await asyncio.wait_for(a.get(), timeout=5)
-        tokens_a += len(out.new_token_ids)
-        if out.finished:
-            break
-    assert tokens_a == 40 and aborted_with
+    assert await _tokens_until_finished(a) == 40 and aborted_with
     assert seen_b[-1].finished and seen_b[-1].finish_reason is FinishReason.ABORT
     assert sum(len(o.new_token_ids) for o in seen_b) == aborted_with[0]  # nothing after it
     await _until(lambda: not engine.core.has_unfinished_requests())
@@ -510,13 +514,7 @@ async def test_a_stream_stopped_by_its_consumer_during_a_hand_out_keeps_its_id()
     if not refused[0]:  # taken: it must then run to its end like any request
         retried = engine._streams.get("x")
         assert retried is not None, "the old request's finish dropped the retry's stream"
-        got = 0
-        while True:
-            out = await asyncio.wait_for(retried.get(), timeout=5)
-            got += len(out.new_token_ids)
-            if out.finished:
-                break
-        assert got == 3
+        assert await _tokens_until_finished(retried) == 3
     assert len(outputs[1].new_token_ids) > 1  # the stop came in a merged output
     await _until(lambda: not engine.core.has_unfinished_requests())
     assert engine.core.pool.num_used == 0
