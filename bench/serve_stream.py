@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from harness import (
     deltas,
     emit,
     log,
+    metric,
     mocker_argv,
     percentile,
     pin,
@@ -220,33 +220,26 @@ def _decode_rate(stream: Stream, all_started: float) -> float | None:
 
 async def sample_kv_usage(port: int, samples: list[float]) -> None:
     """KV usage while every request is decoding (none waiting), until cancelled. Read on this
-    event loop, with C-level searches: a blocking scrape in a thread (urllib, then a Python
-    pass over every line) held the GIL for milliseconds, and the streams read late showed
-    it as gaps (a stall at each sample in the ITL run's p99)."""
+    event loop: a blocking scrape in a thread (urllib) held the GIL for milliseconds, and the
+    streams read late showed it as gaps (a stall at each sample in the ITL run's p99)."""
     while True:
         await asyncio.sleep(KV_SAMPLE_PERIOD_S)
         with contextlib.suppress(OSError):
-            body = await scrape_bytes(port)
-            if gauge(body, b"vllm:num_requests_running") > 0 and not gauge(
-                body, b"vllm:num_requests_waiting"
-            ):
-                samples.append(gauge(body, b"vllm:kv_cache_usage_perc"))
+            text = (await scrape_bytes(port)).decode()
+            running_now = metric(text, "vllm:num_requests_running")
+            if running_now > 0 and metric(text, "vllm:num_requests_waiting") == 0:
+                samples.append(metric(text, "vllm:kv_cache_usage_perc"))
 
 
 async def scrape_bytes(port: int) -> bytes:
     """GET /metrics on a fresh connection, without leaving the event loop."""
     reader, writer = await asyncio.open_connection(HOST, port)
     try:
-        writer.write(f"GET /metrics HTTP/1.1\r\nHost: {HOST}\r\nConnection: close\r\n\r\n".encode())
+        request = f"GET /metrics HTTP/1.1\r\nHost: {HOST}\r\nConnection: close\r\n\r\n"
+        writer.write(request.encode())
         return await asyncio.wait_for(reader.read(), CONNECT_TIMEOUT_S)
     finally:
         writer.close()
-
-
-def gauge(body: bytes, name: bytes) -> float:
-    """Sum of a family's samples over its label sets (as harness.metric), by regex."""
-    pattern = rb"^" + re.escape(name) + rb"(?:\{[^}\n]*\})? (\S+)$"
-    return sum(float(v) for v in re.findall(pattern, body, re.MULTILINE))
 
 
 async def run_itl(port: int, server_pid: int, n: int) -> dict[str, Any]:
