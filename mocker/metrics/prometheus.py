@@ -472,10 +472,8 @@ class Exposition:
 
     def __init__(self, collector: MetricsCollector, *, process: bool = True) -> None:
         self.collector = collector
-        self._process = CollectorRegistry(auto_describe=False)
-        for extra in process_collectors() if process else ():
-            self._process.register(extra)
+        self._process = process_collectors() if process else ()
 
     def render(self) -> bytes:
-        process = "".join(map(metric_text, self._process.collect()))
+        process = "".join([metric_text(m) for c in self._process for m in c.collect()])
         return (self.collector.text() + process).encode()
