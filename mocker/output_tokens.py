@@ -98,6 +98,15 @@ class OutputTokenSampler:
         rows: list[list[int]] = self._palette_array[index].tolist()
         return rows
 
+    def token_column(self, request_seeds: Sequence[int], indexes: Sequence[int]) -> list[int]:
+        """`token(seed, index, False)` for each (seed, index) pair, as one array computation:
+        a pass's tokens for many requests at once (a replay's stepped passes, where no EOS
+        can be drawn)."""
+        x = np.asarray(request_seeds, dtype=np.uint64) + np.asarray(indexes, dtype=np.uint64)
+        index = (splitmix64_array(x) >> np.uint64(7)) % np.uint64(len(self._palette))
+        column: list[int] = self._palette_array[index].tolist()
+        return column
+
     def token_avoiding(self, request_seed: int, index: int, banned: Collection[int]) -> int:
         """A non-EOS token at `index` outside `banned` (vLLM masks stop tokens while
         min_tokens is unmet); deterministic, by redrawing from shifted seeds."""

@@ -54,6 +54,15 @@ def test_token_rows_are_each_requests_tokens() -> None:
     assert rows[1] == [s.token(seeds[1], k, False) for k in range(7, 16)]
 
 
+def test_token_column_is_each_pairs_token() -> None:
+    s = OutputTokenSampler(range(50, 250), eos_token_id=2, eos_probability=0.5, seed=3)
+    seeds = [s.request_seed(f"r{i}") for i in range(5)] + [(1 << 64) - 1]
+    indexes = [0, 7, 100, 3, 0, 12]
+    column = s.token_column(seeds, indexes)
+    assert column == [s.token(seed, k, False) for seed, k in zip(seeds, indexes, strict=True)]
+    assert s.token_column([], []) == []
+
+
 def test_the_inlined_eos_draw_is_splitmix64_of_the_token_mix() -> None:
     s = OutputTokenSampler(range(1000), eos_token_id=1, eos_probability=0.3, seed=5)
     threshold = int(0.3 * (1 << 53))

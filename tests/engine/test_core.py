@@ -323,3 +323,51 @@ def test_tokens_are_drawn_ahead_only_where_the_core_emits_outputs(eos_probabilit
     if eos_probability:
         lengths = [len(t) for t in tokens[0].values()]
         assert any(n < 40 for n in lengths)  # EOS drawn, before max_tokens
+
+
+def _silent_tokens(
+    monkeypatch: pytest.MonkeyPatch, column_min: int, **sampling: object
+) -> tuple[dict[str, list[int]], int, float]:
+    """Run 40 requests with outputs off (as replay runs a core): every request's tokens,
+    how many passes drew theirs as one array, and when the last pass ended."""
+    from mocker.engine import core as core_module
+    from mocker.output_tokens import OutputTokenSampler
+
+    monkeypatch.setattr(core_module, "COLUMN_MIN_REQUESTS", column_min)
+    columns: list[int] = []
+    token_column = OutputTokenSampler.token_column
+
+    def counted(self: OutputTokenSampler, seeds: list[int], indexes: list[int]) -> list[int]:
+        columns.append(len(seeds))
+        return token_column(self, seeds, indexes)
+
+    monkeypatch.setattr(OutputTokenSampler, "token_column", counted)
+    core = make_core(max_num_seqs=64, max_num_batched_tokens=256, num_gpu_blocks=512,
+                     eos_probability=0.05)  # fmt: skip
+    core.emit_outputs = False
+    for i in range(40):
+        core.add_request(req(f"r{i}", range(i, i + 9 + i % 5), max_tokens=12 + i % 7, **sampling))
+    requests = dict(core.requests)
+    end = _run(core)
+    assert all(r.status.is_finished for r in requests.values())
+    return {rid: r.all_token_ids for rid, r in requests.items()}, len(columns), end
+
+
+def test_a_silent_pass_draws_its_tokens_as_one_array(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replay's pass with many requests sampling draws their tokens in one array: the very
+    tokens drawn one at a time (the same outputs, so the same ends and passes)."""
+    one_by_one, none, end = _silent_tokens(monkeypatch, 10**9, ignore_eos=True)
+    as_arrays, passes, end_arrays = _silent_tokens(monkeypatch, 24, ignore_eos=True)
+    assert none == 0 and passes > 5
+    assert as_arrays == one_by_one and end_arrays == end
+
+
+def test_a_pass_that_may_draw_eos_draws_one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """EOS possible (not ignored, past min_tokens): tokens are drawn one by one, so EOS ends
+    requests early just as it does with outputs on."""
+    one_by_one, _, end = _silent_tokens(monkeypatch, 10**9)
+    tokens, passes, end_after = _silent_tokens(monkeypatch, 1)
+    assert passes == 0
+    assert tokens == one_by_one and end_after == end
+    full = {f"r{i}": (9 + i % 5) + (12 + i % 7) for i in range(40)}
+    assert any(len(t) < full[rid] for rid, t in tokens.items())  # some ended early on EOS
