@@ -325,13 +325,14 @@ class BlockPool:
         # (A short table or hash list: the per-block path raises where it runs out.)
         if len(table) != end - start or len(hashes) != end - start:
             return False
-        if not cached.keys().isdisjoint(hashes):
-            return False
         before = len(cached)
-        cached.update(zip(hashes, table, strict=True))
-        if len(cached) - before != len(hashes):  # a hash twice in the run: undo
-            for block_hash in hashes:
-                cached.pop(block_hash, None)
+        # One probe per hash (a lookup then an insert took two, in a map of up to the
+        # pool's size): `setdefault` inserts a new hash and leaves a cached one as it is.
+        got = list(map(cached.setdefault, hashes, table))
+        if len(cached) - before != len(hashes):  # a hash cached already, or twice: undo
+            for block_hash, block, mapped in zip(hashes, table, got, strict=True):
+                if mapped is block and block.block_hash != block_hash:  # (inserted now)
+                    del cached[block_hash]
             return False
         parents = block_hashes[start - 1 : end - 1] if start else [None, *hashes[:-1]]
         for block, block_hash, parent in zip(table, hashes, parents, strict=True):
@@ -484,8 +485,17 @@ class BlockPool:
                     if block.block_hash is not None:
                         self._evict(block)
                     block.ref_cnt = 1
-            else:
+            elif len(self._maps) == 1 and not self.keep_tokens:
                 # `_evict` written out (no events, no lineage): every allocated block passes.
+                # One map, and no block holds tokens: the common replay.
+                cached = self._cached
+                for block in out:
+                    block_hash = block.block_hash
+                    if block_hash is not None:
+                        del cached[block_hash]
+                        block.block_hash = block.parent_hash = None
+                    block.ref_cnt = 1
+            else:
                 maps = self._maps
                 for block in out:
                     block_hash = block.block_hash
@@ -526,12 +536,12 @@ class BlockPool:
         """Drop one reference from each block; pass blocks in the order they should be reused."""
         freed: list[KVBlock] = []
         for block in ordered_blocks:
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
+            left = block.ref_cnt = block.ref_cnt - 1
+            if not left:
                 if block.retained:
                     self.num_retained_free += 1
                 freed.append(block)
-            elif block.ref_cnt < 0:
+            elif left < 0:
                 self.num_used -= len(freed)  # the ones before it are freed all the same
                 self._policy.push_many(freed)
                 raise ValueError(f"{block!r} freed more often than referenced")

@@ -250,6 +250,48 @@ def test_the_all_new_run_path_leaves_what_the_per_block_path_leaves(
     assert fast[4] or not events
 
 
+@pytest.mark.parametrize(("events", "keep"), [(True, True), (False, True), (False, False)])
+def test_reusing_cached_free_blocks_forgets_them_on_every_allocation_path(
+    events: bool, keep: bool
+) -> None:
+    # get_new_blocks evicts in one of three loops (events; no events with tokens kept; no
+    # events, one map, no tokens: the common replay); each leaves the same pool.
+    pool = BlockPool(4, BS, record_events=events, keep_tokens=keep)
+    table = pool.get_new_blocks(4)
+    pool.cache_full_blocks(table, 0, 3, [11, 12, 13], list(range(4 * BS)), "lora")
+    pool.free_blocks(reversed(table))  # unhashed block 3 first, then 13, 12, 11
+    got = pool.get_new_blocks(3)
+    assert [b.block_id for b in got] == [3, 2, 1]
+    assert {h: b.block_id for h, b in pool._cached.items()} == {11: 0}
+    for block in got:
+        assert (block.ref_cnt, block.block_hash, block.parent_hash, block.token_src) == (
+            1,
+            None,
+            None,
+            None,
+        )
+    assert (table[0].token_src is not None) == keep  # (still cached: it keeps what it had)
+    assert pool.num_used == 3 and pool.num_free == 1
+
+
+def test_a_run_over_blocks_cached_as_themselves_stores_only_the_new_ones() -> None:
+    # The all-new run path inserts with `setdefault` and undoes what it inserted when a hash
+    # was there already: blocks there as themselves (an earlier call over part of the same
+    # range) are not what it inserted. They stay as they were, announced once.
+    pool = _pool(8)
+    table = pool.get_new_blocks(3)
+    _cache(pool, table, [11, 12, 13], end=2)
+    pool.take_events()
+    _cache(pool, table, [11, 12, 13])
+    assert [e.block_hashes for e in pool.take_events()] == [(13,)]
+    assert [(h, b.block_id, b.block_hash) for h, b in pool._cached.items()] == [
+        (11, 0, 11),
+        (12, 1, 12),
+        (13, 2, 13),
+    ]
+    assert [b.parent_hash for b in table] == [None, 11, 12]
+
+
 def test_a_run_longer_than_its_table_changes_nothing_before_it_fails() -> None:
     pool = BlockPool(8, BS)
     table = pool.get_new_blocks(2)

@@ -2,6 +2,8 @@
 
 from dataclasses import replace
 
+import pytest
+
 from mocker.request import EngineRequest, RequestStatus
 from tests.support.engines import make_core, req
 
@@ -101,6 +103,29 @@ def test_preempted_request_recomputes_and_keeps_its_outputs() -> None:
         now = core.step(now).end
     assert new.output_token_ids[: len(kept)] == kept
     assert new.num_output_tokens == 16 and new.status == RequestStatus.FINISHED_LENGTH_CAPPED
+
+
+def test_a_leading_decode_is_preempted_for_a_prefill_behind_it() -> None:
+    # d0 and d1 decode inside blocks they hold, then p's second prompt chunk needs two
+    # blocks of a full pool: the oldest running request, d0, already scheduled for this
+    # pass, gives them up, and its token comes off the pass: the pass is d1's decode and
+    # p's chunk, timed as such.
+    core = make_core(num_gpu_blocks=12, preemption_victim="oldest")  # budget 32, block 4
+    core.add_request(req("d0", [1] * 5, max_tokens=8))
+    core.add_request(req("d1", [2] * 5, max_tokens=8))
+    now = core.step(0.0).end  # both prefilled (2 blocks each), first tokens sampled
+    core.add_request(req("p", range(40), max_tokens=2))
+    before = core.requests["p"].num_computed_tokens
+    res = core.step(now)  # d0, d1 decode; p's first chunk, 30 tokens: 8 blocks, pool full
+    assert core.requests["p"].num_computed_tokens - before == 30 and core.kv.num_reusable == 0
+    d0, d1, p = (core.requests[r] for r in ("d0", "d1", "p"))
+    d1_before, p_before = d1.num_computed_tokens, p.num_computed_tokens
+    res = core.step(res.end)
+    assert (d1.num_computed_tokens - d1_before, p.num_computed_tokens - p_before) == (1, 10)
+    assert d0.status == RequestStatus.PREEMPTED and d0.blocks == []
+    assert core.scheduler.num_preemptions == 1
+    # Timed as one decode and a 10-token chunk (d0's decode was taken off the pass).
+    assert res.end - res.start == pytest.approx(core.pass_duration(10, 1, core.kv.num_used))
 
 
 def test_prefix_hit_capped_at_prompt_minus_one() -> None:
