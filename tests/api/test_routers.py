@@ -33,7 +33,7 @@ import httpx
 import pytest
 
 from tests.support.parsing import samples
-from tests.support.servers import served_url, stderr_of, wait_healthy
+from tests.support.servers import read_shared, served_url, stderr_of, wait_healthy
 from tests.support.tool_venv import tool_venv
 
 REPLICAS = 3
@@ -177,8 +177,7 @@ class Router:
     output: IO[str]  # the router's stdout and stderr, a file open for reading
 
     def log(self) -> str:
-        self.output.seek(0)
-        return ANSI.sub("", self.output.read())
+        return ANSI.sub("", read_shared(self.output))  # (the router is still writing to it)
 
 
 @contextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
@@ -12,7 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import uvicorn
@@ -118,8 +119,16 @@ def serve(
 
 
 def stderr_of(proc: subprocess.Popen[str]) -> str:
-    proc.log.seek(0)  # type: ignore[attr-defined]
-    return proc.log.read()  # type: ignore[attr-defined,no-any-return]
+    return read_shared(proc.log)  # type: ignore[attr-defined]
+
+
+def read_shared(file: IO[str]) -> str:
+    """What a running child wrote to `file` (its stdout or stderr) so far. Read with `pread`,
+    which leaves the file's offset alone: the child shares that offset, and a `seek(0)` here
+    could land one of its writes over the start of the file (a start-up line lost its first
+    character that way)."""
+    fd = file.fileno()
+    return os.pread(fd, os.fstat(fd).st_size, 0).decode("utf-8", errors="replace")
 
 
 class ServerThread:
