@@ -59,10 +59,13 @@ def run_decodes(core: EngineCore, now: float, stop_at: float) -> DecodeRun | Non
 
 def _decode_batch(core: EngineCore) -> list[Request] | None:
     """The running requests, if the next passes can be run at once."""
-    # Tiers, events, LoRA slots and a hybrid model's groups (windows slide, Mamba states
-    # move on) change state pass by pass: stepped, not summed.
+    # Events, LoRA slots, a hybrid model's groups (windows slide, Mamba states move on)
+    # and tiers with work in hand change state pass by pass: stepped, not summed. Tiers
+    # with nothing in flight under write-through of prompt blocks do nothing in such
+    # passes (a finishing request's free waits for no copy).
+    connector = core.connector
     if (
-        core.connector is not None
+        (connector is not None and not connector.quiet_for_decodes)
         or core.pool.record_events
         or core.lora is not None
         or core.config.is_hybrid

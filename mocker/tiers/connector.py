@@ -239,6 +239,22 @@ class TierConnector:
         )  # fmt: skip
 
     @property
+    def quiet_for_decodes(self) -> bool:
+        """Whether passes in which every running request decodes a token leave the connector
+        as it is, so a replay may run them at once (mocker/engine/decode_runs.py): nothing
+        in flight, posted, staged, held or looked up; a store policy that stores prompt
+        blocks only as they are computed (write-through, offload_prompt_only), so decoding
+        stores nothing; and no tier shared with other engines, whose transfers end on
+        channels this engine's polls drive."""
+        policy = self.policy
+        return (
+            type(policy) is WriteThrough
+            and policy.prompt_only
+            and not (self.has_pending or self._holds or self._released or self._looked_up)
+            and not self._shared
+        )
+
+    @property
     def has_shared_tier(self) -> bool:
         """A tier shared with other engines: a virtual-clock driver must poll this engine at
         every deadline, even during a pass, so the shared channels see times in order."""

@@ -94,6 +94,11 @@ class WriteThrough:
         return bool(self._staged)
 
     @property
+    def prompt_only(self) -> bool:
+        """Only prompt blocks are stored: a decoding request's blocks never are."""
+        return self._prompt_only
+
+    @property
     def num_held_blocks(self) -> int:
         return sum(len(blocks) for blocks in self._held.values())
 

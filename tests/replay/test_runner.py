@@ -20,6 +20,7 @@ from mocker.timing import PolynomialTiming
 BS = 16
 TBS = 64  # tokens per trace hash id in these tests
 MODEL = PolynomialTiming()
+FS_TIER = StorageTierSpec("fs", 400, 1.0, 0.5, 0.2)  # type: ignore[arg-type]  # (a str kind)
 
 
 def config(**changes: object) -> EngineConfig:
@@ -213,6 +214,23 @@ def test_kv_aware_routing_beats_round_robin_on_prefix_hits() -> None:
             "round-robin",
             {"enable_prefix_caching": False, "max_num_batched_tokens": 128, "max_num_seqs": 8},
         ),
+        # Tiers: runs only while nothing is in flight (write-through of prompt blocks).
+        (
+            1,
+            "round-robin",
+            {"num_gpu_blocks": 64, "num_cpu_blocks": 300, "offload_policy": "write-through"},
+        ),
+        (
+            2,
+            "round-robin",
+            {
+                "num_gpu_blocks": 48,
+                "num_cpu_blocks": 30,
+                "offload_policy": "write-through",
+                "cpu_write_gbps": 2.0,
+                "storage_tiers": (FS_TIER,),
+            },
+        ),
     ],
 )
 def test_decode_runs_change_nothing(
@@ -244,6 +262,38 @@ def test_decode_runs_change_nothing(
     for a, b in zip(fast.cores, slow.cores, strict=True):
         assert [blk.block_id for blk in a.pool.policy] == [blk.block_id for blk in b.pool.policy]
         assert a.pool.cached_hashes() == b.pool.cached_hashes()
+        if a.connector is not None:
+            assert b.connector is not None and a.connector.quiet_for_decodes
+            tiers = [(a.connector.cpu, b.connector.cpu)]
+            pairs = zip(a.connector.storage, b.connector.storage, strict=True)
+            tiers += [(x.tier, y.tier) for x, y in pairs]
+            for x, y in tiers:
+                assert list(x._resident.items()) == list(y._resident.items())  # (LRU order)
+            assert a.snapshot() == b.snapshot()
+    if "num_cpu_blocks" in changes:  # loads from each tier, between the runs
+        hits = [r.cached_tokens_by_tier for r in fast.records]
+        assert all(any(h.get(t.name) for h in hits) for t in fast.cores[0].connector.storage)
+        assert any(h.get("cpu") for h in hits)
+
+
+def test_decode_runs_wait_for_tiers_with_work_in_hand() -> None:
+    # Write-back stores on eviction, and a connector with copies in flight changes state
+    # as they end: no run is taken then, and the replay is the one stepping gives.
+    trace = synthetic_trace(SyntheticSpec(num_requests=40, rate=20.0, input_length=160,
+                                          output_length=60, distribution="uniform",
+                                          shared_prefix_fraction=0.5, seed=11), TBS)  # fmt: skip
+    cfg = config(num_gpu_blocks=64, num_cpu_blocks=300, offload_policy="evict")
+    fast, slow = run(trace, cfg), run(trace, cfg, fast=False)
+    assert fast.records == slow.records and fast.num_steps == slow.num_steps
+    core = EngineCore(cfg)
+    assert core.connector is not None and not core.connector.quiet_for_decodes
+    cfg = config(num_gpu_blocks=64, num_cpu_blocks=300, offload_policy="write-through")
+    core = EngineCore(cfg)
+    assert core.connector is not None and core.connector.quiet_for_decodes
+    core.add_request(EngineRequest("a", list(range(40)), SamplingParams(max_tokens=8), 0.0))
+    core.step(0.0)  # its two full prompt blocks are copied to the CPU tier from the pass end
+    assert not core.connector.quiet_for_decodes
+    assert run_decodes(core, core.time, 1e9) is None
 
 
 def test_closed_loop_one_user_sends_after_each_finish() -> None:
