@@ -4,7 +4,7 @@ run on it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Protocol
 
 from mocker.engine.core import EngineCore
@@ -87,9 +87,14 @@ class EventLoop:
 
     def next_engine(self) -> tuple[int, float]:
         """The engine with the earliest event and its time ((-1, inf): none is busy)."""
+        return self.next_engine_of(range(len(self.cores)))
+
+    def next_engine_of(self, engines: Iterable[int]) -> tuple[int, float]:
+        """Of these engines, the one with the earliest event and its time."""
         best, best_t = -1, _INF
-        clocks, exact = self.clocks, self._exact
-        for k, core in enumerate(self.cores):
+        clocks, exact, cores = self.clocks, self._exact, self.cores
+        for k in engines:
+            core = cores[k]
             if not (core.has_unfinished_requests() or core.has_pending_transfers()):
                 continue
             t = clocks[k]
@@ -100,6 +105,10 @@ class EventLoop:
             if t < best_t:
                 best, best_t = k, t
         return best, best_t
+
+    def parked(self, k: int) -> bool:
+        """Engine k waits, blocked, until another engine's progress frees its KV (P/D)."""
+        return k in self._parked
 
     def _unpark(self, now: float) -> None:
         """Parked engines whose state another engine changed (a pull released their KV) run

@@ -419,11 +419,22 @@ def test_pd_pair_by_hand() -> None:
     assert result.sim_duration == pytest.approx(0.5 + r.e2e, abs=1e-12)
 
 
-def test_pd_replay_decode_runs_change_nothing() -> None:
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        # A small pool: decode engines' runs meet decode legs that a prefill pass sends
+        # while they run (a run once went past one: pass times differed by 2 ms).
+        {"num_gpu_blocks": 96},
+        # A CPU tier on every engine too: a decode engine's pulled prompt is stored.
+        {"num_gpu_blocks": 96, "num_cpu_blocks": 100, "offload_policy": "write-through"},
+    ],
+)
+def test_pd_replay_decode_runs_change_nothing(changes: dict[str, object]) -> None:
     trace = synthetic_trace(SyntheticSpec(num_requests=60, rate=40.0, input_length=160,
                                           output_length=40, distribution="uniform",
                                           shared_prefix_fraction=0.5, seed=5), TBS)  # fmt: skip
-    cfg = config()
+    cfg = config(**changes)
     fast = run(trace, cfg, num_engines=3, prefill_engines=1, router="kv-aware", num_samples=50)
     slow = run(trace, cfg, num_engines=3, prefill_engines=1, router="kv-aware", num_samples=50,
                fast=False)  # fmt: skip
