@@ -244,8 +244,10 @@ class TierConnector:
         as it is, so a replay may run them at once (mocker/engine/decode_runs.py): nothing
         in flight, posted, staged, held or looked up; a store policy that stores prompt
         blocks only as they are computed (write-through, offload_prompt_only), so decoding
-        stores nothing; and no tier shared with other engines, whose transfers end on
-        channels this engine's polls drive."""
+        stores nothing; and no tier shared with other engines: this engine's polls apply
+        their completions on the shared channels too, and which engine's poll applies one
+        decides whether its owner's next copy starts or is posted (runs there gave the same
+        rows but not the same bytes cascaded)."""
         policy = self.policy
         return (
             type(policy) is WriteThrough
