@@ -385,18 +385,14 @@ class _ReplayRun:
         engine's state then) or sample: the same passes, one call. False: none to run."""
         stop_at = min(arrival, self.next_sample[k])
         loop = self.loop
-        senders: list[int] = []
-        if self.free_users is not None:
-            # Closed loop: a finish elsewhere sends a request no earlier than that engine's
-            # next pass ends, after its next event.
+        # P/D: a prefill engine's next pass sends its decode legs (not yet in `arrival`)
+        # when it ends: after its clock, or, parked until a pull frees its KV, after
+        # whatever other engine acts next. Closed loop: a finish elsewhere sends a request
+        # no earlier than that engine's next pass ends, after its next event.
+        closed = self.free_users is not None
+        senders = [] if closed else [j for j in range(self.num_prefill) if j != k]
+        if closed or any(loop.parked(j) for j in senders):
             senders = [j for j in range(len(self.cores)) if j != k]
-        elif self.num_prefill:
-            # P/D: a prefill engine's next pass sends its decode legs (not yet in `arrival`)
-            # when it ends: after its clock, or, parked until a pull frees its KV, after
-            # whatever other engine acts next.
-            senders = [j for j in range(self.num_prefill) if j != k]
-            if any(loop.parked(j) for j in senders):
-                senders = [j for j in range(len(self.cores)) if j != k]
         if senders:  # stop before any such moment
             stop_at = min(stop_at, loop.next_engine_of(senders)[1])
         run = run_decodes(self.cores[k], self.clocks[k], stop_at)
