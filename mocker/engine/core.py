@@ -309,6 +309,12 @@ class EngineCore:
         return self.connector is not None or self.pulls is not None or self.holds is not None
 
     @property
+    def has_tier_news(self) -> bool:
+        """Transfer records or tier events that another engine's poll left for this one
+        (a tier shared with it), waiting for its next step or `advance_transfers`."""
+        return self.connector is not None and self.connector.has_news
+
+    @property
     def transfer_version(self) -> int:
         """Changes whenever a transfer, pull or hold starts or ends (the timer re-arms)."""
         return sum(p.version for p in (self.connector, self.pulls, self.holds) if p is not None)

@@ -55,6 +55,12 @@ class TransferTimer:
         while True:
             rearm.clear()
             deadline = core.next_transfer_deadline()
+            if core.has_tier_news:
+                # Another rank's poll reached the end of a copy on a shared channel first
+                # (every rank wakes at that channel's deadlines): the copy's record, if it is
+                # this engine's, and the shared tier's events for this engine wait here for
+                # this loop to take them (to /metrics, to the KV event stream) now.
+                deadline = clock.now()
             if deadline is None:
                 await rearm.wait()
                 continue

@@ -17,14 +17,13 @@ from mocker.engine.decode_runs import run_decodes
 from mocker.engine.event_loop import EventLoop
 from mocker.engine.intake import RequestRejected
 from mocker.engine.kv_stack import build_shared_tiers
-from mocker.engine.outputs import StepResult
 from mocker.engine.stats import FinishedRequestStats
 from mocker.kv.hashing import BlockHash
 from mocker.replay.prompts import PromptBuilder, adapter_hashes
 from mocker.replay.router import RoutingPolicy, make_router
 from mocker.replay.trace import TraceRequest
 from mocker.request import EngineRequest, SamplingParams
-from mocker.tiers.transfers import TransferKind
+from mocker.tiers.transfers import TransferKind, TransferRecord
 
 __all__ = ["EngineSample", "ReplayResult", "RequestRecord", "replay"]
 
@@ -85,8 +84,8 @@ class ReplayResult:
     load_bytes: int = 0
     link_bytes: dict[str, int] = field(default_factory=dict)
 
-    def count_transfers(self, step: StepResult) -> None:
-        for record in step.transfers:
+    def count_transfers(self, records: list[TransferRecord]) -> None:
+        for record in records:
             key = f"{record.src}->{record.dst}"
             self.link_bytes[key] = self.link_bytes.get(key, 0) + record.nbytes
             if not record.touches_device:
@@ -275,7 +274,7 @@ class _ReplayRun:
         loop, result = self.loop, self.result
         loop.fast = self._decode_run if fast else None
         for k, step in loop.run():
-            result.count_transfers(step)
+            result.count_transfers(step.transfers)
             self.active_until[k] = max(self.active_until[k], step.end)
             if not step.idle:
                 result.num_steps += 1
@@ -439,6 +438,12 @@ class _ReplayRun:
     def _finish(self) -> ReplayResult:
         assert not self.legs and not self.prompts, "P/D legs left unsent"
         result = self.result
+        # A copy on a tier shared with other engines ends in whichever engine's poll reaches
+        # its end first, and its record waits in its own engine's connector for that
+        # engine's next step: none comes after its last request.
+        for core in self.cores:
+            if core.connector is not None:
+                result.count_transfers(core.connector.take_records())
         if self.progress is not None:
             self.progress(self.finished_count)
         result.records.sort(key=lambda r: int(r.id[1:]))

@@ -242,18 +242,16 @@ class TierConnector:
     def quiet_for_decodes(self) -> bool:
         """Whether passes in which every running request decodes a token leave the connector
         as it is, so a replay may run them at once (mocker/engine/decode_runs.py): nothing
-        in flight, posted, staged, held or looked up; a store policy that stores prompt
+        in flight, posted, staged, held or looked up, and a store policy that stores prompt
         blocks only as they are computed (write-through, offload_prompt_only), so decoding
-        stores nothing; and no tier shared with other engines: this engine's polls apply
-        their completions on the shared channels too, and which engine's poll applies one
-        decides whether its owner's next copy starts or is posted (runs there gave the same
-        rows but not the same bytes cascaded)."""
+        stores nothing. A tier shared with other engines is no reason to step: with nothing
+        of this engine's in flight, no completion on a shared channel calls it back, and
+        the other engines' polls advance those channels in time order without it."""
         policy = self.policy
         return (
             type(policy) is WriteThrough
             and policy.prompt_only
             and not (self.has_pending or self._holds or self._released or self._looked_up)
-            and not self._shared
         )
 
     @property
@@ -322,6 +320,13 @@ class TierConnector:
         self._deadline = min(times) if times else None
         self._deadline_version = self.version
         return self._deadline
+
+    @property
+    def has_news(self) -> bool:
+        """Transfer records or secondary-tier events not yet taken (`take_records`,
+        `take_events`): what another engine's poll leaves here when it ends this engine's
+        copy on a shared channel, or a copy that changes a shared tier."""
+        return bool(self._records) or any(t.has_events(self.engine_id) for t in self.storage)
 
     def take_records(self) -> list[TransferRecord]:
         if not self._records:

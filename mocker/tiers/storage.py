@@ -91,6 +91,10 @@ class StorageTier:
         if self.tier.record_events:
             self._fan_out()
 
+    def has_events(self, engine: int) -> bool:
+        """Events waiting for `engine` (`take_events`)."""
+        return bool(self._queues.get(engine))
+
     def take_events(self, engine: int) -> list[KVEvent]:
         queue = self._queues.get(engine)
         if not queue:

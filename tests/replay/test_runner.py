@@ -21,6 +21,7 @@ BS = 16
 TBS = 64  # tokens per trace hash id in these tests
 MODEL = PolynomialTiming()
 FS_TIER = StorageTierSpec("fs", 400, 1.0, 0.5, 0.2)  # type: ignore[arg-type]  # (a str kind)
+SHARED_OBJ = StorageTierSpec("obj", 600, 2.0, 1.0, 0.5)  # type: ignore[arg-type]
 
 
 def config(**changes: object) -> EngineConfig:
@@ -231,6 +232,18 @@ def test_kv_aware_routing_beats_round_robin_on_prefix_hits() -> None:
                 "storage_tiers": (FS_TIER,),
             },
         ),
+        # A tier shared by the engines: runs while this engine has nothing in flight.
+        (
+            3,
+            "round-robin",
+            {
+                "num_gpu_blocks": 48,
+                "num_cpu_blocks": 30,
+                "offload_policy": "write-through",
+                "cpu_write_gbps": 2.0,
+                "storage_tiers": (SHARED_OBJ,),
+            },
+        ),
     ],
 )
 def test_decode_runs_change_nothing(
@@ -257,6 +270,7 @@ def test_decode_runs_change_nothing(
     assert fast.records == slow.records
     assert fast.samples == slow.samples
     assert (fast.num_steps, fast.sim_duration) == (slow.num_steps, slow.sim_duration)
+    assert fast.link_bytes == slow.link_bytes
     if "num_gpu_blocks" in changes and engines == 1:
         assert sum(r.preemptions for r in fast.records) > 0
     for a, b in zip(fast.cores, slow.cores, strict=True):
@@ -378,6 +392,26 @@ def test_shared_obj_tier_serves_another_engine_by_hand() -> None:
     assert c0 is not None and c1 is not None and c0.storage[0] is c1.storage[0]
     assert result.link_bytes["obj->cpu"] == 16 * cfg.block_bytes
     assert result.link_bytes["cpu->obj"] >= 16 * cfg.block_bytes
+
+
+def test_bytes_of_a_copy_another_engine_ended_are_counted() -> None:
+    # Engine 1's only request is done long before its prompt's cascade to the shared obj
+    # tier ends; engine 0, still decoding then, polls the shared channel first at that
+    # instant (the lower index), so the copy ends in its poll and the record waits in
+    # engine 1's connector, whose engine has nothing left to step. The bytes still count.
+    obj = StorageTierSpec("obj", 1024, read_gbps=8.0, write_gbps=0.05, latency_ms=1.0)  # type: ignore[arg-type]
+    cfg = config(num_gpu_blocks=64, max_model_len=512, num_cpu_blocks=64,
+                 offload_policy="write-through", storage_tiers=(obj,))  # fmt: skip
+    trace = [
+        TraceRequest(0.0, 64, 400, (1,), 1),  # engine 0: decodes for a while
+        TraceRequest(0.01, 128, 1, (11, 12), 2),  # engine 1: 8 prompt blocks, one token
+    ]
+    result = run(trace, cfg, num_engines=2)
+    done = result.records[1]
+    cascade_s = 1e-3 + 8 * cfg.block_bytes / 0.05e9
+    assert done.engine == 1 and done.finish < 0.01 + cascade_s < result.records[0].finish
+    assert result.link_bytes["cpu->obj"] == (4 + 8) * cfg.block_bytes
+    assert result.link_bytes["gpu->cpu"] == (4 + 8) * cfg.block_bytes
 
 
 def test_trace_adapters_by_hand() -> None:
