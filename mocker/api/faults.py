@@ -131,6 +131,11 @@ class JitteredEmitter:
 
     __slots__ = ("_emitter", "_held", "_injector", "_last_arrival", "_start", "_timer", "closed")
 
+    writer = None  # every chunk goes through `emit` (held back by its jitter)
+
+    def fail(self) -> None:
+        self._emitter.fail()
+
     def __init__(self, emitter: Emitter, injector: FaultInjector, start: float) -> None:
         self._emitter = emitter
         self._injector = injector

@@ -42,7 +42,9 @@ class Emitter:
     take over that one stream, queueing its later chunks behind the blocked one.
     """
 
-    __slots__ = ("_backlog", "_direct", "_ended", "_on_error", "_pending", "_send", "closed")
+    __slots__ = (
+        "_backlog", "_direct", "_ended", "_on_error", "_pending", "_send", "closed", "writer"
+    )  # fmt: skip
 
     def __init__(self, send: Send, on_error: Callable[[], None]) -> None:
         self._send = send
@@ -51,12 +53,16 @@ class Emitter:
         self._pending: asyncio.Task[None] | None = None
         self._ended = False  # the last message is written or queued: nothing may follow it
         self._direct: DirectBody | None = None
+        # The direct writer while a body chunk may go straight to it (started, nothing
+        # queued behind a blocked send, not ended): the renderer's per-token path writes
+        # through it without a call of `emit` (None: call `emit`).
+        self.writer: DirectBody | None = None
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def started(self) -> None:
         """The response's start is written: from now on, body chunks go straight to uvicorn's
         transport when it can take them (direct_write.py)."""
-        self._direct = direct_body(self._send)
+        self._direct = self.writer = direct_body(self._send)
 
     def emit(
         self, chunk: bytes, *, last: bool = False, on_sent: Callable[[], None] | None = None
@@ -68,13 +74,15 @@ class Emitter:
         self._ended = last
         if on_sent is not None:
             on_sent()
-        direct = self._direct
-        if direct is not None and not last and self._pending is None:
+        writer = self.writer
+        if last:
+            self.writer = None
+        elif writer is not None:
             try:
-                if direct.write(chunk):
+                if writer.write(chunk):
                     return
             except Exception:  # as from `send`: e.g. the transport closed under us
-                self._fail()
+                self.fail()
                 return
         message = {"type": "http.response.body", "body": chunk, "more_body": not last}
         if self._pending is not None:
@@ -91,15 +99,18 @@ class Emitter:
                 self.close()
             return
         except Exception:  # e.g. OSError: the client has gone (ASGI 2.4 servers)
-            self._fail()
+            self.fail()
             return
+        self.writer = None  # later chunks queue behind this one
         self._pending = asyncio.get_running_loop().create_task(self._resume(coro, waiting_on, last))
 
     def close(self) -> None:
+        self.writer = None
         if not self.closed.done():
             self.closed.set_result(None)
 
-    def _fail(self) -> None:
+    def fail(self) -> None:
+        """A write raised (the transport closed under it): the response is over."""
         self.close()
         self._on_error()
 
@@ -123,10 +134,12 @@ class Emitter:
             coro.close()
             raise
         except Exception:
-            self._fail()
+            self.fail()
             return
         finally:
             self._pending = None
+            if not self._ended and not self.closed.done():
+                self.writer = self._direct  # the backlog is out: direct writes again
         if last:
             self.close()
 

@@ -118,7 +118,17 @@ class StreamRenderer:
                 escaped = self._escaped
                 text = b"".join([escaped(t) for t in ids])
             index = choice.index
-            emitter.emit(heads[index] + text + self._open_tail)
+            chunk = heads[index] + text + self._open_tail
+            # Emitter.emit's common case without the call: straight to the transport.
+            direct = emitter.writer
+            if direct is None:
+                emitter.emit(chunk)
+            else:
+                try:
+                    if not direct.write(chunk):
+                        emitter.emit(chunk)  # (it says why: a pause, a disconnect)
+                except Exception:  # as in `emit`: the transport closed under us
+                    emitter.fail()
             if self._first[index]:
                 self._first_sent(index)
             return

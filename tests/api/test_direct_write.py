@@ -133,3 +133,29 @@ async def test_a_failing_direct_write_ends_the_response_as_a_failing_send_does()
     assert failed == [True] and emitter.closed.done()
     emitter.emit(CHUNKS[1])  # nothing more is attempted
     assert failed == [True]
+
+
+async def test_the_emitters_writer_is_offered_only_while_a_chunk_may_go_straight_out() -> None:
+    # The renderer writes token chunks through `emitter.writer` without calling `emit`: it
+    # must be None while chunks queue behind a blocked send, come back once they are out,
+    # and go for good when the response ends.
+    cycle, transport = _cycle()
+    emitter = Emitter(cycle.send, lambda: None)
+    assert emitter.writer is None  # not started
+    await cycle.send(START)
+    emitter.started()
+    assert isinstance(emitter.writer, DirectBody)
+    cycle.flow.pause_writing()
+    emitter.emit(b"one")  # waits in uvicorn's send
+    assert emitter.writer is None
+    emitter.emit(b"two")  # queued behind it
+    cycle.flow.resume_writing()
+    await emitter.drain()
+    writer = emitter.writer
+    assert isinstance(writer, DirectBody) and writer.write(b"three")
+    emitter.emit(b"four", last=True)
+    assert emitter.writer is None
+    await asyncio.wait_for(emitter.closed, 5)
+    assert emitter.writer is None
+    expected = [b"%x\r\n%b\r\n" % (len(c), c) for c in (b"one", b"two", b"three", b"four")]
+    assert b"".join(transport.written[1:]) == b"".join(expected) + b"0\r\n\r\n"
