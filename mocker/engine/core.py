@@ -42,9 +42,6 @@ from mocker.timing import PassShape, TimingModel, load_timing_model, pass_durati
 
 __all__ = ["EngineCore", "RequestRejected"]
 
-# Builds a RequestOutput from its fields in order, without a Python-level `__new__` call.
-_new = tuple.__new__
-
 T = TypeVar("T")
 
 # A replay's pass draws its tokens as one array from this many sampling requests on. The
@@ -549,18 +546,16 @@ class EngineCore:
             if not emit:
                 silent += 1
                 continue
-            if status is None:
-                outputs.append(_new(RequestOutput, (
-                    request.request_id, [tok], end, False, None, request.num_prompt_tokens,
-                    request.num_cached_tokens, request.tier_hits, first, latency, None,
-                )))  # fmt: skip
-                continue
-            held = request.remote_decode and self.holds is not None
-            outputs.append(RequestOutput(
-                request.request_id, [tok], end, True, request.finish_reason,
-                request.num_prompt_tokens, request.num_cached_tokens, request.tier_hits, first,
-                latency, self._handoff(request) if held else None,
-            ))  # fmt: skip
+            out = RequestOutput(
+                request.request_id, [tok], end, False, None, request.num_prompt_tokens,
+                request.num_cached_tokens, request.tier_hits, first, latency,
+            )  # fmt: skip
+            if status is not None:
+                out.finished = True
+                out.finish_reason = request.finish_reason
+                if request.remote_decode and self.holds is not None:
+                    out.kv_transfer_params = self._handoff(request)
+            outputs.append(out)
         if finished:
             self.scheduler.remove_finished()
         return outputs, finished, silent + len(outputs)
