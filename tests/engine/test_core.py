@@ -1,5 +1,6 @@
 """EngineCore: intake checks, stop conditions, aborts, determinism, pass timing."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -7,6 +8,7 @@ import pytest
 
 from mocker.config import ConfigError
 from mocker.engine.core import EngineCore, RequestRejected
+from mocker.engine.outputs import RequestOutput
 from mocker.kv.events import BlockStored
 from mocker.request import EngineRequest, FinishReason, RequestStatus, SamplingParams
 from mocker.timing import PolynomialTiming
@@ -371,3 +373,17 @@ def test_a_pass_that_may_draw_eos_draws_one_at_a_time(monkeypatch: pytest.Monkey
     assert tokens == one_by_one and end_after == end
     full = {f"r{i}": (9 + i % 5) + (12 + i % 7) for i in range(40)}
     assert any(len(t) < full[rid] for rid, t in tokens.items())  # some ended early on EOS
+
+
+def test_a_pass_sets_every_field_of_its_outputs() -> None:
+    # The pass builds its outputs without their __init__: a field it forgot would be unset.
+    core = make_core()
+    core.add_request(req("a", list(range(12)), max_tokens=3))
+    outputs = [out for _ in range(4) for out in core.step(core.time).outputs]
+    assert [len(out.new_token_ids) for out in outputs] == [1, 1, 1]
+    for out in outputs:
+        assert all(hasattr(out, f.name) for f in dataclasses.fields(RequestOutput))
+        assert out == RequestOutput(
+            **{f.name: getattr(out, f.name) for f in dataclasses.fields(out)}
+        )
+    assert [out.finished for out in outputs] == [False, False, True]
