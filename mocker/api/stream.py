@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from functools import partial
 
 import orjson
 
@@ -20,6 +19,7 @@ from mocker.api.lifecycle import OpenResponse
 from mocker.api.responses import Emitter
 from mocker.engine.live import EngineDeadError
 from mocker.engine.outputs import RequestOutput
+from mocker.engine.stream import OutputListener
 from mocker.request import FinishReason
 
 __all__ = ["ABORTED", "StreamRenderer"]
@@ -39,6 +39,7 @@ class StreamRenderer:
         "_heads",
         "_known",
         "_num_open",
+        "_only",
         "_open_tail",
         "_piece",
         "_prompt_due",
@@ -74,6 +75,7 @@ class StreamRenderer:
         self._prompt_due = [not writer.chat and c.prompt_token_ids is not None for c in choices]
         self._num_open = len(response.choices)
         self._emitter: Emitter | JitteredEmitter | None = None
+        self._only: Choice  # a response of one choice: that one, set by `attach`
         # The plain case, a text chunk per pass with nothing but new text (no ids, no running
         # usage): each choice's head (its first with the role delta before it) and the tail.
         self._heads: list[bytes] | None = None
@@ -87,10 +89,26 @@ class StreamRenderer:
 
     def attach(self, emitter: Emitter | JitteredEmitter) -> None:
         self._emitter = emitter
-        for choice in self._response.choices:
-            choice.stream.listen(partial(self.on_output, choice))
+        choices = self._response.choices
+        if len(choices) == 1:  # (the bound method alone: no partial to go through per token)
+            self._only = choices[0]
+            choices[0].stream.listen(self.on_output)
+            return
+        for choice in choices:  # (a batch of prompts: a choice each)
+            choice.stream.listen(self._listener(choice))
 
-    def on_output(self, choice: Choice, out: RequestOutput | EngineDeadError) -> None:
+    def _listener(self, choice: Choice) -> OutputListener:
+        on_output = self.on_output
+
+        def listener(out: RequestOutput | EngineDeadError) -> None:
+            on_output(out, choice)
+
+        return listener
+
+    def on_output(self, out: RequestOutput | EngineDeadError, choice: Choice | None = None) -> None:
+        """An output of `choice` (None: the response's only one)."""
+        if choice is None:
+            choice = self._only
         emitter = self._emitter
         assert emitter is not None
         if choice.done or emitter.closed.done():
