@@ -17,8 +17,8 @@ from mocker.api.errors import error_response
 from mocker.api.faults import FaultInjector
 from mocker.api.lifecycle import OpenResponse
 from mocker.api.stream import ABORTED
-from mocker.engine.live import EngineDeadError
 from mocker.engine.outputs import RequestOutput
+from mocker.engine.stream import StreamError
 from mocker.request import FinishReason
 
 __all__ = ["ResponseCollector", "ResponseHead"]
@@ -65,12 +65,12 @@ class ResponseCollector:
         for choice in self._response.choices:
             choice.stream.listen(partial(self.on_output, choice))
 
-    def on_output(self, choice: Choice, out: RequestOutput | EngineDeadError) -> None:
+    def on_output(self, choice: Choice, out: RequestOutput | StreamError) -> None:
         done = self._done
         if choice.done or done.done():
             return
-        if isinstance(out, EngineDeadError):
-            done.set_result(error_response(503, f"The engine failed: {out}"))
+        if isinstance(out, StreamError):  # the engine died, or this collector failed
+            done.set_result(error_response(out.status, out.client_message))
             return
         if out.finish_reason is FinishReason.ABORT and not out.new_token_ids:
             done.set_result(error_response(503, "The request was aborted."))

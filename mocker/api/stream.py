@@ -17,9 +17,8 @@ from mocker.api.chunks import (
 from mocker.api.faults import JitteredEmitter
 from mocker.api.lifecycle import OpenResponse
 from mocker.api.responses import Emitter
-from mocker.engine.live import EngineDeadError
 from mocker.engine.outputs import RequestOutput
-from mocker.engine.stream import OutputListener
+from mocker.engine.stream import OutputListener, StreamError
 from mocker.request import FinishReason
 
 __all__ = ["ABORTED", "StreamRenderer"]
@@ -100,12 +99,12 @@ class StreamRenderer:
     def _listener(self, choice: Choice) -> OutputListener:
         on_output = self.on_output
 
-        def listener(out: RequestOutput | EngineDeadError) -> None:
+        def listener(out: RequestOutput | StreamError) -> None:
             on_output(out, choice)
 
         return listener
 
-    def on_output(self, out: RequestOutput | EngineDeadError, choice: Choice | None = None) -> None:
+    def on_output(self, out: RequestOutput | StreamError, choice: Choice | None = None) -> None:
         """An output of `choice` (None: the response's only one)."""
         if choice is None:
             choice = self._only
@@ -150,9 +149,9 @@ class StreamRenderer:
             if self._first[index]:
                 self._first_sent(index)
             return
-        if isinstance(out, EngineDeadError):
+        if isinstance(out, StreamError):  # the engine died, or this renderer failed
             choice.done = True
-            emitter.emit(error_event(503, f"The engine failed: {out}") + DONE, last=True)
+            emitter.emit(error_event(out.status, out.client_message) + DONE, last=True)
             return
         if out.finish_reason is FinishReason.ABORT and not out.new_token_ids:
             choice.done = True

@@ -178,7 +178,7 @@ class LiveEngine:
         if not checked:
             self.core.check_request(spec)
         spec = replace(spec, arrival_time=self.clock.now())
-        stream = RequestStream(spec.request_id)
+        stream = RequestStream(spec.request_id, self._consumer_failed)
         self._streams[spec.request_id] = stream
         self._post(AddRequest(spec))
         self._inbox_requests += 1
@@ -193,6 +193,13 @@ class LiveEngine:
     def stop_request(self, request_id: str, stream: RequestStream | None = None) -> None:
         """Finish a request with reason 'stop' (its consumer matched a stop string)."""
         self._finish_early(request_id, RequestStatus.FINISHED_STOPPED, FinishReason.STOP, stream)
+
+    def _consumer_failed(self, stream: RequestStream) -> None:
+        """A stream's consumer raised on an output before the last (the stream has ended):
+        the request is aborted, its blocks freed before the next pass; the stream keeps
+        its id until then."""
+        if self._streams.get(stream.request_id) is stream:
+            self._post(FinishEarly(stream.request_id, RequestStatus.FINISHED_ABORTED))
 
     def _finish_early(
         self,

@@ -8,17 +8,49 @@ from collections.abc import Callable, Sequence
 
 from mocker.engine.outputs import RequestOutput, StepResult
 
-__all__ = ["EngineDeadError", "OutputListener", "RequestStream", "deliver", "merged"]
+__all__ = [
+    "ConsumerError",
+    "EngineDeadError",
+    "OutputListener",
+    "RequestStream",
+    "StreamError",
+    "deliver",
+    "merged",
+]
 
 logger = logging.getLogger(__name__)
 
 
-class EngineDeadError(RuntimeError):
+class StreamError(RuntimeError):
+    """What ends a stream early in place of its outputs; `status` and `client_message` are
+    what its client is answered."""
+
+    status = 503
+
+    @property
+    def client_message(self) -> str:
+        return f"The engine failed: {self}"
+
+
+class EngineDeadError(StreamError):
     """The engine loop failed; no request can make progress."""
 
 
-# Called on the engine loop with each output, or with the engine's death.
-OutputListener = Callable[[RequestOutput | EngineDeadError], None]
+class ConsumerError(StreamError):
+    """The consumer of a request's outputs (the server's own renderer) raised on one: the
+    request is aborted and the consumer is handed this instead (a server bug: a 500)."""
+
+    status = 500
+
+    @property
+    def client_message(self) -> str:
+        return "The server failed to write this response; the request was aborted."
+
+
+# Called on the engine loop with each output, or with the error that ends the stream early.
+OutputListener = Callable[[RequestOutput | StreamError], None]
+# Told when a stream's consumer failed before the request's last output (the owner aborts it).
+FailureHook = Callable[["RequestStream"], None]
 
 
 def merged(outputs: Sequence[RequestOutput]) -> RequestOutput:
@@ -45,10 +77,20 @@ class RequestStream:
     """One request's outputs: merged until its consumer reads them with `get()`, or pushed to a
     listener the moment the engine loop produces them (no task wake-up per output)."""
 
-    __slots__ = ("_error", "_event", "_listener", "_pending", "finished", "request_id")
+    __slots__ = (
+        "_error",
+        "_event",
+        "_listener",
+        "_on_failure",
+        "_pending",
+        "finished",
+        "request_id",
+    )
 
-    def __init__(self, request_id: str) -> None:
+    def __init__(self, request_id: str, on_failure: FailureHook | None = None) -> None:
+        """`on_failure`: told when the listener raised on an output before the last one."""
         self.request_id = request_id
+        self._on_failure = on_failure
         self._pending: RequestOutput | None = None
         self._event = asyncio.Event()
         self._error: BaseException | None = None
@@ -61,9 +103,13 @@ class RequestStream:
         self._listener = listener
         pending, self._pending = self._pending, None
         if pending is not None:
-            listener(pending)
+            try:
+                listener(pending)
+            except Exception:
+                self._listener_failed(listener, pending.finished)
+                return
         if self._error is not None:
-            listener(EngineDeadError(str(self._error)))
+            self._tell(listener, EngineDeadError(str(self._error)))
 
     def put(self, out: RequestOutput) -> None:
         if self.finished:
@@ -74,15 +120,30 @@ class RequestStream:
             try:
                 listener(out)
             except Exception:  # a consumer bug must not take the engine loop down with it
-                self._listener_failed()
+                self._listener_failed(listener, out.finished)
             if self.finished:
                 self._listener = None  # nothing follows: let go of the consumer (a cycle)
             return
         self._merge(out)
 
-    def _listener_failed(self) -> None:
+    def _listener_failed(self, listener: OutputListener, last: bool) -> None:
+        """The listener raised on an output (called while that is handled): the stream ends,
+        the consumer is told once (so that its client gets an answer rather than a hang)
+        and, unless that output was the request's last, the owner aborts the request."""
         logger.exception("output listener of request %s failed", self.request_id)
         self.finished = True
+        self._listener = None
+        self._tell(listener, ConsumerError(f"output listener of {self.request_id} failed"))
+        if not last and self._on_failure is not None:
+            self._on_failure(self)
+
+    def _tell(self, listener: OutputListener, error: StreamError) -> None:
+        """Hand the listener the error that ends its stream; a failure there is logged."""
+        try:
+            listener(error)
+        except Exception:
+            logger.exception("output listener of request %s failed on %r", self.request_id,
+                             error)  # fmt: skip
 
     def _merge(self, out: RequestOutput) -> None:
         """Keep `out` for `get()`, merged with what is already waiting there."""
@@ -102,7 +163,7 @@ class RequestStream:
         self.finished = True
         listener, self._listener = self._listener, None
         if listener is not None:
-            listener(EngineDeadError(str(error)))
+            self._tell(listener, EngineDeadError(str(error)))
             return
         self._event.set()
 
@@ -141,7 +202,7 @@ def deliver(streams: dict[str, RequestStream], result: StepResult) -> None:
             try:
                 listener(out)
             except Exception:  # a consumer bug must not take the engine loop down with it
-                stream._listener_failed()
+                stream._listener_failed(listener, finished)
         if finished:
             # Its last output: the stream lets go of its consumer (the renderer holds the
             # stream, the stream its listener: a reference cycle left to the cyclic GC).

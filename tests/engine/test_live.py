@@ -10,6 +10,7 @@ import pytest
 from mocker.engine.core import RequestRejected
 from mocker.engine.live import EngineDeadError, LiveEngine, RequestStream
 from mocker.engine.outputs import RequestOutput, StepResult
+from mocker.engine.stream import ConsumerError
 from mocker.request import FinishReason
 from tests.support.clocks import LateClock
 from tests.support.engines import req, small_config
@@ -244,18 +245,28 @@ async def test_abort_with_a_stream_spares_a_later_request_reusing_the_id() -> No
     await engine.stop()
 
 
-async def test_a_failing_listener_does_not_kill_the_engine() -> None:
-    engine = LiveEngine(small_config(speedup_ratio=100.0))
+async def test_a_failing_listener_does_not_kill_the_engine_and_its_request_is_aborted() -> None:
+    finished = []
+    engine = LiveEngine(small_config(speedup_ratio=100.0), on_finish=finished.append)
     engine.start()
+    seen: list[object] = []
 
     def broken(out: object) -> None:
-        raise ValueError("consumer bug")
+        seen.append(out)
+        if isinstance(out, RequestOutput):
+            raise ValueError("consumer bug")
 
-    engine.add_request(req("bad", [1] * 4, max_tokens=5)).listen(broken)
+    # 200 tokens to go when its consumer fails on the first: it must not run on.
+    engine.add_request(req("bad", [1] * 40, max_tokens=200)).listen(broken)
     good = engine.add_request(req("good", [2] * 4, max_tokens=3))
     while not (await asyncio.wait_for(good.get(), timeout=5)).finished:
         pass
+    await _until(lambda: "bad" not in engine.core.requests)
     assert not engine.is_dead
+    assert isinstance(seen[-1], ConsumerError) and len(seen) == 2  # told once, then nothing
+    assert engine.core.pool.num_used == 0 and engine.num_open_streams == 0
+    bad = next(f for f in finished if f.request_id == "bad")
+    assert bad.finish_reason is FinishReason.ABORT and bad.num_generation_tokens < 200
     await engine.stop()
 
 
