@@ -30,6 +30,12 @@ def _cycle_types() -> tuple[type, ...]:
 
 _CYCLES = _cycle_types()
 
+# What `direct_body` and `DirectBody` read of a cycle: instance attributes of uvicorn's
+# (checked on a cycle of each type once; a uvicorn that renamed one is left to its `send`).
+_READS = ("chunked_encoding", "disconnected", "flow", "response_complete", "response_started",
+          "scope", "transport")  # fmt: skip
+_COMPATIBLE: dict[type, bool] = {}
+
 # The frame heads (`<hex length>\r\n`) of chunks shorter than this, as uvicorn writes them.
 _FRAMED = 4096
 _HEADS = [b"%x\r\n" % n for n in range(_FRAMED)]
@@ -63,6 +69,14 @@ def direct_body(send: Send) -> DirectBody | None:
     httptools cycle and the body is chunked (not a HEAD, no content-length); else None."""
     cycle: Any = getattr(send, "__self__", None)
     if cycle is None or type(cycle) not in _CYCLES:
+        return None
+    compatible = _COMPATIBLE.get(type(cycle))
+    if compatible is None:
+        flow = getattr(cycle, "flow", None)
+        compatible = _COMPATIBLE[type(cycle)] = all(
+            hasattr(cycle, name) for name in _READS
+        ) and hasattr(flow, "write_paused")
+    if not compatible:
         return None
     if not cycle.response_started or cycle.chunked_encoding is not True:
         return None

@@ -11,6 +11,7 @@ import pytest
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
+from mocker.api import direct_write
 from mocker.api.direct_write import DirectBody, direct_body
 from mocker.api.responses import Emitter
 
@@ -91,6 +92,31 @@ async def test_only_a_started_chunked_body_of_uvicorns_httptools_cycle() -> None
         pass
 
     assert direct_body(other_server) is None
+
+
+async def test_a_uvicorn_whose_cycle_reads_differently_is_left_to_its_send(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cycle class lacking an attribute the direct path reads (a later uvicorn that renamed
+    it) gets no direct writer, so every chunk goes through its own `send`."""
+
+    class Renamed(RequestResponseCycle):
+        def __getattribute__(self, name: str) -> Any:
+            if name == "response_complete":  # as if renamed
+                raise AttributeError(name)
+            return super().__getattribute__(name)
+
+    monkeypatch.setattr(direct_write, "_CYCLES", (RequestResponseCycle, Renamed))
+    monkeypatch.setattr(direct_write, "_COMPATIBLE", {})
+    cycle, _ = _cycle()
+    cycle.__class__ = Renamed
+    await RequestResponseCycle.send(cycle, START)
+    assert direct_body(cycle.send) is None
+    plain, _ = _cycle()
+    await plain.send(START)
+    assert isinstance(direct_body(plain.send), DirectBody)  # the installed uvicorn's: direct
+    compatible = direct_write._COMPATIBLE
+    assert compatible == {Renamed: False, RequestResponseCycle: True}
 
 
 @pytest.mark.parametrize("paused", [False, True])
