@@ -150,6 +150,11 @@ OneChoice = Annotated[
 ]
 
 
+def _range(**bounds: float) -> Any:
+    """A number's range in the schema only (the server checks it: see `_Knobs`)."""
+    return Field(json_schema_extra=dict(bounds))
+
+
 class _Knobs(_Open):
     """vLLM's sampling parameters that a completion, a chat and a generate body share."""
 
@@ -160,11 +165,15 @@ class _Knobs(_Open):
     include_stop_str_in_output: bool = False
     n: OneChoice = 1
     seed: Int64 | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: Int64 | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    # Ranges as vLLM checks them: stated in the schema, checked by the server with vLLM's
+    # messages (mocker.api.sampling_checks), not by pydantic.
+    temperature: Annotated[float, _range(minimum=0, maximum=2)] | None = None
+    top_p: Annotated[float, _range(exclusiveMinimum=0, maximum=1)] | None = None
+    top_k: Annotated[Int64, _range(minimum=-1)] | None = None
+    min_p: Annotated[float, _range(minimum=0, maximum=1)] | None = None
+    presence_penalty: Annotated[float, _range(minimum=-2, maximum=2)] | None = None
+    frequency_penalty: Annotated[float, _range(minimum=-2, maximum=2)] | None = None
+    repetition_penalty: Annotated[float, _range(exclusiveMinimum=0)] | None = None
     skip_special_tokens: bool = True
 
 

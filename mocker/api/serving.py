@@ -23,6 +23,7 @@ from mocker.api.lora import LoraAdapters
 from mocker.api.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from mocker.api.render import generate_request
 from mocker.api.responses import DeferredResponse, Emitter, EventStreamResponse, json_response
+from mocker.api.sampling_checks import check_sampling
 from mocker.api.stop_strings import StopMatcher
 from mocker.api.stream import StreamRenderer
 from mocker.config import EngineConfig
@@ -84,9 +85,10 @@ def _remote_cached_tokens(spec: EngineRequest, engine: LiveEngine) -> int | None
 
 
 def _unsupported(body: GenerationRequest) -> None:
-    """400 for what this mock does not generate."""
+    """400 for what this mock does not generate, and for sampling values vLLM refuses."""
     if body.n != 1:
         raise OpenAIError(400, "n > 1 is not supported: request one choice (n = 1).", "n")
+    check_sampling(body)
     if isinstance(body, ChatCompletionRequest):
         logprobs = body.logprobs or body.top_logprobs
     else:
@@ -202,6 +204,11 @@ class OpenAIServing:
                 "priority": body.priority, "data_parallel_rank": body.data_parallel_rank,
                 "logprobs": sp.logprobs, "seed": sp.seed,
                 "kv_transfer_params": body.kv_transfer_params,
+                # (checked as a completion's: check_sampling)
+                "temperature": sp.temperature, "top_p": sp.top_p, "top_k": sp.top_k,
+                "min_p": sp.min_p, "presence_penalty": sp.presence_penalty,
+                "frequency_penalty": sp.frequency_penalty,
+                "repetition_penalty": sp.repetition_penalty,
             }
         )  # fmt: skip
         with self._refusal_releases(body):

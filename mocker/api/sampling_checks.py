@@ -1,0 +1,62 @@
+"""vLLM's range checks of sampling values (its `SamplingParams._verify_args`): 400s naming them."""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+from mocker.api.errors import OpenAIError
+
+__all__ = ["check_sampling"]
+
+
+class _Knobs(Protocol):
+    """The sampling fields of a completion, chat or generate body (mocker.api.protocol)."""
+
+    presence_penalty: float | None
+    frequency_penalty: float | None
+    repetition_penalty: float | None
+    temperature: float | None
+    top_p: float | None
+    top_k: int | None
+    min_p: float | None
+    stop: str | list[str] | None
+
+
+def check_sampling(body: _Knobs) -> None:
+    """Refuse what vLLM's SamplingParams refuses, with its messages and in its order (None is
+    its default, always valid). The mock samples none of these: a client still hears the
+    400 a real server would give it, rather than a stream."""
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(body, name)
+        if value is not None and not -2.0 <= value <= 2.0:
+            raise OpenAIError(400, f"{name} must be in [-2, 2], got {value}.", name)
+    value = body.repetition_penalty
+    if value is not None:
+        if not math.isfinite(value):
+            _refuse("repetition_penalty", f"must be a finite number, got {value}.")
+        if value <= 0.0:
+            _refuse("repetition_penalty", f"must be greater than zero, got {value}.")
+    value = body.temperature
+    if value is not None:
+        if not math.isfinite(value):
+            _refuse("temperature", f"must be a finite number, got {value}.")
+        if value < 0.0:
+            _refuse("temperature", f"must be non-negative, got {value}.")
+        if value > 2.0:
+            _refuse("temperature", f"must be in [0, 2], got {value}.")
+    value = body.top_p
+    if value is not None and not 0.0 < value <= 1.0:
+        _refuse("top_p", f"must be in (0, 1], got {value}.")
+    if body.top_k is not None and body.top_k < -1:  # (-1: disabled, as 0)
+        _refuse("top_k", f"must be 0 (disable), or at least 1, got {body.top_k}.")
+    value = body.min_p
+    if value is not None and not 0.0 <= value <= 1.0:
+        _refuse("min_p", f"must be in [0, 1], got {value}.")
+    stop = body.stop
+    if stop is not None and "" in ([stop] if isinstance(stop, str) else stop):
+        raise OpenAIError(400, "stop cannot contain an empty string.", "stop")
+
+
+def _refuse(name: str, rule: str) -> None:
+    raise OpenAIError(400, f"{name} {rule}", name)

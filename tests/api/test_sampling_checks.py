@@ -1,0 +1,81 @@
+"""vLLM's range checks of sampling values: the same 400s (message and field) on every route that
+takes them, the boundaries accepted, and the ranges stated in the OpenAPI schema."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.support.servers import AppClient
+
+# (field, value, vLLM's message): SamplingParams._verify_args's words.
+REFUSED = [
+    ("temperature", -0.5, "temperature must be non-negative, got -0.5."),
+    ("temperature", 2.5, "temperature must be in [0, 2], got 2.5."),
+    ("top_p", 0, "top_p must be in (0, 1], got 0.0."),
+    ("top_p", 1.5, "top_p must be in (0, 1], got 1.5."),
+    ("top_k", -2, "top_k must be 0 (disable), or at least 1, got -2."),
+    ("min_p", 1.5, "min_p must be in [0, 1], got 1.5."),
+    ("presence_penalty", 3, "presence_penalty must be in [-2, 2], got 3.0."),
+    ("frequency_penalty", -2.5, "frequency_penalty must be in [-2, 2], got -2.5."),
+    ("repetition_penalty", 0, "repetition_penalty must be greater than zero, got 0.0."),
+    ("stop", ["ok", ""], "stop cannot contain an empty string."),
+]
+# Each field at the ends of its range: accepted.
+ACCEPTED = {"temperature": 2, "top_p": 1, "top_k": -1, "min_p": 0, "presence_penalty": -2,
+            "frequency_penalty": 2, "repetition_penalty": 1e-9}  # fmt: skip
+
+
+def _bodies(fields: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The same sampling fields on the three generation routes."""
+    return [
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 2, **fields}),
+        ("/v1/chat/completions",
+         {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **fields}),
+        ("/inference/v1/generate",
+         {"token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 2, **fields}}),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(("field", "value", "message"), REFUSED)
+async def test_a_value_vllm_refuses_is_a_400_naming_the_field(
+    client: AppClient, field: str, value: Any, message: str
+) -> None:
+    for path, body in _bodies({field: value}):
+        r = await client.http.post(path, json=body)
+        assert r.status_code == 400, (path, r.text)
+        error = r.json()["error"]
+        assert error["message"] == message and error["param"] == field, path
+        assert error["type"] == "BadRequestError"
+
+
+async def test_a_number_that_is_not_finite_is_refused(client: AppClient) -> None:
+    # JSON has no NaN, yet Python's parser (and so FastAPI's, and vLLM's) takes the literal.
+    r = await client.http.post(
+        "/v1/completions",
+        content=b'{"prompt": "hi", "temperature": NaN}',
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == "temperature must be a finite number, got nan."
+
+
+async def test_the_ends_of_every_range_are_accepted(client: AppClient) -> None:
+    for path, body in _bodies(ACCEPTED):
+        r = await client.http.post(path, json=body)
+        assert r.status_code == 200, (path, r.text)
+
+
+async def test_the_schema_states_the_ranges(client: AppClient) -> None:
+    schema = (await client.http.get("/openapi.json")).json()
+    knobs = schema["components"]["schemas"]["CompletionRequest"]["properties"]
+
+    def bounds(field: str) -> dict[str, Any]:
+        number = next(s for s in knobs[field]["anyOf"] if s.get("type") != "null")
+        return {k: v for k, v in number.items() if "imum" in k}
+
+    assert bounds("temperature") == {"minimum": 0, "maximum": 2}
+    assert bounds("top_p") == {"exclusiveMinimum": 0, "maximum": 1}
+    assert bounds("top_k")["minimum"] == -1
+    assert bounds("repetition_penalty") == {"exclusiveMinimum": 0}
