@@ -88,6 +88,15 @@ def _unsupported(body: GenerationRequest) -> None:
     """400 for what this mock does not generate, and for sampling values vLLM refuses."""
     if body.n != 1:
         raise OpenAIError(400, "n > 1 is not supported: request one choice (n = 1).", "n")
+    options = body.stream_options
+    if (
+        options is not None
+        and not body.stream
+        and (options.model_fields_set or options.model_extra)
+    ):
+        # vLLM's check, on the body as sent: a non-empty object without `stream: true`.
+        raise OpenAIError(400, "Stream options can only be defined when `stream=True`.",
+                          "stream_options")  # fmt: skip
     check_sampling(body)
     if isinstance(body, ChatCompletionRequest):
         logprobs = body.logprobs or body.top_logprobs

@@ -107,6 +107,26 @@ async def test_unsupported_options_are_clear_400s(client: AppClient) -> None:
         _assert_error(await client.http.post(path, json=body), 400, param=param)
 
 
+async def test_stream_options_without_stream_is_vllms_400(client: AppClient) -> None:
+    chat = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    for path, body in (("/v1/completions", {"prompt": "x", "max_tokens": 2}),
+                       ("/v1/chat/completions", chat)):  # fmt: skip
+        for stream in ({}, {"stream": False}):
+            r = await client.http.post(
+                path, json={**body, **stream, "stream_options": {"include_usage": True}}
+            )
+            _assert_error(r, 400, "Stream options can only be defined when `stream=True`.",
+                          param="stream_options")  # fmt: skip
+        # vLLM looks at the value as sent: an empty object or null passes, as with a stream.
+        for options in ({}, None):
+            r = await client.http.post(path, json={**body, "stream_options": options})
+            assert r.status_code == 200, r.text
+        r = await client.http.post(
+            path, json={**body, "stream": True, "stream_options": {"include_usage": True}}
+        )
+        assert r.status_code == 200
+
+
 async def test_min_tokens_above_max_tokens_is_400(client: AppClient) -> None:
     r = await client.http.post(
         "/v1/completions", json={"prompt": "x", "max_tokens": 2, "min_tokens": 5}

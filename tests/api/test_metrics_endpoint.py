@@ -204,10 +204,11 @@ async def test_identities_hold_with_stop_strings_and_batched_streams() -> None:
         )).json()["choices"][0]["text"].split(" ")[1:]  # fmt: skip
         total = 6
         for stream in (False, True):
+            usage = {"stream_options": {"include_usage": True}} if stream else {}
             r = await c.http.post(
                 "/v1/completions",
                 json={"prompt": ["s", "other prompt"], "max_tokens": 12, "stream": stream,
-                      "stop": [" " + words[2]], "stream_options": {"include_usage": True}},
+                      "stop": [" " + words[2]], **usage},
                 headers={"X-Request-Id": "w"},
             )  # fmt: skip
             body = r.json() if not stream else [e for e in sse_events(r.text) if e != "[DONE]"][-1]
