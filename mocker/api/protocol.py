@@ -233,8 +233,62 @@ class ChatMessage(_Open):
     name: str | None = None
 
 
+def _chat_rules(schema: dict[str, Any]) -> None:
+    # What the server refuses as vLLM does (mocker.api.chat_checks), stated where JSON
+    # Schema can: a tool_choice needs tools (the schema asks it even of a null or "none");
+    # a continued final message takes no generation prompt (whose default is true).
+    schema["dependentRequired"] = {"tool_choice": ["tools"]}
+    schema["if"] = {
+        "required": ["continue_final_message"],
+        "properties": {"continue_final_message": {"const": True}},
+    }
+    schema["then"] = {
+        "required": ["add_generation_prompt"],
+        "properties": {"add_generation_prompt": {"const": False}},
+    }
+
+
+# The chat fields vLLM checks, as the schema states them (stricter than the server: a named
+# tool_choice, which must name one of the tools, is left out).
+_TOOLS_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["type", "function"],
+                "properties": {
+                    "type": {"const": "function"},
+                    "function": {
+                        "type": "object",
+                        "required": ["name"],
+                        "properties": {"name": {"type": "string", "minLength": 1}},
+                    },
+                },
+            },
+        },
+        {"type": "null"},
+    ]
+}
+_TOOL_CHOICE_SCHEMA: dict[str, Any] = {
+    "anyOf": [{"enum": ["none", "auto", "required"]}, {"type": "null"}],
+}
+_RESPONSE_FORMAT_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "object", "required": ["type"],
+         "properties": {"type": {"enum": ["text", "json_object"]}}},
+        {"type": "object", "required": ["type", "json_schema"],
+         "properties": {"type": {"const": "json_schema"}, "json_schema": {"type": "object"}}},
+        {"type": "null"},
+    ]
+}  # fmt: skip
+
+
 class ChatCompletionRequest(_Sampling):
     """POST /v1/chat/completions."""
+
+    model_config = ConfigDict(json_schema_extra=_chat_rules)
 
     messages: Annotated[list[ChatMessage], Field(min_length=1, json_schema_extra={MARK_CHAT: True})]
     max_completion_tokens: PositiveInt | None = None
@@ -249,10 +303,12 @@ class ChatCompletionRequest(_Sampling):
     chat_template_kwargs: dict[str, Any] | None = None
     # Rendered into the prompt by the chat template (as vLLM passes them to it); the mock
     # never calls a tool, nor constrains its output to response_format.
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: Annotated[list[dict[str, Any]] | None, WithJsonSchema(_TOOLS_SCHEMA)] = None
+    tool_choice: Annotated[str | dict[str, Any] | None, WithJsonSchema(_TOOL_CHOICE_SCHEMA)] = None
     parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: Annotated[dict[str, Any] | None, WithJsonSchema(_RESPONSE_FORMAT_SCHEMA)] = (
+        None
+    )
 
 
 class GenerateSamplingParams(_Knobs):

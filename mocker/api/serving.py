@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 from starlette.responses import Response
 
+from mocker.api.chat_checks import check_chat
 from mocker.api.choice import Choice
 from mocker.api.chunks import ChunkWriter, GenerateChunkWriter
 from mocker.api.collect import ResponseCollector, ResponseHead
@@ -99,6 +100,7 @@ def _unsupported(body: GenerationRequest) -> None:
                           "stream_options")  # fmt: skip
     check_sampling(body)
     if isinstance(body, ChatCompletionRequest):
+        check_chat(body)
         logprobs = body.logprobs or body.top_logprobs
     else:
         if body.best_of not in (None, 1):
