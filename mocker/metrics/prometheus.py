@@ -46,8 +46,8 @@ class Kind(StrEnum):
 
 
 # A family's value for one engine: a number or a histogram, or with `label` set, a
-# (label value, number) pair per series.
-Value = float | Histogram | Sequence[tuple[str, float]]
+# (label value, number or histogram) pair per series.
+Value = float | Histogram | Sequence[tuple[str, float]] | Sequence[tuple[str, Histogram]]
 Source = Callable[[StatsRecorder, EngineSnapshot], Value]
 
 
@@ -111,6 +111,8 @@ def _hit_rate(m: StatsRecorder, s: EngineSnapshot) -> float:
 
 
 C, G, H = Kind.COUNTER, Kind.GAUGE, Kind.HISTOGRAM
+# vLLM's transfer_type label values (its deprecated offload families).
+LOAD, STORE = "CPU_to_GPU", "GPU_to_CPU"
 _REQ = "Histogram of time spent in {} phase for request."
 
 FAMILIES: tuple[Family, ...] = (
@@ -215,6 +217,17 @@ FAMILIES: tuple[Family, ...] = (
            H, lambda m, s: m.offload_store_size),
     Family("vllm:kv_offload_load_size", "Bytes per KV offload load (CPU to GPU transfer).",
            H, lambda m, s: m.offload_load_size),
+    # The same transfers under the names vLLM deprecated but still exports (and dashboards,
+    # llm-d's guides among them, still read): CPU_to_GPU loads, GPU_to_CPU stores.
+    Family("vllm:kv_offload_total_bytes", "Number of bytes offloaded by KV connector", C,
+           lambda m, s: [(LOAD, m.offload_load_bytes), (STORE, m.offload_store_bytes)],
+           label="transfer_type"),
+    Family("vllm:kv_offload_total_time", "Total time measured by all KV offloading operations",
+           C, lambda m, s: [(LOAD, m.offload_load_time), (STORE, m.offload_store_time)],
+           label="transfer_type"),
+    Family("vllm:kv_offload_size", "Histogram of KV offload transfer size, in bytes.", H,
+           lambda m, s: [(LOAD, m.offload_load_size), (STORE, m.offload_store_size)],
+           label="transfer_type"),
     # V0-era names some routers still read.
     Family("vllm:gpu_cache_usage_perc", "GPU KV-cache usage (V0 name).", G,
            lambda m, s: s.kv_usage, legacy=True),
@@ -302,7 +315,8 @@ class MetricsCollector(Collector):
         # For text(): each engine's labels, escaped once; each histogram's last text, by
         # (sample name, engine), with the counts and sum it shows.
         self._series = [Series(_LABELS, [model_name, m.engine]) for m in self.engines]
-        self._histogram_text: dict[tuple[str, str], tuple[tuple[int, ...], float, str]] = {}
+        self._extra_series: dict[tuple[str, str, str], Series] = {}
+        self._histogram_text: dict[tuple[str, str, str], tuple[tuple[int, ...], float, str]] = {}
 
     def describe(self) -> list[Metric]:
         return []  # rendered fresh at every scrape; nothing to pre-register
@@ -320,7 +334,6 @@ class MetricsCollector(Collector):
         one engine, well under one here. A histogram whose counts have not moved since the
         last scrape (most of them, most of the time) reuses its text."""
         rows = self._rows()
-        cache = self._histogram_text
         out: list[str] = []
         for family in self._families():
             name = _sample_name(family)
@@ -330,17 +343,38 @@ class MetricsCollector(Collector):
                 if family.kind is not Kind.HISTOGRAM:
                     value_lines(out, name, labels, value, family.label)
                     continue
-                assert isinstance(value, Histogram), family.name
-                key, counts = (name, m.engine), tuple(value.counts)
-                hit = cache.get(key)
-                if hit is None or hit[0] != counts or hit[1] != value.total:
-                    text = histogram_text(
-                        name, labels, bound_texts(value.bounds), counts, value.total
-                    )
-                    hit = cache[key] = (counts, value.total, text)
-                out.append(hit[2])
+                if family.label is None:
+                    assert isinstance(value, Histogram), family.name
+                    out.append(self._histogram(name, m.engine, labels, value))
+                    continue
+                for extra, h in value:  # type: ignore[union-attr]
+                    assert isinstance(h, Histogram), family.name
+                    out.append(self._histogram(
+                        name, m.engine, self._labelled(m.engine, family.label, extra), h, extra
+                    ))  # fmt: skip
         out.extend(map(metric_text, self._extras(rows)))
         return "".join(out)
+
+    def _histogram(
+        self, name: str, engine: str, labels: Series, value: Histogram, extra: str = ""
+    ) -> str:
+        """A histogram's lines, or its last text while its counts and sum stand still."""
+        cache = self._histogram_text
+        key, counts = (name, engine, extra), tuple(value.counts)
+        hit = cache.get(key)
+        if hit is None or hit[0] != counts or hit[1] != value.total:
+            text = histogram_text(name, labels, bound_texts(value.bounds), counts, value.total)
+            hit = cache[key] = (counts, value.total, text)
+        return hit[2]
+
+    def _labelled(self, engine: str, label: str, value: str) -> Series:
+        """An engine's series with one more label (a labelled histogram's), made once."""
+        key = (engine, label, value)
+        series = self._extra_series.get(key)
+        if series is None:
+            values = [self.model_name, engine, value]
+            series = self._extra_series[key] = Series([*_LABELS, label], values)
+        return series
 
     def _rows(self) -> list[tuple[StatsRecorder, EngineSnapshot, list[str]]]:
         return [(m, m.current(), [self.model_name, m.engine]) for m in self.engines]
@@ -375,8 +409,13 @@ class MetricsCollector(Collector):
             histograms = HistogramMetricFamily(family.name, family.help, labels=labels)
             for m, snapshot, label_values in rows:
                 h = family.source(m, snapshot)
-                assert isinstance(h, Histogram), family.name
-                histograms.add_metric(label_values, h.cumulative(), h.total)
+                if family.label is None:
+                    assert isinstance(h, Histogram), family.name
+                    histograms.add_metric(label_values, h.cumulative(), h.total)
+                    continue
+                for extra, one in h:  # type: ignore[union-attr]
+                    assert isinstance(one, Histogram), family.name
+                    histograms.add_metric([*label_values, extra], one.cumulative(), one.total)
             return histograms
         metric: CounterMetricFamily | GaugeMetricFamily
         if family.kind is Kind.COUNTER:
@@ -390,6 +429,7 @@ class MetricsCollector(Collector):
                 continue
             assert not isinstance(value, Histogram), family.name
             for extra, v in value:  # one series per value of `family.label`
+                assert not isinstance(v, Histogram), family.name
                 metric.add_metric([*label_values, extra], v)
         return metric
 

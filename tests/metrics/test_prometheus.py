@@ -93,11 +93,42 @@ def test_text_is_what_generate_latest_prints(
     assert first == reference()
     assert 'le="+Inf",model_name="model \\"x\\"\\\\y"' in first
     recorders[1].ttft.observe(0.003)  # one histogram moves
+    recorders[0].offload_load_size.observe(3e6)  # and one behind a label (transfer_type)
     recorders[0].prompt_tokens += 5
     second = collector.text()
     assert second == reference() and second != first
     ttft = 'vllm:time_to_first_token_seconds_count{engine="1",model_name="model \\"x\\"\\\\y"}'
     assert f"{ttft} {recorders[1].ttft.count}.0\n" in second
+
+
+def test_the_deprecated_offload_families_mirror_the_flat_ones() -> None:
+    """vLLM still exports its transfer_type families beside the flat ones, from the same
+    transfers: CPU_to_GPU the loads, GPU_to_CPU the stores (both series from the start)."""
+    (metrics,) = _fed_recorders()[:1]
+    text = MetricsCollector([metrics], "m").text()
+    labels = 'engine="0",model_name="m",transfer_type="{}"'
+    for kind in ("CPU_to_GPU", "GPU_to_CPU"):
+        assert f"vllm:kv_offload_total_bytes_total{{{labels.format(kind)}}} 0.0\n" in text
+        assert f"vllm:kv_offload_size_count{{{labels.format(kind)}}} 0.0\n" in text
+    metrics.offload_load_bytes, metrics.offload_load_time = 6_000_000, 0.25
+    metrics.offload_store_bytes, metrics.offload_store_time = 2_000_000, 0.5
+    metrics.offload_load_size.observe(6e6)
+    for size in (1e6, 1e6):
+        metrics.offload_store_size.observe(size)
+    text = MetricsCollector([metrics], "m").text()
+    load, store = labels.format("CPU_to_GPU"), labels.format("GPU_to_CPU")
+    for line in (
+        f"vllm:kv_offload_total_bytes_total{{{load}}} 6e+06",
+        f"vllm:kv_offload_total_bytes_total{{{store}}} 2e+06",
+        f"vllm:kv_offload_total_time_total{{{load}}} 0.25",
+        f"vllm:kv_offload_total_time_total{{{store}}} 0.5",
+        f"vllm:kv_offload_size_count{{{load}}} 1.0",
+        f"vllm:kv_offload_size_sum{{{store}}} 2e+06",
+        'vllm:kv_offload_size_bucket{engine="0",le="1e+06",model_name="m",'
+        'transfer_type="GPU_to_CPU"} 2.0',
+        'vllm:kv_offload_load_bytes_total{engine="0",model_name="m"} 6e+06',
+    ):
+        assert line + "\n" in text, line
 
 
 def test_the_scrape_body_is_the_collector_then_the_process_metrics() -> None:
