@@ -86,7 +86,8 @@ def _remote_cached_tokens(spec: EngineRequest, engine: LiveEngine) -> int | None
 
 
 def _unsupported(body: GenerationRequest) -> None:
-    """400 for what this mock does not generate, and for sampling values vLLM refuses."""
+    """400 for what this mock does not generate, and for what vLLM refuses in a body: stream
+    options without a stream, sampling values out of range, a chat's tools and formats."""
     if body.n != 1:
         raise OpenAIError(400, "n > 1 is not supported: request one choice (n = 1).", "n")
     options = body.stream_options

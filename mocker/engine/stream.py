@@ -44,7 +44,7 @@ class ConsumerError(StreamError):
 
     @property
     def client_message(self) -> str:
-        return "The server failed to write this response; the request was aborted."
+        return "The server failed to write this response (an internal error)."
 
 
 # Called on the engine loop with each output, or with the error that ends the stream early.

@@ -36,7 +36,7 @@ async def test_a_collector_failing_on_an_output_answers_a_500_and_aborts(
             )
         assert r.status_code == 500
         error = r.json()["error"]
-        assert error["code"] == 500 and "aborted" in error["message"]
+        assert error["code"] == 500 and "failed to write" in error["message"]
         async with asyncio.timeout(10):
             while engine.num_open_streams or engine.core.requests:
                 await asyncio.sleep(0.001)
