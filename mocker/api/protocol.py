@@ -175,6 +175,8 @@ class _Knobs(_Open):
     frequency_penalty: Annotated[float, _range(minimum=-2, maximum=2)] | None = None
     repetition_penalty: Annotated[float, _range(exclusiveMinimum=0)] | None = None
     skip_special_tokens: bool = True
+    # Tokens a streamed chunk waits for; at least the server's --stream-interval.
+    stream_interval: Annotated[Int64, _range(minimum=1)] | None = None
 
 
 class _Sampling(_Knobs):

@@ -21,6 +21,7 @@ class _Knobs(Protocol):
     top_k: int | None
     min_p: float | None
     stop: str | list[str] | None
+    stream_interval: int | None
 
 
 def check_sampling(body: _Knobs) -> None:
@@ -53,6 +54,8 @@ def check_sampling(body: _Knobs) -> None:
     value = body.min_p
     if value is not None and not 0.0 <= value <= 1.0:
         _refuse("min_p", f"must be in [0, 1], got {value}.")
+    if body.stream_interval is not None and body.stream_interval < 1:
+        _refuse("stream_interval", f"must be at least 1, got {body.stream_interval}.")
     stop = body.stop
     if stop is not None and "" in ([stop] if isinstance(stop, str) else stop):
         raise OpenAIError(400, "stop cannot contain an empty string.", "stop")

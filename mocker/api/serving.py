@@ -221,6 +221,7 @@ class OpenAIServing:
                 "min_p": sp.min_p, "presence_penalty": sp.presence_penalty,
                 "frequency_penalty": sp.frequency_penalty,
                 "repetition_penalty": sp.repetition_penalty,
+                "stream_interval": sp.stream_interval,
             }
         )  # fmt: skip
         with self._refusal_releases(body):
@@ -475,6 +476,9 @@ class OpenAIServing:
             known=tokenizer.escaped_pieces,
             piece=tokenizer.piece,
             record_abort=faults.record_abort,
+            # vLLM's clamp: a request may ask for a longer interval than the server's, not
+            # a shorter one.
+            stream_interval=max(self.settings.stream_interval, body.stream_interval or 1),
         )
 
         def start(emitter: Emitter) -> None:

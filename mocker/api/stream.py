@@ -36,6 +36,8 @@ class StreamRenderer:
         "_escaped",
         "_first",
         "_heads",
+        "_held",
+        "_interval",
         "_known",
         "_num_open",
         "_only",
@@ -44,6 +46,7 @@ class StreamRenderer:
         "_prompt_due",
         "_record_abort",
         "_response",
+        "_sent",
         "_text",
         "_writer",
     )
@@ -57,7 +60,10 @@ class StreamRenderer:
         known: Mapping[int, bytes],
         piece: Callable[[int], str],
         record_abort: Callable[[], None],
+        stream_interval: int = 1,
     ) -> None:
+        """`stream_interval`: vLLM's --stream-interval, tokens a choice's chunk waits for
+        (its first and last chunks go at once)."""
         self._response = response
         self._writer = writer
         self._escaped = escaped
@@ -73,6 +79,12 @@ class StreamRenderer:
         self._text = not isinstance(writer, GenerateChunkWriter)
         self._prompt_due = [not writer.chat and c.prompt_token_ids is not None for c in choices]
         self._num_open = len(response.choices)
+        # vLLM's stream interval (its output processor's): per choice, the tokens already sent
+        # and the text and ids held back since (a chunk goes out once it has `interval`
+        # tokens, with the first token, or with the last).
+        self._interval = stream_interval
+        self._sent = [0] * len(choices)
+        self._held: list[tuple[list[bytes], list[int]]] = [([], []) for _ in choices]
         self._emitter: Emitter | JitteredEmitter | None = None
         self._only: Choice  # a response of one choice: that one, set by `attach`
         # The plain case, a text chunk per pass with nothing but new text (no ids, no running
@@ -135,6 +147,11 @@ class StreamRenderer:
                 escaped = self._escaped
                 text = b"".join([escaped(t) for t in ids])
             index = choice.index
+            if self._interval > 1:
+                held = self._hold(choice, text, ids)
+                if held is None:
+                    return  # (the chunk waits for more tokens)
+                text = held[0]
             chunk = heads[index] + text + self._open_tail
             # Emitter.emit's common case without the call: straight to the transport.
             direct = emitter.writer
@@ -167,6 +184,13 @@ class StreamRenderer:
             text = b"".join([escaped(t) for t in out.new_token_ids]) if self._text else b""
         else:
             text = orjson.dumps(choice.text_of(out, self._piece))[1:-1]
+        ids = out.new_token_ids
+        if self._interval > 1:
+            cut = choice.abort_at is not None and choice.abort_due
+            held = self._hold(choice, text, ids, flush=choice.done or cut)
+            if held is None:
+                return  # (the chunk waits for more tokens)
+            text, ids = held
         if choice.abort_at is not None and choice.abort_due:
             self._cut(choice, text, emitter)
             return
@@ -181,9 +205,8 @@ class StreamRenderer:
             prompt = choice.prompt_token_ids if self._prompt_due[index] else None
             self._prompt_due[index] = False
             chunk = self._first[index] + writer.text(
-                index, text, choice.finish_reason, choice.stop_reason, usage,
-                out.new_token_ids, prompt,
-            )  # fmt: skip
+                index, text, choice.finish_reason, choice.stop_reason, usage, ids, prompt
+            )
         else:
             chunk = self._first[index] + writer.text(
                 index, text, choice.finish_reason, choice.stop_reason, usage
@@ -204,6 +227,28 @@ class StreamRenderer:
         if writer.include_usage:
             chunk += writer.usage(*totals(self._response.choices))
         emitter.emit(chunk + DONE, last=True)
+
+    def _hold(
+        self, choice: Choice, text: bytes, ids: list[int], flush: bool = False
+    ) -> tuple[bytes, list[int]] | None:
+        """vLLM's stream interval: None while `choice`'s chunk is to wait (this output's text
+        and ids held back), else the text and ids of the chunk to send now, what was held
+        first. A chunk goes with the choice's first token, once `interval` tokens are unsent,
+        or on `flush` (the choice's end; an injected abort's cut)."""
+        index = choice.index
+        sent = self._sent[index]
+        texts, held_ids = self._held[index]
+        if not flush and sent and choice.completion_tokens - sent < self._interval:
+            texts.append(text)
+            held_ids += ids
+            return None
+        self._sent[index] = choice.completion_tokens
+        if not texts:
+            return text, ids
+        texts.append(text)
+        out = b"".join(texts), held_ids + ids
+        self._held[index] = ([], [])
+        return out
 
     def _first_sent(self, index: int) -> None:
         """Choice `index`'s first chunk is out: what went before it goes no more."""

@@ -38,6 +38,8 @@ class ServerSettings:
     startup_delay: float = 0.0
     # Passes whose tokens a lagging server streams as one chunk (mocker.engine.live).
     max_merged_passes: int = 1
+    # vLLM's --stream-interval: tokens a streamed chunk waits for (mocker.api.stream).
+    stream_interval: int = 1
     faults: FaultConfig = field(default_factory=FaultConfig)
     admin_token: str | None = None
     # GET /get_load's body: vllm-router's {"load": n} or the SGLang server's per-rank list
@@ -116,6 +118,15 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         "merges a stream's deltas; the passes keep their modelled pace. 1: a chunk per "
         "pass, and the passes fall behind with the server (mocker)",
         _S.max_merged_passes,
+        "int",
+        metavar="N",
+    ),
+    Option(
+        "stream_interval",
+        "tokens a streamed choice's chunk waits for: its first token and its end go at once, "
+        "the rest in chunks of N tokens (a request's own stream_interval may raise it, not "
+        "lower it); the engine and its metrics still count every token as it is made",
+        _S.stream_interval,
         "int",
         metavar="N",
     ),
@@ -235,6 +246,9 @@ def _check(values: Mapping[str, Any]) -> None:
     merged = values["max_merged_passes"]
     if not 1 <= merged <= 1024:
         raise ConfigError(f"invalid max_merged_passes={merged!r}: must be in [1, 1024]")
+    interval = values["stream_interval"]
+    if interval < 1:
+        raise ConfigError(f"invalid stream_interval={interval!r}: must be >= 1")
 
 
 def _faults(values: Mapping[str, Any]) -> FaultConfig:
@@ -275,6 +289,7 @@ def server_settings_from(values: Mapping[str, Any]) -> ServerSettings:
         data_parallel_size=values["data_parallel_size"],
         startup_delay=values["startup_delay"],
         max_merged_passes=values["max_merged_passes"],
+        stream_interval=values["stream_interval"],
         faults=_faults(values),
         admin_token=values["admin_token"] or None,
         get_load_format=values["get_load_format"],

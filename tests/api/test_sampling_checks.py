@@ -21,6 +21,7 @@ REFUSED = [
     ("frequency_penalty", -2.5, "frequency_penalty must be in [-2, 2], got -2.5."),
     ("repetition_penalty", 0, "repetition_penalty must be greater than zero, got 0.0."),
     ("stop", ["ok", ""], "stop cannot contain an empty string."),
+    ("stream_interval", 0, "stream_interval must be at least 1, got 0."),
 ]
 # Each field at the ends of its range: accepted.
 ACCEPTED = {"temperature": 2, "top_p": 1, "top_k": -1, "min_p": 0, "presence_penalty": -2,

@@ -11,7 +11,7 @@ import pytest
 from mocker.api.stream import StreamRenderer
 from mocker.engine.outputs import RequestOutput
 from tests.support.parsing import sse_events
-from tests.support.servers import AppClient, make_app
+from tests.support.servers import AppClient, make_app, settings
 
 
 @pytest.fixture
@@ -57,3 +57,104 @@ async def test_a_renderer_failing_mid_stream_ends_it_with_a_500_and_aborts(chat:
                 await asyncio.sleep(0.001)
         assert engine.core.pool.num_used == 0 and metrics.finished["abort"] == 1
         assert metrics.finished["length"] == 0
+
+
+async def _stream(client: AppClient, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    r = await client.http.post(path, json=body, headers={"X-Request-Id": "same-tokens"})
+    assert r.status_code == 200, r.text
+    events = sse_events(r.text)
+    assert events[-1] == "[DONE]"
+    return events[:-1]
+
+
+def _pieces(events: list[dict[str, Any]]) -> list[tuple[list[int], str, str | None]]:
+    """(token ids, text, finish reason) of each choice chunk (not the role or usage ones)."""
+    out = []
+    for e in events:
+        if not e["choices"]:
+            continue
+        choice = e["choices"][0]
+        text = choice["delta"].get("content") if "delta" in choice else choice["text"]
+        if "delta" in choice and "role" in choice["delta"] and not text:
+            continue
+        out.append((choice.get("token_ids") or [], text, choice["finish_reason"]))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("server", "asked", "sizes"),
+    [
+        (4, None, [1, 4, 4, 1]),  # first token at once, then 4 a chunk, the end at once
+        (4, 6, [1, 6, 3]),  # a request may ask for more
+        (4, 2, [1, 4, 4, 1]),  # not for less (vLLM's clamp)
+        (1, 3, [1, 3, 3, 3]),
+    ],
+)
+async def test_the_stream_interval_groups_tokens_as_vllms_output_processor(
+    server: int, asked: int | None, sizes: list[int]
+) -> None:
+    body: dict[str, Any] = {
+        "prompt": [5, 6, 7],
+        "max_tokens": 10,
+        "stream": True,
+        "return_token_ids": True,
+        "stream_options": {"include_usage": True},
+    }
+    if asked is not None:
+        body["stream_interval"] = asked
+    async with AppClient(make_app()) as plain:
+        reference = _pieces(await _stream(plain, "/v1/completions", {**body, "stream_interval": 1}))
+    async with AppClient(make_app(settings(stream_interval=server))) as client:
+        events = await _stream(client, "/v1/completions", body)
+        metrics = client.state.metrics[0]
+        itl_count = metrics.itl.count
+    pieces = _pieces(events)
+    assert [len(ids) for ids, _, _ in pieces] == sizes
+    # The same tokens and text as one chunk a token, the finish reason on the last only.
+    assert [t for ids, _, _ in pieces for t in ids] == [t for ids, _, _ in reference for t in ids]
+    assert "".join(t for _, t, _ in pieces) == "".join(t for _, t, _ in reference)
+    assert [f for _, _, f in pieces] == [None] * (len(sizes) - 1) + ["length"]
+    assert events[-1]["usage"]["completion_tokens"] == 10
+    assert itl_count == 9  # the engine's metrics still see every token as it is made
+
+
+async def test_a_stop_string_under_a_stream_interval_ends_where_it_would_without() -> None:
+    body: dict[str, Any] = {
+        "prompt": [5, 6, 7],
+        "max_tokens": 12,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    async with AppClient(make_app()) as plain:
+        words = "".join(t for _, t, _ in _pieces(await _stream(plain, "/v1/completions", body)))
+    stop = words.split(" ")[3]  # a word well inside the stream
+    results = []
+    for interval in (1, 5):
+        async with AppClient(make_app(settings(stream_interval=interval))) as client:
+            events = await _stream(client, "/v1/completions", {**body, "stop": [stop]})
+        pieces = _pieces(events)
+        results.append(("".join(t for _, t, _ in pieces), pieces[-1][2], events[-1]["usage"]))
+    assert results[0] == results[1] and results[0][1] == "stop"
+
+
+async def test_a_chat_stream_under_a_stream_interval() -> None:
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 7,
+        "stream": True,
+    }
+    async with AppClient(make_app(settings(stream_interval=3))) as client:
+        events = await _stream(client, "/v1/chat/completions", body)
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    pieces = _pieces(events)
+    # Token 1 | 2-4 (three unsent) | 5-7 (the last: the end goes at once), the role before.
+    assert len(pieces) == 3 and pieces[-1][2] == "length"
+    assert [len(t.split(" ")) - 1 for _, t, _ in pieces] == [1, 3, 3]  # (a word a token)
+
+
+async def test_the_generate_stream_honours_the_interval_too() -> None:
+    body = {"token_ids": [5, 6, 7], "sampling_params": {"max_tokens": 10}, "stream": True}
+    async with AppClient(make_app(settings(stream_interval=4))) as client:
+        events = await _stream(client, "/inference/v1/generate", body)
+    sizes = [len(e["choices"][0]["token_ids"]) for e in events if e.get("choices")]
+    assert sizes == [1, 4, 4, 1]
