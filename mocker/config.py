@@ -27,6 +27,7 @@ __all__ = [
     "ModelShape",
     "OffloadPolicy",
     "PreemptionVictim",
+    "SchedulingPolicy",
     "StorageKind",
     "StorageTierSpec",
 ]
@@ -41,6 +42,13 @@ class PreemptionVictim(StrEnum):
 
     NEWEST = "newest"  # vLLM's default: the most recently admitted running request
     OLDEST = "oldest"
+
+
+class SchedulingPolicy(StrEnum):
+    """vLLM's --scheduling-policy: the order of waiting requests and the preemption victim."""
+
+    FCFS = "fcfs"  # arrival order; a request's priority must be 0
+    PRIORITY = "priority"  # (priority, arrival time), lower first; the highest is preempted
 
 
 class EvictionPolicyName(StrEnum):
@@ -307,6 +315,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     preemption_victim: PreemptionVictim = PreemptionVictim.NEWEST
+    scheduling_policy: SchedulingPolicy = SchedulingPolicy.FCFS
     eviction_policy: EvictionPolicyName = EvictionPolicyName.LRU
     speedup_ratio: float = 1.0
     seed: int = 0
@@ -404,6 +413,7 @@ class EngineConfig:
             _fail("prefix_caching_hash_algo", self.prefix_caching_hash_algo,
                   "must be one of " + ", ".join(_HASH_ALGOS))  # fmt: skip
         self._coerce_enum("preemption_victim", PreemptionVictim)
+        self._coerce_enum("scheduling_policy", SchedulingPolicy)
         self._coerce_enum("eviction_policy", EvictionPolicyName)
         self._coerce_enum("offload_policy", OffloadPolicy)
         _int_in("num_cpu_blocks", self.num_cpu_blocks, 0, 1 << 30)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 
-from mocker.config import EngineConfig
+from mocker.config import EngineConfig, SchedulingPolicy
 from mocker.kv.hashing import extra_keys_bytes
 from mocker.request import EngineRequest
 
@@ -107,6 +107,10 @@ def check_request(config: EngineConfig, spec: EngineRequest, *, ids_in_range: bo
     use is the holder's to check: `request_id_in_use` words it.) `ids_in_range`: the driver
     built the prompt's ids itself, all ints in [0, 2^32) (replay's prompt builder), so they
     are only counted (checking them cost a twentieth of a replay)."""
+    if spec.priority != 0 and config.scheduling_policy is not SchedulingPolicy.PRIORITY:
+        raise RequestRejected(  # vLLM's words
+            f"Got priority {spec.priority} but Priority scheduling is not enabled.", "priority"
+        )
     n = len(spec.prompt_token_ids) if ids_in_range else _check_prompt_ids(spec.prompt_token_ids)
     if n == 0:
         raise RequestRejected("the prompt is empty: at least one token is needed")

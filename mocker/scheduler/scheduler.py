@@ -6,7 +6,7 @@ from collections.abc import Sized
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from mocker.config import EngineConfig, KVRole, PreemptionVictim
+from mocker.config import EngineConfig, KVRole, PreemptionVictim, SchedulingPolicy
 from mocker.kv.manager import KVManager
 from mocker.request import Request, RequestStatus
 from mocker.scheduler.waiting_queue import WaitingQueue
@@ -50,12 +50,17 @@ def _is_decode(request: Request, num_new: int) -> bool:
     )
 
 
+def _priority_key(request: Request) -> tuple[int, float]:
+    return request.priority, request.arrival_time
+
+
 class Scheduler:
     """Decides each pass; allocates through the KV manager, never touches the pool directly,
     and asks the connector (if tiers are below the device) what they hold."""
 
     __slots__ = (
         "_block_size",
+        "_by_priority",
         "_carry",
         "_chunk",
         "_chunked",
@@ -87,7 +92,8 @@ class Scheduler:
         self.connector = connector
         self.pulls = pulls  # P/D decode side: prompts whose KV a prefill engine holds
         self.running: list[Request] = []
-        self.waiting = WaitingQueue()
+        self._by_priority = config.scheduling_policy is SchedulingPolicy.PRIORITY
+        self.waiting = WaitingQueue(by_arrival=self._by_priority)
         # Tiers: requests waiting for their KV to load, and those whose KV has landed,
         # which resume ahead of fresh admissions.
         self.loading: set[Request] = set()
@@ -348,13 +354,16 @@ class Scheduler:
         return hits, 0
 
     def _pick_victim(self) -> Request:
-        """The lowest-priority running request (highest value, as vLLM's priority policy);
-        among equals the newest (default) or the oldest."""
+        """vLLM's victim: under the priority policy the running request with the highest
+        (priority, arrival time), the first such in running order; under fcfs (every
+        priority 0) the newest running (`running.pop()`), or with --preemption-victim
+        oldest the oldest."""
         running = self.running
-        worst = max(r.priority for r in running)
+        if self._by_priority:
+            return max(running, key=_priority_key)
         if self._victim is PreemptionVictim.OLDEST:
-            return next(r for r in running if r.priority == worst)
-        return next(r for r in reversed(running) if r.priority == worst)
+            return running[0]
+        return running[-1]
 
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         """Preemption by recompute: free everything, start over from the front of waiting."""

@@ -90,8 +90,17 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         metavar="NAME|JSON|FILE",
     ),
     Option(
+        "scheduling_policy",
+        "fcfs: requests run in arrival order, and one with a priority other than 0 is "
+        "refused (400); priority: waiting requests run by (priority, arrival), lower first, "
+        "and the running request with the highest (priority, arrival) is preempted",
+        _D.scheduling_policy.value,
+        "str",
+        choices=("fcfs", "priority"),
+    ),
+    Option(
         "preemption_victim",
-        "running request preempted when a block cannot be allocated (mocker)",
+        "running request preempted when a block cannot be allocated under fcfs (mocker)",
         _D.preemption_victim.value,
         "str",
         choices=("newest", "oldest"),
@@ -324,6 +333,7 @@ def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
         timing_profile=values["timing_profile"],
         model=model_shape_from(values["model_shape"]),
         preemption_victim=values["preemption_victim"],
+        scheduling_policy=values["scheduling_policy"],
         eviction_policy=values["eviction_policy"],
         eos_probability=values["eos_probability"],
         kv_offloading_size=values["kv_offloading_size"],

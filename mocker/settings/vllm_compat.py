@@ -40,7 +40,6 @@ IGNORED_VLLM_FLAGS: dict[str, bool] = {
     # Flags of vLLM deployments (llm-d manifests) that change nothing here.
     "kv_offloading_backend": True,
     "api_server_count": True,
-    "scheduling_policy": True,
     "max_log_len": True,
     "reasoning_parser": True,
 }

@@ -197,7 +197,7 @@ def test_no_stop_token_before_min_tokens() -> None:
 
 
 def test_lowest_priority_running_request_is_preempted() -> None:
-    core = make_core(num_gpu_blocks=6)
+    core = make_core(num_gpu_blocks=6, scheduling_policy="priority")
     core.add_request(EngineRequest("low", [1] * 8, SamplingParams(max_tokens=16), priority=5))
     core.add_request(EngineRequest("high", [2] * 8, SamplingParams(max_tokens=16), priority=0))
     now = 0.0
@@ -206,6 +206,38 @@ def test_lowest_priority_running_request_is_preempted() -> None:
     # "high" is the newest, but "low" has the lower priority (higher value).
     assert core.requests["low"].status == RequestStatus.PREEMPTED
     assert core.requests["high"].status == RequestStatus.RUNNING
+
+
+def test_a_priority_other_than_0_needs_the_priority_policy() -> None:
+    spec = EngineRequest("p", [1] * 8, SamplingParams(max_tokens=4), priority=3)
+    with pytest.raises(RequestRejected, match="Got priority 3 but Priority scheduling is not"):
+        make_core().add_request(spec)
+    make_core(scheduling_policy="priority").add_request(spec)
+
+
+@pytest.mark.parametrize(
+    ("policy", "victim", "waiting"),
+    [("priority", "late", ["early", "late"]), ("fcfs", "early", ["early", "earliest"])],
+)
+def test_the_policy_picks_the_victim_and_where_it_waits_again(
+    policy: str, victim: str, waiting: list[str]
+) -> None:
+    """Priority: vLLM's max(running, key=(priority, arrival_time)), and the preempted request
+    waits again at its arrival's place ("late" arrived last but was admitted first). FCFS:
+    the newest admitted (running.pop()), back in front of the queue."""
+    core = make_core(num_gpu_blocks=6, scheduling_policy=policy)
+    core.add_request(EngineRequest("late", [1] * 8, SamplingParams(max_tokens=16), 2.0))
+    now = core.step(0.0).end  # "late" runs alone
+    for name, arrival in (("early", 1.0), ("earliest", 0.5)):
+        core.add_request(EngineRequest(name, [2] * 8, SamplingParams(max_tokens=16), arrival))
+    now = core.step(now).end
+    running = [r.request_id for r in core.scheduler.running]
+    admitted = "earliest" if policy == "priority" else "early"  # (fcfs: in the order added)
+    assert running == ["late", admitted]
+    while core.scheduler.num_preemptions == 0:
+        now = core.step(now).end
+    assert core.requests[victim].status == RequestStatus.PREEMPTED
+    assert [r.request_id for r in core.scheduler.waiting] == waiting
 
 
 def test_vllm_hash_algo_publishes_vllms_block_hashes(monkeypatch: pytest.MonkeyPatch) -> None:

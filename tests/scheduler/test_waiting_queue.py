@@ -41,3 +41,18 @@ def test_remove_is_lazy_and_exact() -> None:
     assert [r.request_id for r in q] == ["b", "a"]
     with pytest.raises(ValueError, match="already waiting"):
         q.push(a)
+
+
+def test_by_arrival_a_request_pushed_to_the_front_takes_its_arrivals_place() -> None:
+    """vLLM's priority queue: (priority, arrival time); a preempted request goes back where
+    its arrival puts it, not in front (ties: the order they came in)."""
+    q = WaitingQueue(by_arrival=True)
+    early, late, tie, urgent = (
+        Request(RequestId(n), [1], 1, 1, SamplingParams(), t, priority=p)
+        for n, t, p in (("early", 1.0, 0), ("late", 3.0, 0), ("tie", 1.0, 0), ("urgent", 9.0, -1))
+    )
+    q.push(late)
+    q.push(early)
+    q.push_front(tie)  # arrived with "early", came in after it
+    q.push(urgent)
+    assert [r.request_id for r in q] == ["urgent", "early", "tie", "late"]

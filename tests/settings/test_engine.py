@@ -124,3 +124,12 @@ def test_start_up_counts_every_hybrid_group_together() -> None:
     with pytest.raises(ConfigError, match="needs 89 KV blocks"):
         _config(*flags, "--num-gpu-blocks-override", "80")
     assert _config(*flags, "--num-gpu-blocks-override", "89").num_gpu_blocks == 89
+
+
+def test_scheduling_policy_is_read_not_ignored() -> None:
+    """vLLM's --scheduling-policy was once accepted and ignored; it now orders the queue."""
+    assert _config().scheduling_policy == "fcfs"
+    values, warnings = resolve(parse_flags(["--scheduling-policy", "priority"]), ALL, environ={})
+    assert warnings == [] and engine_config_from(values).scheduling_policy == "priority"
+    with pytest.raises(SystemExit):  # argparse's own error: not a choice
+        parse_flags(["--scheduling-policy", "lifo"])
