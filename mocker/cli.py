@@ -115,6 +115,7 @@ def _serve(argv_args: argparse.Namespace) -> int:
             port=settings.port,
             log_level=settings.log_level,
             access_log=settings.access_log,
+            root_path=settings.root_path,
             # After the drain every response has ended: connections close at once.
             timeout_graceful_shutdown=5,
         ),

@@ -316,6 +316,8 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     preemption_victim: PreemptionVictim = PreemptionVictim.NEWEST
     scheduling_policy: SchedulingPolicy = SchedulingPolicy.FCFS
+    # vLLM's: a prefill chunk is at most this many tokens (0: only the budget caps it).
+    long_prefill_token_threshold: int = 0
     eviction_policy: EvictionPolicyName = EvictionPolicyName.LRU
     speedup_ratio: float = 1.0
     seed: int = 0
@@ -401,6 +403,7 @@ class EngineConfig:
         _int_in("num_gpu_blocks", self.num_gpu_blocks, 1, 1 << 26)
         _int_in("max_num_seqs", self.max_num_seqs, 1, 1 << 20)
         _int_in("max_num_batched_tokens", self.max_num_batched_tokens, 1, 1 << 24)
+        _int_in("long_prefill_token_threshold", self.long_prefill_token_threshold, 0, 1 << 24)
         _int_in("max_model_len", self.max_model_len, 1, 1 << 24)
         _int_in("seed", self.seed, 0, 1 << 63)
         _int_in("vocab_size", self.vocab_size, 2, 1 << 31)

@@ -111,3 +111,15 @@ def test_tokenizer_export_writes_a_folder_clients_load(tmp_path: Path) -> None:
     config = json.loads((out / "tokenizer_config.json").read_text())
     assert config["chat_template"] and (out / "tokenizer.json").is_file()
     assert main(["tokenizer", "export", str(out), "--tokenizer", str(tmp_path / "none")]) == 2
+
+
+def test_serve_behind_a_root_path() -> None:
+    """vLLM's --root-path is uvicorn's: the proxy strips the prefix, the OpenAPI document
+    names it for clients generated from it."""
+    with serve("--root-path", "/proxy", "--speedup-ratio", "100") as (proc, base):
+        assert httpx.get(base + "/v1/models").status_code == 200
+        r = httpx.post(base + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+        assert httpx.get(base + "/openapi.json").json()["servers"] == [{"url": "/proxy"}]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0

@@ -21,7 +21,12 @@ from mocker.api.faults import FaultInjector, JitteredEmitter, failure_error
 from mocker.api.inputs import chat_prompt, check_model, completion_prompts
 from mocker.api.lifecycle import OpenResponse, OpenResponses
 from mocker.api.lora import LoraAdapters
-from mocker.api.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from mocker.api.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
+    StreamOptions,
+)
 from mocker.api.render import generate_request
 from mocker.api.responses import DeferredResponse, Emitter, EventStreamResponse, json_response
 from mocker.api.sampling_checks import check_sampling
@@ -83,6 +88,18 @@ def _remote_cached_tokens(spec: EngineRequest, engine: LiveEngine) -> int | None
     if remote is None or remote.cached_tokens is None or engine.core.pulls is None:
         return None
     return min(remote.cached_tokens, len(spec.prompt_token_ids))
+
+
+def _usage_wanted(options: StreamOptions | None, forced: bool) -> tuple[bool, bool]:
+    """vLLM's should_include_usage: (usage at the end, usage on every chunk). Forced
+    (--enable-force-include-usage): both; else as stream_options ask, a running usage
+    only with the final one."""
+    if forced:
+        return True, True
+    if options is None:
+        return False, False
+    include = bool(options.include_usage)
+    return include, include and bool(options.continuous_usage_stats)
 
 
 def _unsupported(body: GenerationRequest) -> None:
@@ -449,9 +466,9 @@ class OpenAIServing:
             collector = ResponseCollector(response, head, piece=tokenizer.piece, faults=faults)
             collector.attach()
             return DeferredResponse(collector.response, response.on_disconnect)
-        opts = body.stream_options
-        include_usage = bool(opts and opts.include_usage)
-        continuous_usage = bool(opts and opts.continuous_usage_stats)
+        include_usage, continuous_usage = _usage_wanted(
+            body.stream_options, self.settings.force_include_usage
+        )
         writer: ChunkWriter | GenerateChunkWriter
         if generate:
             writer = GenerateChunkWriter(

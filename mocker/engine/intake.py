@@ -108,8 +108,9 @@ def check_request(config: EngineConfig, spec: EngineRequest, *, ids_in_range: bo
     built the prompt's ids itself, all ints in [0, 2^32) (replay's prompt builder), so they
     are only counted (checking them cost a twentieth of a replay)."""
     if spec.priority != 0 and config.scheduling_policy is not SchedulingPolicy.PRIORITY:
-        raise RequestRejected(  # vLLM's words
-            f"Got priority {spec.priority} but Priority scheduling is not enabled.", "priority"
+        # vLLM's words (a ValueError there: a 400 that names no field)
+        raise RequestRejected(
+            f"Got priority {spec.priority} but Priority scheduling is not enabled."
         )
     n = len(spec.prompt_token_ids) if ids_in_range else _check_prompt_ids(spec.prompt_token_ids)
     if n == 0:

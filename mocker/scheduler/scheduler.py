@@ -65,6 +65,7 @@ class Scheduler:
         "_chunk",
         "_chunked",
         "_external",
+        "_long",
         "_mamba_split",
         "_max_loras",
         "_max_seqs",
@@ -102,6 +103,8 @@ class Scheduler:
         self._carry = SchedulerOutput()
         self.num_preemptions = 0
         self._token_budget = config.max_num_batched_tokens
+        # vLLM's long_prefill_token_threshold: no chunk longer (0: no cap but the budget's).
+        self._long = config.long_prefill_token_threshold or config.max_num_batched_tokens
         self._max_seqs = config.max_num_seqs
         self._chunked = config.enable_chunked_prefill
         self._victim = config.preemption_victim
@@ -262,6 +265,8 @@ class Scheduler:
             num_new = num_tokens - computed
             if num_new > budget:
                 num_new = budget
+            if num_new > self._long:
+                num_new = self._long
             if self._mamba_split:
                 num_new = self._mamba_aligned(request, computed, num_new)
                 if not num_new:
@@ -408,7 +413,7 @@ class Scheduler:
             if self._over_max_loras(loras, lora):
                 i += 1  # its adapter waits for a slot; the next resumes (as in waiting)
                 continue
-            num_new = request.num_tokens - request.num_computed_tokens
+            num_new = min(request.num_tokens - request.num_computed_tokens, self._long)
             if num_new > budget:
                 if not self._chunked:
                     break
@@ -507,7 +512,7 @@ class Scheduler:
                 self.loading.add(request)
                 out.loads.append((request, len(hits) // unit, num_loaded))
                 continue
-            num_new = request.num_tokens - num_hit
+            num_new = min(request.num_tokens - num_hit, self._long)
             if num_new > budget:
                 if not self._chunked:
                     break  # the whole prompt waits for a pass with room for it

@@ -33,8 +33,9 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
     Option("block_size", "tokens per KV block (power of two)", _D.block_size, "int"),
     Option(
         "num_gpu_blocks_override",
-        "KV blocks in the device cache (a real engine sizes this from GPU memory)",
-        _D.num_gpu_blocks,
+        "KV blocks in the device cache (a real engine sizes this from GPU memory; default "
+        f"{_D.num_gpu_blocks}, or what --kv-cache-memory-bytes holds)",
+        None,
         "int",
     ),
     Option("max_num_seqs", "most requests running in one pass", _D.max_num_seqs, "int"),
@@ -88,6 +89,22 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         "llama-3-8b",
         "json",
         metavar="NAME|JSON|FILE",
+    ),
+    Option(
+        "kv_cache_memory_bytes",
+        "bytes of device KV cache (vLLM's, instead of --gpu-memory-utilization): as many "
+        "blocks as that holds at the model shape's bytes a block; "
+        "--num-gpu-blocks-override wins if both are given",
+        None,
+        "int",
+        metavar="BYTES",
+    ),
+    Option(
+        "long_prefill_token_threshold",
+        "a prompt computes at most this many tokens a pass (0: as many as the budget allows), "
+        "so long prompts take more, shorter passes beside the decodes",
+        _D.long_prefill_token_threshold,
+        "int",
     ),
     Option(
         "scheduling_policy",
@@ -311,11 +328,29 @@ def _offload(values: Mapping[str, Any]) -> dict[str, Any]:
     return dict(offload)
 
 
+def _num_gpu_blocks(values: Mapping[str, Any]) -> int:
+    """Device blocks: --num-gpu-blocks-override, else what --kv-cache-memory-bytes holds (as
+    vLLM, the override wins), else the default."""
+    blocks, nbytes = values["num_gpu_blocks_override"], values["kv_cache_memory_bytes"]
+    if blocks is not None:
+        return int(blocks)
+    if nbytes is None:
+        return _D.num_gpu_blocks
+    block_bytes = kv_layout(
+        model_shape_from(values["model_shape"]), values["block_size"]
+    ).block_bytes
+    if nbytes < block_bytes:
+        raise ConfigError(
+            f"invalid kv_cache_memory_bytes={nbytes!r}: holds no block of {block_bytes} bytes"
+        )
+    return int(nbytes // block_bytes)
+
+
 def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
     """The engine configuration from resolved option values (validated)."""
     config = EngineConfig(
         block_size=values["block_size"],
-        num_gpu_blocks=values["num_gpu_blocks_override"],
+        num_gpu_blocks=_num_gpu_blocks(values),
         max_num_seqs=values["max_num_seqs"],
         max_num_batched_tokens=values["max_num_batched_tokens"],
         max_model_len=values["max_model_len"],
@@ -334,6 +369,7 @@ def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
         model=model_shape_from(values["model_shape"]),
         preemption_victim=values["preemption_victim"],
         scheduling_policy=values["scheduling_policy"],
+        long_prefill_token_threshold=values["long_prefill_token_threshold"],
         eviction_policy=values["eviction_policy"],
         eos_probability=values["eos_probability"],
         kv_offloading_size=values["kv_offloading_size"],

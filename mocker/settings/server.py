@@ -40,6 +40,10 @@ class ServerSettings:
     max_merged_passes: int = 1
     # vLLM's --stream-interval: tokens a streamed chunk waits for (mocker.api.stream).
     stream_interval: int = 1
+    # vLLM's --enable-force-include-usage: every stream carries usage, on every chunk.
+    force_include_usage: bool = False
+    # uvicorn's root_path (vLLM's --root-path): the app behind a path-based proxy.
+    root_path: str = ""
     faults: FaultConfig = field(default_factory=FaultConfig)
     admin_token: str | None = None
     # GET /get_load's body: vllm-router's {"load": n} or the SGLang server's per-rank list
@@ -87,6 +91,13 @@ SERVER_OPTIONS: tuple[Option, ...] = (
     ),
     Option("api_key", "require 'Authorization: Bearer KEY' on /v1/*", _S.api_key, metavar="KEY"),
     Option(
+        "root_path",
+        "the path prefix a path-based proxy serves this server under, which the proxy strips "
+        "(uvicorn's root_path, as vLLM's): the OpenAPI document and docs name it",
+        _S.root_path,
+        metavar="PATH",
+    ),
+    Option(
         "shutdown_timeout",
         "seconds in-flight requests get to finish after SIGTERM (new ones and /health get "
         "503 meanwhile); then they are aborted",
@@ -129,6 +140,13 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         _S.stream_interval,
         "int",
         metavar="N",
+    ),
+    Option(
+        "enable_force_include_usage",
+        "every streamed response carries usage, on each chunk and in a last chunk of its own, "
+        "whatever its stream_options ask",
+        _S.force_include_usage,
+        "flag",
     ),
     Option(
         "failure_rate",
@@ -290,6 +308,8 @@ def server_settings_from(values: Mapping[str, Any]) -> ServerSettings:
         startup_delay=values["startup_delay"],
         max_merged_passes=values["max_merged_passes"],
         stream_interval=values["stream_interval"],
+        force_include_usage=values["enable_force_include_usage"],
+        root_path=values["root_path"] or "",
         faults=_faults(values),
         admin_token=values["admin_token"] or None,
         get_load_format=values["get_load_format"],

@@ -42,7 +42,71 @@ IGNORED_VLLM_FLAGS: dict[str, bool] = {
     "api_server_count": True,
     "max_log_len": True,
     "reasoning_parser": True,
+    # More of `vllm serve`'s flags seen in manifests and launch scripts: compilation and
+    # CUDA graphs, parallelism across nodes and experts, speculative decoding, multimodal
+    # inputs, structured outputs, tracing, CORS, sleep mode, plugins. None changes what a
+    # mock engine models.
+    "async_scheduling": False,
+    "max_cudagraph_capture_size": True,
+    "cuda_graph_sizes": True,
+    "attention_backend": True,
+    "disable_cascade_attn": False,
+    "calculate_kv_scales": False,
+    "mamba_ssm_cache_dtype": True,
+    "speculative_config": True,
+    "enable_expert_parallel": False,
+    "enable_eplb": False,
+    "eplb_config": True,
+    "all2all_backend": True,
+    "enable_dbo": False,
+    "data_parallel_size_local": True,
+    "data_parallel_rank": True,
+    "data_parallel_start_rank": True,
+    "data_parallel_address": True,
+    "data_parallel_rpc_port": True,
+    "data_parallel_backend": True,
+    "data_parallel_hybrid_lb": False,
+    "data_parallel_external_lb": False,
+    "headless": False,
+    "max_num_partial_prefills": True,
+    "max_long_partial_prefills": True,
+    "num_scheduler_steps": True,
+    "preemption_mode": True,
+    "limit_mm_per_prompt": True,
+    "mm_processor_kwargs": True,
+    "disable_chunked_mm_input": False,
+    "enable_prompt_embeds": False,
+    "chat_template_content_format": True,
+    "response_role": True,
+    "structured_outputs_config": True,
+    "guided_decoding_backend": True,
+    "logits_processors": True,
+    "tool_parser_plugin": True,
+    "hf_overrides": True,
+    "hf_config_path": True,
+    "override_generation_config": True,
+    "config_format": True,
+    "model_impl": True,
+    "tokenizer_revision": True,
+    "code_revision": True,
+    "max_parallel_loading_workers": True,
+    "worker_extension_cls": True,
+    "middleware": True,
+    "otlp_traces_endpoint": True,
+    "collect_detailed_traces": True,
+    "enable_log_outputs": False,
+    "enable_server_load_tracking": False,
+    "enable_sleep_mode": False,
+    "enable_request_id_headers": False,  # (mocker sends X-Request-Id always)
+    "disable_fastapi_docs": False,
+    "allowed_origins": True,
+    "allowed_methods": True,
+    "allowed_headers": True,
+    "allow_credentials": False,
 }
+
+# Short spellings of ignored flags, as vLLM's (-O3: the compilation level).
+_SHORT = {"compilation_config": "-O"}
 
 
 def add_ignored_vllm_flags(parser: argparse.ArgumentParser) -> None:
@@ -51,13 +115,15 @@ def add_ignored_vllm_flags(parser: argparse.ArgumentParser) -> None:
     )
     for dest, takes_value in IGNORED_VLLM_FLAGS.items():
         flag = "--" + dest.replace("_", "-")
+        flags = [flag, _SHORT[dest]] if dest in _SHORT else [flag]
         if takes_value:
             group.add_argument(
-                flag, dest=IGNORED_PREFIX + dest, default=argparse.SUPPRESS, metavar="VALUE",
+                *flags, dest=IGNORED_PREFIX + dest, default=argparse.SUPPRESS, metavar="VALUE",
                 help="ignored",
             )  # fmt: skip
         else:
+            # vLLM's switches come in pairs (argparse.BooleanOptionalAction): both accepted.
             group.add_argument(
-                flag, dest=IGNORED_PREFIX + dest, action="store_true",
+                flag, "--no-" + flag[2:], dest=IGNORED_PREFIX + dest, action="store_true",
                 default=argparse.SUPPRESS, help="ignored",
             )  # fmt: skip

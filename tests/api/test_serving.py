@@ -87,6 +87,29 @@ async def test_stream_without_usage_has_no_usage_chunk(client: AppClient) -> Non
     assert events[-1] == "[DONE]" and all("usage" not in e for e in events[:-1])
 
 
+async def test_a_running_usage_needs_the_final_one(client: AppClient) -> None:
+    """vLLM's should_include_usage: continuous_usage_stats only with include_usage."""
+    r = await client.http.post(
+        "/v1/completions",
+        json={"prompt": "a", "max_tokens": 3, "stream": True,
+              "stream_options": {"include_usage": False, "continuous_usage_stats": True}},
+    )  # fmt: skip
+    events = sse_events(r.text)
+    assert events[-1] == "[DONE]" and all("usage" not in e for e in events[:-1])
+
+
+async def test_force_include_usage_puts_usage_on_every_stream_and_chunk() -> None:
+    async with AppClient(make_app(settings(force_include_usage=True))) as c:
+        for options in (None, {"include_usage": False}):
+            body = {"prompt": [1, 2, 3], "max_tokens": 4, "stream": True}
+            r = await c.http.post("/v1/completions", json={**body, "stream_options": options})
+            events = sse_events(r.text)
+            *chunks, last, done = events
+            assert done == "[DONE]" and last["choices"] == []
+            assert last["usage"]["completion_tokens"] == 4
+            assert [e["usage"]["completion_tokens"] for e in chunks] == [1, 2, 3, 4]
+
+
 async def test_chat_stream_first_delta_has_role(client: AppClient) -> None:
     r = await client.http.post(
         "/v1/chat/completions",

@@ -34,6 +34,26 @@ def test_chunked_prefill_splits_by_budget() -> None:
     assert r.num_computed_tokens == 80 and r.num_tokens == 81
 
 
+def test_long_prefill_token_threshold_caps_each_chunk() -> None:
+    """vLLM's long_prefill_token_threshold: no prefill chunk longer, first or later, with a
+    prefix hit or not; decodes and the budget's other users go on beside it."""
+    core = make_core(long_prefill_token_threshold=12)  # budget 32, block 4
+    core.add_request(req("a", range(40), max_tokens=2))
+    core.add_request(req("b", [7] * 6, max_tokens=8))
+    assert _scheduled(core) == {"a": 12, "b": 6}  # (b is short: not capped)
+    now = core.time
+    chunks = []
+    while core.requests["a"].num_computed_tokens < 40:
+        done = _scheduled(core, now)
+        chunks.append(done["a"])
+        assert done["b"] == 1  # b decodes in every pass beside the chunks
+        now = core.time
+    assert chunks == [12, 12, 4]
+    # A prompt that hits the cache (a's 40 tokens) is capped past its hit.
+    core.add_request(req("c", [*range(40), *range(100, 130)], max_tokens=2))
+    assert _scheduled(core, now)["c"] == 40 + 12
+
+
 def test_decodes_and_prefill_share_one_budget() -> None:
     core = make_core()
     for i in range(3):

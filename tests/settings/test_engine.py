@@ -133,3 +133,15 @@ def test_scheduling_policy_is_read_not_ignored() -> None:
     assert warnings == [] and engine_config_from(values).scheduling_policy == "priority"
     with pytest.raises(SystemExit):  # argparse's own error: not a choice
         parse_flags(["--scheduling-policy", "lifo"])
+
+
+def test_kv_cache_memory_bytes_sizes_the_device_pool() -> None:
+    """vLLM's --kv-cache-memory-bytes: the blocks it holds at the model's 2 MiB a block
+    (block_size 16 × Llama-3-8B's 128 KiB a token); --num-gpu-blocks-override wins."""
+    gib4 = str(4 * 2**30)
+    argv = ["--kv-cache-memory-bytes", gib4, "--max-model-len", "4096"]
+    assert _config(*argv).num_gpu_blocks == 2048
+    assert _config(*argv, "--num-gpu-blocks-override", "1000").num_gpu_blocks == 1000
+    assert _config().num_gpu_blocks == EngineConfig().num_gpu_blocks
+    with pytest.raises(ConfigError, match="kv_cache_memory_bytes=1000: holds no block"):
+        _config("--kv-cache-memory-bytes", "1000")

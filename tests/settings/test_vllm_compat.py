@@ -35,3 +35,42 @@ def test_scale_out_flag_is_accepted_and_hash_algo_is_read() -> None:
     values, warnings = resolve(ns, ALL, environ={})
     assert warnings == ["ignoring --enable-scale-out: no meaning for a mock engine"]
     assert values["prefix_caching_hash_algo"] == "sha256_cbor"
+
+
+# `vllm serve` flags from deployment manifests and launch scripts (llm-d, production-stack,
+# benchmark recipes): each must be accepted, so that the same command line starts the mock.
+MANIFEST_FLAGS = [
+    ["--async-scheduling"], ["--no-async-scheduling"], ["--max-cudagraph-capture-size", "2048"],
+    ["-O3"], ["--compilation-config", '{"level": 3}'], ["--enable-expert-parallel"],
+    ["--data-parallel-size-local", "2"], ["--data-parallel-address", "10.0.0.1"],
+    ["--data-parallel-rpc-port", "5555"], ["--data-parallel-start-rank", "0"], ["--headless"],
+    ["--speculative-config", '{"method": "ngram"}'], ["--limit-mm-per-prompt", '{"image": 0}'],
+    ["--enable-sleep-mode"], ["--disable-fastapi-docs"], ["--enable-request-id-headers"],
+    ["--otlp-traces-endpoint", "http://x:4317"], ["--allowed-origins", '["*"]'],
+    ["--tool-call-parser", "hermes"], ["--enable-auto-tool-choice"],
+    ["--max-num-partial-prefills", "1"],
+    ["--kv-cache-dtype", "fp8"], ["--trust-remote-code"], ["--enforce-eager"],
+]  # fmt: skip
+
+
+def test_manifest_flags_are_accepted_and_warned_about() -> None:
+    for argv in MANIFEST_FLAGS:
+        values, warnings = resolve(parse_flags(argv), ALL, environ={})
+        assert len(warnings) == 1 and warnings[0].startswith("ignoring --"), argv
+        server_settings_from(values)  # and nothing else changes
+
+
+def test_the_vllm_flags_mocker_models_are_read() -> None:
+    """These were refused (or ignored) once; they now change what the mock does."""
+    argv = ["--stream-interval", "4", "--enable-force-include-usage", "--root-path", "/p",
+            "--scheduling-policy", "priority", "--long-prefill-token-threshold", "256",
+            "--kv-cache-memory-bytes", str(2**33)]  # fmt: skip
+    values, warnings = resolve(parse_flags(argv), ALL, environ={})
+    assert warnings == []
+    server = server_settings_from(values)
+    assert (server.stream_interval, server.force_include_usage, server.root_path) == (4, True, "/p")
+    assert (values["scheduling_policy"], values["long_prefill_token_threshold"]) == (
+        "priority",
+        256,
+    )
+    assert values["kv_cache_memory_bytes"] == 2**33
