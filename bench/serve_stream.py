@@ -1,5 +1,6 @@
-"""Streaming cost of `mocker serve` vs a bare SSE floor at 100/500/1000 streams, its ITL, and the
-cost of publishing KV events (the same load with a ZMQ subscriber counting every event)."""
+"""Streaming cost of `mocker serve` vs a bare SSE floor at 100/500/1000 streams, its ITL, the
+cost of publishing KV events (the same load with a ZMQ subscriber counting every event), and
+the token rate with --stream-interval 10 against 1."""
 
 from __future__ import annotations
 
@@ -218,11 +219,13 @@ def _decode_rate(stream: Stream, all_started: float) -> float | None:
 # -- /metrics during a run ---------------------------------------------------------------------
 
 
-async def sample_kv_usage(port: int, samples: list[float]) -> None:
-    """KV usage while every request is decoding (none waiting), until cancelled. Read on this
-    event loop: a blocking scrape in a thread (urllib) held the GIL for milliseconds, and the
-    streams read late showed it as gaps (a stall at each sample in the ITL run's p99)."""
-    while True:
+async def sample_kv_usage(port: int, samples: list[float], stop: asyncio.Event) -> None:
+    """KV usage while every request is decoding (none waiting), until `stop` is set. Read on
+    this event loop: a blocking scrape in a thread (urllib) held the GIL for milliseconds, and
+    the streams read late showed it as gaps (a stall at each sample in the ITL run's p99).
+    (Stopped by an event, not by cancelling alone: 3.11's wait_for can swallow a cancellation
+    that lands as the scrape's read completes, and the task then sampled forever.)"""
+    while not stop.is_set():
         await asyncio.sleep(KV_SAMPLE_PERIOD_S)
         with contextlib.suppress(OSError):
             text = (await scrape_bytes(port)).decode()
@@ -245,10 +248,12 @@ async def scrape_bytes(port: int) -> bytes:
 async def run_itl(port: int, server_pid: int, n: int) -> dict[str, Any]:
     before = counters(await asyncio.to_thread(scrape, port), ITL_METRICS)
     kv: list[float] = []
-    sampler = asyncio.get_running_loop().create_task(sample_kv_usage(port, kv))
+    stop = asyncio.Event()
+    sampler = asyncio.get_running_loop().create_task(sample_kv_usage(port, kv, stop))
     try:
         load = await run_load(port, server_pid, n, ITL_MAX_TOKENS)
     finally:
+        stop.set()
         sampler.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await sampler
@@ -378,6 +383,42 @@ def events_cost(logs: Path) -> dict[str, Any]:
     }
     log(f"events cost: ratio median {result['ratio_median']} over {result['ratios']}")
     return result
+
+
+INTERVAL_STREAMS = 500
+INTERVAL = 10  # --stream-interval against 1, same load, alternating
+INTERVAL_ROUNDS = 3
+
+
+def stream_interval_cost(logs: Path, errors: list[str]) -> dict[str, Any]:
+    """The same throughput load with --stream-interval INTERVAL and with 1, alternating: the
+    server's token rate and CPU per token when a chunk carries INTERVAL tokens (vLLM's
+    output processor's rule: the first token alone, then INTERVAL a chunk)."""
+    runs: dict[int, list[Load]] = {1: [], INTERVAL: []}
+    for i in range(INTERVAL_ROUNDS):
+        for interval in (1, INTERVAL) if i % 2 == 0 else (INTERVAL, 1):
+            argv = [*serve_argv(TPUT_SPEEDUP), "--stream-interval", str(interval)]
+            load = attempt(errors, f"interval {interval} round {i}",
+                           lambda a=argv, k=interval: throughput(f"si{k}", a, INTERVAL_STREAMS,
+                                                                 logs))  # fmt: skip
+            if load is not None:
+                runs[interval].append(load)
+    out: dict[str, Any] = {"streams": INTERVAL_STREAMS, "interval": INTERVAL}
+    for interval, loads in runs.items():
+        if not loads:
+            continue
+        out[f"interval_{interval}"] = {
+            "tokens_per_s": round(median_of(loads, lambda r: r.tokens_per_s)),
+            "tokens_per_s_runs": [round(r.tokens_per_s) for r in loads],
+            "server_user_us_per_token": round(median_of(loads, lambda r: r.user_us_per_token), 2),
+            "server_sys_us_per_token": round(median_of(loads, lambda r: r.sys_us_per_token), 2),
+            "tokens_per_chunk": round(median_of(loads, lambda r: r.tokens_per_chunk), 2),
+        }
+    if runs[1] and runs[INTERVAL]:
+        out["ratio"] = round(
+            out[f"interval_{INTERVAL}"]["tokens_per_s"] / out["interval_1"]["tokens_per_s"], 2
+        )
+    return out
 
 
 CEILING_BATCHES = 20_000
@@ -584,11 +625,15 @@ def main() -> int:
     log(f"KV events: {EVENTS_PAIRS} pairs at N = {EVENTS_STREAMS}")
     cost = events_cost(logs)
     ceiling = publisher_ceiling()
+    log(f"--stream-interval {INTERVAL} vs 1 at N = {INTERVAL_STREAMS}")
+    interval_errors: list[str] = []
+    interval = stream_interval_cost(logs, interval_errors)
     wall = time.perf_counter() - started
     log(f"done in {wall:.1f}s")
     summary = {
         "runs": rows,
         "kv_events": {**cost, "publisher_alone": ceiling},
+        "stream_interval": {**interval, "errors": interval_errors},
         "throughput_speedup": TPUT_SPEEDUP,
         "throughput_max_tokens": TPUT_MAX_TOKENS,
         "itl_speedup": ITL_SPEEDUP,

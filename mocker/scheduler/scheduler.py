@@ -255,6 +255,7 @@ class Scheduler:
         scheduled = out.num_scheduled
         allocate = self.kv.allocate_slots
         bs = self._block_size
+        longest = self._long
         prefill = decodes = 0
         stalled = False
         i = 0
@@ -265,8 +266,8 @@ class Scheduler:
             num_new = num_tokens - computed
             if num_new > budget:
                 num_new = budget
-            if num_new > self._long:
-                num_new = self._long
+            if num_new > longest:
+                num_new = longest
             if self._mamba_split:
                 num_new = self._mamba_aligned(request, computed, num_new)
                 if not num_new:
