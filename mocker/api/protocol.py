@@ -237,9 +237,10 @@ class ChatMessage(_Open):
 
 def _chat_rules(schema: dict[str, Any]) -> None:
     # What the server refuses as vLLM does (mocker.api.chat_checks), stated where JSON
-    # Schema can: a tool_choice needs tools (the schema asks it even of a null or "none");
-    # a continued final message takes no generation prompt (whose default is true).
-    schema["dependentRequired"] = {"tool_choice": ["tools"]}
+    # Schema can: a tool_choice needs tools (the schema asks it even of a null or "none"),
+    # and tools a tool_choice (its default, "auto", needs the server's tool flags); a
+    # continued final message takes no generation prompt (whose default is true).
+    schema["dependentRequired"] = {"tool_choice": ["tools"], "tools": ["tool_choice"]}
     schema["if"] = {
         "required": ["continue_final_message"],
         "properties": {"continue_final_message": {"const": True}},
@@ -274,7 +275,9 @@ _TOOLS_SCHEMA: dict[str, Any] = {
     ]
 }
 _TOOL_CHOICE_SCHEMA: dict[str, Any] = {
-    "anyOf": [{"enum": ["none", "auto", "required"]}, {"type": "null"}],
+    "anyOf": [{"enum": ["none", "required"]}, {"type": "null"}],
+    "description": '"auto" (the default with tools) is accepted only by a server started with '
+    "--enable-auto-tool-choice and --tool-call-parser, as vLLM's.",
 }
 _RESPONSE_FORMAT_SCHEMA: dict[str, Any] = {
     "anyOf": [

@@ -175,12 +175,26 @@ class OpenAIServing:
     ) -> Response:
         with self._refusal_releases(body):
             model, lora = self._check(body)
+            self._check_auto_tool_choice(body)
             prompt = chat_prompt(self.tokenizer, body)
             max_tokens = body.max_completion_tokens or body.max_tokens
             rid = headers.request_id or uuid.uuid4().hex
             choices = self._start(body, [prompt], max_tokens, rid, headers, "messages",
                                   lora=lora)  # fmt: skip
         return self._respond(body, choices, model, f"chatcmpl-{rid}", rid)
+
+    def _check_auto_tool_choice(self, body: ChatCompletionRequest) -> None:
+        """vLLM's gate: a chat whose tool_choice is "auto" (given, or the default when tools
+        are) needs --enable-auto-tool-choice and --tool-call-parser, else a 400."""
+        choice = body.tool_choice
+        if choice is None and body.tools and "tool_choice" not in body.model_fields_set:
+            choice = "auto"
+        settings = self.settings
+        if choice == "auto" and not (
+            settings.enable_auto_tool_choice and settings.tool_call_parser
+        ):
+            raise OpenAIError(400, '"auto" tool choice requires --enable-auto-tool-choice and '
+                              "--tool-call-parser to be set")  # fmt: skip
 
     # -- render (vLLM's /v1/completions/render and /v1/chat/completions/render) ---------------
 

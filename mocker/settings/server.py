@@ -44,6 +44,10 @@ class ServerSettings:
     force_include_usage: bool = False
     # uvicorn's root_path (vLLM's --root-path): the app behind a path-based proxy.
     root_path: str = ""
+    # vLLM's gate on tool_choice "auto": both set, or such a chat is a 400 (the mock calls no
+    # tool either way).
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
     faults: FaultConfig = field(default_factory=FaultConfig)
     admin_token: str | None = None
     # GET /get_load's body: vllm-router's {"load": n} or the SGLang server's per-rank list
@@ -140,6 +144,20 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         _S.stream_interval,
         "int",
         metavar="N",
+    ),
+    Option(
+        "enable_auto_tool_choice",
+        "with --tool-call-parser, accept chats whose tool_choice is auto (the default when "
+        "tools are given); without both, vLLM refuses them with a 400, and so does mocker "
+        "(which renders tools into the prompt but never calls one)",
+        _S.enable_auto_tool_choice,
+        "flag",
+    ),
+    Option(
+        "tool_call_parser",
+        "vLLM's tool-call parser name (any name: mocker parses no tool calls)",
+        _S.tool_call_parser,
+        metavar="NAME",
     ),
     Option(
         "enable_force_include_usage",
@@ -310,6 +328,8 @@ def server_settings_from(values: Mapping[str, Any]) -> ServerSettings:
         stream_interval=values["stream_interval"],
         force_include_usage=values["enable_force_include_usage"],
         root_path=values["root_path"] or "",
+        enable_auto_tool_choice=values["enable_auto_tool_choice"],
+        tool_call_parser=values["tool_call_parser"] or None,
         faults=_faults(values),
         admin_token=values["admin_token"] or None,
         get_load_format=values["get_load_format"],

@@ -27,12 +27,10 @@ IGNORED_VLLM_FLAGS: dict[str, bool] = {
     "distributed_executor_backend": True,
     "max_seq_len_to_capture": True,
     "compilation_config": True,
-    "tool_call_parser": True,
     "generation_config": True,
     "trust_remote_code": False,
     "enforce_eager": False,
     "disable_custom_all_reduce": False,
-    "enable_auto_tool_choice": False,
     "disable_frontend_multiprocessing": False,
     "disable_log_stats": False,
     # vLLM serves the render and generate routes only with it; mocker always does.

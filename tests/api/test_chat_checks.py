@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.servers import AppClient
+from tests.support.servers import AppClient, make_app, settings
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
@@ -60,17 +60,44 @@ async def test_what_vllm_refuses_in_a_chat_body_is_its_400(
     assert (error["message"], error["param"]) == (message, param)
 
 
-async def test_what_vllm_takes_passes(client: AppClient) -> None:
-    for fields in ACCEPTED:
-        r = await client.http.post(
-            "/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 2, **fields}
-        )
-        assert r.status_code == 200, (fields, r.text)
+async def test_what_vllm_takes_passes() -> None:
+    # (A server started for tools, as vLLM must be for tool_choice "auto": see below.)
+    tools = settings(enable_auto_tool_choice=True, tool_call_parser="hermes")
+    async with AppClient(make_app(tools)) as client:
+        for fields in ACCEPTED:
+            r = await client.http.post(
+                "/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 2, **fields}
+            )
+            assert r.status_code == 200, (fields, r.text)
+
+
+AUTO = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+
+
+async def test_tool_choice_auto_needs_the_servers_tool_flags(client: AppClient) -> None:
+    """vLLM's gate, the 400 agents meet on a server started without tool flags: tool_choice
+    "auto", given or the default with tools. "none", "required", a named tool or an explicit
+    null pass; so does every choice once the server has both flags."""
+    for fields in ({"tools": [TOOL]}, {"tools": [TOOL], "tool_choice": "auto"}):
+        body = {"messages": MESSAGES, "max_tokens": 2, **fields}
+        r = await client.http.post("/v1/chat/completions", json=body)
+        assert r.status_code == 400 and r.json()["error"]["message"] == AUTO
+    for choice in ("none", "required", None,
+                   {"type": "function", "function": {"name": "get_weather"}}):  # fmt: skip
+        r = await client.http.post("/v1/chat/completions", json={
+            "messages": MESSAGES, "max_tokens": 2, "tools": [TOOL], "tool_choice": choice,
+        })  # fmt: skip
+        assert r.status_code == 200, (choice, r.text)
+    for only in (settings(enable_auto_tool_choice=True), settings(tool_call_parser="hermes")):
+        async with AppClient(make_app(only)) as half:  # one flag is not enough
+            r = await half.http.post("/v1/chat/completions",
+                                     json={"messages": MESSAGES, "tools": [TOOL]})  # fmt: skip
+            assert r.status_code == 400
 
 
 async def test_the_schema_states_the_rules_it_can(client: AppClient) -> None:
     schema = (await client.http.get("/openapi.json")).json()
     chat = schema["components"]["schemas"]["ChatCompletionRequest"]
-    assert chat["dependentRequired"] == {"tool_choice": ["tools"]}
+    assert chat["dependentRequired"] == {"tool_choice": ["tools"], "tools": ["tool_choice"]}
     assert chat["then"]["properties"]["add_generation_prompt"] == {"const": False}
     assert chat["properties"]["tools"]["anyOf"][0]["minItems"] == 1

@@ -35,7 +35,7 @@ async def _engine_prompt(c: AppClient, path: str, body: dict[str, Any]) -> list[
     [
         {"messages": [{"role": "user", "content": "What is the weather in Paris?"}]},
         {"messages": [{"role": "user", "content": "Weather?"}], "tools": TOOLS,
-         "tool_choice": "auto"},
+         "tool_choice": "required"},  # ("auto" needs the tool flags: test_chat_checks)
         {"messages": [{"role": "system", "content": "JSON only."},
                       {"role": "user", "content": [{"type": "text", "text": "A city."}]}],
          "response_format": {"type": "json_object"}},
@@ -64,8 +64,9 @@ async def test_tools_are_rendered_into_the_prompt(client: AppClient) -> None:
     )
     assert len(tooled.json()["token_ids"]) > len(plain.json()["token_ids"])
     # ...and the completion route prompts with the same ids (usage counts them)
-    r = await client.http.post(
-        "/v1/chat/completions", json={"messages": messages, "tools": TOOLS, "max_tokens": 1}
+    r = await client.http.post(  # (tool_choice "none": this server has no tool flags)
+        "/v1/chat/completions",
+        json={"messages": messages, "tools": TOOLS, "tool_choice": "none", "max_tokens": 1},
     )
     assert r.json()["usage"]["prompt_tokens"] == len(tooled.json()["token_ids"])
 

@@ -47,7 +47,6 @@ MANIFEST_FLAGS = [
     ["--speculative-config", '{"method": "ngram"}'], ["--limit-mm-per-prompt", '{"image": 0}'],
     ["--enable-sleep-mode"], ["--disable-fastapi-docs"], ["--enable-request-id-headers"],
     ["--otlp-traces-endpoint", "http://x:4317"], ["--allowed-origins", '["*"]'],
-    ["--tool-call-parser", "hermes"], ["--enable-auto-tool-choice"],
     ["--max-num-partial-prefills", "1"],
     ["--kv-cache-dtype", "fp8"], ["--trust-remote-code"], ["--enforce-eager"],
 ]  # fmt: skip
@@ -64,7 +63,8 @@ def test_the_vllm_flags_mocker_models_are_read() -> None:
     """These were refused (or ignored) once; they now change what the mock does."""
     argv = ["--stream-interval", "4", "--enable-force-include-usage", "--root-path", "/p",
             "--scheduling-policy", "priority", "--long-prefill-token-threshold", "256",
-            "--kv-cache-memory-bytes", str(2**33)]  # fmt: skip
+            "--kv-cache-memory-bytes", str(2**33), "--enable-auto-tool-choice",
+            "--tool-call-parser", "hermes"]  # fmt: skip
     values, warnings = resolve(parse_flags(argv), ALL, environ={})
     assert warnings == []
     server = server_settings_from(values)
@@ -74,3 +74,4 @@ def test_the_vllm_flags_mocker_models_are_read() -> None:
         256,
     )
     assert values["kv_cache_memory_bytes"] == 2**33
+    assert (server.enable_auto_tool_choice, server.tool_call_parser) == (True, "hermes")
