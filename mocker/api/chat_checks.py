@@ -7,7 +7,7 @@ from typing import Any
 from mocker.api.errors import OpenAIError
 from mocker.api.protocol import ChatCompletionRequest
 
-__all__ = ["check_chat"]
+__all__ = ["check_chat", "check_response_format"]
 
 _USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
 
@@ -23,17 +23,22 @@ def check_chat(body: ChatCompletionRequest) -> None:
                           "one tool or omit the field entirely.", "tools")  # fmt: skip
     if choice is not None and choice != "none":
         _check_tool_choice(choice, tools)
-    response_format = body.response_format
+    check_response_format(body.response_format)
+    if body.continue_final_message and body.add_generation_prompt:
+        raise OpenAIError(400, "Cannot set both `continue_final_message` and "
+                          "`add_generation_prompt` to True.")  # fmt: skip
+
+
+def check_response_format(response_format: Any) -> None:
+    """vLLM's check of `response_format` (a chat's, and a completion's, where the mock keeps
+    it as an unknown field): a `json_schema` one must carry its schema."""
     if (
-        response_format is not None
+        isinstance(response_format, dict)
         and response_format.get("type") == "json_schema"
         and response_format.get("json_schema") is None
     ):
         raise OpenAIError(400, "When response_format type is 'json_schema', the 'json_schema' "
                           "field must be provided.", "response_format")  # fmt: skip
-    if body.continue_final_message and body.add_generation_prompt:
-        raise OpenAIError(400, "Cannot set both `continue_final_message` and "
-                          "`add_generation_prompt` to True.")  # fmt: skip
 
 
 def _check_tool_choice(choice: str | dict[str, Any], tools: list[dict[str, Any]] | None) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 from starlette.responses import Response
 
-from mocker.api.chat_checks import check_chat
+from mocker.api.chat_checks import check_chat, check_response_format
 from mocker.api.choice import Choice
 from mocker.api.chunks import ChunkWriter, GenerateChunkWriter
 from mocker.api.collect import ResponseCollector, ResponseHead
@@ -121,6 +121,7 @@ def _unsupported(body: GenerationRequest) -> None:
         check_chat(body)
         logprobs = body.logprobs or body.top_logprobs
     else:
+        check_response_format((body.model_extra or {}).get("response_format"))
         if body.best_of not in (None, 1):
             raise OpenAIError(400, "best_of > 1 is not supported.", "best_of")
         for name in ("echo", "suffix"):

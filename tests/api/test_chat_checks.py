@@ -101,3 +101,11 @@ async def test_the_schema_states_the_rules_it_can(client: AppClient) -> None:
     assert chat["dependentRequired"] == {"tool_choice": ["tools"], "tools": ["tool_choice"]}
     assert chat["then"]["properties"]["add_generation_prompt"] == {"const": False}
     assert chat["properties"]["tools"]["anyOf"][0]["minItems"] == 1
+
+
+async def test_a_completions_json_schema_format_needs_its_schema(client: AppClient) -> None:
+    body = {"prompt": "hi", "max_tokens": 2, "response_format": {"type": "json_schema"}}
+    r = await client.http.post("/v1/completions", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
+    body["response_format"] = {"type": "json_schema", "json_schema": {"name": "x"}}
+    assert (await client.http.post("/v1/completions", json=body)).status_code == 200
