@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 from mocker.api.errors import OpenAIError
 
@@ -31,7 +31,7 @@ def check_sampling(body: _Knobs) -> None:
     for name in ("presence_penalty", "frequency_penalty"):
         value = getattr(body, name)
         if value is not None and not -2.0 <= value <= 2.0:
-            raise OpenAIError(400, f"{name} must be in [-2, 2], got {value}.", name)
+            _refuse(name, f"must be in [-2, 2], got {value}.")
     value = body.repetition_penalty
     if value is not None:
         if not math.isfinite(value):
@@ -61,5 +61,5 @@ def check_sampling(body: _Knobs) -> None:
         raise OpenAIError(400, "stop cannot contain an empty string.", "stop")
 
 
-def _refuse(name: str, rule: str) -> None:
+def _refuse(name: str, rule: str) -> NoReturn:
     raise OpenAIError(400, f"{name} {rule}", name)
