@@ -104,7 +104,7 @@ def _serve(argv_args: argparse.Namespace) -> int:
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     print(
         f"mocker {__version__}: serving {', '.join(settings.served_model_names)} at "
-        f"http://{host}:{settings.port}/v1 (metrics at /metrics)",
+        f"{settings.scheme}://{host}:{settings.port}/v1 (metrics at /metrics)",
         file=sys.stderr,
         flush=True,
     )
@@ -116,6 +116,10 @@ def _serve(argv_args: argparse.Namespace) -> int:
             log_level=settings.log_level,
             access_log=settings.access_log,
             root_path=settings.root_path,
+            ssl_keyfile=settings.ssl_keyfile,
+            ssl_certfile=settings.ssl_certfile,
+            ssl_ca_certs=settings.ssl_ca_certs,
+            ssl_cert_reqs=settings.ssl_cert_reqs,
             # After the drain every response has ended: connections close at once.
             timeout_graceful_shutdown=5,
         ),

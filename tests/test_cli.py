@@ -3,7 +3,9 @@
 import json
 import os
 import re
+import shutil
 import signal
+import ssl
 import subprocess
 import sys
 from pathlib import Path
@@ -123,3 +125,47 @@ def test_serve_behind_a_root_path() -> None:
         assert httpx.get(base + "/openapi.json").json()["servers"] == [{"url": "/proxy"}]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+
+
+def _self_signed(tmp_path: Path) -> tuple[str, str]:
+    if shutil.which("openssl") is None:
+        pytest.skip(
+            "openssl is not installed: no certificate for the TLS test (apt install openssl)"
+        )
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return str(key), str(cert)
+
+
+def test_serve_over_tls(tmp_path: Path) -> None:
+    """vLLM's --ssl-keyfile/--ssl-certfile: HTTPS, streams included (their chunks go straight
+    to the TLS transport)."""
+    key, cert = _self_signed(tmp_path)
+    with serve("--ssl-keyfile", key, "--ssl-certfile", cert, "--speedup-ratio", "100") as (
+        proc,
+        base,
+    ):
+        assert base.startswith("https://127.0.0.1:")
+        trusted = ssl.create_default_context(cafile=cert)
+        with httpx.Client(base_url=base, verify=trusted, timeout=30) as https:
+            assert https.get("/v1/models").status_code == 200
+            body = {"prompt": "hi", "max_tokens": 5, "stream": True}
+            text = https.post("/v1/completions", json=body).text
+        assert text.count("data: ") == 6 and text.endswith("data: [DONE]\n\n")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+
+
+def test_tls_mistakes_stop_start_up(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    key = tmp_path / "key.pem"
+    key.write_text("x")
+    assert main(["serve", "--ssl-keyfile", str(key)]) == 2
+    assert "set both --ssl-keyfile and --ssl-certfile" in capsys.readouterr().err
+    missing = str(tmp_path / "none.pem")
+    assert main(["serve", "--ssl-keyfile", str(key), "--ssl-certfile", missing]) == 2
+    assert f"invalid ssl_certfile='{missing}': not a readable file" in capsys.readouterr().err

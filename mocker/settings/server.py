@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,16 @@ class ServerSettings:
     # tool either way).
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
+    # TLS, as vLLM's flags hand them to uvicorn (none: plain HTTP).
+    ssl_keyfile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_ca_certs: str | None = None
+    ssl_cert_reqs: int = 0  # ssl.CERT_NONE: clients show no certificate
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.ssl_certfile else "http"
+
     faults: FaultConfig = field(default_factory=FaultConfig)
     admin_token: str | None = None
     # GET /get_load's body: vllm-router's {"load": n} or the SGLang server's per-rank list
@@ -144,6 +155,26 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         _S.stream_interval,
         "int",
         metavar="N",
+    ),
+    Option(
+        "ssl_keyfile",
+        "TLS private key file (with --ssl-certfile: serve HTTPS)",
+        None,
+        metavar="FILE",
+    ),
+    Option("ssl_certfile", "TLS certificate file (with --ssl-keyfile)", None, metavar="FILE"),
+    Option(
+        "ssl_ca_certs",
+        "CA certificates that client certificates are checked against",
+        None,
+        metavar="FILE",
+    ),
+    Option(
+        "ssl_cert_reqs",
+        "whether clients must show a certificate: 0 no (default), 1 "
+        "optional, 2 required (Python's ssl.CERT_*)",
+        _S.ssl_cert_reqs,
+        "int",
     ),
     Option(
         "enable_auto_tool_choice",
@@ -285,6 +316,21 @@ def _check(values: Mapping[str, Any]) -> None:
     interval = values["stream_interval"]
     if interval < 1:
         raise ConfigError(f"invalid stream_interval={interval!r}: must be >= 1")
+    _check_tls(values)
+
+
+def _check_tls(values: Mapping[str, Any]) -> None:
+    """Both TLS files or neither, every file given readable, a known client-certificate mode:
+    a mistake stops start-up naming the setting (uvicorn's own error comes later, unnamed)."""
+    key, cert = values["ssl_keyfile"], values["ssl_certfile"]
+    if bool(key) != bool(cert):
+        raise ConfigError("set both --ssl-keyfile and --ssl-certfile (TLS), or neither")
+    for name in ("ssl_keyfile", "ssl_certfile", "ssl_ca_certs"):
+        path = values[name]
+        if path and not os.access(path, os.R_OK):
+            raise ConfigError(f"invalid {name}={path!r}: not a readable file")
+    if values["ssl_cert_reqs"] not in (0, 1, 2):
+        raise ConfigError(f"invalid ssl_cert_reqs={values['ssl_cert_reqs']!r}: must be 0, 1 or 2")
 
 
 def _faults(values: Mapping[str, Any]) -> FaultConfig:
@@ -329,6 +375,10 @@ def server_settings_from(values: Mapping[str, Any]) -> ServerSettings:
         force_include_usage=values["enable_force_include_usage"],
         root_path=values["root_path"] or "",
         enable_auto_tool_choice=values["enable_auto_tool_choice"],
+        ssl_keyfile=values["ssl_keyfile"] or None,
+        ssl_certfile=values["ssl_certfile"] or None,
+        ssl_ca_certs=values["ssl_ca_certs"] or None,
+        ssl_cert_reqs=values["ssl_cert_reqs"],
         tool_call_parser=values["tool_call_parser"] or None,
         faults=_faults(values),
         admin_token=values["admin_token"] or None,

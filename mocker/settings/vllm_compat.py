@@ -101,6 +101,7 @@ IGNORED_VLLM_FLAGS: dict[str, bool] = {
     "allowed_methods": True,
     "allowed_headers": True,
     "allow_credentials": False,
+    "enable_ssl_refresh": False,
 }
 
 # Short spellings of ignored flags, as vLLM's (-O3: the compilation level).

@@ -68,7 +68,7 @@ class AppClient:
 
 
 # `mocker serve`'s start-up line names the port it bound (with --port 0, the system's pick).
-_SERVING = re.compile(r"^mocker \S+: serving .* at http://(\S+):(\d+)/v1 ", re.M)
+_SERVING = re.compile(r"^mocker \S+: serving .* at (https?)://(\S+):(\d+)/v1 ", re.M)
 
 
 def wait_healthy(proc: subprocess.Popen[str], url: str, timeout: float = 30) -> None:
@@ -76,7 +76,8 @@ def wait_healthy(proc: subprocess.Popen[str], url: str, timeout: float = 30) -> 
     deadline = time.monotonic() + timeout
     while True:
         try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
+            # (a TLS server's self-signed certificate: trusted here, checked by the test)
+            if httpx.get(url + "/health", timeout=1, verify=False).status_code == 200:
                 return
         except httpx.TransportError:
             pass
@@ -92,7 +93,7 @@ def served_url(proc: subprocess.Popen[str], timeout: float = 30) -> str:
         if proc.poll() is not None or time.monotonic() > deadline:
             raise AssertionError(f"no start-up line from mocker serve:\n{stderr_of(proc)}")
         time.sleep(0.05)
-    return f"http://{found[1]}:{found[2]}"
+    return f"{found[1]}://{found[2]}:{found[3]}"
 
 
 @contextmanager
