@@ -150,6 +150,16 @@ OneChoice = Annotated[
 ]
 
 
+# Keys of at most four digits: in any vocabulary (the server checks the real bound).
+_LOGIT_BIAS_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "object", "propertyNames": {"pattern": "^[0-9]{1,4}$"},
+         "additionalProperties": {"type": "number"}},
+        {"type": "null"},
+    ]
+}  # fmt: skip
+
+
 def _range(**bounds: float) -> Any:
     """A number's range in the schema only (the server checks it: see `_Knobs`)."""
     return Field(json_schema_extra=dict(bounds))
@@ -177,6 +187,12 @@ class _Knobs(_Open):
     skip_special_tokens: bool = True
     # Tokens a streamed chunk waits for; at least the server's --stream-interval.
     stream_interval: Annotated[Int64, _range(minimum=1)] | None = None
+    # Token id (a JSON key: a decimal string) -> bias, and the ids sampling may draw from; the
+    # server checks them against the vocabulary, as vLLM (the mock biases nothing).
+    logit_bias: Annotated[dict[str, float] | None, WithJsonSchema(_LOGIT_BIAS_SCHEMA)] = None
+    allowed_token_ids: Annotated[list[TokenId], Field(json_schema_extra={"minItems": 1})] | None = (
+        None
+    )
 
 
 class _Sampling(_Knobs):

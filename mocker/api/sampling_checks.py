@@ -7,7 +7,7 @@ from typing import NoReturn, Protocol
 
 from mocker.api.errors import OpenAIError
 
-__all__ = ["check_sampling"]
+__all__ = ["check_sampling", "check_token_params"]
 
 
 class _Knobs(Protocol):
@@ -22,6 +22,8 @@ class _Knobs(Protocol):
     min_p: float | None
     stop: str | list[str] | None
     stream_interval: int | None
+    logit_bias: dict[str, float] | None
+    allowed_token_ids: list[int] | None
 
 
 def check_sampling(body: _Knobs) -> None:
@@ -59,6 +61,37 @@ def check_sampling(body: _Knobs) -> None:
     stop = body.stop
     if stop is not None and "" in ([stop] if isinstance(stop, str) else stop):
         raise OpenAIError(400, "stop cannot contain an empty string.", "stop")
+
+
+def check_token_params(body: _Knobs, vocab_size: int) -> None:
+    """vLLM's checks of the token ids a request names for sampling (its SamplingParams and
+    input processor): logit_bias keys that are integers in the vocabulary, allowed_token_ids
+    not empty and in it."""
+    bias = body.logit_bias
+    if bias:
+        ids: list[int] = []
+        bad: list[str] = []
+        for key in bias:
+            try:
+                ids.append(int(key))
+            except ValueError:
+                bad.append(key)
+        if bad:
+            raise OpenAIError(400, "logit_bias contains key(s) that cannot be converted to "
+                              f"integer token IDs: {bad!r}", "logit_bias")  # fmt: skip
+        outside = [t for t in ids if not 0 <= t < vocab_size]
+        if outside:
+            message = (
+                f"token_id(s) {outside} in logit_bias contain out-of-vocab token ids. "
+                f"Vocabulary size: {vocab_size}"
+            )
+            raise OpenAIError(400, message, "logit_bias")
+    allowed = body.allowed_token_ids
+    if allowed is not None:
+        if not allowed:
+            _refuse("allowed_token_ids", "is not None and empty!")
+        if not all(0 <= t < vocab_size for t in allowed):
+            _refuse("allowed_token_ids", "contains out-of-vocab token id!")
 
 
 def _refuse(name: str, rule: str) -> NoReturn:

@@ -29,7 +29,7 @@ from mocker.api.protocol import (
 )
 from mocker.api.render import generate_request
 from mocker.api.responses import DeferredResponse, Emitter, EventStreamResponse, json_response
-from mocker.api.sampling_checks import check_sampling
+from mocker.api.sampling_checks import check_sampling, check_token_params
 from mocker.api.stop_strings import StopMatcher
 from mocker.api.stream import StreamRenderer
 from mocker.config import EngineConfig
@@ -253,7 +253,8 @@ class OpenAIServing:
                 "min_p": sp.min_p, "presence_penalty": sp.presence_penalty,
                 "frequency_penalty": sp.frequency_penalty,
                 "repetition_penalty": sp.repetition_penalty,
-                "stream_interval": sp.stream_interval,
+                "stream_interval": sp.stream_interval, "logit_bias": sp.logit_bias,
+                "allowed_token_ids": sp.allowed_token_ids,
             }
         )  # fmt: skip
         with self._refusal_releases(body):
@@ -302,6 +303,7 @@ class OpenAIServing:
     def _check(self, body: GenerationRequest) -> tuple[str, LoraModule | None]:
         model = self._model(body.model)
         _unsupported(body)
+        check_token_params(body, self.tokenizer.vocab_size)
         if self.engines.is_dead:
             raise OpenAIError(503, f"The engine is not running: {self.engines.dead_error}")
         return model

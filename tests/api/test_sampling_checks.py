@@ -80,3 +80,36 @@ async def test_the_schema_states_the_ranges(client: AppClient) -> None:
     assert bounds("top_p") == {"exclusiveMinimum": 0, "maximum": 1}
     assert bounds("top_k")["minimum"] == -1
     assert bounds("repetition_penalty") == {"exclusiveMinimum": 0}
+
+
+VOCAB = 129280  # the bundled tokenizer's
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("logit_bias", {"5": 1.0, "x": 2.0},
+         "logit_bias contains key(s) that cannot be converted to integer token IDs: ['x']"),
+        ("logit_bias", {"5": 1.0, str(VOCAB): -100},
+         f"token_id(s) [{VOCAB}] in logit_bias contain out-of-vocab token ids. "
+         f"Vocabulary size: {VOCAB}"),
+        ("allowed_token_ids", [], "allowed_token_ids is not None and empty!"),
+        ("allowed_token_ids", [5, VOCAB], "allowed_token_ids contains out-of-vocab token id!"),
+    ],
+)  # fmt: skip
+async def test_token_ids_for_sampling_must_be_in_the_vocabulary(
+    client: AppClient, field: str, value: Any, message: str
+) -> None:
+    for path, body in _bodies({field: value}):
+        r = await client.http.post(path, json=body)
+        assert r.status_code == 400, (path, r.text)
+        error = r.json()["error"]
+        assert (error["message"], error["param"]) == (message, field), path
+
+
+async def test_token_ids_in_the_vocabulary_pass(client: AppClient) -> None:
+    fields = {"logit_bias": {"5": 100, " 7": -100.5}, "allowed_token_ids": [0, VOCAB - 1]}
+    for path, body in _bodies(fields):
+        assert (await client.http.post(path, json=body)).status_code == 200, path
+    r = await client.http.post("/v1/completions", json={"prompt": "x", "logit_bias": {"5": "x"}})
+    assert r.status_code == 400  # (a bias is a number: vLLM types it too)
