@@ -39,16 +39,21 @@ def _bodies(fields: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("field", "value", "message"), REFUSED)
-async def test_a_value_vllm_refuses_is_a_400_naming_the_field(
-    client: AppClient, field: str, value: Any, message: str
-) -> None:
+async def _refused_everywhere(client: AppClient, field: str, value: Any, message: str) -> None:
+    """`field: value` is vLLM's 400, with `message` and `param`, on every generation route."""
     for path, body in _bodies({field: value}):
         r = await client.http.post(path, json=body)
         assert r.status_code == 400, (path, r.text)
         error = r.json()["error"]
         assert error["message"] == message and error["param"] == field, path
         assert error["type"] == "BadRequestError"
+
+
+@pytest.mark.parametrize(("field", "value", "message"), REFUSED)
+async def test_a_value_vllm_refuses_is_a_400_naming_the_field(
+    client: AppClient, field: str, value: Any, message: str
+) -> None:
+    await _refused_everywhere(client, field, value, message)
 
 
 async def test_a_number_that_is_not_finite_is_refused(client: AppClient) -> None:
@@ -100,11 +105,7 @@ VOCAB = 129280  # the bundled tokenizer's
 async def test_token_ids_for_sampling_must_be_in_the_vocabulary(
     client: AppClient, field: str, value: Any, message: str
 ) -> None:
-    for path, body in _bodies({field: value}):
-        r = await client.http.post(path, json=body)
-        assert r.status_code == 400, (path, r.text)
-        error = r.json()["error"]
-        assert (error["message"], error["param"]) == (message, field), path
+    await _refused_everywhere(client, field, value, message)
 
 
 async def test_token_ids_in_the_vocabulary_pass(client: AppClient) -> None:
