@@ -25,6 +25,9 @@ __all__ = ["ABORTED", "StreamRenderer"]
 
 ABORTED = "The request was aborted mid-stream (injected fault)."
 
+# The ids a plain text chunk carries to `_hold`: none (read only: nothing is added to it).
+_NO_IDS: list[int] = []
+
 
 class StreamRenderer:
     """Writes one streamed response. From `attach` on, the engine loop hands each choice's
@@ -148,7 +151,7 @@ class StreamRenderer:
                 text = b"".join([escaped(t) for t in ids])
             index = choice.index
             if self._interval > 1:
-                held = self._hold(choice, text, ids)
+                held = self._hold(choice, text, _NO_IDS)  # (this chunk carries no ids)
                 if held is None:
                     return  # (the chunk waits for more tokens)
                 text = held[0]
@@ -185,13 +188,13 @@ class StreamRenderer:
         else:
             text = orjson.dumps(choice.text_of(out, self._piece))[1:-1]
         ids = out.new_token_ids
+        cut = choice.abort_at is not None and choice.abort_due
         if self._interval > 1:
-            cut = choice.abort_at is not None and choice.abort_due
             held = self._hold(choice, text, ids, flush=choice.done or cut)
             if held is None:
                 return  # (the chunk waits for more tokens)
             text, ids = held
-        if choice.abort_at is not None and choice.abort_due:
+        if cut:
             self._cut(choice, text, emitter)
             return
         writer = self._writer
