@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EngineRequest",
     "FinishReason",
+    "ParallelSampling",
     "Request",
     "RequestId",
     "RequestStatus",
@@ -66,6 +67,23 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
 
 
+@dataclass(slots=True, eq=False)
+class ParallelSampling:
+    """The engine requests one prompt fans out to for `n` choices (vLLM's ParentRequest):
+    shared by them, so that the request-level figures (its n, its longest output) are
+    observed once, when the last of them ends."""
+
+    n: int
+    open: int = 0  # children the engines have taken and not yet ended
+    max_generation_tokens: int = 0
+
+    def child_ended(self, num_generation_tokens: int) -> bool:
+        """Count a child's end; True once it was the last one open."""
+        self.max_generation_tokens = max(self.max_generation_tokens, num_generation_tokens)
+        self.open -= 1
+        return self.open == 0
+
+
 @dataclass(frozen=True, slots=True)
 class EngineRequest:
     """What a driver hands the engine: an immutable description of one request."""
@@ -85,6 +103,8 @@ class EngineRequest:
     # pull the prompt's KV from the prefill engine that holds it (decode side).
     remote_decode: bool = False
     remote_prefill: RemotePrefill | None = None
+    # n > 1: the siblings this request is one choice of (None: a request of its own).
+    parent: ParallelSampling | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -130,6 +150,7 @@ class Request:
     remote_prefill: RemotePrefill | None = None
     pull_time: float = 0.0  # seconds its KV took to pull (P/D decode side)
     num_preemptions: int = 0
+    parent: ParallelSampling | None = None  # n > 1: its siblings (see EngineRequest)
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float = 0.0  # when its latest output token was made

@@ -41,6 +41,8 @@ class Choice:
     done: bool = False
     # P/D prefill side: where a decode engine pulls the KV (from the final output).
     kv_transfer_params: dict[str, Any] | None = None
+    # False for the 2nd..nth choice of a prompt (n > 1): usage counts the prompt once.
+    counts_prompt: bool = True
 
     def account(self, out: RequestOutput) -> None:
         """Token counts and finish state from one engine output (no text work)."""
@@ -91,9 +93,10 @@ def cancel_all(choices: Sequence[Choice]) -> None:
 
 
 def totals(choices: Sequence[Choice]) -> tuple[int, int, int]:
-    """(prompt tokens, completion tokens, cached tokens) over the choices: the usage."""
+    """(prompt tokens, completion tokens, cached tokens) over the choices: the usage, as
+    vLLM counts it (each prompt once, its cached tokens those of its first choice)."""
     return (
-        sum(c.num_prompt_tokens for c in choices),
+        sum(c.num_prompt_tokens for c in choices if c.counts_prompt),
         sum(c.completion_tokens for c in choices),
-        sum(c.cached_tokens for c in choices),
+        sum(c.cached_tokens for c in choices if c.counts_prompt),
     )

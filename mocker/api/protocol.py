@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
 __all__ = [
+    "MAX_CHOICES",
     "ChatCompletionRequest",
     "ChatMessage",
     "CompletionRequest",
@@ -139,13 +140,20 @@ class StreamOptions(_Open):
     continuous_usage_stats: bool | None = False
 
 
-# n: the mock refuses n > 1 (with its own message), so the schema says n = 1.
-OneChoice = Annotated[
+# The most engine requests one HTTP request makes (prompts x n): vLLM sets no bound, but a
+# mock that builds every choice before it answers would take any n it is sent.
+MAX_CHOICES = 4096
+
+# n: choices per prompt, each its own engine request (vLLM's parallel sampling); the server
+# bounds prompts x n (MAX_CHOICES).
+Choices = Annotated[
     int,
     Field(
         ge=1,
         le=INT64_MAX,
-        json_schema_extra={"maximum": 1, "description": f"{_NOT_SUPPORTED} 1)."},
+        json_schema_extra={"maximum": MAX_CHOICES},
+        description="Choices per prompt: each runs as an engine request of its own "
+        "(ids `<j>_<request id>`); usage counts the prompt once.",
     ),
 ]
 
@@ -173,7 +181,7 @@ class _Knobs(_Open):
     stop: str | list[str] | None = None
     stop_token_ids: list[NonNegInt] | None = None
     include_stop_str_in_output: bool = False
-    n: OneChoice = 1
+    n: Choices = 1
     seed: Int64 | None = None
     # Ranges as vLLM checks them: stated in the schema, checked by the server with vLLM's
     # messages (mocker.api.sampling_checks), not by pydantic.

@@ -22,6 +22,7 @@ from mocker.api.inputs import chat_prompt, check_model, completion_prompts
 from mocker.api.lifecycle import OpenResponse, OpenResponses
 from mocker.api.lora import LoraAdapters
 from mocker.api.protocol import (
+    MAX_CHOICES,
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,
@@ -38,7 +39,7 @@ from mocker.engine.group import EngineGroup, RankError
 from mocker.engine.intake import RequestRejected, check_min_tokens, check_prompt_length
 from mocker.engine.live import EngineDeadError, LiveEngine
 from mocker.faults import FaultType
-from mocker.request import EngineRequest, SamplingParams
+from mocker.request import EngineRequest, ParallelSampling, SamplingParams
 from mocker.settings import ServerSettings
 from mocker.settings.lora import LoraModule
 from mocker.tokenizer import TextTokenizer
@@ -105,8 +106,6 @@ def _usage_wanted(options: StreamOptions | None, forced: bool) -> tuple[bool, bo
 def _unsupported(body: GenerationRequest) -> None:
     """400 for what this mock does not generate, and for what vLLM refuses in a body: stream
     options without a stream, sampling values out of range, a chat's tools and formats."""
-    if body.n != 1:
-        raise OpenAIError(400, "n > 1 is not supported: request one choice (n = 1).", "n")
     options = body.stream_options
     if (
         options is not None
@@ -343,31 +342,47 @@ class OpenAIServing:
             remote_decode, remote_prefill = parse_transfer_params(body.kv_transfer_params)
         except InvalidTransferParams as exc:
             raise OpenAIError(400, str(exc), "kv_transfer_params") from None
-        if (remote_prefill is not None or remote_decode) and len(prompts) > 1:
-            # One set of kv_transfer_params answers for one prompt's KV.
+        n = body.n
+        if (remote_prefill is not None or remote_decode) and (len(prompts) > 1 or n > 1):
+            # One set of kv_transfer_params answers for one engine request's KV.
             raise OpenAIError(
                 400,
-                "kv_transfer_params (P/D) go with one prompt: send one prompt per request",
+                "kv_transfer_params (P/D) go with one prompt and n = 1: send one prompt "
+                "per request",
                 "kv_transfer_params",
+            )
+        if len(prompts) * n > MAX_CHOICES:
+            raise OpenAIError(
+                400,
+                f"A request makes at most {MAX_CHOICES} choices (prompts x n) in this "
+                f"server; got {len(prompts)} x {n}.",
+                "n",
             )
         specs: list[EngineRequest] = []
         for i, prompt in enumerate(prompts):
-            spec = EngineRequest(
-                request_id if len(prompts) == 1 else f"{request_id}-{i}",
-                prompt,
-                self._sampling(body, max_tokens, len(prompt), param),
-                priority=body.priority,
-                cache_salt=body.cache_salt,
-                lora_name=lora.name if lora is not None else None,
-                lora_path=lora.path if lora is not None else None,
-                remote_decode=remote_decode,
-                remote_prefill=remote_prefill,
-            )
-            try:
-                self.engines.check_request(spec)
-            except RequestRejected as exc:
-                raise OpenAIError(400, str(exc), exc.param) from None
-            specs.append(spec)
+            parent_id = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+            sampling = self._sampling(body, max_tokens, len(prompt), param)
+            # n > 1: vLLM's parallel sampling, n engine requests `<j>_<id>` of one prompt.
+            parent = ParallelSampling(n) if n > 1 else None
+            for j in range(n):
+                spec = EngineRequest(
+                    parent_id if parent is None else f"{j}_{parent_id}",
+                    prompt,
+                    sampling,
+                    priority=body.priority,
+                    cache_salt=body.cache_salt,
+                    lora_name=lora.name if lora is not None else None,
+                    lora_path=lora.path if lora is not None else None,
+                    remote_decode=remote_decode,
+                    remote_prefill=remote_prefill,
+                    parent=parent,
+                )
+                if j == 0:  # (its siblings differ in nothing the check reads)
+                    try:
+                        self.engines.check_request(spec)
+                    except RequestRejected as exc:
+                        raise OpenAIError(400, str(exc), exc.param) from None
+                specs.append(spec)
         return specs
 
     def _inject(self, forced: str | None, param: str) -> FaultType | None:
@@ -416,7 +431,10 @@ class OpenAIServing:
         try:
             for i, spec in enumerate(specs):
                 engine = self._engine_for(rank)
-                choices.append(self._choice(body, i, spec, engine, fault, stop, generate))
+                choice = self._choice(body, i, spec, engine, fault, stop, generate)
+                # (usage counts a prompt once, with the first of its n choices)
+                choice.counts_prompt = i % body.n == 0
+                choices.append(choice)
         except BaseException as exc:
             for choice in choices:
                 choice.cancel()

@@ -174,7 +174,10 @@ class EngineCore:
             # P/D: a role this engine does not have is ignored, as vLLM's connector would.
             remote_decode=spec.remote_decode and self.holds is not None,
             remote_prefill=spec.remote_prefill if self.pulls is not None else None,
+            parent=spec.parent,
         )
+        if spec.parent is not None:
+            spec.parent.open += 1
         if self.config.enable_prefix_caching:
             if spec.block_hashes is not None:
                 request.block_hashes = _owned(spec.block_hashes, handed_over)

@@ -172,10 +172,26 @@ class FinishedRequestStats:
     load_timed_out: bool = False  # a tier load or promotion failed; it recomputed instead
     lora_wait: float = 0.0  # seconds its passes waited for LoRA adapters to load
     pull_time: float = 0.0  # P/D decode side: seconds its KV took to pull
+    # The request-level figures (vLLM's ParentRequest.observe_finished_request): the n of
+    # the request and its longest output, on the last of n > 1 siblings to end; None on the
+    # others (they are observed once per request, not per choice).
+    n_param: int | None = 1
+    max_generation_tokens: int = 0
 
     @classmethod
     def of(cls, request: Request) -> FinishedRequestStats:
+        """Its record, made once, at its end (a child of n > 1 is counted out of its
+        siblings here)."""
         end = request.finished_time
+        generated = request.num_output_tokens
+        n_param: int | None = 1
+        parent = request.parent
+        if parent is not None:
+            last = parent.child_ended(generated)
+            n_param = parent.n if last else None
+            generated_max = parent.max_generation_tokens
+        else:
+            generated_max = generated
         return cls(
             request_id=request.request_id,
             finish_reason=request.finish_reason or FinishReason.ABORT,
@@ -184,7 +200,7 @@ class FinishedRequestStats:
             first_scheduled_time=request.first_scheduled_time,
             first_token_time=request.first_token_time,
             num_prompt_tokens=request.num_prompt_tokens,
-            num_generation_tokens=request.num_output_tokens,
+            num_generation_tokens=generated,
             max_tokens=request.max_tokens,
             num_cached_tokens=max(request.num_cached_tokens, 0),
             tier_hits=request.tier_hits,
@@ -192,6 +208,8 @@ class FinishedRequestStats:
             load_timed_out=request.skip_tier_load,
             lora_wait=request.lora_wait,
             pull_time=request.pull_time,
+            n_param=n_param,
+            max_generation_tokens=generated_max,
         )
 
     @property

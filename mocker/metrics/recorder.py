@@ -173,8 +173,9 @@ class StatsRecorder:
         self.request_prompt_tokens.observe(r.num_prompt_tokens)
         self.request_generation_tokens.observe(r.num_generation_tokens)
         self.request_max_tokens.observe(r.max_tokens)
-        self.request_max_generation_tokens.observe(r.num_generation_tokens)
-        self.request_params_n.observe(1)
+        if r.n_param is not None:  # once per request (n > 1: with its last choice)
+            self.request_max_generation_tokens.observe(r.max_generation_tokens)
+            self.request_params_n.observe(r.n_param)
         self.request_prefill_kv_computed.observe(r.num_prompt_tokens - r.num_cached_tokens)
         if r.num_preemptions:
             self.request_preemptions.observe(r.num_preemptions)

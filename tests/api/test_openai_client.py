@@ -53,6 +53,19 @@ def test_streamed_chat_with_usage_and_extra_body(sync_client: openai.OpenAI) -> 
     assert finishes[-1] == "length"
 
 
+def test_n_choices_through_the_client(sync_client: openai.OpenAI) -> None:
+    c = sync_client.completions.create(model="mocker", prompt="Pick a word", max_tokens=4, n=3)
+    assert [ch.index for ch in c.choices] == [0, 1, 2]
+    assert len({ch.text for ch in c.choices}) == 3
+    assert c.usage is not None and c.usage.completion_tokens == 12
+    assert c.usage.prompt_tokens == len(tokenizer().encode("Pick a word"))
+    chat = sync_client.chat.completions.create(
+        model="mocker", messages=[{"role": "user", "content": "hi"}], max_tokens=3, n=2
+    )
+    assert [ch.message.role for ch in chat.choices] == ["assistant"] * 2
+    assert chat.usage is not None and chat.usage.completion_tokens == 6
+
+
 def test_prefix_hits_show_as_cached_tokens(sync_client: openai.OpenAI) -> None:
     prompt = list(range(3000, 3100))
     sync_client.completions.create(model="mocker", prompt=prompt, max_tokens=1)

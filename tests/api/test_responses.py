@@ -47,6 +47,23 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks() -> None:
         assert metrics.finished["abort"] == 1
 
 
+def test_disconnect_mid_stream_aborts_every_choice_of_n() -> None:
+    with ServerThread(make_app(speedup_ratio=1.0)) as server:
+        engine = server.app.state.mocker.engines[0]
+        metrics = server.app.state.mocker.metrics[0]
+        body = {"prompt": list(range(64)), "max_tokens": 2000, "stream": True, "n": 3}
+        with (
+            httpx.Client(base_url=server.url, timeout=10) as http,
+            http.stream("POST", "/v1/completions", json=body) as r,
+        ):
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")
+            assert len(engine.core.requests) == 3
+        _wait_idle(server)  # every child's blocks freed, none left in the engine
+        assert metrics.finished["abort"] == 3 and metrics.finished["length"] == 0
+        assert metrics.request_params_n.count == 1  # the request, once its last child ended
+
+
 def test_disconnect_while_waiting_for_a_full_response() -> None:
     with ServerThread(make_app(speedup_ratio=1.0)) as server:
         metrics = server.app.state.mocker.metrics[0]

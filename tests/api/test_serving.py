@@ -300,3 +300,60 @@ async def test_passes_merged_by_a_lagging_server_stream_as_multi_token_chunks() 
     assert "".join(e["choices"][0]["text"] for e in events[:-2]) == tokenizer().decode(ids)
     assert 'vllm:generation_tokens_total{engine="0",model_name="mocker"} 24.0' in metrics
     assert 'vllm:inter_token_latency_seconds_count{engine="0",model_name="mocker"} 23.0' in metrics
+
+
+async def test_n_choices_per_prompt_in_prompt_major_order_with_the_prompt_counted_once(
+    client: AppClient,
+) -> None:
+    # vLLM's parallel sampling: n engine requests per prompt, choice i*n + j; usage counts
+    # each prompt once and every choice's tokens.
+    body = await _complete(client, prompt=[[5, 6, 7], [8, 9]], max_tokens=4, n=3)
+    choices = body["choices"]
+    assert [c["index"] for c in choices] == list(range(6))
+    assert len({c["text"] for c in choices}) == 6  # each choice its own sample
+    assert all(c["finish_reason"] == "length" for c in choices)
+    assert body["usage"]["prompt_tokens"] == 3 + 2
+    assert body["usage"]["completion_tokens"] == 6 * 4
+    metrics = client.state.metrics[0]
+    assert metrics.finished["length"] == 6  # one engine request per choice
+    assert metrics.request_params_n.count == 2 and metrics.request_params_n.total == 6
+
+
+async def test_n_streamed_chat_gives_each_choice_its_role_its_end_and_one_usage(
+    client: AppClient,
+) -> None:
+    r = await client.http.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 5,
+              "n": 3, "stream": True, "stream_options": {"include_usage": True}},
+    )  # fmt: skip
+    events = sse_events(r.text)
+    assert events[-1] == "[DONE]"
+    usage, chunks = events[-2], events[:-2]
+    per_choice: dict[int, list[dict[str, Any]]] = {}
+    for chunk in chunks:
+        [choice] = chunk["choices"]
+        per_choice.setdefault(choice["index"], []).append(choice)
+    assert sorted(per_choice) == [0, 1, 2]
+    texts = set()
+    for deltas in per_choice.values():
+        assert deltas[0]["delta"]["role"] == "assistant"
+        assert [d["finish_reason"] for d in deltas][1:] == [None] * 4 + ["length"]
+        texts.add("".join(d["delta"].get("content") or "" for d in deltas))
+    assert len(texts) == 3
+    prompt = (await _complete(client, "/v1/chat/completions", max_tokens=1,
+                              messages=[{"role": "user", "content": "Hello there"}]))  # fmt: skip
+    assert usage["usage"]["prompt_tokens"] == prompt["usage"]["prompt_tokens"]
+    assert usage["usage"]["completion_tokens"] == 15
+
+
+async def test_n_is_bounded_and_goes_with_one_p_d_request(client: AppClient) -> None:
+    r = await client.http.post("/v1/completions", json={"prompt": ["a", "b"], "n": 2049})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+    assert "4096" in r.json()["error"]["message"]
+    r = await client.http.post(
+        "/v1/completions",
+        json={"prompt": "x", "n": 2, "kv_transfer_params": {"do_remote_decode": True}},
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "kv_transfer_params"
+    assert not client.state.engines[0].core.requests

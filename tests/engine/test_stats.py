@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from mocker.engine.outputs import RequestOutput
 from mocker.engine.stats import FinishedRequestStats, IterationStats, queue_score
 from mocker.engine.virtual import VirtualDriver
-from mocker.request import FinishReason, RequestStatus
+from mocker.request import FinishReason, ParallelSampling, RequestStatus
 from tests.support.engines import make_core, req
 
 
@@ -66,3 +68,30 @@ def test_queue_score_weighs_waiting_four_times() -> None:
     assert queue_score(num_waiting=0, num_running=3) == 3
     snap = make_core().snapshot()
     assert snap.queue_score == 0 and snap.num_unfinished == 0 and snap.kv_usage == 0.0
+
+
+def test_siblings_of_n_report_the_request_figures_once_with_the_last_to_end() -> None:
+    # n = 3 as vLLM's ParentRequest: each child's own record, but n and the longest output
+    # are for the request, observed with whichever child ends last (here the aborted one).
+    core = make_core()
+    parent = ParallelSampling(3)
+    for j, max_tokens in enumerate((2, 5, 50)):
+        core.add_request(replace(req(f"{j}_r", [1] * 8, max_tokens=max_tokens), parent=parent))
+    assert parent.open == 3
+    ended: list[FinishedRequestStats] = []
+    now = 0.0
+    while len(ended) < 2:
+        result = core.step(now)
+        ended += result.finished
+        now = result.end
+    aborted = core.finish_request("2_r", now, RequestStatus.FINISHED_ABORTED)
+    assert aborted is not None
+    records = [*ended, aborted]
+    ended_as = [(r.request_id, r.num_generation_tokens) for r in records]
+    assert ended_as == [("0_r", 2), ("1_r", 5), ("2_r", 5)]
+    assert [r.n_param for r in records] == [None, None, 3]
+    assert records[-1].max_generation_tokens == 5 and parent.open == 0
+    alone = core.add_request(req("solo", [1] * 8, max_tokens=1))
+    assert alone.parent is None
+    [solo] = core.step(now).finished
+    assert (solo.n_param, solo.max_generation_tokens) == (1, 1)

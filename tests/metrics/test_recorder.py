@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from mocker.engine.virtual import VirtualDriver
 from mocker.metrics import StatsRecorder
-from mocker.request import RequestStatus
+from mocker.request import ParallelSampling, RequestStatus
 from tests.support.engines import make_core, req
 
 
@@ -47,3 +49,21 @@ def test_a_dropped_final_output_counts_the_finish_but_not_its_token() -> None:
     metrics.on_step(last)
     assert metrics.finished["length"] == 1 and metrics.e2e.count == 1
     assert metrics.generation_tokens == 1 and metrics.itl.count == 0
+
+
+def test_n_and_the_longest_output_are_observed_once_per_request() -> None:
+    core = make_core()
+    metrics = StatsRecorder(core.config)
+    parent = ParallelSampling(2)
+    requests = [
+        replace(req("0_r", [1] * 8, max_tokens=3), parent=parent),
+        replace(req("1_r", [1] * 8, max_tokens=6), parent=parent),
+        req("solo", [2] * 8, max_tokens=4),
+    ]
+    for result in VirtualDriver(core).steps(requests):
+        metrics.on_step(result)
+    assert metrics.finished["length"] == 3  # per engine request, as vLLM's
+    assert metrics.request_generation_tokens.count == 3
+    assert metrics.request_params_n.count == 2 and metrics.request_params_n.total == 3
+    assert metrics.request_max_generation_tokens.count == 2
+    assert metrics.request_max_generation_tokens.total == 6 + 4

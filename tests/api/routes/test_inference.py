@@ -30,6 +30,15 @@ async def test_generate_takes_and_returns_token_ids(client: AppClient) -> None:
     assert again["prompt_token_ids"] == ids and "text" not in again["choices"][0]
 
 
+async def test_generate_with_n_returns_n_choices_of_token_ids(client: AppClient) -> None:
+    body = {"token_ids": list(range(1100, 1120)), "sampling_params": {"max_tokens": 3, "n": 2}}
+    out = (await client.http.post("/inference/v1/generate", json=body)).json()
+    assert [c["index"] for c in out["choices"]] == [0, 1]
+    assert [len(c["token_ids"]) for c in out["choices"]] == [3, 3]
+    assert out["choices"][0]["token_ids"] != out["choices"][1]["token_ids"]
+    assert out["usage"]["prompt_tokens"] == 20 and out["usage"]["completion_tokens"] == 6
+
+
 async def test_generate_streams_token_id_deltas(client: AppClient) -> None:
     body = {
         "token_ids": [7, 8, 9],
@@ -63,7 +72,7 @@ async def test_generate_without_max_tokens_fills_the_context() -> None:
         ({"token_ids": [10**9]}, 400),
         ({"token_ids": [1], "model": "nope"}, 404),
         ({"token_ids": [1], "output_mode": "text"}, 400),
-        ({"token_ids": [1], "sampling_params": {"n": 2}}, 400),
+        ({"token_ids": [1], "sampling_params": {"n": 4097}}, 400),
         ({"sampling_params": {}}, 400),
     ],
 )
