@@ -507,10 +507,16 @@ class EngineCore:
         emit = self.emit_outputs
         silent = 0  # tokens sampled without an output object
         column = None if emit else self._pass_tokens(sched)
+        registered, connector = sched.registered, self.connector
         for request, n in sched.num_scheduled.items():
             computed = request.num_computed_tokens + n
             request.num_computed_tokens = computed
-            if computed // bs > request.num_cached_blocks:
+            if registered and request in registered:
+                # Registered as it was scheduled (up to what the pass computed): now that
+                # they are computed, the store policy hears of them.
+                if connector is not None:
+                    connector.policy.on_cached(request, registered[request])
+            elif computed // bs > request.num_cached_blocks:
                 self._cache_computed(request)
             num_tokens = len(request.all_token_ids)
             if computed < num_tokens:

@@ -235,10 +235,13 @@ class HybridKVCacheManager:
 
     # -- caching and freeing --------------------------------------------------------------------
 
-    def cache_blocks(self, request: Request) -> None:
-        """Register the blocks that became complete in each group (a Mamba group's state
-        only at the boundary a pass ended on: the others are null)."""
-        num_full = request.num_computed_tokens // self.block_size
+    def cache_blocks(self, request: Request, num_tokens: int | None = None) -> None:
+        """Register the blocks complete in each group after its first `num_tokens` tokens
+        (default: its computed ones; a Mamba group's state only at the boundary a pass
+        ends on: the others are null)."""
+        if num_tokens is None:
+            num_tokens = request.num_computed_tokens
+        num_full = num_tokens // self.block_size
         if num_full <= request.num_cached_blocks:
             return
         if self.enable_caching:

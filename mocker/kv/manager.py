@@ -45,7 +45,7 @@ class KVManager(Protocol):
 
     def append_blocks(self, request: Request, num_blocks: int) -> None: ...
 
-    def cache_blocks(self, request: Request) -> None: ...
+    def cache_blocks(self, request: Request, num_tokens: int | None = None) -> None: ...
 
     def finish_load(self, request: Request) -> None: ...
 
@@ -147,9 +147,13 @@ class KVCacheManager:
         of blocks waits for them rather than preempting another."""
         return self.pool.num_displaced > 0
 
-    def cache_blocks(self, request: Request) -> None:
-        """Register the request's fully computed blocks in the prefix cache."""
-        num_full = request.num_computed_tokens // self.block_size
+    def cache_blocks(self, request: Request, num_tokens: int | None = None) -> None:
+        """Register the request's full blocks in the prefix cache: those of its first
+        `num_tokens` tokens (the scheduler's, as vLLM's allocate_slots: what this pass will
+        have computed), else of its computed ones."""
+        if num_tokens is None:
+            num_tokens = request.num_computed_tokens
+        num_full = num_tokens // self.block_size
         if num_full <= request.num_cached_blocks:
             return
         if self.enable_caching:

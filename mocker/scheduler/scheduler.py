@@ -38,6 +38,11 @@ class SchedulerOutput:
     prefix_hits: int = 0
     external_queries: int = 0  # with tiers below the device: prompt tokens queried there
     external_hits: int = 0  # of which loaded from them
+    # Requests whose blocks this pass computes were registered in the prefix cache as they
+    # were scheduled (vLLM's allocate_slots caches them before the forward pass, so a
+    # request admitted later in the same pass hits them): how many blocks each had
+    # registered before, for the store policy at the pass's end.
+    registered: dict[Request, int] = field(default_factory=dict)
 
 
 def _is_decode(request: Request, num_new: int) -> bool:
@@ -315,6 +320,8 @@ class Scheduler:
                 decodes += 1
             else:
                 prefill += num_new
+                if (computed + num_new) // bs > request.num_cached_blocks:
+                    self._register(request, computed + num_new, out)
             i += 1
         out.num_prefill_tokens += prefill
         out.num_decodes += decodes
@@ -388,6 +395,20 @@ class Scheduler:
         out.admitted.append(request)
         out.num_scheduled[request] = num_new
         out.num_prefill_tokens += num_new
+        self._register(request, request.num_computed_tokens + num_new, out)
+
+    def _register(self, request: Request, num_tokens: int, out: SchedulerOutput) -> None:
+        """Register the full blocks this pass computes for the request now, as vLLM's
+        allocate_slots does before the forward pass: a request scheduled after it in this
+        pass with the same prefix (another choice of n, a burst of one system prompt) hits
+        them rather than computing them again."""
+        kv = self.kv
+        if not kv.enable_caching:
+            return  # (the pass's end counts the blocks, as it always did)
+        before = request.num_cached_blocks
+        kv.cache_blocks(request, min(num_tokens, request.num_tokens))
+        if request.num_cached_blocks > before:
+            out.registered.setdefault(request, before)
 
     def _count_prefix(
         self, request: Request, device: int, tiers: int, out: SchedulerOutput

@@ -319,6 +319,17 @@ async def test_n_choices_per_prompt_in_prompt_major_order_with_the_prompt_counte
     assert metrics.request_params_n.count == 2 and metrics.request_params_n.total == 6
 
 
+async def test_n_choices_compute_their_prompt_once(client: AppClient) -> None:
+    # Admitted in one pass, choices 1 and 2 hit the blocks choice 0 registered as it was
+    # scheduled (vLLM's allocate_slots): 3 of the 4 full blocks of 16 each (the last token
+    # of a prompt is always computed); usage reports the first choice's hits.
+    body = await _complete(client, prompt=list(range(2000, 2064)), max_tokens=2, n=3)
+    assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    metrics = client.state.metrics[0]
+    assert metrics.prefix_queries == 3 * 64 and metrics.prefix_hits == 2 * 48
+    assert metrics.prompt_tokens_cached == 2 * 48
+
+
 async def test_n_streamed_chat_gives_each_choice_its_role_its_end_and_one_usage(
     client: AppClient,
 ) -> None:

@@ -228,8 +228,10 @@ def test_the_policy_picks_the_victim_and_where_it_waits_again(
     core = make_core(num_gpu_blocks=6, scheduling_policy=policy)
     core.add_request(EngineRequest("late", [1] * 8, SamplingParams(max_tokens=16), 2.0))
     now = core.step(0.0).end  # "late" runs alone
-    for name, arrival in (("early", 1.0), ("earliest", 0.5)):
-        core.add_request(EngineRequest(name, [2] * 8, SamplingParams(max_tokens=16), arrival))
+    for name, arrival, token in (("early", 1.0, 2), ("earliest", 0.5, 3)):
+        # (prompts of their own: one admitted after the other in a pass would hit its blocks)
+        spec = EngineRequest(name, [token] * 8, SamplingParams(max_tokens=16), arrival)
+        core.add_request(spec)
     now = core.step(now).end
     running = [r.request_id for r in core.scheduler.running]
     admitted = "earliest" if policy == "priority" else "early"  # (fcfs: in the order added)

@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import pytest
 
+from mocker.kv.events import BlockStored
 from mocker.request import EngineRequest, RequestStatus
 from tests.support.engines import make_core, req
 
@@ -160,6 +161,32 @@ def test_prefix_hit_capped_at_prompt_minus_one() -> None:
     assert cached == {"same": 8, "longer": 12}
     assert (res.stats.prefix_queries, res.stats.prefix_hits) == (25, 20)
     assert res.stats.prompt_tokens_computed == 4 + 1
+
+
+def test_a_request_admitted_later_in_the_same_pass_hits_the_blocks_scheduled_before_it() -> None:
+    """vLLM's allocate_slots registers the full blocks a pass will compute before the forward
+    pass: a second request with the prefix (a choice of n, a burst of one system prompt),
+    admitted in the same pass, hits them and computes only its tail."""
+    core = make_core(enable_kv_cache_events=True)  # budget 32, block 4
+    core.add_request(req("first", range(20), max_tokens=2))
+    core.add_request(req("second", [*range(16), 90, 91], max_tokens=2))
+    res = core.step(0.0)
+    cached = {o.request_id: o.num_cached_tokens for o in res.outputs}
+    assert cached == {"first": 0, "second": 16}
+    assert res.stats.prompt_tokens_computed == 20 + 2
+    assert (res.stats.prefix_queries, res.stats.prefix_hits) == (38, 16)
+    # The first's 5 blocks are published once, in the pass that registered them; the second
+    # adds its one full block of its own.
+    stored = [len(e.block_hashes) for e in res.kv_events if isinstance(e, BlockStored)]
+    assert sum(stored) == 5 + 0 and core.pool.num_used == 5 + 1
+    # A chunk of a running prefill is registered as it is scheduled too: a request admitted
+    # behind it hits the chunk's blocks in that pass.
+    core = make_core()
+    core.add_request(req("long", range(60), max_tokens=1))
+    now = core.step(0.0).end  # its first 32 tokens
+    core.add_request(req("late", [*range(48), 99], max_tokens=1))
+    res = core.step(now)  # long's next 28 tokens, then late: 12 blocks hit (48 tokens)
+    assert {o.request_id: o.num_cached_tokens for o in res.outputs} == {"long": 0, "late": 48}
 
 
 def _lora_req(rid: str, lora: str | None, max_tokens: int = 5) -> EngineRequest:
