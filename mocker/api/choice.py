@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mocker.api.logprobs import ChoiceLogprobs
 from mocker.api.stop_strings import StopMatcher
 from mocker.engine.live import LiveEngine, RequestStream
 from mocker.engine.outputs import RequestOutput
@@ -43,6 +44,8 @@ class Choice:
     kv_transfer_params: dict[str, Any] | None = None
     # False for the 2nd..nth choice of a prompt (n > 1): usage counts the prompt once.
     counts_prompt: bool = True
+    # logprobs asked for: this choice's, token by token
+    logprobs: ChoiceLogprobs | None = None
 
     def account(self, out: RequestOutput) -> None:
         """Token counts and finish state from one engine output (no text work)."""

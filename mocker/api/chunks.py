@@ -46,8 +46,8 @@ class ChunkWriter:
     encoded once per response; a chunk is a handful of byte concatenations.
     """
 
-    __slots__ = ("_head", "_index_heads", "_tail", "chat", "continuous_usage", "include_usage",
-                 "with_ids")  # fmt: skip
+    __slots__ = ("_close", "_head", "_index_heads", "_tail", "chat", "continuous_usage",
+                 "include_usage", "with_ids")  # fmt: skip
 
     def __init__(
         self,
@@ -75,11 +75,8 @@ class ChunkWriter:
             + b',"choices":['
         )
         self._index_heads: dict[int, bytes] = {}
-        self._tail = (
-            b'"},"logprobs":null,"finish_reason":'
-            if chat
-            else b'","logprobs":null,"finish_reason":'
-        )
+        self._close = b'"}' if chat else b'"'  # what ends the text
+        self._tail = self._close + b',"logprobs":null,"finish_reason":'
         self.include_usage = include_usage
         self.continuous_usage = include_usage and continuous_usage
 
@@ -100,9 +97,11 @@ class ChunkWriter:
         usage: tuple[int, int, int] | None = None,
         token_ids: list[int] | None = None,
         prompt_ids: list[int] | None = None,
+        logprobs: bytes | None = None,
     ) -> bytes:
         """One chunk carrying new text (already JSON-escaped) for choice `index`; with
-        `token_ids`, the chunk's new ids too (and a completion's first chunk its prompt's)."""
+        `token_ids`, the chunk's new ids too (and a completion's first chunk its prompt's);
+        with `logprobs`, their JSON object."""
         sr = b"null" if stop_reason is None else orjson.dumps(stop_reason)
         end = b"}]}\n\n"
         if usage is not None and self.continuous_usage:
@@ -112,8 +111,11 @@ class ChunkWriter:
             if prompt_ids is not None:
                 ids = b',"prompt_token_ids":' + orjson.dumps(prompt_ids) + ids
             end = ids + end
+        tail = self._tail
+        if logprobs is not None:
+            tail = self._close + b',"logprobs":' + logprobs + b',"finish_reason":'
         return b"".join(
-            (self._index_head(index), escaped_text, self._tail, _FINISH[finish_reason],
+            (self._index_head(index), escaped_text, tail, _FINISH[finish_reason],
              b',"stop_reason":', sr, end)
         )  # fmt: skip
 
@@ -171,8 +173,10 @@ class GenerateChunkWriter:
         usage: tuple[int, int, int] | None = None,
         token_ids: list[int] | None = None,
         prompt_ids: list[int] | None = None,
+        logprobs: bytes | None = None,
     ) -> bytes:
-        """One chunk of choice `index`'s new token ids (the text is not sent)."""
+        """One chunk of choice `index`'s new token ids (the text is not sent; nor logprobs,
+        which this route refuses)."""
         parts = [self._head]
         if usage is not None and self.continuous_usage:
             parts.append(orjson.dumps(usage_dict(*usage)))

@@ -16,6 +16,7 @@ from mocker.api.chunks import usage_dict
 from mocker.api.errors import error_response
 from mocker.api.faults import FaultInjector
 from mocker.api.lifecycle import OpenResponse
+from mocker.api.logprobs import merged
 from mocker.api.stream import ABORTED
 from mocker.engine.outputs import RequestOutput
 from mocker.engine.stream import StreamError
@@ -41,7 +42,8 @@ class ResponseCollector:
     """Gathers one non-streamed response. The engine loop hands each choice's outputs to
     `on_output`; `response()` waits for the last (or the failure that ends it early)."""
 
-    __slots__ = ("_done", "_faults", "_head", "_piece", "_remaining", "_response", "_texts", "cut")
+    __slots__ = ("_done", "_faults", "_head", "_logprobs", "_piece", "_remaining", "_response",
+                 "_texts", "cut")  # fmt: skip
 
     def __init__(
         self,
@@ -56,6 +58,8 @@ class ResponseCollector:
         self._piece = piece
         self._faults = faults
         self._texts: list[list[str]] = [[] for _ in response.choices]
+        # logprobs asked for: each choice's, one object per output
+        self._logprobs: list[list[dict[str, Any]]] = [[] for _ in response.choices]
         self._remaining = len(response.choices)
         # Set once: None when every choice finished, else the error response that ended it.
         self._done: asyncio.Future[Response | None] = asyncio.get_running_loop().create_future()
@@ -76,6 +80,8 @@ class ResponseCollector:
             done.set_result(error_response(503, "The request was aborted."))
             return
         self._texts[choice.index].append(choice.text_of(out, self._piece))
+        if choice.logprobs is not None:
+            self._logprobs[choice.index].append(choice.logprobs.take(out.new_token_ids))
         if choice.abort_due:
             cancel_all(self._response.choices)  # an injected abort: the response is the error
             self.cut = True
@@ -153,11 +159,15 @@ class ResponseCollector:
         }
 
     def _choice(self, choice: Choice, text: str) -> dict[str, Any]:
-        if not self._head.chat:
+        chat = self._head.chat
+        logprobs = (
+            None if choice.logprobs is None else merged(self._logprobs[choice.index], chat=chat)
+        )
+        if not chat:
             out: dict[str, Any] = {
                 "index": choice.index,
                 "text": text,
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": choice.finish_reason,
                 "stop_reason": choice.stop_reason,
                 "prompt_logprobs": None,
@@ -176,7 +186,7 @@ class ResponseCollector:
         out = {
             "index": choice.index,
             "message": message,
-            "logprobs": None,
+            "logprobs": logprobs,
             "finish_reason": choice.finish_reason,
             "stop_reason": choice.stop_reason,
         }

@@ -1,13 +1,14 @@
 """OpenAI request bodies as pydantic models: validated once at the door; unknown fields kept.
 
 Their JSON schemas (the app's /openapi.json) say what the server accepts, beyond what pydantic
-checks: a value the mock refuses later (n > 1, logprobs, echo, an empty prompt, a text-less
-chat, a content part that is not text) is left out of the schema, so a generated client or a
-fuzzer sends what the server serves. Those refusals keep their own 400 messages: the schema
-says more than pydantic checks, not less. What only the running server knows (the vocabulary,
-max_model_len, the served model names, the data-parallel ranks) `mocker.api.openapi` writes in
-when the app is built. Integers anywhere in a body must fit 64 bits (orjson writes no larger
-one back), and /inference/v1/generate's request_id, answered as a header, must be ASCII.
+checks: a value the mock refuses later (too many choices or logprobs, echo, an empty prompt, a
+text-less chat, a content part that is not text) is left out of the schema, so a generated
+client or a fuzzer sends what the server serves. Those refusals keep their own 400 messages:
+the schema says more than pydantic checks, not less. What only the running server knows (the
+vocabulary, max_model_len, the served model names, the data-parallel ranks)
+`mocker.api.openapi` writes in when the app is built. Integers anywhere in a body must fit 64
+bits (orjson writes no larger one back), and /inference/v1/generate's request_id, answered as a
+header, must be ASCII.
 """
 
 from __future__ import annotations
@@ -203,6 +204,16 @@ class _Knobs(_Open):
     )
 
 
+def _logprobs_schema(name: str) -> dict[str, Any]:
+    """Logprobs per token: synthetic, up to the server's --max-logprobs (vLLM's default 20;
+    -1, the whole vocabulary, needs a server started with --max-logprobs -1)."""
+    return {
+        "anyOf": [{"type": "integer", "minimum": 0, "maximum": 20}, {"type": "null"}],
+        "description": f"{name}: top alternatives per generated token, with synthetic "
+        "log-probabilities (at most the server's --max-logprobs, 20 by default).",
+    }
+
+
 class _Sampling(_Knobs):
     """Fields shared by both generation endpoints."""
 
@@ -228,7 +239,7 @@ class CompletionRequest(_Sampling):
 
     prompt: Annotated[str | list[str] | TokenIds | list[TokenIds], WithJsonSchema(_PROMPT_SCHEMA)]
     max_tokens: PositiveInt | None = 16  # the OpenAI and vLLM default for completions
-    logprobs: Annotated[NonNegInt | None, _only({"type": "null"}, "null")] = None
+    logprobs: Annotated[Int64 | None, WithJsonSchema(_logprobs_schema("logprobs"))] = None
     echo: Annotated[bool, _only({"type": "boolean", "const": False}, "false")] = False
     best_of: Annotated[
         PositiveInt | None, _only({"anyOf": [{"const": 1}, {"type": "null"}]}, "1")
@@ -265,14 +276,26 @@ def _chat_rules(schema: dict[str, Any]) -> None:
     # and tools a tool_choice (its default, "auto", needs the server's tool flags); a
     # continued final message takes no generation prompt (whose default is true).
     schema["dependentRequired"] = {"tool_choice": ["tools"], "tools": ["tool_choice"]}
-    schema["if"] = {
-        "required": ["continue_final_message"],
-        "properties": {"continue_final_message": {"const": True}},
-    }
-    schema["then"] = {
-        "required": ["add_generation_prompt"],
-        "properties": {"add_generation_prompt": {"const": False}},
-    }
+    # top_logprobs other than 0 needs logprobs: true.
+    schema["allOf"] = [
+        {
+            "if": {
+                "required": ["continue_final_message"],
+                "properties": {"continue_final_message": {"const": True}},
+            },
+            "then": {
+                "required": ["add_generation_prompt"],
+                "properties": {"add_generation_prompt": {"const": False}},
+            },
+        },
+        {
+            "if": {
+                "required": ["top_logprobs"],
+                "properties": {"top_logprobs": {"type": "integer", "minimum": 1}},
+            },
+            "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
+        },
+    ]
 
 
 # The chat fields vLLM checks, as the schema states them (stricter than the server: a named
@@ -321,12 +344,8 @@ class ChatCompletionRequest(_Sampling):
 
     messages: Annotated[list[ChatMessage], Field(min_length=1, json_schema_extra={MARK_CHAT: True})]
     max_completion_tokens: PositiveInt | None = None
-    logprobs: Annotated[
-        bool | None, _only({"anyOf": [{"const": False}, {"type": "null"}]}, "false")
-    ] = False
-    top_logprobs: Annotated[
-        NonNegInt | None, _only({"anyOf": [{"const": 0}, {"type": "null"}]}, "0")
-    ] = None
+    logprobs: bool | None = False
+    top_logprobs: Annotated[Int64 | None, WithJsonSchema(_logprobs_schema("top_logprobs"))] = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None

@@ -20,6 +20,7 @@ from mocker.api.errors import OpenAIError
 from mocker.api.faults import FaultInjector, JitteredEmitter, failure_error
 from mocker.api.inputs import chat_prompt, check_model, completion_prompts
 from mocker.api.lifecycle import OpenResponse, OpenResponses
+from mocker.api.logprobs import LogprobsFormat, requested_logprobs
 from mocker.api.lora import LoraAdapters
 from mocker.api.protocol import (
     MAX_CHOICES,
@@ -116,9 +117,12 @@ def _unsupported(body: GenerationRequest) -> None:
         raise OpenAIError(400, "Stream options can only be defined when `stream=True`.",
                           "stream_options")  # fmt: skip
     check_sampling(body)
+    if (body.model_extra or {}).get("prompt_logprobs") is not None:
+        # (not ignored: a client asking for them would read the null as "none computed")
+        raise OpenAIError(400, "prompt_logprobs are not supported by this mock server.",
+                          "prompt_logprobs")  # fmt: skip
     if isinstance(body, ChatCompletionRequest):
         check_chat(body)
-        logprobs = body.logprobs or body.top_logprobs
     else:
         check_response_format((body.model_extra or {}).get("response_format"))
         if body.best_of not in (None, 1):
@@ -126,11 +130,6 @@ def _unsupported(body: GenerationRequest) -> None:
         for name in ("echo", "suffix"):
             if getattr(body, name):
                 raise OpenAIError(400, f"{name} is not supported by this server.", name)
-        logprobs = body.logprobs is not None
-    if logprobs:
-        raise OpenAIError(
-            400, "logprobs are not supported by this mock server; omit 'logprobs'.", "logprobs"
-        )
 
 
 class OpenAIServing:
@@ -236,6 +235,10 @@ class OpenAIServing:
     ) -> Response:
         """Token ids in, token ids out: the request runs as a completion of those ids."""
         sp = body.sampling_params
+        if sp.logprobs is not None:
+            raise OpenAIError(400, "logprobs are not supported on this route by this mock "
+                              "server (they are on /v1/completions and /v1/chat/completions).",
+                              "sampling_params")  # fmt: skip
         fields = (
             {
                 "model": body.model, "prompt": body.token_ids, "max_tokens": sp.max_tokens,
@@ -245,7 +248,7 @@ class OpenAIServing:
                 "stream": body.stream, "stream_options": body.stream_options,
                 "return_token_ids": body.return_token_ids, "cache_salt": body.cache_salt,
                 "priority": body.priority, "data_parallel_rank": body.data_parallel_rank,
-                "logprobs": sp.logprobs, "seed": sp.seed,
+                "seed": sp.seed,
                 "kv_transfer_params": body.kv_transfer_params,
                 # (checked as a completion's: check_sampling)
                 "temperature": sp.temperature, "top_p": sp.top_p, "top_k": sp.top_k,
@@ -303,9 +306,25 @@ class OpenAIServing:
         model = self._model(body.model)
         _unsupported(body)
         check_token_params(body, self.tokenizer.vocab_size)
+        self._logprobs(body)
         if self.engines.is_dead:
             raise OpenAIError(503, f"The engine is not running: {self.engines.dead_error}")
         return model
+
+    def _logprobs(self, body: GenerationRequest) -> LogprobsFormat | None:
+        """The response's synthetic logprobs (None: not asked for); vLLM's 400s."""
+        chat = isinstance(body, ChatCompletionRequest)
+        num_top = requested_logprobs(
+            chat=chat,
+            logprobs=body.logprobs,
+            top_logprobs=body.top_logprobs if isinstance(body, ChatCompletionRequest) else None,
+            max_logprobs=self.settings.max_logprobs,
+            vocab_size=self.tokenizer.vocab_size,
+        )
+        if num_top is None:
+            return None
+        tokenizer = self.tokenizer
+        return LogprobsFormat(num_top, tokenizer.palette, tokenizer.piece, chat=chat)
 
     # -- engine requests ----------------------------------------------------------------------
 
@@ -427,11 +446,14 @@ class OpenAIServing:
         fault = self._inject(headers.fault, param)
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         stop = tuple(s for s in stop if s)
+        logprobs = self._logprobs(body)
         choices: list[Choice] = []
         try:
             for i, spec in enumerate(specs):
                 engine = self._engine_for(rank)
                 choice = self._choice(body, i, spec, engine, fault, stop, generate)
+                if logprobs is not None:
+                    choice.logprobs = logprobs.choice(spec.request_id)
                 # (usage counts a prompt once, with the first of its n choices)
                 choice.counts_prompt = i % body.n == 0
                 choices.append(choice)

@@ -94,7 +94,12 @@ class StreamRenderer:
         # usage): each choice's head (its first with the role delta before it) and the tail.
         self._heads: list[bytes] | None = None
         self._open_tail = b""
-        if isinstance(writer, ChunkWriter) and not writer.with_ids and not writer.continuous_usage:
+        if (
+            isinstance(writer, ChunkWriter)
+            and not writer.with_ids
+            and not writer.continuous_usage
+            and all(c.logprobs is None for c in choices)
+        ):
             parts = [writer.open_parts(c.index) for c in choices]
             self._heads = [
                 first + head for first, (head, _) in zip(self._first, parts, strict=True)
@@ -204,15 +209,17 @@ class StreamRenderer:
             else None
         )
         index = choice.index
+        logprobs = None if choice.logprobs is None else orjson.dumps(choice.logprobs.take(ids))
         if writer.with_ids:
             prompt = choice.prompt_token_ids if self._prompt_due[index] else None
             self._prompt_due[index] = False
             chunk = self._first[index] + writer.text(
-                index, text, choice.finish_reason, choice.stop_reason, usage, ids, prompt
-            )
+                index, text, choice.finish_reason, choice.stop_reason, usage, ids, prompt,
+                logprobs,
+            )  # fmt: skip
         else:
             chunk = self._first[index] + writer.text(
-                index, text, choice.finish_reason, choice.stop_reason, usage
+                index, text, choice.finish_reason, choice.stop_reason, usage, logprobs=logprobs
             )
         if self._first[index]:
             self._first_sent(index)

@@ -43,6 +43,9 @@ class ServerSettings:
     stream_interval: int = 1
     # vLLM's --enable-force-include-usage: every stream carries usage, on every chunk.
     force_include_usage: bool = False
+    # vLLM's --max-logprobs: the most top alternatives a request may ask for per token (-1:
+    # the vocabulary); the mock's logprobs are synthetic (mocker.api.logprobs).
+    max_logprobs: int = 20
     # uvicorn's root_path (vLLM's --root-path): the app behind a path-based proxy.
     root_path: str = ""
     # vLLM's gate on tool_choice "auto": both set, or such a chat is a 400 (the mock calls no
@@ -191,6 +194,15 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         metavar="NAME",
     ),
     Option(
+        "max_logprobs",
+        "the most log-probabilities (top alternatives per token) a request may ask for; -1: "
+        "the whole vocabulary (the mock's are synthetic: a valid, deterministic distribution "
+        "with the sampled token first)",
+        _S.max_logprobs,
+        "int",
+        metavar="N",
+    ),
+    Option(
         "enable_force_include_usage",
         "every streamed response carries usage, on each chunk and in a last chunk of its own, "
         "whatever its stream_options ask",
@@ -316,6 +328,8 @@ def _check(values: Mapping[str, Any]) -> None:
     interval = values["stream_interval"]
     if interval < 1:
         raise ConfigError(f"invalid stream_interval={interval!r}: must be >= 1")
+    if values["max_logprobs"] < -1:
+        raise ConfigError(f"invalid max_logprobs={values['max_logprobs']!r}: must be >= -1")
     _check_tls(values)
 
 
@@ -373,6 +387,7 @@ def server_settings_from(values: Mapping[str, Any]) -> ServerSettings:
         max_merged_passes=values["max_merged_passes"],
         stream_interval=values["stream_interval"],
         force_include_usage=values["enable_force_include_usage"],
+        max_logprobs=values["max_logprobs"],
         root_path=values["root_path"] or "",
         enable_auto_tool_choice=values["enable_auto_tool_choice"],
         ssl_keyfile=values["ssl_keyfile"] or None,

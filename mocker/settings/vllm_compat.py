@@ -23,7 +23,6 @@ IGNORED_VLLM_FLAGS: dict[str, bool] = {
     "load_format": True,
     "revision": True,
     "tokenizer_mode": True,
-    "max_logprobs": True,
     "distributed_executor_backend": True,
     "max_seq_len_to_capture": True,
     "compilation_config": True,

@@ -94,13 +94,13 @@ async def test_prompt_longer_than_context_is_400_with_vllms_message(client: AppC
 async def test_unsupported_options_are_clear_400s(client: AppClient) -> None:
     cases = [
         ("/v1/completions", {"prompt": "x", "n": 4097}, "n"),
-        ("/v1/completions", {"prompt": "x", "logprobs": 1}, "logprobs"),
+        ("/v1/completions", {"prompt": "x", "logprobs": 21}, "logprobs"),
         ("/v1/completions", {"prompt": "x", "best_of": 3}, "best_of"),
         ("/v1/completions", {"prompt": "x", "echo": True}, "echo"),
         (
             "/v1/chat/completions",
-            {"messages": [{"role": "user", "content": "x"}], "logprobs": True},
-            "logprobs",
+            {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+            "top_logprobs",
         ),
     ]
     for path, body, param in cases:

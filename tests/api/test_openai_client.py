@@ -66,6 +66,21 @@ def test_n_choices_through_the_client(sync_client: openai.OpenAI) -> None:
     assert chat.usage is not None and chat.usage.completion_tokens == 6
 
 
+def test_logprobs_parse_into_the_clients_models(sync_client: openai.OpenAI) -> None:
+    c = sync_client.completions.create(model="mocker", prompt="Hi", max_tokens=3, logprobs=2)
+    logprobs = c.choices[0].logprobs
+    assert logprobs is not None and logprobs.tokens is not None
+    assert "".join(logprobs.tokens) == c.choices[0].text
+    assert logprobs.top_logprobs is not None and len(logprobs.top_logprobs) == 3
+    chat = sync_client.chat.completions.create(
+        model="mocker", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+        logprobs=True, top_logprobs=2,
+    )  # fmt: skip
+    content = chat.choices[0].logprobs.content if chat.choices[0].logprobs else None
+    assert content is not None and len(content) == 3
+    assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
+
+
 def test_prefix_hits_show_as_cached_tokens(sync_client: openai.OpenAI) -> None:
     prompt = list(range(3000, 3100))
     sync_client.completions.create(model="mocker", prompt=prompt, max_tokens=1)

@@ -35,6 +35,7 @@ def test_fault_settings_from_flags_and_env() -> None:
         (["--data-parallel-size", "0"], "data_parallel_size"),
         (["--startup-delay", "-1"], "startup_delay"),
         (["--stream-interval", "0"], r"stream_interval=0: must be >= 1"),
+        (["--max-logprobs", "-2"], r"max_logprobs=-2: must be >= -1"),
     ],
 )
 def test_fault_and_data_parallel_mistakes_fail_at_start_up(argv: list[str], message: str) -> None:

@@ -64,11 +64,12 @@ def test_the_vllm_flags_mocker_models_are_read() -> None:
     argv = ["--stream-interval", "4", "--enable-force-include-usage", "--root-path", "/p",
             "--scheduling-policy", "priority", "--long-prefill-token-threshold", "256",
             "--kv-cache-memory-bytes", str(2**33), "--enable-auto-tool-choice",
-            "--tool-call-parser", "hermes"]  # fmt: skip
+            "--tool-call-parser", "hermes", "--max-logprobs", "5"]  # fmt: skip
     values, warnings = resolve(parse_flags(argv), ALL, environ={})
     assert warnings == []
     server = server_settings_from(values)
     assert (server.stream_interval, server.force_include_usage, server.root_path) == (4, True, "/p")
+    assert server.max_logprobs == 5
     assert (values["scheduling_policy"], values["long_prefill_token_threshold"]) == (
         "priority",
         256,

@@ -1,0 +1,163 @@
+"""Synthetic logprobs in vLLM's completion and chat shapes: a valid distribution per token."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from mocker.api.errors import OpenAIError
+from mocker.mixing import GOLDEN, MASK64, splitmix64
+
+__all__ = ["ChoiceLogprobs", "LogprobsFormat", "merged", "requested_logprobs"]
+
+_LN2 = math.log(2.0)
+_FLOOR = -9999.0  # vLLM's floor for a logprob of -inf
+
+
+def requested_logprobs(
+    *,
+    chat: bool,
+    logprobs: bool | int | None,
+    top_logprobs: int | None,
+    max_logprobs: int,
+    vocab_size: int,
+) -> int | None:
+    """How many top alternatives a request asks for per token (None: no logprobs), with
+    vLLM's checks and messages: a chat's `top_logprobs` needs `logprobs: true`; -1 means the
+    whole vocabulary; more than --max-logprobs (-1: the vocabulary) is refused."""
+    if chat:
+        if top_logprobs is not None:
+            if top_logprobs < -1:
+                raise OpenAIError(400, "`top_logprobs` must be a positive value or -1.",
+                                  "top_logprobs")  # fmt: skip
+            if top_logprobs != 0 and not logprobs:
+                raise OpenAIError(400, "when using `top_logprobs`, `logprobs` must be set to "
+                                  "true.", "top_logprobs")  # fmt: skip
+        if not logprobs:
+            return None
+        num = top_logprobs or 0
+    else:
+        if logprobs is None:
+            return None
+        num = int(logprobs)
+        if num < -1:
+            raise OpenAIError(400, "`logprobs` must be a positive value or -1.", "logprobs")
+    if num == -1:
+        num = vocab_size
+    limit = vocab_size if max_logprobs == -1 else max_logprobs
+    if num > limit:
+        raise OpenAIError(
+            400,
+            f"Requested sample logprobs of {num}, which is greater than max allowed: {limit}",
+            "logprobs",
+        )
+    return num
+
+
+class LogprobsFormat:
+    """What a response's logprobs are made of: the top count, the token names, the shape."""
+
+    __slots__ = ("chat", "num_top", "palette", "piece")
+
+    def __init__(
+        self, num_top: int, palette: Sequence[int], piece: Callable[[int], str], *, chat: bool
+    ) -> None:
+        self.num_top = num_top
+        self.palette = palette
+        self.piece = piece
+        self.chat = chat
+
+    def choice(self, request_id: str) -> ChoiceLogprobs:
+        return ChoiceLogprobs(self, request_id)
+
+
+class ChoiceLogprobs:
+    """One choice's logprobs, token by token as they are handed out. Each token's are a pure
+    function of (request id, position, token): the sampled token is the most likely (p in
+    [0.5, 0.99)), then distinct alternatives (the tokenizer's word palette from a drawn
+    place on), each half as likely as the one before, so every step is a valid distribution
+    (sum below 1). As vLLM's dict, the sampled token comes first and counts among the top
+    ones it ranks in."""
+
+    __slots__ = ("_format", "_offset", "_position", "_seed")
+
+    def __init__(self, fmt: LogprobsFormat, request_id: str) -> None:
+        self._format = fmt
+        digest = hashlib.blake2b(request_id.encode(), digest_size=8, person=b"logprobs")
+        self._seed = int.from_bytes(digest.digest(), "big")
+        self._position = 0  # generated tokens handed out so far
+        self._offset = 0  # completions: text characters handed out so far (text_offset)
+
+    def _step(self, token: int) -> list[tuple[int, float]]:
+        fmt = self._format
+        h = splitmix64((self._seed + self._position * GOLDEN) & MASK64)
+        self._position += 1
+        p = 0.5 + 0.49 * (h & 0xFFFF) / 0x10000
+        step = [(token, math.log(p))]
+        want = max(fmt.num_top, 1)  # (the sampled token is one of the top ones)
+        palette = fmt.palette
+        if want > len(palette):
+            want = len(palette)
+        rest = math.log1p(-p)
+        # Consecutive palette entries from a drawn start: distinct without retries, however
+        # many are asked for.
+        size = len(palette)
+        at = (h >> 16) % size
+        while len(step) < want:
+            alt = palette[at]
+            at = at + 1 if at + 1 < size else 0
+            if alt != token:
+                step.append((alt, max(rest - len(step) * _LN2, _FLOOR)))
+        return step
+
+    def take(self, token_ids: Sequence[int]) -> dict[str, Any]:
+        """The logprobs object of these next tokens (a chunk's, or a whole choice's)."""
+        piece = self._format.piece
+        if self._format.chat:
+            k = self._format.num_top
+            content = []
+            for token in token_ids:
+                step = self._step(token)
+                content.append(
+                    {
+                        "token": (text := piece(token)),
+                        "logprob": step[0][1],
+                        "bytes": list(text.encode("utf-8", errors="replace")),
+                        "top_logprobs": [
+                            {"token": (alt := piece(t)), "logprob": lp,
+                             "bytes": list(alt.encode("utf-8", errors="replace"))}
+                            for t, lp in step[:k]
+                        ],
+                    }
+                )  # fmt: skip
+            return {"content": content}
+        tokens: list[str] = []
+        token_logprobs: list[float] = []
+        top: list[dict[str, float]] = []
+        offsets: list[int] = []
+        offset = self._offset
+        for token in token_ids:
+            step = self._step(token)
+            text = piece(token)
+            tokens.append(text)
+            token_logprobs.append(step[0][1])
+            top.append({piece(t): lp for t, lp in step})
+            offsets.append(offset)
+            offset += len(text)
+        self._offset = offset
+        return {
+            "text_offset": offsets,
+            "token_logprobs": token_logprobs,
+            "tokens": tokens,
+            "top_logprobs": top,
+        }
+
+
+def merged(parts: Sequence[dict[str, Any]], *, chat: bool) -> dict[str, Any]:
+    """One choice's logprobs objects (one per output) as one."""
+    if chat:
+        return {"content": [c for part in parts for c in part["content"]]}
+    keys = ("text_offset", "token_logprobs", "tokens", "top_logprobs")
+    return {key: [v for part in parts for v in part[key]] for key in keys}

@@ -1,0 +1,181 @@
+"""Synthetic logprobs: vLLM's checks, valid distributions, its completion and chat shapes."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from mocker.api.errors import OpenAIError
+from mocker.api.logprobs import LogprobsFormat, merged, requested_logprobs
+from tests.support.parsing import sse_events
+from tests.support.servers import AppClient, make_app, settings, tokenizer
+
+PALETTE = list(range(100, 164))
+
+
+def _piece(token: int) -> str:
+    return f" w{token}"
+
+
+@pytest.mark.parametrize(
+    ("chat", "logprobs", "top", "max_logprobs", "expected"),
+    [
+        (False, None, None, 20, None),
+        (False, 0, None, 20, 0),
+        (False, 20, None, 20, 20),
+        (False, -1, None, -1, 1000),  # -1: the vocabulary, with a server that allows it
+        (True, False, None, 20, None),
+        (True, None, 0, 20, None),
+        (True, True, None, 20, 0),  # (vLLM's top_logprobs default)
+        (True, True, 5, 20, 5),
+    ],
+)
+def test_what_a_request_asks_for(
+    chat: bool, logprobs: Any, top: int | None, max_logprobs: int, expected: int | None
+) -> None:
+    got = requested_logprobs(chat=chat, logprobs=logprobs, top_logprobs=top,
+                             max_logprobs=max_logprobs, vocab_size=1000)  # fmt: skip
+    assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("chat", "logprobs", "top", "message", "param"),
+    [
+        (False, 21, None, "Requested sample logprobs of 21, which is greater than max allowed: "
+         "20", "logprobs"),
+        (False, -1, None, "Requested sample logprobs of 1000, which is greater than max "
+         "allowed: 20", "logprobs"),
+        (False, -2, None, "`logprobs` must be a positive value or -1.", "logprobs"),
+        (True, True, 21, "Requested sample logprobs of 21", "logprobs"),
+        (True, True, -2, "`top_logprobs` must be a positive value or -1.", "top_logprobs"),
+        (True, False, 3, "when using `top_logprobs`, `logprobs` must be set to true.",
+         "top_logprobs"),
+        (True, None, -1, "when using `top_logprobs`, `logprobs` must be set to true.",
+         "top_logprobs"),
+    ],
+)  # fmt: skip
+def test_vllms_refusals(
+    chat: bool, logprobs: Any, top: int | None, message: str, param: str
+) -> None:
+    with pytest.raises(OpenAIError) as err:
+        requested_logprobs(chat=chat, logprobs=logprobs, top_logprobs=top, max_logprobs=20,
+                           vocab_size=1000)  # fmt: skip
+    assert err.value.status == 400 and message in err.value.message
+    assert err.value.param == param
+
+
+def test_each_token_gets_a_valid_distribution_sampled_first_and_reproducible() -> None:
+    fmt = LogprobsFormat(4, PALETTE, _piece, chat=False)
+    tokens = [120, 7, 120, 163]  # in the palette or not, repeated
+    out = fmt.choice("req-1").take(tokens)
+    assert out["tokens"] == [_piece(t) for t in tokens]
+    assert out["text_offset"] == [0, 5, 8, 13]  # where each token's text starts
+    for sampled, tops in zip(out["token_logprobs"], out["top_logprobs"], strict=True):
+        values = list(tops.values())
+        assert len(tops) == 4 and values[0] == sampled  # the sampled token is the top one
+        assert values == sorted(values, reverse=True) and all(v < 0 for v in values)
+        assert sum(math.exp(v) for v in values) < 1.0
+    # The same request id gives the same values; another, others; a later call continues.
+    assert fmt.choice("req-1").take(tokens) == out
+    assert fmt.choice("req-2").take(tokens)["token_logprobs"] != out["token_logprobs"]
+    choice = fmt.choice("req-1")
+    parts = [choice.take(tokens[:1]), choice.take(tokens[1:])]
+    assert merged(parts, chat=False) == out
+
+
+def test_the_chat_shape_and_a_top_of_zero() -> None:
+    fmt = LogprobsFormat(2, PALETTE, _piece, chat=True)
+    [entry] = fmt.choice("c").take([130])["content"]
+    assert entry["token"] == " w130" and entry["bytes"] == list(b" w130")
+    assert entry["top_logprobs"][0]["logprob"] == entry["logprob"]
+    assert len(entry["top_logprobs"]) == 2 and entry["top_logprobs"][1]["token"] != " w130"
+    [alone] = LogprobsFormat(0, PALETTE, _piece, chat=True).choice("c").take([130])["content"]
+    assert alone["top_logprobs"] == [] and alone["logprob"] == entry["logprob"]
+
+
+def test_asking_for_the_whole_palette_terminates_with_distinct_tokens() -> None:
+    fmt = LogprobsFormat(len(PALETTE) + 10, PALETTE, _piece, chat=False)
+    [tops] = fmt.choice("all").take([PALETTE[3]])["top_logprobs"]
+    assert len(tops) == len(PALETTE)  # every palette token once, the sampled one first
+
+
+async def test_completions_return_logprobs_for_every_token(client: AppClient) -> None:
+    r = await client.http.post(
+        "/v1/completions", json={"prompt": "hello there", "max_tokens": 5, "logprobs": 3, "n": 2}
+    )
+    assert r.status_code == 200, r.text
+    for choice in r.json()["choices"]:
+        logprobs = choice["logprobs"]
+        assert "".join(logprobs["tokens"]) == choice["text"]
+        assert len(logprobs["token_logprobs"]) == 5 == len(logprobs["top_logprobs"])
+        offsets = [sum(len(t) for t in logprobs["tokens"][:i]) for i in range(5)]
+        assert logprobs["text_offset"] == offsets
+
+
+async def test_streamed_logprobs_follow_the_chunks(client: AppClient) -> None:
+    r = await client.http.post(
+        "/v1/completions",
+        json={"prompt": "hi", "max_tokens": 6, "logprobs": 0, "stream": True},
+        headers={"X-Request-Id": "lp-stream"},
+    )
+    chunks = [e["choices"][0] for e in sse_events(r.text)[:-1]]
+    text = "".join(c["text"] for c in chunks)
+    offsets = [o for c in chunks for o in c["logprobs"]["text_offset"]]
+    tokens = [t for c in chunks for t in c["logprobs"]["tokens"]]
+    assert "".join(tokens) == text and len(tokens) == 6
+    assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(6)]
+    # The same tokens with the same id, not streamed: the same values.
+    body = {"prompt": "hi", "max_tokens": 6, "logprobs": 0}
+    whole = await client.http.post("/v1/completions", json=body,
+                                   headers={"X-Request-Id": "lp-stream"})  # fmt: skip
+    streamed = [v for c in chunks for v in c["logprobs"]["token_logprobs"]]
+    assert whole.json()["choices"][0]["logprobs"]["token_logprobs"] == streamed
+
+
+async def test_chat_logprobs_streamed_and_not(client: AppClient) -> None:
+    messages = [{"role": "user", "content": "Hello"}]
+    body = {"messages": messages, "max_tokens": 4, "logprobs": True, "top_logprobs": 3}
+    r = await client.http.post("/v1/chat/completions", json=body)
+    [choice] = r.json()["choices"]
+    content = choice["logprobs"]["content"]
+    assert "".join(c["token"] for c in content) == choice["message"]["content"]
+    assert all(len(c["top_logprobs"]) == 3 for c in content)
+    r = await client.http.post("/v1/chat/completions", json={**body, "stream": True})
+    events = sse_events(r.text)[:-1]
+    assert events[0]["choices"][0]["logprobs"] is None  # the role chunk
+    streamed = [c for e in events[1:] for c in e["choices"][0]["logprobs"]["content"]]
+    assert len(streamed) == 4 and all(len(c["top_logprobs"]) == 3 for c in streamed)
+
+
+async def test_without_logprobs_the_fields_stay_null(client: AppClient) -> None:
+    r = await client.http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+    assert r.json()["choices"][0]["logprobs"] is None
+    r = await client.http.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "stream": True},
+    )
+    assert all(e["choices"][0]["logprobs"] is None for e in sse_events(r.text)[:-1])
+
+
+async def test_max_logprobs_is_the_servers_bound() -> None:
+    async with AppClient(make_app(settings(max_logprobs=2))) as c:
+        r = await c.http.post("/v1/completions", json={"prompt": "x", "logprobs": 3})
+        assert r.status_code == 400 and "max allowed: 2" in r.json()["error"]["message"]
+        r = await c.http.post("/v1/completions", json={"prompt": "x", "logprobs": 2})
+        assert r.status_code == 200
+    assert tokenizer().vocab_size > 2
+
+
+async def test_prompt_logprobs_are_refused_not_ignored(client: AppClient) -> None:
+    r = await client.http.post("/v1/completions", json={"prompt": "x", "prompt_logprobs": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs"
+    r = await client.http.post("/v1/completions", json={"prompt": "x", "prompt_logprobs": None})
+    assert r.status_code == 200
+
+
+async def test_generate_refuses_logprobs_clearly(client: AppClient) -> None:
+    body = {"token_ids": [1, 2], "sampling_params": {"max_tokens": 2, "logprobs": 1}}
+    r = await client.http.post("/inference/v1/generate", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params"
