@@ -46,6 +46,10 @@ class Choice:
     counts_prompt: bool = True
     # logprobs asked for: this choice's, token by token
     logprobs: ChoiceLogprobs | None = None
+    # echo (completions): the prompt's text to start the choice's text with, and with
+    # logprobs the prompt's
+    echo: str | None = None
+    echo_logprobs: dict[str, Any] | None = None
 
     def account(self, out: RequestOutput) -> None:
         """Token counts and finish state from one engine output (no text work)."""

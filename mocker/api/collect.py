@@ -116,7 +116,9 @@ class ResponseCollector:
             "object": "chat.completion" if head.chat else "text_completion",
             "created": head.created,
             "model": head.model,
-            "choices": [self._choice(c, "".join(self._texts[c.index])) for c in choices],
+            "choices": [
+                self._choice(c, (c.echo or "") + "".join(self._texts[c.index])) for c in choices
+            ],
             "usage": usage_dict(*totals(choices)),
             "system_fingerprint": None,
             # P/D: top level, always present (vLLM serialises it as null when unset).
@@ -160,9 +162,12 @@ class ResponseCollector:
 
     def _choice(self, choice: Choice, text: str) -> dict[str, Any]:
         chat = self._head.chat
-        logprobs = (
-            None if choice.logprobs is None else merged(self._logprobs[choice.index], chat=chat)
-        )
+        logprobs = None
+        if choice.logprobs is not None:
+            parts = self._logprobs[choice.index]
+            if choice.echo_logprobs is not None:
+                parts = [choice.echo_logprobs, *parts]
+            logprobs = merged(parts, chat=chat)
         if not chat:
             out: dict[str, Any] = {
                 "index": choice.index,

@@ -90,10 +90,16 @@ class ChoiceLogprobs:
         self._position = 0  # generated tokens handed out so far
         self._offset = 0  # completions: text characters handed out so far (text_offset)
 
-    def _step(self, token: int) -> list[tuple[int, float]]:
+    def _step(self, token: int, position: int | None = None) -> list[tuple[int, float]]:
+        """A token's (token, logprob) pairs: at the next generated position, or at prompt
+        position `position` (their own stream of values)."""
         fmt = self._format
-        h = splitmix64((self._seed + self._position * GOLDEN) & MASK64)
-        self._position += 1
+        if position is None:
+            position = self._position
+            self._position += 1
+        else:
+            position = ~position  # (negative: never a generated position)
+        h = splitmix64((self._seed + position * GOLDEN) & MASK64)
         p = 0.5 + 0.49 * (h & 0xFFFF) / 0x10000
         step = [(token, math.log(p))]
         want = max(fmt.num_top, 1)  # (the sampled token is one of the top ones)
@@ -111,6 +117,35 @@ class ChoiceLogprobs:
             if alt != token:
                 step.append((alt, max(rest - len(step) * _LN2, _FLOOR)))
         return step
+
+    def prompt(self, token_ids: Sequence[int]) -> dict[str, Any]:
+        """An echoed prompt's logprobs (completions), vLLM's prompt_logprobs: none for its
+        first token, which nothing precedes; the generated tokens' offsets follow its text."""
+        tokens: list[str] = []
+        token_logprobs: list[float | None] = []
+        top: list[dict[str, float] | None] = []
+        offsets: list[int] = []
+        piece = self._format.piece
+        offset = 0
+        for i, token in enumerate(token_ids):
+            text = piece(token)
+            tokens.append(text)
+            offsets.append(offset)
+            offset += len(text)
+            if i == 0:
+                token_logprobs.append(None)
+                top.append(None)
+                continue
+            step = self._step(token, i)
+            token_logprobs.append(step[0][1])
+            top.append({piece(t): lp for t, lp in step})
+        self._offset = offset
+        return {
+            "text_offset": offsets,
+            "token_logprobs": token_logprobs,
+            "tokens": tokens,
+            "top_logprobs": top,
+        }
 
     def take(self, token_ids: Sequence[int]) -> dict[str, Any]:
         """The logprobs object of these next tokens (a chunk's, or a whole choice's)."""

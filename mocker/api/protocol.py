@@ -240,7 +240,7 @@ class CompletionRequest(_Sampling):
     prompt: Annotated[str | list[str] | TokenIds | list[TokenIds], WithJsonSchema(_PROMPT_SCHEMA)]
     max_tokens: PositiveInt | None = 16  # the OpenAI and vLLM default for completions
     logprobs: Annotated[Int64 | None, WithJsonSchema(_logprobs_schema("logprobs"))] = None
-    echo: Annotated[bool, _only({"type": "boolean", "const": False}, "false")] = False
+    echo: bool = False
     best_of: Annotated[
         PositiveInt | None, _only({"anyOf": [{"const": 1}, {"type": "null"}]}, "1")
     ] = None

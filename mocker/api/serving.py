@@ -127,9 +127,8 @@ def _unsupported(body: GenerationRequest) -> None:
         check_response_format((body.model_extra or {}).get("response_format"))
         if body.best_of not in (None, 1):
             raise OpenAIError(400, "best_of > 1 is not supported.", "best_of")
-        for name in ("echo", "suffix"):
-            if getattr(body, name):
-                raise OpenAIError(400, f"{name} is not supported by this server.", name)
+        if body.suffix:
+            raise OpenAIError(400, "suffix is not supported by this server.", "suffix")
 
 
 class OpenAIServing:
@@ -167,7 +166,24 @@ class OpenAIServing:
             rid = headers.request_id or uuid.uuid4().hex
             choices = self._start(body, prompts, body.max_tokens, rid, headers, "prompt",
                                   lora=lora)  # fmt: skip
+            if body.echo:
+                self._echo(body, prompts, choices)
         return self._respond(body, choices, model, f"cmpl-{rid}", rid)
+
+    def _echo(
+        self, body: CompletionRequest, prompts: list[list[int]], choices: list[Choice]
+    ) -> None:
+        """echo: each choice's text starts with its prompt's (as sent, or decoded from token
+        ids), and its logprobs, if asked for, with the prompt's (vLLM's prompt_logprobs)."""
+        raw = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+        if raw and isinstance(raw[0], int):
+            raw = [raw]
+        texts = [p if isinstance(p, str) else self.tokenizer.decode(p) for p in raw]
+        for i, choice in enumerate(choices):
+            prompt = i // body.n
+            choice.echo = texts[prompt]
+            if choice.logprobs is not None:
+                choice.echo_logprobs = choice.logprobs.prompt(prompts[prompt])
 
     def chat(
         self, body: ChatCompletionRequest, headers: RequestHeaders = RequestHeaders()

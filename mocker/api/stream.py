@@ -16,6 +16,7 @@ from mocker.api.chunks import (
 )
 from mocker.api.faults import JitteredEmitter
 from mocker.api.lifecycle import OpenResponse
+from mocker.api.logprobs import merged
 from mocker.api.responses import Emitter
 from mocker.engine.outputs import RequestOutput
 from mocker.engine.stream import OutputListener, StreamError
@@ -35,6 +36,7 @@ class StreamRenderer:
     pre-escaped pieces, one write per pass per choice, no task switch."""
 
     __slots__ = (
+        "_echo_due",
         "_emitter",
         "_escaped",
         "_first",
@@ -81,6 +83,7 @@ class StreamRenderer:
             self._first = [writer.role(c.index, c.prompt_token_ids) for c in choices]
         self._text = not isinstance(writer, GenerateChunkWriter)
         self._prompt_due = [not writer.chat and c.prompt_token_ids is not None for c in choices]
+        self._echo_due = [c.echo is not None for c in choices]
         self._num_open = len(response.choices)
         # vLLM's stream interval (its output processor's): per choice, the tokens already sent
         # and the text and ids held back since (a chunk goes out once it has `interval`
@@ -98,7 +101,7 @@ class StreamRenderer:
             isinstance(writer, ChunkWriter)
             and not writer.with_ids
             and not writer.continuous_usage
-            and all(c.logprobs is None for c in choices)
+            and all(c.logprobs is None and c.echo is None for c in choices)
         ):
             parts = [writer.open_parts(c.index) for c in choices]
             self._heads = [
@@ -209,7 +212,16 @@ class StreamRenderer:
             else None
         )
         index = choice.index
-        logprobs = None if choice.logprobs is None else orjson.dumps(choice.logprobs.take(ids))
+        logprobs = None
+        if choice.logprobs is not None:
+            parts = [choice.logprobs.take(ids)]
+            if choice.echo_logprobs is not None and self._echo_due[index]:
+                parts.insert(0, choice.echo_logprobs)
+            logprobs = orjson.dumps(merged(parts, chat=writer.chat))
+        if choice.echo is not None and self._echo_due[index]:
+            # (echo: the choice's first chunk starts with its prompt's text)
+            text = orjson.dumps(choice.echo)[1:-1] + text
+            self._echo_due[index] = False
         if writer.with_ids:
             prompt = choice.prompt_token_ids if self._prompt_due[index] else None
             self._prompt_due[index] = False

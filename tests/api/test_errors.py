@@ -96,7 +96,7 @@ async def test_unsupported_options_are_clear_400s(client: AppClient) -> None:
         ("/v1/completions", {"prompt": "x", "n": 4097}, "n"),
         ("/v1/completions", {"prompt": "x", "logprobs": 21}, "logprobs"),
         ("/v1/completions", {"prompt": "x", "best_of": 3}, "best_of"),
-        ("/v1/completions", {"prompt": "x", "echo": True}, "echo"),
+        ("/v1/completions", {"prompt": "x", "suffix": "y"}, "suffix"),
         (
             "/v1/chat/completions",
             {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},

@@ -114,6 +114,27 @@ async def test_completions_return_logprobs_for_every_token(client: AppClient) ->
         assert logprobs["text_offset"] == offsets
 
 
+async def test_echo_with_logprobs_scores_the_prompt_too(client: AppClient) -> None:
+    # lm-eval's loglikelihood request: the prompt echoed, its tokens scored (none for the
+    # first), the generated ones after it, offsets running through both.
+    body = {"prompt": [5, 6, 7, 8], "max_tokens": 1, "logprobs": 1, "echo": True}
+    same_id = {"X-Request-Id": "echo-lp"}  # (the same tokens both times)
+    r = await client.http.post("/v1/completions", json=body, headers=same_id)
+    choice = r.json()["choices"][0]
+    logprobs = choice["logprobs"]
+    assert "".join(logprobs["tokens"]) == choice["text"]
+    assert choice["text"].startswith(tokenizer().decode([5, 6, 7, 8]))
+    assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+    assert all(v < 0 for v in logprobs["token_logprobs"][1:]) and len(logprobs["tokens"]) == 5
+    offsets = [sum(len(t) for t in logprobs["tokens"][:i]) for i in range(5)]
+    assert logprobs["text_offset"] == offsets
+    streamed = await client.http.post(
+        "/v1/completions", json={**body, "stream": True}, headers=same_id
+    )
+    [first] = sse_events(streamed.text)[0]["choices"]
+    assert first["text"] == choice["text"] and first["logprobs"]["token_logprobs"][0] is None
+
+
 async def test_streamed_logprobs_follow_the_chunks(client: AppClient) -> None:
     r = await client.http.post(
         "/v1/completions",

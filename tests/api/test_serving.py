@@ -330,6 +330,20 @@ async def test_n_choices_compute_their_prompt_once(client: AppClient) -> None:
     assert metrics.prompt_tokens_cached == 2 * 48
 
 
+async def test_echo_starts_each_choice_with_its_prompt(client: AppClient) -> None:
+    body = await _complete(client, prompt=["Say this", "And that"], max_tokens=3, n=2, echo=True)
+    texts = [c["text"] for c in body["choices"]]
+    prompts = ["Say this"] * 2 + ["And that"] * 2  # (prompt-major: choice i*n + j)
+    assert all(t.startswith(p) for t, p in zip(texts, prompts, strict=True))
+    assert len(set(texts)) == 4 and body["usage"]["completion_tokens"] == 12
+    r = await client.http.post(
+        "/v1/completions", json={"prompt": "Say this", "max_tokens": 3, "echo": True,
+                                 "stream": True},
+    )  # fmt: skip
+    chunks = [e["choices"][0]["text"] for e in sse_events(r.text)[:-1]]
+    assert chunks[0].startswith("Say this") and len(chunks) == 3
+
+
 async def test_n_streamed_chat_gives_each_choice_its_role_its_end_and_one_usage(
     client: AppClient,
 ) -> None:
