@@ -175,10 +175,10 @@ class OpenAIServing:
     ) -> None:
         """echo: each choice's text starts with its prompt's (as sent, or decoded from token
         ids), and its logprobs, if asked for, with the prompt's (vLLM's prompt_logprobs)."""
-        raw = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-        if raw and isinstance(raw[0], int):
-            raw = [raw]
-        texts = [p if isinstance(p, str) else self.tokenizer.decode(p) for p in raw]
+        sent = body.prompt
+        strings = [sent] if isinstance(sent, str) else [p for p in sent if isinstance(p, str)]
+        # (a list of strings, or token ids: completion_prompts accepted nothing mixed)
+        texts = strings or [self.tokenizer.decode(ids) for ids in prompts]
         for i, choice in enumerate(choices):
             prompt = i // body.n
             choice.echo = texts[prompt]
