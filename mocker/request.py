@@ -74,8 +74,16 @@ class ParallelSampling:
     observed once, when the last of them ends."""
 
     n: int
-    open: int = 0  # children the engines have taken and not yet ended
+    # Children not yet ended: all n from the start, not counted as each engine takes its
+    # child (siblings go to different data-parallel ranks, whose loops take them at their
+    # own times: one could end before another is taken). A child that never reaches an
+    # engine (its request refused, or aborted while queued) never ends: its request's
+    # figures are then not observed.
+    open: int = field(init=False)
     max_generation_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        self.open = self.n
 
     def child_ended(self, num_generation_tokens: int) -> bool:
         """Count a child's end; True once it was the last one open."""

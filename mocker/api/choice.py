@@ -100,8 +100,9 @@ def cancel_all(choices: Sequence[Choice]) -> None:
 
 
 def totals(choices: Sequence[Choice]) -> tuple[int, int, int]:
-    """(prompt tokens, completion tokens, cached tokens) over the choices: the usage, as
-    vLLM counts it (each prompt once, its cached tokens those of its first choice)."""
+    """(prompt tokens, completion tokens, cached tokens) over the choices: the usage, each
+    prompt counted once as vLLM counts it (with n > 1, its cached tokens are those of its
+    first choice, the one that computes it; vLLM reports one of its choices' too)."""
     return (
         sum(c.num_prompt_tokens for c in choices if c.counts_prompt),
         sum(c.completion_tokens for c in choices),

@@ -85,21 +85,23 @@ class ChoiceLogprobs:
 
     def __init__(self, fmt: LogprobsFormat, request_id: str) -> None:
         self._format = fmt
-        digest = hashlib.blake2b(request_id.encode(), digest_size=8, person=b"logprobs")
-        self._seed = int.from_bytes(digest.digest(), "big")
+        self._seed = _seed(request_id)
         self._position = 0  # generated tokens handed out so far
         self._offset = 0  # completions: text characters handed out so far (text_offset)
 
-    def _step(self, token: int, position: int | None = None) -> list[tuple[int, float]]:
+    def _step(
+        self, token: int, position: int | None = None, seed: int = 0
+    ) -> list[tuple[int, float]]:
         """A token's (token, logprob) pairs: at the next generated position, or at prompt
-        position `position` (their own stream of values)."""
+        position `position` of the prompt seeded `seed` (their own stream of values)."""
         fmt = self._format
         if position is None:
             position = self._position
             self._position += 1
+            seed = self._seed
         else:
             position = ~position  # (negative: never a generated position)
-        h = splitmix64((self._seed + position * GOLDEN) & MASK64)
+        h = splitmix64((seed + position * GOLDEN) & MASK64)
         p = 0.5 + 0.49 * (h & 0xFFFF) / 0x10000
         step = [(token, math.log(p))]
         want = max(fmt.num_top, 1)  # (the sampled token is one of the top ones)
@@ -118,9 +120,11 @@ class ChoiceLogprobs:
                 step.append((alt, max(rest - len(step) * _LN2, _FLOOR)))
         return step
 
-    def prompt(self, token_ids: Sequence[int]) -> dict[str, Any]:
+    def prompt(self, token_ids: Sequence[int], prompt_id: str) -> dict[str, Any]:
         """An echoed prompt's logprobs (completions), vLLM's prompt_logprobs: none for its
-        first token, which nothing precedes; the generated tokens' offsets follow its text."""
+        first token, which nothing precedes; the generated tokens' offsets follow its text.
+        Their values depend on `prompt_id` (the prompt's, not this choice's)."""
+        prompt_seed = _seed(prompt_id)
         tokens: list[str] = []
         token_logprobs: list[float | None] = []
         top: list[dict[str, float] | None] = []
@@ -136,9 +140,9 @@ class ChoiceLogprobs:
                 token_logprobs.append(None)
                 top.append(None)
                 continue
-            step = self._step(token, i)
+            step = self._step(token, i, prompt_seed)
             token_logprobs.append(step[0][1])
-            top.append({piece(t): lp for t, lp in step})
+            top.append(_top(step, piece))
         self._offset = offset
         return {
             "text_offset": offsets,
@@ -146,6 +150,13 @@ class ChoiceLogprobs:
             "tokens": tokens,
             "top_logprobs": top,
         }
+
+    def follow_prompt(self, logprobs: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Share a sibling's prompt logprobs: this choice's offsets follow the same text."""
+        if logprobs is not None:
+            offsets, tokens = logprobs["text_offset"], logprobs["tokens"]
+            self._offset = offsets[-1] + len(tokens[-1]) if offsets else 0
+        return logprobs
 
     def take(self, token_ids: Sequence[int]) -> dict[str, Any]:
         """The logprobs object of these next tokens (a chunk's, or a whole choice's)."""
@@ -178,7 +189,7 @@ class ChoiceLogprobs:
             text = piece(token)
             tokens.append(text)
             token_logprobs.append(step[0][1])
-            top.append({piece(t): lp for t, lp in step})
+            top.append(_top(step, piece))
             offsets.append(offset)
             offset += len(text)
         self._offset = offset
@@ -188,6 +199,20 @@ class ChoiceLogprobs:
             "tokens": tokens,
             "top_logprobs": top,
         }
+
+
+def _seed(name: str) -> int:
+    digest = hashlib.blake2b(name.encode(), digest_size=8, person=b"logprobs")
+    return int.from_bytes(digest.digest(), "big")
+
+
+def _top(step: list[tuple[int, float]], piece: Callable[[int], str]) -> dict[str, float]:
+    """A completion's top_logprobs, keyed by text as vLLM's: a later token with the same
+    text does not overwrite an earlier (likelier) one."""
+    top: dict[str, float] = {}
+    for token, logprob in step:
+        top.setdefault(piece(token), logprob)
+    return top
 
 
 def merged(parts: Sequence[dict[str, Any]], *, chat: bool) -> dict[str, Any]:

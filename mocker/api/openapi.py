@@ -13,6 +13,7 @@ from mocker.api.protocol import (
     INT64_MAX,
     INT64_MIN,
     MARK_CHAT,
+    MARK_LOGPROBS,
     MARK_MODEL,
     MARK_PROMPT_IDS,
     MARK_RANK,
@@ -142,9 +143,13 @@ def openapi_with_limits(
         if needs_text:
             node["contains"] = _SOME_TEXT
 
+    def logprobs(node: dict[str, Any]) -> None:
+        limit = settings.max_logprobs
+        node["maximum"] = tokenizer.vocab_size if limit == -1 else limit
+
     fills: dict[str, Fill] = {
         MARK_MODEL: model, MARK_RANK: rank, MARK_TOKEN_ID: token_id,
-        MARK_PROMPT_IDS: prompt_ids, MARK_CHAT: chat,
+        MARK_PROMPT_IDS: prompt_ids, MARK_CHAT: chat, MARK_LOGPROBS: logprobs,
     }  # fmt: skip
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
     _fill(schemas, fills)

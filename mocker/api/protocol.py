@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
 __all__ = [
+    "MARK_LOGPROBS",
     "MAX_CHOICES",
     "ChatCompletionRequest",
     "ChatMessage",
@@ -42,6 +43,7 @@ MARK_TOKEN_ID = "x-mocker-token-id"  # an integer below the vocabulary size
 MARK_PROMPT_IDS = "x-mocker-prompt-ids"  # a token-id list shorter than max_model_len
 MARK_MODEL = "x-mocker-model"  # one of the served model names
 MARK_RANK = "x-mocker-rank"  # a data-parallel rank of this server
+MARK_LOGPROBS = "x-mocker-logprobs"  # at most the server's --max-logprobs
 MARK_CHAT = "x-mocker-chat-messages"  # messages that must carry some text (see mocker.api.openapi)
 
 # A token id: the server checks it against the vocabulary (a 400 that names the id).
@@ -208,7 +210,10 @@ def _logprobs_schema(name: str) -> dict[str, Any]:
     """Logprobs per token: synthetic, up to the server's --max-logprobs (vLLM's default 20;
     -1, the whole vocabulary, needs a server started with --max-logprobs -1)."""
     return {
-        "anyOf": [{"type": "integer", "minimum": 0, "maximum": 20}, {"type": "null"}],
+        "anyOf": [
+            {"type": "integer", "minimum": 0, "maximum": 20, MARK_LOGPROBS: True},
+            {"type": "null"},
+        ],
         "description": f"{name}: top alternatives per generated token, with synthetic "
         "log-probabilities (at most the server's --max-logprobs, 20 by default).",
     }

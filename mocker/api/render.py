@@ -30,6 +30,8 @@ _DEFAULTS: dict[str, Any] = {
     "min_tokens": 0,
     "include_stop_str_in_output": False,
     "skip_special_tokens": True,
+    "logprobs": None,
+    "prompt_logprobs": None,
 }
 
 
@@ -37,6 +39,12 @@ def _sampling_params(
     body: CompletionRequest | ChatCompletionRequest, sampling: SamplingParams
 ) -> dict[str, Any]:
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if isinstance(body, ChatCompletionRequest):
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        prompt_logprobs = None
+    else:  # (echo scores the prompt too: vLLM asks the engine for its logprobs)
+        logprobs = body.logprobs
+        prompt_logprobs = logprobs if body.echo else None
     values: dict[str, Any] = {
         "n": body.n,
         "presence_penalty": body.presence_penalty,
@@ -51,6 +59,8 @@ def _sampling_params(
         "min_tokens": sampling.min_tokens,
         "include_stop_str_in_output": body.include_stop_str_in_output,
         "skip_special_tokens": body.skip_special_tokens,
+        "logprobs": logprobs,
+        "prompt_logprobs": prompt_logprobs,
     }
     out = {"max_tokens": sampling.max_tokens}
     for name, value in values.items():

@@ -167,11 +167,15 @@ class OpenAIServing:
             choices = self._start(body, prompts, body.max_tokens, rid, headers, "prompt",
                                   lora=lora)  # fmt: skip
             if body.echo:
-                self._echo(body, prompts, choices)
+                self._echo(body, prompts, choices, rid)
         return self._respond(body, choices, model, f"cmpl-{rid}", rid)
 
     def _echo(
-        self, body: CompletionRequest, prompts: list[list[int]], choices: list[Choice]
+        self,
+        body: CompletionRequest,
+        prompts: list[list[int]],
+        choices: list[Choice],
+        request_id: str,
     ) -> None:
         """echo: each choice's text starts with its prompt's (as sent, or decoded from token
         ids), and its logprobs, if asked for, with the prompt's (vLLM's prompt_logprobs)."""
@@ -179,11 +183,20 @@ class OpenAIServing:
         strings = [sent] if isinstance(sent, str) else [p for p in sent if isinstance(p, str)]
         # (a list of strings, or token ids: completion_prompts accepted nothing mixed)
         texts = strings or [self.tokenizer.decode(ids) for ids in prompts]
+        n = body.n
         for i, choice in enumerate(choices):
-            prompt = i // body.n
+            prompt = i // n
             choice.echo = texts[prompt]
-            if choice.logprobs is not None:
-                choice.echo_logprobs = choice.logprobs.prompt(prompts[prompt])
+            logprobs = choice.logprobs
+            if logprobs is not None:
+                # A prompt's logprobs depend on the prompt alone (as vLLM's): made once, by
+                # its first choice, and shared by its siblings (read only).
+                first = choices[prompt * n]
+                choice.echo_logprobs = (
+                    logprobs.prompt(prompts[prompt], request_id)
+                    if first is choice
+                    else logprobs.follow_prompt(first.echo_logprobs)
+                )
 
     def chat(
         self, body: ChatCompletionRequest, headers: RequestHeaders = RequestHeaders()
@@ -219,6 +232,7 @@ class OpenAIServing:
         """Every prompt as the engine would run it, one GenerateRequest each (an array)."""
         self._model(body.model)
         _unsupported(body)
+        self._logprobs(body)
         prompts = completion_prompts(self.tokenizer, body.prompt)
         rid = "cmpl-" + (headers.request_id or uuid.uuid4().hex)
         rendered = [
@@ -238,6 +252,7 @@ class OpenAIServing:
         """The messages as the engine would run them: one GenerateRequest."""
         self._model(body.model)
         _unsupported(body)
+        self._logprobs(body)
         prompt = chat_prompt(self.tokenizer, body)
         max_tokens = body.max_completion_tokens or body.max_tokens
         sampling = self._sampling(body, max_tokens, len(prompt), "messages")
@@ -412,11 +427,13 @@ class OpenAIServing:
                     remote_prefill=remote_prefill,
                     parent=parent,
                 )
-                if j == 0:  # (its siblings differ in nothing the check reads)
-                    try:
+                try:
+                    if j == 0:
                         self.engines.check_request(spec)
-                    except RequestRejected as exc:
-                        raise OpenAIError(400, str(exc), exc.param) from None
+                    else:  # (its siblings differ in nothing else the check reads)
+                        self.engines.check_request_id(spec.request_id)
+                except RequestRejected as exc:
+                    raise OpenAIError(400, str(exc), exc.param) from None
                 specs.append(spec)
         return specs
 

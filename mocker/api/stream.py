@@ -202,6 +202,11 @@ class StreamRenderer:
             if held is None:
                 return  # (the chunk waits for more tokens)
             text, ids = held
+        index = choice.index
+        echoing = choice.echo is not None and self._echo_due[index]
+        if echoing:  # (echo: the choice's first chunk starts with its prompt's text)
+            text = orjson.dumps(choice.echo)[1:-1] + text
+            self._echo_due[index] = False
         if cut:
             self._cut(choice, text, emitter)
             return
@@ -211,17 +216,12 @@ class StreamRenderer:
             if writer.continuous_usage
             else None
         )
-        index = choice.index
         logprobs = None
         if choice.logprobs is not None:
             parts = [choice.logprobs.take(ids)]
-            if choice.echo_logprobs is not None and self._echo_due[index]:
+            if echoing and choice.echo_logprobs is not None:
                 parts.insert(0, choice.echo_logprobs)
             logprobs = orjson.dumps(merged(parts, chat=writer.chat))
-        if choice.echo is not None and self._echo_due[index]:
-            # (echo: the choice's first chunk starts with its prompt's text)
-            text = orjson.dumps(choice.echo)[1:-1] + text
-            self._echo_due[index] = False
         if writer.with_ids:
             prompt = choice.prompt_token_ids if self._prompt_due[index] else None
             self._prompt_due[index] = False

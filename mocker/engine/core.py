@@ -176,8 +176,6 @@ class EngineCore:
             remote_prefill=spec.remote_prefill if self.pulls is not None else None,
             parent=spec.parent,
         )
-        if spec.parent is not None:
-            spec.parent.open += 1
         if self.config.enable_prefix_caching:
             if spec.block_hashes is not None:
                 request.block_hashes = _owned(spec.block_hashes, handed_over)

@@ -50,9 +50,13 @@ class EngineGroup:
         """Raise RequestRejected for a request no rank would take: a request id in use on
         any rank (so the answer does not depend on where a request lands), or one the engine
         refuses (every rank has the same configuration)."""
-        if any(e.has_request(spec.request_id) for e in self.engines):
-            raise request_id_in_use(spec.request_id)
+        self.check_request_id(spec.request_id)
         self.engines[0].core.check_request(spec)
+
+    def check_request_id(self, request_id: str) -> None:
+        """Raise RequestRejected if a request of this id runs on any rank."""
+        if any(e.has_request(request_id) for e in self.engines):
+            raise request_id_in_use(request_id)
 
     def pick(self, rank: int | None = None) -> LiveEngine:
         """The engine for a new request: rank `rank`, or the least loaded."""

@@ -263,6 +263,7 @@ class Scheduler:
         longest = self._long
         prefill = decodes = 0
         stalled = False
+        chunks: list[tuple[Request, int]] = []  # prefill chunks that fill blocks
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
@@ -321,10 +322,17 @@ class Scheduler:
             else:
                 prefill += num_new
                 if (computed + num_new) // bs > request.num_cached_blocks:
-                    self._register(request, computed + num_new, out)
+                    chunks.append((request, computed + num_new))
             i += 1
         out.num_prefill_tokens += prefill
         out.num_decodes += decodes
+        # Prefill chunks register their blocks once every running request is placed: a
+        # victim of the priority policy or of --preemption-victim oldest may have been
+        # scheduled earlier in this loop (no lookup happens before the loop ends, so the
+        # requests admitted after it hit the same blocks).
+        for request, num_tokens in chunks:
+            if request in scheduled:
+                self._register(request, num_tokens, out)
         return budget, stalled
 
     def _mamba_aligned(self, request: Request, start: int, num_new: int) -> int:

@@ -148,6 +148,15 @@ async def test_a_request_id_in_use_on_any_rank_is_refused() -> None:
         )
         assert r.status_code == 400 and "already in use" in r.json()["error"]["message"]
         assert c.state.engines[1].num_open_streams == 0
+        # A choice of n > 1 runs as `<j>_<id>`: the second's id is in use on rank 0.
+        c.state.engines[0].add_request(req("1_pair", [5] * 8))
+        r = await c.http.post(
+            "/v1/completions",
+            json={"prompt": "x", "max_tokens": 2, "n": 2, "data_parallel_rank": 1},
+            headers={"X-Request-Id": "pair"},
+        )
+        assert r.status_code == 400 and "1_pair" in r.json()["error"]["message"]
+        assert c.state.engines[1].num_open_streams == 0
 
 
 async def test_queue_limit_is_per_rank() -> None:

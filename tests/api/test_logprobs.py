@@ -135,6 +135,46 @@ async def test_echo_with_logprobs_scores_the_prompt_too(client: AppClient) -> No
     assert first["text"] == choice["text"] and first["logprobs"]["token_logprobs"][0] is None
 
 
+async def test_the_choices_of_an_echoed_prompt_share_its_logprobs(client: AppClient) -> None:
+    body = {"prompt": [5, 6, 7, 8], "max_tokens": 2, "logprobs": 2, "echo": True, "n": 3}
+    choices = (await client.http.post("/v1/completions", json=body)).json()["choices"]
+    prompt_parts = [c["logprobs"]["token_logprobs"][:4] for c in choices]
+    assert prompt_parts[0] == prompt_parts[1] == prompt_parts[2]  # the prompt's alone
+    assert len({tuple(c["logprobs"]["token_logprobs"][4:]) for c in choices}) == 3
+    for c in choices:
+        tokens = c["logprobs"]["tokens"]
+        assert c["logprobs"]["text_offset"] == [sum(map(len, tokens[:i])) for i in range(6)]
+
+
+def test_a_top_entry_is_never_overwritten_by_a_likelier_texts_twin() -> None:
+    fmt = LogprobsFormat(3, [100, 101, 102], lambda t: "same" if t != 101 else "other",
+                         chat=False)  # fmt: skip
+    [tops] = fmt.choice("x").take([100])["top_logprobs"]
+    # 102 decodes as the sampled token does: the sampled token's (larger) value stays.
+    assert list(tops) == ["same", "other"] and tops["same"] > tops["other"]
+
+
+async def test_render_passes_logprobs_on_and_checks_them(client: AppClient) -> None:
+    body = {"prompt": [5, 6], "max_tokens": 2, "logprobs": 3, "echo": True}
+    [rendered] = (await client.http.post("/v1/completions/render", json=body)).json()
+    assert rendered["sampling_params"]["logprobs"] == 3
+    assert rendered["sampling_params"]["prompt_logprobs"] == 3
+    r = await client.http.post("/v1/completions/render", json={**body, "logprobs": 21})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
+    chat = {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 2}
+    rendered = (await client.http.post("/v1/chat/completions/render", json=chat)).json()
+    assert rendered["sampling_params"]["logprobs"] == 2
+
+
+async def test_the_schema_states_the_servers_max_logprobs() -> None:
+    async with AppClient(make_app(settings(max_logprobs=5))) as c:
+        schema = (await c.http.get("/openapi.json")).json()["components"]["schemas"]
+        bound = schema["CompletionRequest"]["properties"]["logprobs"]["anyOf"][0]
+        assert bound["maximum"] == 5
+        chat_bound = schema["ChatCompletionRequest"]["properties"]["top_logprobs"]["anyOf"][0]
+        assert chat_bound["maximum"] == 5
+
+
 async def test_streamed_logprobs_follow_the_chunks(client: AppClient) -> None:
     r = await client.http.post(
         "/v1/completions",

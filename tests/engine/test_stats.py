@@ -95,3 +95,19 @@ def test_siblings_of_n_report_the_request_figures_once_with_the_last_to_end() ->
     assert alone.parent is None
     [solo] = core.step(now).finished
     assert (solo.n_param, solo.max_generation_tokens) == (1, 1)
+
+
+def test_siblings_on_two_engines_are_counted_once_whenever_each_engine_takes_its_own() -> None:
+    # Data parallel: each rank's loop takes its child at its own time; the first child may
+    # end before the other rank has even taken its sibling.
+    parent = ParallelSampling(2)
+    first, second = make_core(), make_core()
+    first.add_request(replace(req("0_r", [1] * 8, max_tokens=1), parent=parent))
+    [early] = first.step(0.0).finished
+    second.add_request(replace(req("1_r", [1] * 8, max_tokens=2), parent=parent))
+    now, late = 0.0, []
+    while not late:
+        result = second.step(now)
+        late, now = result.finished, result.end
+    assert (early.n_param, late[0].n_param) == (None, 2)
+    assert late[0].max_generation_tokens == 2

@@ -189,6 +189,29 @@ def test_a_request_admitted_later_in_the_same_pass_hits_the_blocks_scheduled_bef
     assert {o.request_id: o.num_cached_tokens for o in res.outputs} == {"long": 0, "late": 48}
 
 
+def test_a_victim_scheduled_earlier_in_the_pass_leaves_no_uncomputed_block_registered() -> None:
+    """With --preemption-victim oldest (or the priority policy) the victim may have been
+    scheduled earlier in the pass: the blocks its chunk would have filled were never
+    computed, so they are not registered, and it recomputes them when it runs again."""
+    core = make_core(num_gpu_blocks=14, max_num_batched_tokens=64,
+                     long_prefill_token_threshold=16, preemption_victim="oldest")  # fmt: skip
+    core.add_request(req("A", range(1000, 1048), max_tokens=1))  # chunks of 16 tokens
+    core.add_request(req("B", range(7), max_tokens=3))
+    a = core.requests["A"]
+    computed, now, cached_after_preemption = 0, 0.0, None
+    while core.requests:
+        result = core.step(now)
+        now = result.end
+        computed += result.stats.prompt_tokens_computed
+        if result.stats.num_preemptions and cached_after_preemption is None:
+            cached_after_preemption = len(core.pool.lookup_prefix(a.block_hashes))
+    # A's third chunk was scheduled, then A was preempted for B's next block: only its first
+    # two chunks (8 blocks) were computed, and only they are cached.
+    assert core.scheduler.num_preemptions == 1 and cached_after_preemption == 8
+    # A's two chunks and B's prompt; then A again: 32 tokens hit, its last 16 computed.
+    assert computed == 16 + 7 + 16 + 16
+
+
 def _lora_req(rid: str, lora: str | None, max_tokens: int = 5) -> EngineRequest:
     spec = req(rid, [ord(rid[-1])] * 8, max_tokens=max_tokens)
     return replace(spec, lora_name=lora)
