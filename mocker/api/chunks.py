@@ -49,6 +49,9 @@ class ChunkWriter:
     __slots__ = ("_close", "_head", "_index_heads", "_tail", "chat", "continuous_usage",
                  "include_usage", "with_ids")  # fmt: skip
 
+    done = DONE  # what ends the stream
+    preamble = b""  # what goes before its first chunk
+
     def __init__(
         self,
         *,
@@ -158,6 +161,8 @@ class GenerateChunkWriter:
 
     chat = False
     with_ids = True
+    done = DONE
+    preamble = b""
 
     def __init__(self, *, response_id: str, include_usage: bool, continuous_usage: bool) -> None:
         self._head = b'data: {"request_id":' + orjson.dumps(response_id) + b',"usage":'

@@ -17,6 +17,8 @@ from mocker.api.errors import error_response
 from mocker.api.faults import FaultInjector
 from mocker.api.lifecycle import OpenResponse
 from mocker.api.logprobs import merged
+from mocker.api.protocol import ResponsesRequest
+from mocker.api.responses_api import response_object
 from mocker.api.stream import ABORTED
 from mocker.engine.outputs import RequestOutput
 from mocker.engine.stream import StreamError
@@ -36,6 +38,8 @@ class ResponseHead:
     headers: dict[str, str]
     generate: bool = False  # vLLM's token-in/token-out response (no text)
     return_token_ids: bool = False
+    responses: ResponsesRequest | None = None  # a /v1/responses body: its response object
+    message_id: str = ""  # (its one message's id)
 
 
 class ResponseCollector:
@@ -111,6 +115,13 @@ class ResponseCollector:
         choices = self._response.choices
         if head.generate:
             return self._generate_body()
+        if head.responses is not None:
+            [choice] = choices
+            return response_object(
+                head.responses, head.response_id, head.created, head.model,
+                message_id=head.message_id, text="".join(self._texts[0]),
+                finish_reason=choice.finish_reason, usage=totals(choices),
+            )  # fmt: skip
         body: dict[str, Any] = {
             "id": head.response_id,
             "object": "chat.completion" if head.chat else "text_completion",

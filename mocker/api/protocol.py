@@ -27,6 +27,7 @@ __all__ = [
     "DetokenizeRequest",
     "GenerateRequest",
     "GenerateSamplingParams",
+    "ResponsesRequest",
     "StreamOptions",
     "TokenizeRequest",
 ]
@@ -206,6 +207,43 @@ class _Knobs(_Open):
     )
 
 
+# A responses body's input: a string, or message items of text (what the mock serves).
+_RESPONSES_INPUT_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "string", "minLength": 1},
+        {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["role", "content"],
+                "properties": {
+                    "type": {"const": "message"},
+                    "role": {"enum": ["user", "system", "developer", "assistant"]},
+                    "content": {
+                        "anyOf": [
+                            {"type": "string", "minLength": 1},
+                            {
+                                "type": "array",
+                                "minItems": 1,
+                                "items": {
+                                    "type": "object",
+                                    "required": ["type", "text"],
+                                    "properties": {
+                                        "type": {"enum": ["input_text", "output_text"]},
+                                        "text": {"type": "string", "minLength": 1},
+                                    },
+                                },
+                            },
+                        ]
+                    },
+                },
+            },
+        },
+    ]
+}
+
+
 def _logprobs_schema(name: str) -> dict[str, Any]:
     """Logprobs per token: synthetic, up to the server's --max-logprobs (vLLM's default 20;
     -1, the whole vocabulary, needs a server started with --max-logprobs -1)."""
@@ -362,6 +400,30 @@ class ChatCompletionRequest(_Sampling):
     response_format: Annotated[dict[str, Any] | None, WithJsonSchema(_RESPONSE_FORMAT_SCHEMA)] = (
         None
     )
+
+
+class ResponsesRequest(_Open):
+    """POST /v1/responses (the OpenAI Responses API, as vLLM serves it): text input rendered
+    by the chat template, one message out (mocker.api.responses_api)."""
+
+    model: ModelName | None = None
+    input: Annotated[str | list[dict[str, Any]], WithJsonSchema(_RESPONSES_INPUT_SCHEMA)]
+    instructions: str | None = None
+    max_output_tokens: PositiveInt | None = None
+    temperature: Annotated[float, _range(minimum=0, maximum=2)] | None = None
+    top_p: Annotated[float, _range(exclusiveMinimum=0, maximum=1)] | None = None
+    stream: bool | None = False
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    # Refused unless empty or unset: the mock keeps no responses and calls no tools.
+    previous_response_id: Annotated[str | None, _only({"type": "null"}, "null")] = None
+    background: Annotated[
+        bool | None, _only({"anyOf": [{"const": False}, {"type": "null"}]}, "false")
+    ] = False
+    tools: Annotated[
+        list[dict[str, Any]] | None,
+        _only({"anyOf": [{"type": "array", "maxItems": 0}, {"type": "null"}]}, "[]"),
+    ] = None
 
 
 class GenerateSamplingParams(_Knobs):

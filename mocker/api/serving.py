@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 from starlette.responses import Response
 
+from mocker.api import responses_api
 from mocker.api.chat_checks import check_chat, check_response_format
 from mocker.api.choice import Choice
 from mocker.api.chunks import ChunkWriter, GenerateChunkWriter
@@ -27,10 +28,12 @@ from mocker.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,
+    ResponsesRequest,
     StreamOptions,
 )
 from mocker.api.render import generate_request
 from mocker.api.responses import DeferredResponse, Emitter, EventStreamResponse, json_response
+from mocker.api.responses_api import ResponsesStreamWriter
 from mocker.api.sampling_checks import check_sampling, check_token_params
 from mocker.api.stop_strings import StopMatcher
 from mocker.api.stream import StreamRenderer
@@ -210,6 +213,22 @@ class OpenAIServing:
             choices = self._start(body, [prompt], max_tokens, rid, headers, "messages",
                                   lora=lora)  # fmt: skip
         return self._respond(body, choices, model, f"chatcmpl-{rid}", rid)
+
+    def responses(
+        self, body: ResponsesRequest, headers: RequestHeaders = RequestHeaders()
+    ) -> Response:
+        """The OpenAI Responses API: the input runs as the chat it renders to (vLLM's way),
+        answered as a response object or its stream of events."""
+        try:  # fields the responses body validated: a mismatch is the client's to hear
+            chat_body = ChatCompletionRequest.model_validate(responses_api.chat_fields(body))
+        except ValidationError as exc:
+            raise OpenAIError(400, f"invalid request: {exc}", "input") from None
+        model, lora = self._check(chat_body)
+        prompt = chat_prompt(self.tokenizer, chat_body)
+        rid = headers.request_id or uuid.uuid4().hex
+        choices = self._start(chat_body, [prompt], chat_body.max_completion_tokens, rid, headers,
+                              "input", lora=lora)  # fmt: skip
+        return self._respond(chat_body, choices, model, f"resp_{rid}", rid, responses=body)
 
     def _check_auto_tool_choice(self, body: ChatCompletionRequest) -> None:
         """vLLM's gate: a chat whose tool_choice is "auto" (given, or the default when tools
@@ -544,6 +563,7 @@ class OpenAIServing:
         response_id: str,
         request_id: str,
         generate: bool = False,
+        responses: ResponsesRequest | None = None,
     ) -> Response:
         chat = isinstance(body, ChatCompletionRequest)
         created = int(time.time())
@@ -551,16 +571,20 @@ class OpenAIServing:
         headers = {"x-request-id": request_id}
         tokenizer, faults = self.tokenizer, self.faults
         ids = bool(body.return_token_ids)
+        message_id = f"msg_{uuid.uuid4().hex}"
         if not body.stream:
-            head = ResponseHead(response_id, created, model, chat, headers, generate, ids)
+            head = ResponseHead(response_id, created, model, chat, headers, generate, ids,
+                                responses, message_id)  # fmt: skip
             collector = ResponseCollector(response, head, piece=tokenizer.piece, faults=faults)
             collector.attach()
             return DeferredResponse(collector.response, response.on_disconnect)
         include_usage, continuous_usage = _usage_wanted(
             body.stream_options, self.settings.force_include_usage
         )
-        writer: ChunkWriter | GenerateChunkWriter
-        if generate:
+        writer: ChunkWriter | GenerateChunkWriter | ResponsesStreamWriter
+        if responses is not None:
+            writer = ResponsesStreamWriter(responses, response_id, created, model, message_id)
+        elif generate:
             writer = GenerateChunkWriter(
                 response_id=response_id,
                 include_usage=include_usage,

@@ -8,7 +8,6 @@ import orjson
 
 from mocker.api.choice import Choice, cancel_all, totals
 from mocker.api.chunks import (
-    DONE,
     ChunkWriter,
     GenerateChunkWriter,
     error_event,
@@ -18,6 +17,7 @@ from mocker.api.faults import JitteredEmitter
 from mocker.api.lifecycle import OpenResponse
 from mocker.api.logprobs import merged
 from mocker.api.responses import Emitter
+from mocker.api.responses_api import ResponsesStreamWriter
 from mocker.engine.outputs import RequestOutput
 from mocker.engine.stream import OutputListener, StreamError
 from mocker.request import FinishReason
@@ -59,7 +59,7 @@ class StreamRenderer:
     def __init__(
         self,
         response: OpenResponse,
-        writer: ChunkWriter | GenerateChunkWriter,
+        writer: ChunkWriter | GenerateChunkWriter | ResponsesStreamWriter,
         *,
         escaped: Callable[[int], bytes],
         known: Mapping[int, bytes],
@@ -111,6 +111,8 @@ class StreamRenderer:
 
     def attach(self, emitter: Emitter | JitteredEmitter) -> None:
         self._emitter = emitter
+        if self._writer.preamble:  # (what a stream says before any token: /v1/responses')
+            emitter.emit(self._writer.preamble)
         choices = self._response.choices
         if len(choices) == 1:  # (the bound method alone: no partial to go through per token)
             self._only = choices[0]
@@ -179,14 +181,16 @@ class StreamRenderer:
             return
         if isinstance(out, StreamError):  # the engine died, or this renderer failed
             choice.done = True
-            emitter.emit(error_event(out.status, out.client_message) + DONE, last=True)
+            emitter.emit(error_event(out.status, out.client_message) + self._writer.done,
+                         last=True)  # fmt: skip
             return
         if out.finish_reason is FinishReason.ABORT and not out.new_token_ids:
             choice.done = True
             if self._response.disconnected:
                 emitter.close()
             else:  # aborted by the server (shutdown), not by the client
-                emitter.emit(error_event(503, "The request was aborted.") + DONE, last=True)
+                emitter.emit(error_event(503, "The request was aborted.") + self._writer.done,
+                             last=True)  # fmt: skip
             return
         if choice.stops is None:
             choice.account(out)
@@ -248,7 +252,7 @@ class StreamRenderer:
             return
         if writer.include_usage:
             chunk += writer.usage(*totals(self._response.choices))
-        emitter.emit(chunk + DONE, last=True)
+        emitter.emit(chunk + writer.done, last=True)
 
     def _hold(
         self, choice: Choice, text: bytes, ids: list[int], flush: bool = False
@@ -284,5 +288,5 @@ class StreamRenderer:
         first = self._first[choice.index]
         chunk = first + self._writer.text(choice.index, text) if text else first
         cancel_all(self._response.choices)
-        payload = chunk + error_event(500, ABORTED) + DONE
+        payload = chunk + error_event(500, ABORTED) + self._writer.done
         emitter.emit(payload, last=True, on_sent=self._record_abort)  # counted if it is sent

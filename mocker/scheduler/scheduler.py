@@ -42,7 +42,8 @@ class SchedulerOutput:
     # were scheduled (vLLM's allocate_slots caches them before the forward pass, so a
     # request admitted later in the same pass hits them): how many blocks each had
     # registered before, for the store policy at the pass's end.
-    registered: dict[Request, int] = field(default_factory=dict)
+    # (None until one is: most passes register nothing)
+    registered: dict[Request, int] | None = None
 
 
 def _is_decode(request: Request, num_new: int) -> bool:
@@ -263,7 +264,7 @@ class Scheduler:
         longest = self._long
         prefill = decodes = 0
         stalled = False
-        chunks: list[tuple[Request, int]] = []  # prefill chunks that fill blocks
+        chunks: list[tuple[Request, int]] | None = None  # prefill chunks that fill blocks
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
@@ -322,6 +323,8 @@ class Scheduler:
             else:
                 prefill += num_new
                 if (computed + num_new) // bs > request.num_cached_blocks:
+                    if chunks is None:
+                        chunks = []
                     chunks.append((request, computed + num_new))
             i += 1
         out.num_prefill_tokens += prefill
@@ -330,9 +333,10 @@ class Scheduler:
         # victim of the priority policy or of --preemption-victim oldest may have been
         # scheduled earlier in this loop (no lookup happens before the loop ends, so the
         # requests admitted after it hit the same blocks).
-        for request, num_tokens in chunks:
-            if request in scheduled:
-                self._register(request, num_tokens, out)
+        if chunks is not None:
+            for request, num_tokens in chunks:
+                if request in scheduled:
+                    self._register(request, num_tokens, out)
         return budget, stalled
 
     def _mamba_aligned(self, request: Request, start: int, num_new: int) -> int:
@@ -416,6 +420,8 @@ class Scheduler:
         before = request.num_cached_blocks
         kv.cache_blocks(request, min(num_tokens, request.num_tokens))
         if request.num_cached_blocks > before:
+            if out.registered is None:
+                out.registered = {}
             out.registered.setdefault(request, before)
 
     def _count_prefix(

@@ -1,4 +1,5 @@
-"""OpenAI routes under /v1: completions, chat completions (and vLLM's render of each), models."""
+"""OpenAI routes under /v1: completions, chat completions (and vLLM's render of each), responses,
+models."""
 
 from __future__ import annotations
 
@@ -12,7 +13,12 @@ from mocker.api.dependencies import (
     request_headers,
     server_state,
 )
-from mocker.api.protocol import ChatCompletionRequest, CompletionRequest, ModelCard
+from mocker.api.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ModelCard,
+    ResponsesRequest,
+)
 from mocker.api.responses import json_response
 
 __all__ = ["router"]
@@ -33,6 +39,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     state = server_state(request)
     check_accepting(state)
     return state.serving.chat(body, request_headers(request))
+
+
+@router.post("/responses", openapi_extra=HEADER_PARAMETERS)
+async def responses(body: ResponsesRequest, request: Request) -> Response:
+    state = server_state(request)
+    check_accepting(state)
+    return state.serving.responses(body, request_headers(request))
 
 
 @router.post("/completions/render", openapi_extra=HEADER_PARAMETERS)
