@@ -144,12 +144,7 @@ class ChoiceLogprobs:
             token_logprobs.append(step[0][1])
             top.append(_top(step, piece))
         self._offset = offset
-        return {
-            "text_offset": offsets,
-            "token_logprobs": token_logprobs,
-            "tokens": tokens,
-            "top_logprobs": top,
-        }
+        return _completion_logprobs(offsets, token_logprobs, tokens, top)
 
     def follow_prompt(self, logprobs: dict[str, Any] | None) -> dict[str, Any] | None:
         """Share a sibling's prompt logprobs: this choice's offsets follow the same text."""
@@ -193,12 +188,22 @@ class ChoiceLogprobs:
             offsets.append(offset)
             offset += len(text)
         self._offset = offset
-        return {
-            "text_offset": offsets,
-            "token_logprobs": token_logprobs,
-            "tokens": tokens,
-            "top_logprobs": top,
-        }
+        return _completion_logprobs(offsets, token_logprobs, tokens, top)
+
+
+def _completion_logprobs(
+    offsets: list[int],
+    token_logprobs: Sequence[float | None],
+    tokens: list[str],
+    top: Sequence[dict[str, float] | None],
+) -> dict[str, Any]:
+    """vLLM's CompletionLogProbs, its fields in order."""
+    return {
+        "text_offset": offsets,
+        "token_logprobs": token_logprobs,
+        "tokens": tokens,
+        "top_logprobs": top,
+    }
 
 
 def _seed(name: str) -> int:
