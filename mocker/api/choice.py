@@ -50,6 +50,8 @@ class Choice:
     # logprobs the prompt's
     echo: str | None = None
     echo_logprobs: dict[str, Any] | None = None
+    # vLLM's prompt_logprobs, when asked for (shared by the choices of a prompt)
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
 
     def account(self, out: RequestOutput) -> None:
         """Token counts and finish state from one engine output (no text work)."""

@@ -137,6 +137,8 @@ class ResponseCollector:
         }
         if head.chat and head.return_token_ids:
             body["prompt_token_ids"] = choices[0].prompt_token_ids
+        if head.chat and choices[0].prompt_logprobs is not None:
+            body["prompt_logprobs"] = choices[0].prompt_logprobs
         return body
 
     def _generate_body(self) -> dict[str, Any]:
@@ -186,7 +188,7 @@ class ResponseCollector:
                 "logprobs": logprobs,
                 "finish_reason": choice.finish_reason,
                 "stop_reason": choice.stop_reason,
-                "prompt_logprobs": None,
+                "prompt_logprobs": choice.prompt_logprobs,
             }
             if self._head.return_token_ids:
                 out["token_ids"] = choice.token_ids

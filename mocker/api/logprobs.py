@@ -10,7 +10,14 @@ from typing import Any
 from mocker.api.errors import OpenAIError
 from mocker.mixing import GOLDEN, MASK64, splitmix64
 
-__all__ = ["ChoiceLogprobs", "LogprobsFormat", "merged", "requested_logprobs"]
+__all__ = [
+    "ChoiceLogprobs",
+    "LogprobsFormat",
+    "merged",
+    "prompt_logprobs",
+    "requested_logprobs",
+    "requested_prompt_logprobs",
+]
 
 _LN2 = math.log(2.0)
 _FLOOR = -9999.0  # vLLM's floor for a logprob of -inf
@@ -89,42 +96,18 @@ class ChoiceLogprobs:
         self._position = 0  # generated tokens handed out so far
         self._offset = 0  # completions: text characters handed out so far (text_offset)
 
-    def _step(
-        self, token: int, position: int | None = None, seed: int = 0
-    ) -> list[tuple[int, float]]:
-        """A token's (token, logprob) pairs: at the next generated position, or at prompt
-        position `position` of the prompt seeded `seed` (their own stream of values)."""
+    def _step(self, token: int) -> list[tuple[int, float]]:
+        """The next generated token's (token, logprob) pairs."""
+        position = self._position
+        self._position += 1
         fmt = self._format
-        if position is None:
-            position = self._position
-            self._position += 1
-            seed = self._seed
-        else:
-            position = ~position  # (negative: never a generated position)
-        h = splitmix64((seed + position * GOLDEN) & MASK64)
-        p = 0.5 + 0.49 * (h & 0xFFFF) / 0x10000
-        step = [(token, math.log(p))]
-        want = max(fmt.num_top, 1)  # (the sampled token is one of the top ones)
-        palette = fmt.palette
-        if want > len(palette):
-            want = len(palette)
-        rest = math.log1p(-p)
-        # Consecutive palette entries from a drawn start: distinct without retries, however
-        # many are asked for.
-        size = len(palette)
-        at = (h >> 16) % size
-        while len(step) < want:
-            alt = palette[at]
-            at = at + 1 if at + 1 < size else 0
-            if alt != token:
-                step.append((alt, max(rest - len(step) * _LN2, _FLOOR)))
-        return step
+        return _distribution(self._seed, position, token, fmt.num_top, fmt.palette)
 
-    def prompt(self, token_ids: Sequence[int], prompt_id: str) -> dict[str, Any]:
+    def prompt(self, token_ids: Sequence[int]) -> dict[str, Any]:
         """An echoed prompt's logprobs (completions), vLLM's prompt_logprobs: none for its
         first token, which nothing precedes; the generated tokens' offsets follow its text.
-        Their values depend on `prompt_id` (the prompt's, not this choice's)."""
-        prompt_seed = _seed(prompt_id)
+        Their values depend on the prompt's tokens alone (`prompt_logprobs`' values)."""
+        seeds = _prefix_seeds(token_ids)
         tokens: list[str] = []
         token_logprobs: list[float | None] = []
         top: list[dict[str, float] | None] = []
@@ -140,7 +123,7 @@ class ChoiceLogprobs:
                 token_logprobs.append(None)
                 top.append(None)
                 continue
-            step = self._step(token, i, prompt_seed)
+            step = _distribution(seeds[i], 0, token, self._format.num_top, self._format.palette)
             token_logprobs.append(step[0][1])
             top.append(_top(step, piece))
         self._offset = offset
@@ -191,6 +174,73 @@ class ChoiceLogprobs:
         return _completion_logprobs(offsets, token_logprobs, tokens, top)
 
 
+def _distribution(
+    seed: int, position: int, token: int, num_top: int, palette: Sequence[int]
+) -> list[tuple[int, float]]:
+    """(token, logprob) of `token`, the most likely, then its alternatives: as many as make
+    `num_top` with it (at least itself), each half as likely as the one before."""
+    h = splitmix64((seed + position * GOLDEN) & MASK64)
+    p = 0.5 + 0.49 * (h & 0xFFFF) / 0x10000
+    step = [(token, math.log(p))]
+    size = len(palette)
+    want = min(max(num_top, 1), size)
+    rest = math.log1p(-p)
+    # Consecutive palette entries from a drawn start: distinct without retries, however
+    # many are asked for.
+    at = (h >> 16) % size
+    while len(step) < want:
+        alt = palette[at]
+        at = at + 1 if at + 1 < size else 0
+        if alt != token:
+            step.append((alt, max(rest - len(step) * _LN2, _FLOOR)))
+    return step
+
+
+def prompt_logprobs(
+    token_ids: Sequence[int], num_top: int, palette: Sequence[int], piece: Callable[[int], str]
+) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's `prompt_logprobs` of a prompt: none for its first token, then per token a dict
+    by token id of {logprob, rank, decoded_token}, the prompt's token first. Token i's depend
+    on the prompt's first i + 1 tokens alone, as a model's would (prompts that share a prefix
+    share its values; an echo of the prompt shows the same)."""
+    seeds = _prefix_seeds(token_ids)
+    out: list[dict[str, dict[str, Any]] | None] = [None] if token_ids else []
+    for i in range(1, len(token_ids)):
+        step = _distribution(seeds[i], 0, token_ids[i], num_top, palette)
+        entries: dict[str, dict[str, Any]] = {}
+        for rank, (token, logprob) in enumerate(step, 1):
+            entries.setdefault(str(token), {"logprob": logprob, "rank": rank,
+                                            "decoded_token": piece(token)})  # fmt: skip
+        out.append(entries)
+    return out
+
+
+def requested_prompt_logprobs(
+    value: Any, *, stream: bool, max_logprobs: int, vocab_size: int
+) -> int | None:
+    """How many top alternatives per prompt token a request asks for (None: none), with
+    vLLM's checks and messages."""
+    if value is None:
+        return None
+    if type(value) is not int:
+        raise OpenAIError(400, "`prompt_logprobs` must be an integer.", "prompt_logprobs")
+    if stream and (value > 0 or value == -1):
+        raise OpenAIError(400, "`prompt_logprobs` are not available when `stream=True`.",
+                          "prompt_logprobs")  # fmt: skip
+    if value < -1:
+        raise OpenAIError(400, "`prompt_logprobs` must be a positive value or -1.",
+                          "prompt_logprobs")  # fmt: skip
+    num = vocab_size if value == -1 else value
+    limit = vocab_size if max_logprobs == -1 else max_logprobs
+    if num > limit:
+        raise OpenAIError(
+            400,
+            f"Requested prompt logprobs of {num}, which is greater than max allowed: {limit}",
+            "prompt_logprobs",
+        )
+    return num
+
+
 def _completion_logprobs(
     offsets: list[int],
     token_logprobs: Sequence[float | None],
@@ -204,6 +254,15 @@ def _completion_logprobs(
         "tokens": tokens,
         "top_logprobs": top,
     }
+
+
+def _prefix_seeds(token_ids: Sequence[int]) -> list[int]:
+    """Per prompt position, a seed that depends on the tokens up to it."""
+    seeds, h = [], 0x243F6A8885A308D3
+    for token in token_ids:
+        h = splitmix64(h ^ token)
+        seeds.append(h)
+    return seeds
 
 
 def _seed(name: str) -> int:

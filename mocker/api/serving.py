@@ -21,7 +21,12 @@ from mocker.api.errors import OpenAIError
 from mocker.api.faults import FaultInjector, JitteredEmitter, failure_error
 from mocker.api.inputs import chat_prompt, check_model, completion_prompts
 from mocker.api.lifecycle import OpenResponse, OpenResponses
-from mocker.api.logprobs import LogprobsFormat, requested_logprobs
+from mocker.api.logprobs import (
+    LogprobsFormat,
+    prompt_logprobs,
+    requested_logprobs,
+    requested_prompt_logprobs,
+)
 from mocker.api.lora import LoraAdapters
 from mocker.api.protocol import (
     MAX_CHOICES,
@@ -120,10 +125,6 @@ def _unsupported(body: GenerationRequest) -> None:
         raise OpenAIError(400, "Stream options can only be defined when `stream=True`.",
                           "stream_options")  # fmt: skip
     check_sampling(body)
-    if (body.model_extra or {}).get("prompt_logprobs") is not None:
-        # (not ignored: a client asking for them would read the null as "none computed")
-        raise OpenAIError(400, "prompt_logprobs are not supported by this mock server.",
-                          "prompt_logprobs")  # fmt: skip
     if isinstance(body, ChatCompletionRequest):
         check_chat(body)
     else:
@@ -170,15 +171,11 @@ class OpenAIServing:
             choices = self._start(body, prompts, body.max_tokens, rid, headers, "prompt",
                                   lora=lora)  # fmt: skip
             if body.echo:
-                self._echo(body, prompts, choices, rid)
+                self._echo(body, prompts, choices)
         return self._respond(body, choices, model, f"cmpl-{rid}", rid)
 
     def _echo(
-        self,
-        body: CompletionRequest,
-        prompts: list[list[int]],
-        choices: list[Choice],
-        request_id: str,
+        self, body: CompletionRequest, prompts: list[list[int]], choices: list[Choice]
     ) -> None:
         """echo: each choice's text starts with its prompt's (as sent, or decoded from token
         ids), and its logprobs, if asked for, with the prompt's (vLLM's prompt_logprobs)."""
@@ -196,7 +193,7 @@ class OpenAIServing:
                 # its first choice, and shared by its siblings (read only).
                 first = choices[prompt * n]
                 choice.echo_logprobs = (
-                    logprobs.prompt(prompts[prompt], request_id)
+                    logprobs.prompt(prompts[prompt])
                     if first is choice
                     else logprobs.follow_prompt(first.echo_logprobs)
                 )
@@ -357,6 +354,7 @@ class OpenAIServing:
         _unsupported(body)
         check_token_params(body, self.tokenizer.vocab_size)
         self._logprobs(body)
+        self._prompt_logprobs(body)
         if self.engines.is_dead:
             raise OpenAIError(503, f"The engine is not running: {self.engines.dead_error}")
         return model
@@ -375,6 +373,15 @@ class OpenAIServing:
             return None
         tokenizer = self.tokenizer
         return LogprobsFormat(num_top, tokenizer.palette, tokenizer.piece, chat=chat)
+
+    def _prompt_logprobs(self, body: GenerationRequest) -> int | None:
+        """vLLM's prompt_logprobs (top alternatives per prompt token; None: not asked)."""
+        return requested_prompt_logprobs(
+            (body.model_extra or {}).get("prompt_logprobs"),
+            stream=bool(body.stream),
+            max_logprobs=self.settings.max_logprobs,
+            vocab_size=self.tokenizer.vocab_size,
+        )
 
     # -- engine requests ----------------------------------------------------------------------
 
@@ -509,6 +516,14 @@ class OpenAIServing:
                 # (usage counts a prompt once, with the first of its n choices)
                 choice.counts_prompt = i % body.n == 0
                 choices.append(choice)
+            num_prompt_top = self._prompt_logprobs(body)
+            if num_prompt_top is not None:
+                tokenizer, n = self.tokenizer, body.n
+                for i, prompt in enumerate(prompts):  # (once a prompt, its choices share them)
+                    scored = prompt_logprobs(prompt, num_prompt_top, tokenizer.palette,
+                                             tokenizer.piece)  # fmt: skip
+                    for choice in choices[i * n : (i + 1) * n]:
+                        choice.prompt_logprobs = scored
         except BaseException as exc:
             for choice in choices:
                 choice.cancel()

@@ -229,11 +229,48 @@ async def test_max_logprobs_is_the_servers_bound() -> None:
     assert tokenizer().vocab_size > 2
 
 
-async def test_prompt_logprobs_are_refused_not_ignored(client: AppClient) -> None:
-    r = await client.http.post("/v1/completions", json={"prompt": "x", "prompt_logprobs": 1})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs"
-    r = await client.http.post("/v1/completions", json={"prompt": "x", "prompt_logprobs": None})
-    assert r.status_code == 200
+async def test_prompt_logprobs_score_each_prompt_token_after_the_first(client: AppClient) -> None:
+    prompt = [5, 6, 7, 8]
+    body = {"prompt": prompt, "max_tokens": 1, "prompt_logprobs": 2}
+    [choice] = (await client.http.post("/v1/completions", json=body)).json()["choices"]
+    scored = choice["prompt_logprobs"]
+    assert scored[0] is None and len(scored) == 4
+    for token, entries in zip(prompt[1:], scored[1:], strict=True):
+        first = next(iter(entries))
+        assert first == str(token) and entries[first]["rank"] == 1  # the prompt's own token
+        assert entries[first]["decoded_token"] == tokenizer().decode([token])
+        assert len(entries) == 2 and all(e["logprob"] < 0 for e in entries.values())
+    # An echo of the prompt with logprobs shows the same values; a prompt sharing its first
+    # three tokens, the same ones for them.
+    echoed = {"prompt": prompt, "max_tokens": 1, "logprobs": 2, "echo": True}
+    [echo] = (await client.http.post("/v1/completions", json=echoed)).json()["choices"]
+    own = [e[str(t)]["logprob"] for t, e in zip(prompt[1:], scored[1:], strict=True)]
+    assert echo["logprobs"]["token_logprobs"][1:4] == own
+    other = {"prompt": [5, 6, 7, 9], "max_tokens": 1, "prompt_logprobs": 0}
+    [again] = (await client.http.post("/v1/completions", json=other)).json()["choices"]
+    assert [e["6"]["logprob"] if i == 0 else e["7"]["logprob"]
+            for i, e in enumerate(again["prompt_logprobs"][1:3])] == own[:2]  # fmt: skip
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "prompt_logprobs": 0}
+    out = (await client.http.post("/v1/chat/completions", json=chat)).json()
+    assert out["prompt_logprobs"][0] is None and len(out["prompt_logprobs"]) >= 1
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"prompt_logprobs": 1, "stream": True}, "not available when `stream=True`"),
+        ({"prompt_logprobs": -2}, "must be a positive value or -1"),
+        ({"prompt_logprobs": 21}, "Requested prompt logprobs of 21, which is greater than max "
+         "allowed: 20"),
+        ({"prompt_logprobs": "2"}, "must be an integer"),
+    ],
+)  # fmt: skip
+async def test_prompt_logprobs_refusals_are_vllms(
+    client: AppClient, body: dict[str, Any], message: str
+) -> None:
+    r = await client.http.post("/v1/completions", json={"prompt": "x", **body})
+    assert r.status_code == 400 and message in r.json()["error"]["message"]
+    assert r.json()["error"]["param"] == "prompt_logprobs"
 
 
 async def test_generate_refuses_logprobs_clearly(client: AppClient) -> None:
