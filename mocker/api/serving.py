@@ -362,6 +362,12 @@ class OpenAIServing:
     def _logprobs(self, body: GenerationRequest) -> LogprobsFormat | None:
         """The response's synthetic logprobs (None: not asked for); vLLM's 400s."""
         chat = isinstance(body, ChatCompletionRequest)
+        # (nearly every request asks for none: nothing to check)
+        if isinstance(body, ChatCompletionRequest):
+            if not body.logprobs and body.top_logprobs is None:
+                return None
+        elif body.logprobs is None:
+            return None
         num_top = requested_logprobs(
             chat=chat,
             logprobs=body.logprobs,
@@ -376,8 +382,11 @@ class OpenAIServing:
 
     def _prompt_logprobs(self, body: GenerationRequest) -> int | None:
         """vLLM's prompt_logprobs (top alternatives per prompt token; None: not asked)."""
+        extra = body.model_extra
+        if not extra or "prompt_logprobs" not in extra:
+            return None
         return requested_prompt_logprobs(
-            (body.model_extra or {}).get("prompt_logprobs"),
+            extra["prompt_logprobs"],
             stream=bool(body.stream),
             max_logprobs=self.settings.max_logprobs,
             vocab_size=self.tokenizer.vocab_size,
@@ -586,7 +595,8 @@ class OpenAIServing:
         headers = {"x-request-id": request_id}
         tokenizer, faults = self.tokenizer, self.faults
         ids = bool(body.return_token_ids)
-        message_id = f"msg_{uuid.uuid4().hex}"
+        # (a /v1/responses message's id: drawn only for those, a syscall per request)
+        message_id = f"msg_{uuid.uuid4().hex}" if responses is not None else ""
         if not body.stream:
             head = ResponseHead(response_id, created, model, chat, headers, generate, ids,
                                 responses, message_id)  # fmt: skip

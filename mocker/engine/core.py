@@ -505,15 +505,15 @@ class EngineCore:
         emit = self.emit_outputs
         silent = 0  # tokens sampled without an output object
         column = None if emit else self._pass_tokens(sched)
-        registered, connector = sched.registered, self.connector
+        connector = self.connector
+        # Blocks registered as they were scheduled: the store policy hears of them now that
+        # they are computed (without tiers, nothing is left to do for them).
+        registered = sched.registered if connector is not None else None
         for request, n in sched.num_scheduled.items():
             computed = request.num_computed_tokens + n
             request.num_computed_tokens = computed
-            if registered and request in registered:
-                # Registered as it was scheduled (up to what the pass computed): now that
-                # they are computed, the store policy hears of them.
-                if connector is not None:
-                    connector.policy.on_cached(request, registered[request])
+            if registered is not None and request in registered:
+                connector.policy.on_cached(request, registered[request])  # type: ignore[union-attr]
             elif computed // bs > request.num_cached_blocks:
                 self._cache_computed(request)
             num_tokens = len(request.all_token_ids)
