@@ -51,16 +51,7 @@ def requested_logprobs(
         num = int(logprobs)
         if num < -1:
             raise OpenAIError(400, "`logprobs` must be a positive value or -1.", "logprobs")
-    if num == -1:
-        num = vocab_size
-    limit = vocab_size if max_logprobs == -1 else max_logprobs
-    if num > limit:
-        raise OpenAIError(
-            400,
-            f"Requested sample logprobs of {num}, which is greater than max allowed: {limit}",
-            "logprobs",
-        )
-    return num
+    return _within_max(num, "sample", "logprobs", max_logprobs, vocab_size)
 
 
 class LogprobsFormat:
@@ -230,13 +221,19 @@ def requested_prompt_logprobs(
     if value < -1:
         raise OpenAIError(400, "`prompt_logprobs` must be a positive value or -1.",
                           "prompt_logprobs")  # fmt: skip
-    num = vocab_size if value == -1 else value
+    return _within_max(value, "prompt", "prompt_logprobs", max_logprobs, vocab_size)
+
+
+def _within_max(num: int, kind: str, param: str, max_logprobs: int, vocab_size: int) -> int:
+    """`num` alternatives (-1: the vocabulary), if --max-logprobs allows them (vLLM's 400)."""
+    if num == -1:
+        num = vocab_size
     limit = vocab_size if max_logprobs == -1 else max_logprobs
     if num > limit:
         raise OpenAIError(
             400,
-            f"Requested prompt logprobs of {num}, which is greater than max allowed: {limit}",
-            "prompt_logprobs",
+            f"Requested {kind} logprobs of {num}, which is greater than max allowed: {limit}",
+            param,
         )
     return num
 
