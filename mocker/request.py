@@ -113,6 +113,9 @@ class EngineRequest:
     remote_prefill: RemotePrefill | None = None
     # n > 1: the siblings this request is one choice of (None: a request of its own).
     parent: ParallelSampling | None = None
+    # Prompt logprobs asked for (or an echo with logprobs): as vLLM's, the request reads no
+    # prefix hits (every prompt token is computed to score it); it still caches its blocks.
+    skip_reading_prefix_cache: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -159,6 +162,7 @@ class Request:
     pull_time: float = 0.0  # seconds its KV took to pull (P/D decode side)
     num_preemptions: int = 0
     parent: ParallelSampling | None = None  # n > 1: its siblings (see EngineRequest)
+    skip_reading_prefix_cache: bool = False  # (see EngineRequest)
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float = 0.0  # when its latest output token was made

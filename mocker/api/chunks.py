@@ -52,6 +52,11 @@ class ChunkWriter:
     done = DONE  # what ends the stream
     preamble = b""  # what goes before its first chunk
 
+    @staticmethod
+    def error(status: int, message: str) -> bytes:
+        """A mid-stream error (then the stream ends with `done`)."""
+        return error_event(status, message)
+
     def __init__(
         self,
         *,
@@ -163,6 +168,7 @@ class GenerateChunkWriter:
     with_ids = True
     done = DONE
     preamble = b""
+    error = ChunkWriter.error
 
     def __init__(self, *, response_id: str, include_usage: bool, continuous_usage: bool) -> None:
         self._head = b'data: {"request_id":' + orjson.dumps(response_id) + b',"usage":'

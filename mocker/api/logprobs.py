@@ -7,6 +7,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
 from mocker.api.errors import OpenAIError
 from mocker.mixing import GOLDEN, MASK64, splitmix64
 
@@ -20,6 +22,7 @@ __all__ = [
 ]
 
 _LN2 = math.log(2.0)
+_INT: TypeAdapter[int] = TypeAdapter(int)
 _FLOOR = -9999.0  # vLLM's floor for a logprob of -inf
 
 
@@ -213,8 +216,11 @@ def requested_prompt_logprobs(
     vLLM's checks and messages."""
     if value is None:
         return None
-    if type(value) is not int:
-        raise OpenAIError(400, "`prompt_logprobs` must be an integer.", "prompt_logprobs")
+    try:  # (as pydantic reads vLLM's `int | None`: 1.0, "1" and true are 1)
+        value = _INT.validate_python(value)
+    except ValidationError:
+        raise OpenAIError(400, "`prompt_logprobs` must be an integer.",
+                          "prompt_logprobs") from None  # fmt: skip
     if stream and (value > 0 or value == -1):
         raise OpenAIError(400, "`prompt_logprobs` are not available when `stream=True`.",
                           "prompt_logprobs")  # fmt: skip

@@ -39,12 +39,14 @@ def _sampling_params(
     body: CompletionRequest | ChatCompletionRequest, sampling: SamplingParams
 ) -> dict[str, Any]:
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    asked = (body.model_extra or {}).get("prompt_logprobs")  # (checked by the caller)
+    prompt_logprobs = None if asked is None else int(asked)
     if isinstance(body, ChatCompletionRequest):
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        prompt_logprobs = None
     else:  # (echo scores the prompt too: vLLM asks the engine for its logprobs)
         logprobs = body.logprobs
-        prompt_logprobs = logprobs if body.echo else None
+        if body.echo and logprobs is not None and prompt_logprobs is None:
+            prompt_logprobs = logprobs
     values: dict[str, Any] = {
         "n": body.n,
         "presence_penalty": body.presence_penalty,

@@ -2,20 +2,49 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import orjson
+from pydantic import ValidationError
 
-from mocker.api.errors import OpenAIError
+from mocker.api.errors import OpenAIError, error_body
 from mocker.api.protocol import ResponsesRequest
 
-__all__ = ["ResponsesStreamWriter", "chat_fields", "response_object"]
+__all__ = ["ResponsesStreamWriter", "chat_fields", "named_as_sent", "response_object"]
+
+# The chat request's fields a responses body's error names as the client sent them.
+_SENT_AS = {"messages": "input", "max_completion_tokens": "max_output_tokens",
+            "max_tokens": "max_output_tokens", "response_format": "text"}  # fmt: skip
+
+
+@contextmanager
+def named_as_sent() -> Iterator[None]:
+    """Errors of the chat a responses body runs as, naming the fields the client sent (its
+    `input`, not the chat's `messages`)."""
+    try:
+        yield
+    except ValidationError as exc:  # a field passed on that the chat request refuses
+        first = exc.errors()[0]
+        loc = str(first["loc"][0]) if first["loc"] else "input"
+        name = _SENT_AS.get(loc, loc)
+        raise OpenAIError(400, f"{name}: {first['msg']}", name) from None
+    except OpenAIError as exc:
+        param = _SENT_AS.get(exc.param or "", exc.param)
+        message = exc.message.replace("The messages render", "The input renders")
+        for chat_name, sent in _SENT_AS.items():
+            message = message.replace(chat_name, sent)
+        if param != exc.param or message != exc.message:
+            raise OpenAIError(exc.status, message, param, error_type=exc.error_type) from None
+        raise
+
 
 # Input content parts that carry text (a message's own, or an earlier answer's).
 _TEXT_PARTS = ("input_text", "output_text", "text")
 # The vLLM extras a responses body may carry that the chat request honours as well.
 _PASSED_ON = ("ignore_eos", "min_tokens", "priority", "cache_salt", "seed", "stop",
-              "stop_token_ids", "data_parallel_rank", "return_token_ids")  # fmt: skip
+              "stop_token_ids", "data_parallel_rank")  # fmt: skip
 
 
 def chat_fields(body: ResponsesRequest) -> dict[str, Any]:
@@ -31,6 +60,13 @@ def chat_fields(body: ResponsesRequest) -> dict[str, Any]:
     if body.tools:
         raise OpenAIError(400, "tools are not supported on /v1/responses by this mock server.",
                           "tools")  # fmt: skip
+    extra = body.model_extra or {}
+    if extra.get("top_logprobs") or "message.output_text.logprobs" in (extra.get("include") or ()):
+        raise OpenAIError(400, "logprobs are not supported on /v1/responses by this mock server "
+                          "(they are on /v1/completions and /v1/chat/completions).",
+                          "top_logprobs")  # fmt: skip
+    if isinstance(body.input, list) and not body.input:
+        raise OpenAIError(400, "The input must not be empty.", "input")
     messages: list[dict[str, Any]] = []
     if body.instructions:
         messages.append({"role": "system", "content": body.instructions})
@@ -40,7 +76,7 @@ def chat_fields(body: ResponsesRequest) -> dict[str, Any]:
         messages += [_message(item, i) for i, item in enumerate(body.input)]
     if not messages:
         raise OpenAIError(400, "The input must not be empty.", "input")
-    extra = body.model_extra or {}
+    text_format = (body.model_extra or {}).get("text")
     fields: dict[str, Any] = {
         "model": body.model,
         "messages": messages,
@@ -50,15 +86,25 @@ def chat_fields(body: ResponsesRequest) -> dict[str, Any]:
         "stream": bool(body.stream),
         **{name: extra[name] for name in _PASSED_ON if name in extra},
     }
+    form = text_format.get("format") if isinstance(text_format, dict) else None
+    if isinstance(form, dict):
+        # Accepted and not enforced, as a chat's response_format (whose json_schema nests
+        # what the responses format holds flat).
+        if form.get("type") == "json_schema":
+            form = {"type": "json_schema",
+                    "json_schema": {k: v for k, v in form.items() if k != "type"}}  # fmt: skip
+        fields["response_format"] = form
     return fields
 
 
 def _message(item: dict[str, Any], i: int) -> dict[str, Any]:
     """One input item as a chat message: a message of text (its parts joined)."""
     kind = item.get("type", "message")
-    if kind != "message" or "role" not in item:
+    if kind != "message":
         raise OpenAIError(400, f"input[{i}]: only message items are supported by this mock "
                           f"server (got type {kind!r}).", "input")  # fmt: skip
+    if "role" not in item:
+        raise OpenAIError(400, f"input[{i}]: a message needs its role.", "input")
     role = item["role"]
     if role not in ("user", "system", "developer", "assistant"):
         raise OpenAIError(400, f"input[{i}]: unknown role {role!r}.", "input")
@@ -203,6 +249,11 @@ class ResponsesStreamWriter:
         self._seq += 1
         data = orjson.dumps({"type": kind, "sequence_number": seq, **fields})
         return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
+
+    def error(self, status: int, message: str) -> bytes:
+        """A mid-stream error as the Responses API's `error` event."""
+        kind = error_body(status, message)["error"]["type"]
+        return self._event("error", {"code": kind, "message": message, "param": None})
 
     def text(
         self,

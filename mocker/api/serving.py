@@ -216,15 +216,13 @@ class OpenAIServing:
     ) -> Response:
         """The OpenAI Responses API: the input runs as the chat it renders to (vLLM's way),
         answered as a response object or its stream of events."""
-        try:  # fields the responses body validated: a mismatch is the client's to hear
+        with responses_api.named_as_sent():  # (errors name the responses fields)
             chat_body = ChatCompletionRequest.model_validate(responses_api.chat_fields(body))
-        except ValidationError as exc:
-            raise OpenAIError(400, f"invalid request: {exc}", "input") from None
-        model, lora = self._check(chat_body)
-        prompt = chat_prompt(self.tokenizer, chat_body)
-        rid = headers.request_id or uuid.uuid4().hex
-        choices = self._start(chat_body, [prompt], chat_body.max_completion_tokens, rid, headers,
-                              "input", lora=lora)  # fmt: skip
+            model, lora = self._check(chat_body)
+            prompt = chat_prompt(self.tokenizer, chat_body)
+            rid = headers.request_id or uuid.uuid4().hex
+            choices = self._start(chat_body, [prompt], chat_body.max_completion_tokens, rid,
+                                  headers, "input", lora=lora)  # fmt: skip
         return self._respond(chat_body, choices, model, f"resp_{rid}", rid, responses=body)
 
     def _check_auto_tool_choice(self, body: ChatCompletionRequest) -> None:
@@ -249,6 +247,7 @@ class OpenAIServing:
         self._model(body.model)
         _unsupported(body)
         self._logprobs(body)
+        self._prompt_logprobs(body)
         prompts = completion_prompts(self.tokenizer, body.prompt)
         rid = "cmpl-" + (headers.request_id or uuid.uuid4().hex)
         rendered = [
@@ -269,6 +268,7 @@ class OpenAIServing:
         self._model(body.model)
         _unsupported(body)
         self._logprobs(body)
+        self._prompt_logprobs(body)
         prompt = chat_prompt(self.tokenizer, body)
         max_tokens = body.max_completion_tokens or body.max_tokens
         sampling = self._sampling(body, max_tokens, len(prompt), "messages")
@@ -282,7 +282,7 @@ class OpenAIServing:
     ) -> Response:
         """Token ids in, token ids out: the request runs as a completion of those ids."""
         sp = body.sampling_params
-        if sp.logprobs is not None:
+        if sp.logprobs is not None or (sp.model_extra or {}).get("prompt_logprobs") is not None:
             raise OpenAIError(400, "logprobs are not supported on this route by this mock "
                               "server (they are on /v1/completions and /v1/chat/completions).",
                               "sampling_params")  # fmt: skip
@@ -443,6 +443,11 @@ class OpenAIServing:
                 f"server; got {len(prompts)} x {n}.",
                 "n",
             )
+        # vLLM reads no prefix hits for a request whose prompt it scores (prompt_logprobs,
+        # or an echo with logprobs).
+        scored = self._prompt_logprobs(body) is not None or (
+            isinstance(body, CompletionRequest) and body.echo and body.logprobs is not None
+        )
         specs: list[EngineRequest] = []
         for i, prompt in enumerate(prompts):
             parent_id = request_id if len(prompts) == 1 else f"{request_id}-{i}"
@@ -461,6 +466,7 @@ class OpenAIServing:
                     remote_decode=remote_decode,
                     remote_prefill=remote_prefill,
                     parent=parent,
+                    skip_reading_prefix_cache=scored,
                 )
                 try:
                     if j == 0:
@@ -526,7 +532,7 @@ class OpenAIServing:
                 choice.counts_prompt = i % body.n == 0
                 choices.append(choice)
             num_prompt_top = self._prompt_logprobs(body)
-            if num_prompt_top is not None:
+            if num_prompt_top is not None and not body.stream:  # (a stream sends none)
                 tokenizer, n = self.tokenizer, body.n
                 for i, prompt in enumerate(prompts):  # (once a prompt, its choices share them)
                     scored = prompt_logprobs(prompt, num_prompt_top, tokenizer.palette,

@@ -10,7 +10,6 @@ from mocker.api.choice import Choice, cancel_all, totals
 from mocker.api.chunks import (
     ChunkWriter,
     GenerateChunkWriter,
-    error_event,
     with_kv_transfer_params,
 )
 from mocker.api.faults import JitteredEmitter
@@ -181,15 +180,16 @@ class StreamRenderer:
             return
         if isinstance(out, StreamError):  # the engine died, or this renderer failed
             choice.done = True
-            emitter.emit(error_event(out.status, out.client_message) + self._writer.done,
-                         last=True)  # fmt: skip
+            writer = self._writer
+            emitter.emit(writer.error(out.status, out.client_message) + writer.done, last=True)
             return
         if out.finish_reason is FinishReason.ABORT and not out.new_token_ids:
             choice.done = True
             if self._response.disconnected:
                 emitter.close()
             else:  # aborted by the server (shutdown), not by the client
-                emitter.emit(error_event(503, "The request was aborted.") + self._writer.done,
+                writer = self._writer
+                emitter.emit(writer.error(503, "The request was aborted.") + writer.done,
                              last=True)  # fmt: skip
             return
         if choice.stops is None:
@@ -288,5 +288,5 @@ class StreamRenderer:
         first = self._first[choice.index]
         chunk = first + self._writer.text(choice.index, text) if text else first
         cancel_all(self._response.choices)
-        payload = chunk + error_event(500, ABORTED) + self._writer.done
+        payload = chunk + self._writer.error(500, ABORTED) + self._writer.done
         emitter.emit(payload, last=True, on_sent=self._record_abort)  # counted if it is sent

@@ -175,6 +175,7 @@ class EngineCore:
             remote_decode=spec.remote_decode and self.holds is not None,
             remote_prefill=spec.remote_prefill if self.pulls is not None else None,
             parent=spec.parent,
+            skip_reading_prefix_cache=spec.skip_reading_prefix_cache,
         )
         if self.config.enable_prefix_caching:
             if spec.block_hashes is not None:

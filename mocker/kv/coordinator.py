@@ -111,7 +111,7 @@ class HybridKVCacheManager:
     def get_computed_blocks(self, request: Request, max_blocks: int | None = None) -> GroupHits:
         """Longest cached prefix valid in every group, capped at num_tokens − 1 tokens (and
         at `max_blocks`)."""
-        if not self.enable_caching:
+        if not self.enable_caching or request.skip_reading_prefix_cache:
             return _NO_HIT
         hashes = request.block_hashes
         cap = (request.num_tokens - 1) // self.block_size

@@ -77,7 +77,7 @@ class KVCacheManager:
         Capped at num_tokens - 1 tokens: the last token is always computed, so
         the pass that admits the request produces its logits.
         """
-        if not self.enable_caching:
+        if not self.enable_caching or request.skip_reading_prefix_cache:
             return []
         cap = (request.num_tokens - 1) // self.block_size
         max_blocks = cap if max_blocks is None else min(max_blocks, cap)

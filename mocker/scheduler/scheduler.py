@@ -522,7 +522,8 @@ class Scheduler:
                 out.pulls.append((request, len(request.blocks) - len(hits)))
                 continue
             num_loaded = 0  # tier units (blocks; a hybrid model's chunks of `unit` blocks)
-            if connector is not None:
+            # (prompt logprobs: no hit from the tiers either, their tokens are computed)
+            if connector is not None and not request.skip_reading_prefix_cache:
                 if len(hits) % unit:
                     # A hybrid device hit that ends inside a chunk: the tier continues from a
                     # chunk boundary, so the hit is cut back to one if that gains tokens.

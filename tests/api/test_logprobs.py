@@ -255,6 +255,34 @@ async def test_prompt_logprobs_score_each_prompt_token_after_the_first(client: A
     assert out["prompt_logprobs"][0] is None and len(out["prompt_logprobs"]) >= 1
 
 
+async def test_a_request_whose_prompt_is_scored_reads_no_prefix_hit(client: AppClient) -> None:
+    # vLLM computes every prompt token of a request with prompt_logprobs (or an echo with
+    # logprobs), to score it; its blocks are still cached for the others.
+    prompt = list(range(3000, 3100))
+    for body in ({"prompt_logprobs": 0}, {"echo": True, "logprobs": 0}, {}):
+        r = await client.http.post("/v1/completions",
+                                   json={"prompt": prompt, "max_tokens": 1, **body})  # fmt: skip
+        cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached == (96 if not body else 0), body
+
+
+async def test_prompt_logprobs_read_as_vllms_integer_and_go_on_in_a_render(
+    client: AppClient,
+) -> None:
+    r = await client.http.post("/v1/completions", json={"prompt": [5, 6], "max_tokens": 1,
+                                                        "prompt_logprobs": "1"})  # fmt: skip
+    assert r.status_code == 200 and len(r.json()["choices"][0]["prompt_logprobs"]) == 2
+    [rendered] = (await client.http.post("/v1/completions/render", json={
+        "prompt": [5, 6], "max_tokens": 1, "prompt_logprobs": 2})).json()  # fmt: skip
+    assert rendered["sampling_params"]["prompt_logprobs"] == 2
+    r = await client.http.post("/v1/chat/completions/render", json={
+        "messages": [{"role": "user", "content": "x"}], "prompt_logprobs": -7})  # fmt: skip
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs"
+    body = {"token_ids": [1, 2], "sampling_params": {"max_tokens": 1, "prompt_logprobs": 1}}
+    r = await client.http.post("/inference/v1/generate", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params"
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
@@ -262,7 +290,7 @@ async def test_prompt_logprobs_score_each_prompt_token_after_the_first(client: A
         ({"prompt_logprobs": -2}, "must be a positive value or -1"),
         ({"prompt_logprobs": 21}, "Requested prompt logprobs of 21, which is greater than max "
          "allowed: 20"),
-        ({"prompt_logprobs": "2"}, "must be an integer"),
+        ({"prompt_logprobs": "two"}, "must be an integer"),
     ],
 )  # fmt: skip
 async def test_prompt_logprobs_refusals_are_vllms(

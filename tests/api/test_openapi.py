@@ -28,11 +28,15 @@ ROUTES = [
     "POST /v1/chat/completions",
     "POST /v1/completions/render",
     "POST /v1/chat/completions/render",
+    "POST /v1/responses",
     "POST /inference/v1/generate",
     "POST /tokenize",
     "POST /detokenize",
 ]
-PATHS = r"^/(v1/(chat/)?completions(/render)?|inference/v1/generate|tokenize|detokenize)$"
+PATHS = (
+    r"^/(v1/(chat/)?completions(/render)?|v1/responses|inference/v1/generate|tokenize"
+    r"|detokenize)$"
+)
 PHASES = ("coverage", "fuzzing")
 EXAMPLES = 40  # fuzzing cases per route (coverage's are as many as the schema has edges)
 SEED = 20260601  # one fixed run: a finding reproduces, and a busy CI machine sees the same cases

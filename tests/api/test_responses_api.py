@@ -94,6 +94,11 @@ async def test_the_stream_of_events(client: AppClient) -> None:
         ({"input": [{"role": "robot", "content": "x"}]}, "input"),
         ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
         ({"input": "x", "model": "nope"}, "model"),
+        ({"input": [{}]}, "input"),
+        ({"input": "x", "stop": 5}, "stop"),
+        ({"input": "x", "top_logprobs": 2}, "top_logprobs"),
+        ({"instructions": "Be brief.", "input": []}, "input"),
+        ({"input": "x", "max_output_tokens": 2, "min_tokens": 3}, "min_tokens"),
     ],
 )
 async def test_what_it_cannot_answer_is_a_clear_4xx(
@@ -101,8 +106,28 @@ async def test_what_it_cannot_answer_is_a_clear_4xx(
 ) -> None:
     r = await client.http.post("/v1/responses", json=body)
     assert 400 <= r.status_code < 500, r.text
-    assert r.json()["error"]["param"] == param
+    error = r.json()["error"]
+    assert error["param"] == param
+    # The fields it names are the responses body's, not those of the chat it runs as.
+    for chat_name in ("messages", "max_completion_tokens", "max_tokens"):
+        assert chat_name not in error["message"]
     assert not client.state.engines[0].core.requests
+
+
+async def test_a_text_format_is_accepted_as_a_chats_response_format(client: AppClient) -> None:
+    text = {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}
+    r = await client.http.post("/v1/responses", json={"input": "x", "text": text,
+                                                      "max_output_tokens": 2})  # fmt: skip
+    assert r.status_code == 200, r.text
+
+
+async def test_a_failure_mid_stream_is_an_error_event(client: AppClient) -> None:
+    body = {"input": "Hi", "max_output_tokens": 20, "stream": True}
+    r = await client.http.post("/v1/responses", json=body, headers={"X-Mocker-Fail": "abort"})
+    events = _events(r.text)
+    name, data = events[-1]
+    assert name == "error" and data["type"] == "error" and "aborted" in data["message"]
+    assert [d["sequence_number"] for _, d in events] == list(range(len(events)))
 
 
 def test_the_openai_clients_responses_api(server: ServerThread) -> None:
