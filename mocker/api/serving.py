@@ -421,8 +421,10 @@ class OpenAIServing:
         request_id: str,
         param: str,
         lora: LoraModule | None = None,
+        num_prompt_top: int | None = None,
     ) -> list[EngineRequest]:
-        """One checked engine request per prompt (ids `<id>-<i>` when there are several)."""
+        """One checked engine request per prompt (ids `<id>-<i>` when there are several);
+        `num_prompt_top`: the prompt logprobs asked for (None: none)."""
         try:
             remote_decode, remote_prefill = parse_transfer_params(body.kv_transfer_params)
         except InvalidTransferParams as exc:
@@ -445,7 +447,7 @@ class OpenAIServing:
             )
         # vLLM reads no prefix hits for a request whose prompt it scores (prompt_logprobs,
         # or an echo with logprobs).
-        scored = self._prompt_logprobs(body) is not None or (
+        scored = num_prompt_top is not None or (
             isinstance(body, CompletionRequest) and body.echo and body.logprobs is not None
         )
         specs: list[EngineRequest] = []
@@ -516,7 +518,8 @@ class OpenAIServing:
             self.engines.check_rank(rank)
         except RankError as exc:
             raise OpenAIError(400, str(exc), "data_parallel_rank") from None
-        specs = self._specs(body, prompts, max_tokens, request_id, param, lora)
+        num_prompt_top = self._prompt_logprobs(body)
+        specs = self._specs(body, prompts, max_tokens, request_id, param, lora, num_prompt_top)
         fault = self._inject(headers.fault, param)
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         stop = tuple(s for s in stop if s)
@@ -531,7 +534,6 @@ class OpenAIServing:
                 # (usage counts a prompt once, with the first of its n choices)
                 choice.counts_prompt = i % body.n == 0
                 choices.append(choice)
-            num_prompt_top = self._prompt_logprobs(body)
             if num_prompt_top is not None and not body.stream:  # (a stream sends none)
                 tokenizer, n = self.tokenizer, body.n
                 for i, prompt in enumerate(prompts):  # (once a prompt, its choices share them)

@@ -222,10 +222,10 @@ class StreamRenderer:
         )
         logprobs = None
         if choice.logprobs is not None:
-            parts = [choice.logprobs.take(ids)]
+            taken = choice.logprobs.take(ids)
             if echoing and choice.echo_logprobs is not None:
-                parts.insert(0, choice.echo_logprobs)
-            logprobs = orjson.dumps(merged(parts, chat=writer.chat))
+                taken = merged([choice.echo_logprobs, taken], chat=writer.chat)
+            logprobs = orjson.dumps(taken)
         if writer.with_ids:
             prompt = choice.prompt_token_ids if self._prompt_due[index] else None
             self._prompt_due[index] = False
