@@ -6,13 +6,21 @@
 # --- stage 1: build the wheel and install it, with its dependencies, into /opt/venv ---
 FROM python:3.11-slim AS build
 
+# A C compiler for mocker's compiled pool (mocker/kv/_cpool.c: the device block pool over
+# packed arrays); the runtime stage has none. (Its wheel builds without one too, on the
+# Python pool alone.)
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+
 WORKDIR /src
 # Only what the wheel is built from (see .dockerignore); README.md is the package's readme.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY mocker ./mocker
 
-# Every dependency ships manylinux wheels for CPython 3.11, so no compiler is needed;
-# --only-binary makes a missing wheel an error here instead of a slow source build.
+# Every dependency ships manylinux wheels for CPython 3.11, so no compiler is needed for
+# them; --only-binary makes a missing wheel an error here instead of a slow source build.
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
     && python -m venv /opt/venv \
     && /opt/venv/bin/pip install --no-cache-dir --only-binary=:all: /wheels/mocker-*.whl

@@ -14,12 +14,14 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(RUN_STAMP): pyproject.toml | $(BIN)/python
+# setup.py and the C source: the compiled pool (mocker/kv/_cpool.c), built in place by the
+# editable install when a C compiler is there (mocker runs without it, on the Python pool).
+$(RUN_STAMP): pyproject.toml setup.py mocker/kv/_cpool.c | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
 # The test install is a superset of the run install, so it renews the run stamp too.
-$(TEST_STAMP): pyproject.toml | $(BIN)/python
+$(TEST_STAMP): pyproject.toml setup.py mocker/kv/_cpool.c | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $@ $(RUN_STAMP)
 
@@ -30,7 +32,10 @@ test: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	@$(BIN)/python -c 'from mocker.kv.compiled_pool import compiled_available as c; print("compiled pool:", "built" if c() else "NOT BUILT (no C compiler at install): every test runs on the Python pool")'
 	$(BIN)/python -m pytest -q
+	# Again on the Python pool, the compiled one's reference (MOCKER_KV_POOL: auto by default).
+	MOCKER_KV_POOL=python $(BIN)/python -m pytest -q
 
 # Not run by CI: .ci/run three times in a fresh clone of the committed HEAD while two CPU
 # hogs keep the cores busy (tools/test-busy.sh; RUNS=N for another count).

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import random
 import statistics
 import sys
@@ -65,8 +66,14 @@ from mocker.engine.core import EngineCore
 from mocker.engine.outputs import StepResult
 from mocker.engine.stats import FinishedRequestStats
 from mocker.engine.virtual import VirtualDriver, VirtualRun
+from mocker.kv.compiled_pool import POOL_ENV
 from mocker.request import EngineRequest, SamplingParams
 from mocker.tiers.transfers import TransferKind
+
+# Tiered engines run on the Python device pool (the compiled one serves no tiers): so do
+# the tier-free baselines here, and the ratios measure the tiers, not the two pools.
+# (Inherited by the children and servers this starts; set MOCKER_KV_POOL to override.)
+os.environ.setdefault(POOL_ENV, "python")
 
 # -- the scenario (shared by all three parts) --
 BLOCK_SIZE = 16  # 2 MiB per block with the default llama-3-8b shape

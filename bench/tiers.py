@@ -72,6 +72,9 @@ from mocker.engine.outputs import StepResult
 from mocker.engine.virtual import VirtualDriver, VirtualRun
 from mocker.request import EngineRequest
 
+# (Importing offload set MOCKER_KV_POOL=python, unless set: the tier-free baselines run on
+# the Python pool as the tiered engines do, so the ratios measure the tiers.)
+
 # -- step cost --
 REPS = 9  # replays per config and workload
 FS = StorageTierSpec("fs", 16_384, read_gbps=8.0, write_gbps=4.0, latency_ms=0.1)  # type: ignore[arg-type]

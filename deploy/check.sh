@@ -181,6 +181,10 @@ smoke_test() {
 	timeout 900 buildah build --isolation chroot --pull=never --format docker -q \
 		-t localhost/mocker:smoke . </dev/null || fail "buildah build"
 	echo "image build: $((SECONDS - t0)) s"
+	# The build stage has a C compiler: the image must carry the compiled pool.
+	podman run --rm --no-healthcheck --entrypoint python localhost/mocker:smoke -c 'import mocker.kv._cpool' ||
+		fail "the image has no compiled pool (mocker/kv/_cpool.c did not build in it)"
+	echo "compiled pool: in the image"
 
 	step "podman run, /health, HEALTHCHECK, a streamed completion, SIGTERM"
 	local port url attempt up=0

@@ -9,6 +9,13 @@ from dataclasses import dataclass, replace
 
 from mocker.config import EngineConfig, OffloadPolicy, StorageKind
 from mocker.kv.block_pool import BlockPool
+from mocker.kv.compiled_pool import (
+    CompiledBlockPool,
+    PoolImpl,
+    compiled_available,
+    pool_impl,
+    serves,
+)
 from mocker.kv.coordinator import HybridKVCacheManager
 from mocker.kv.manager import KVCacheManager, KVManager
 from mocker.tiers.connector import TierConnector
@@ -23,7 +30,7 @@ __all__ = ["KVStack", "build_kv_stack", "build_shared_tiers"]
 class KVStack:
     """The parts: the device pool, its manager, and (with tiers) the CPU tier and connector."""
 
-    pool: BlockPool
+    pool: BlockPool | CompiledBlockPool
     kv: KVManager
     cpu: LruTier | None = None
     connector: TierConnector | None = None
@@ -64,6 +71,14 @@ def _storage(config: EngineConfig, shared: Mapping[str, StorageTier] | None) -> 
     ]
 
 
+def _compiled_pool_serves(config: EngineConfig) -> bool:
+    """The compiled device pool (mocker.kv.compiled_pool) where it is built, chosen, and
+    models everything this engine needs; the Python pool otherwise."""
+    if pool_impl() is PoolImpl.PYTHON or not compiled_available():
+        return False
+    return serves(config, with_cpu_tier=False)
+
+
 def build_kv_stack(
     config: EngineConfig,
     prefill_ms: Callable[[int], float],
@@ -77,6 +92,11 @@ def build_kv_stack(
     `shared` secondary tiers (by name: the process's one `obj`). Without them an `obj`
     tier is built for this engine alone. `engine_id` tells a shared tier's subscribers
     apart (the data-parallel rank, or the replay engine's index)."""
+    if cpu is None and not config.has_cpu_tier and _compiled_pool_serves(config):
+        compiled = CompiledBlockPool(
+            config.num_gpu_blocks, config.block_size, enable_caching=config.enable_prefix_caching
+        )
+        return KVStack(compiled, KVCacheManager(compiled))
     pool = BlockPool(
         config.num_gpu_blocks,
         config.block_size,

@@ -2,14 +2,58 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence, Sized
+from collections.abc import Callable, Iterable, Sequence, Sized
 from typing import Any, Protocol
 
 from mocker.kv.block import KVBlock
-from mocker.kv.block_pool import BlockPool
+from mocker.kv.hashing import BlockHash
 from mocker.request import Request
 
-__all__ = ["KVCacheManager", "KVManager"]
+__all__ = ["DevicePool", "KVCacheManager", "KVManager"]
+
+
+class DevicePool(Protocol):
+    """What the manager asks of the device pool: mocker.kv.block_pool's (its blocks are
+    `KVBlock` objects) or the compiled one (mocker.kv.compiled_pool: its blocks are their
+    ids). The manager passes blocks through without looking into them."""
+
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def enable_caching(self) -> bool: ...
+
+    @property
+    def usage(self) -> float: ...
+
+    @property
+    def num_reusable(self) -> int: ...
+
+    @property
+    def num_used(self) -> int: ...
+
+    @property
+    def num_displaced(self) -> int: ...
+
+    def lookup_prefix(self, block_hashes: Sequence[BlockHash]) -> list[Any]: ...
+
+    def num_reviving(self, blocks: Sequence[Any]) -> int: ...
+
+    def touch(self, blocks: Iterable[Any]) -> None: ...
+
+    def get_new_blocks(self, n: int) -> list[Any]: ...
+
+    def cache_full_blocks(
+        self,
+        blocks: list[Any],
+        start: int,
+        end: int,
+        block_hashes: Sequence[BlockHash],
+        token_ids: Sequence[int],
+        lora_name: str | None = None,
+    ) -> None: ...
+
+    def free_blocks(self, ordered_blocks: Iterable[Any]) -> None: ...
 
 
 class KVManager(Protocol):
@@ -59,7 +103,7 @@ class KVCacheManager:
 
     __slots__ = ("_make_room", "block_size", "enable_caching", "pool")
 
-    def __init__(self, pool: BlockPool, *, make_room: Callable[[int], None] | None = None) -> None:
+    def __init__(self, pool: DevicePool, *, make_room: Callable[[int], None] | None = None) -> None:
         """`make_room(n)`: told when an allocation of n blocks found too few reusable ones
         (a write-back store policy then displaces retained blocks)."""
         self.pool = pool

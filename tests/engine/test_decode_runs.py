@@ -6,6 +6,7 @@ from mocker.engine.core import EngineCore
 from mocker.engine.decode_runs import run_decodes
 from mocker.engine.stats import FinishedRequestStats
 from tests.support.engines import req, small_config
+from tests.support.pools import block_ids
 
 
 def _decoding_core() -> tuple[EngineCore, float]:
@@ -39,7 +40,7 @@ def test_a_run_equals_the_same_passes_stepped() -> None:
     for rid in ("r1", "r2"):
         a, b = fast.requests[rid], slow.requests[rid]
         assert a.all_token_ids == b.all_token_ids and a.block_hashes == b.block_hashes
-        assert [x.block_id for x in a.blocks] == [x.block_id for x in b.blocks]
+        assert block_ids(a.blocks) == block_ids(b.blocks)
     assert fast.pool.cached_hashes() == slow.pool.cached_hashes()
 
 

@@ -1,0 +1,795 @@
+/* The device block pool over packed arrays: mocker.kv.block_pool.BlockPool's semantics for a
+ * dense model with LRU eviction, no events, no tiers (mocker.kv.compiled_pool says when).
+ *
+ * Why it exists: in a long replay the Python pool's per-block work is bound by memory, not
+ * bytecode. A block's life touches its 144-byte object, its hash's int object and two slots
+ * of a map as large as the pool, in an order the LRU scatters. Here a block is an index:
+ * its reference count, hash, parent hash and free-list links sit in arrays, and the prefix
+ * map is an open-addressing table of (hash, block) pairs. Blocks cross into Python as the
+ * ints 0..n-1, one object each made once, so handing a block out allocates nothing.
+ *
+ * The Python pool stays the reference: every operation here does exactly what it does, in
+ * the same order (the same ids handed out, the same free order, the same map), which
+ * tests/kv/test_compiled_pool.py checks operation by operation on random workloads.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define F_HASHED 1u
+#define F_PARENT 2u
+#define F_FREE 4u
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t n;          /* blocks */
+    Py_ssize_t block_size;
+    int enable_caching;
+    Py_ssize_t num_used;   /* referenced blocks */
+    Py_ssize_t free_len;   /* blocks on the free list */
+    int32_t *ref;
+    uint64_t *hash;
+    uint64_t *parent;
+    uint64_t *seq;         /* when the block was last registered: the map's insertion order */
+    uint8_t *flags;
+    int32_t *prev, *next;  /* n + 2 entries: the list's head is n, its tail n + 1 */
+    uint64_t next_seq;
+    /* hash -> block: linear probing, backward-shift deletion, at most half full */
+    uint64_t *keys;
+    int32_t *vals;         /* -1: empty */
+    Py_ssize_t mask;
+    int shift;
+    Py_ssize_t count;
+    PyObject **ids;        /* the int object of each block id */
+} Pool;
+
+/* -- the map ----------------------------------------------------------------------------- */
+
+static inline Py_ssize_t slot_of(const Pool *p, uint64_t h)
+{
+    /* Fibonacci hashing: hashes from any of the algorithms are spread already, but a
+     * user's own (or a test's small ints) need not be. */
+    return (Py_ssize_t)((h * 0x9E3779B97F4A7C15ull) >> p->shift);
+}
+
+static inline int32_t map_get(const Pool *p, uint64_t h)
+{
+    Py_ssize_t i = slot_of(p, h);
+    for (;;) {
+        int32_t v = p->vals[i];
+        if (v < 0)
+            return -1;
+        if (p->keys[i] == h)
+            return v;
+        i = (i + 1) & p->mask;
+    }
+}
+
+static inline void map_put(Pool *p, uint64_t h, int32_t block)
+{
+    Py_ssize_t i = slot_of(p, h);
+    while (p->vals[i] >= 0) {
+        if (p->keys[i] == h) {
+            p->vals[i] = block;
+            return;
+        }
+        i = (i + 1) & p->mask;
+    }
+    p->keys[i] = h;
+    p->vals[i] = block;
+    p->count++;
+}
+
+static void map_del(Pool *p, uint64_t h)
+{
+    Py_ssize_t i = slot_of(p, h);
+    while (p->vals[i] >= 0 && p->keys[i] != h)
+        i = (i + 1) & p->mask;
+    if (p->vals[i] < 0)
+        return;
+    p->count--;
+    /* Backward shift: later entries of the run move up, so no tombstone is left. */
+    Py_ssize_t j = i;
+    for (;;) {
+        j = (j + 1) & p->mask;
+        if (p->vals[j] < 0)
+            break;
+        Py_ssize_t home = slot_of(p, p->keys[j]);
+        /* Move j into the hole i unless its home lies cyclically in (i, j]. */
+        int stays = (i <= j) ? (i < home && home <= j) : (i < home || home <= j);
+        if (stays)
+            continue;
+        p->keys[i] = p->keys[j];
+        p->vals[i] = p->vals[j];
+        i = j;
+    }
+    p->vals[i] = -1;
+}
+
+/* -- the free list ------------------------------------------------------------------------- */
+
+static inline void unlink_block(Pool *p, int32_t b)
+{
+    int32_t pr = p->prev[b], nx = p->next[b];
+    p->next[pr] = nx;
+    p->prev[nx] = pr;
+    p->flags[b] &= ~F_FREE;
+    p->free_len--;
+}
+
+static inline void link_after(Pool *p, int32_t at, int32_t b)
+{
+    int32_t nx = p->next[at];
+    p->prev[b] = at;
+    p->next[b] = nx;
+    p->prev[nx] = b;
+    p->next[at] = b;
+    p->flags[b] |= F_FREE;
+    p->free_len++;
+}
+
+/* A block whose last reference went: one holding a hash is reused last, one without first
+ * (the LRU policy's `push`). */
+static inline void push_free(Pool *p, int32_t b)
+{
+    Py_ssize_t head = p->n, tail = p->n + 1;
+    if (p->flags[b] & F_HASHED)
+        link_after(p, p->prev[tail], b);
+    else
+        link_after(p, (int32_t)head, b);
+}
+
+/* -- helpers ----------------------------------------------------------------------------- */
+
+static int block_of(Pool *p, PyObject *obj, int32_t *out)
+{
+    Py_ssize_t b = PyLong_AsSsize_t(obj);
+    if (b == -1 && PyErr_Occurred())
+        return -1;
+    if (b < 0 || b >= p->n) {
+        PyErr_Format(PyExc_ValueError, "block %zd is not in this pool of %zd", b, p->n);
+        return -1;
+    }
+    *out = (int32_t)b;
+    return 0;
+}
+
+static int hash_of(PyObject *obj, uint64_t *out)
+{
+    unsigned long long h = PyLong_AsUnsignedLongLong(obj);
+    if (h == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    *out = (uint64_t)h;
+    return 0;
+}
+
+static PyObject *block_repr(Pool *p, int32_t b)
+{
+    if (!(p->flags[b] & F_HASHED))
+        return PyUnicode_FromFormat("KVBlock(id=%d, ref=%d, hash=None)", (int)b, (int)p->ref[b]);
+    PyObject *h = PyLong_FromUnsignedLongLong(p->hash[b]);
+    if (h == NULL)
+        return NULL;
+    PyObject *r =
+        PyUnicode_FromFormat("KVBlock(id=%d, ref=%d, hash=%S)", (int)b, (int)p->ref[b], h);
+    Py_DECREF(h);
+    return r;
+}
+
+static void set_error_about(Pool *p, PyObject *type, int32_t b, const char *what)
+{
+    PyObject *r = block_repr(p, b);
+    if (r != NULL) {
+        PyErr_Format(type, "%U %s", r, what);
+        Py_DECREF(r);
+    }
+}
+
+/* A method of a pool whose __init__ never ran (a subclass that skipped it) raises instead of
+ * reading arrays that do not exist. */
+#define REQUIRE_READY(p)                                                                   \
+    do {                                                                                   \
+        if ((p)->ids == NULL) {                                                            \
+            PyErr_SetString(PyExc_RuntimeError, "the pool was not initialised");           \
+            return NULL;                                                                   \
+        }                                                                                  \
+    } while (0)
+
+/* -- construction -------------------------------------------------------------------------- */
+
+static void Pool_dealloc(Pool *p)
+{
+    if (p->ids != NULL) {
+        for (Py_ssize_t i = 0; i < p->n; i++)
+            Py_XDECREF(p->ids[i]);
+    }
+    PyMem_Free(p->ids);
+    PyMem_Free(p->ref);
+    PyMem_Free(p->hash);
+    PyMem_Free(p->parent);
+    PyMem_Free(p->seq);
+    PyMem_Free(p->flags);
+    PyMem_Free(p->prev);
+    PyMem_Free(p->next);
+    PyMem_Free(p->keys);
+    PyMem_Free(p->vals);
+    Py_TYPE(p)->tp_free((PyObject *)p);
+}
+
+static int Pool_init(Pool *p, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"num_blocks", "block_size", "enable_caching", NULL};
+    Py_ssize_t n, block_size;
+    int enable_caching = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nn|$p", kwlist, &n, &block_size,
+                                     &enable_caching))
+        return -1;
+    if (p->ids != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "a pool is initialised once");
+        return -1;
+    }
+    if (n < 0 || n > INT32_MAX - 2) {
+        PyErr_Format(PyExc_ValueError, "num_blocks must be in [0, %d], got %zd", INT32_MAX - 2, n);
+        return -1;
+    }
+    p->n = n;
+    p->block_size = block_size;
+    p->enable_caching = enable_caching;
+    Py_ssize_t cap = 8;
+    int bits = 3;
+    while (cap < 2 * n) {
+        cap <<= 1;
+        bits++;
+    }
+    p->mask = cap - 1;
+    p->shift = 64 - bits;
+    p->ref = PyMem_Calloc(n ? n : 1, sizeof(int32_t));
+    p->hash = PyMem_Calloc(n ? n : 1, sizeof(uint64_t));
+    p->parent = PyMem_Calloc(n ? n : 1, sizeof(uint64_t));
+    p->seq = PyMem_Calloc(n ? n : 1, sizeof(uint64_t));
+    p->flags = PyMem_Calloc(n ? n : 1, 1);
+    p->prev = PyMem_Calloc(n + 2, sizeof(int32_t));
+    p->next = PyMem_Calloc(n + 2, sizeof(int32_t));
+    p->keys = PyMem_Calloc(cap, sizeof(uint64_t));
+    p->vals = PyMem_Malloc(cap * sizeof(int32_t));
+    p->ids = PyMem_Calloc(n ? n : 1, sizeof(PyObject *));
+    if (!p->ref || !p->hash || !p->parent || !p->seq || !p->flags || !p->prev || !p->next ||
+        !p->keys || !p->vals || !p->ids) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(p->vals, 0xff, cap * sizeof(int32_t));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        p->ids[i] = PyLong_FromSsize_t(i);
+        if (p->ids[i] == NULL)
+            return -1;
+    }
+    /* Handed out 0, 1, 2, ... first. */
+    int32_t head = (int32_t)n, tail = (int32_t)(n + 1);
+    p->next[head] = tail;
+    p->prev[tail] = head;
+    p->prev[head] = p->next[tail] = -1;
+    for (Py_ssize_t i = 0; i < n; i++)
+        link_after(p, p->prev[tail], (int32_t)i);
+    return 0;
+}
+
+/* -- allocation ---------------------------------------------------------------------------- */
+
+static PyObject *Pool_get_new_blocks(Pool *p, PyObject *arg)
+{
+    REQUIRE_READY(p);
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n > p->free_len || n < 0) {
+        PyErr_Format(PyExc_ValueError, "cannot allocate %zd blocks, only %zd reusable", n,
+                     p->free_len);
+        return NULL;
+    }
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    int32_t head = (int32_t)p->n;
+    int32_t b = p->next[head];
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int32_t nx = p->next[b];
+        if (p->flags[b] & F_HASHED)
+            map_del(p, p->hash[b]);
+        p->flags[b] = 0;
+        p->ref[b] = 1;
+        PyObject *id = p->ids[b];
+        Py_INCREF(id);
+        PyList_SET_ITEM(out, k, id);
+        b = nx;
+    }
+    p->next[head] = b;
+    p->prev[b] = head;
+    p->free_len -= n;
+    p->num_used += n;
+    return out;
+}
+
+static int touch_one(Pool *p, int32_t b)
+{
+    if (p->ref[b] == 0) {
+        if (!(p->flags[b] & F_FREE)) {
+            set_error_about(p, PyExc_ValueError, b, "is not on a free list");
+            return -1;
+        }
+        unlink_block(p, b);
+        p->num_used++;
+    }
+    p->ref[b]++;
+    return 0;
+}
+
+static PyObject *Pool_touch(Pool *p, PyObject *blocks)
+{
+    REQUIRE_READY(p);
+    PyObject *it = PyObject_GetIter(blocks);
+    if (it == NULL)
+        return NULL;
+    PyObject *item;
+    while ((item = PyIter_Next(it)) != NULL) {
+        int32_t b;
+        int bad = block_of(p, item, &b) || touch_one(p, b);
+        Py_DECREF(item);
+        if (bad) {
+            Py_DECREF(it);
+            return NULL;
+        }
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* Drop one reference from each block, in order; those left unreferenced go to the free list
+ * in that order (after the walk, as the Python pool's `push_many`: a bad block stops the walk
+ * but the ones before it are freed all the same). */
+static PyObject *Pool_free_blocks(Pool *p, PyObject *ordered)
+{
+    REQUIRE_READY(p);
+    PyObject *seq = PySequence_Fast(ordered, "free_blocks takes an iterable of blocks");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    int32_t stack[64];
+    int32_t *freed = len <= 64 ? stack : PyMem_Malloc(len * sizeof(int32_t));
+    if (freed == NULL) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t nfreed = 0;
+    int failed = 0;
+    for (Py_ssize_t k = 0; k < len; k++) {
+        int32_t b;
+        if (block_of(p, items[k], &b)) {
+            failed = 1;
+            break;
+        }
+        int32_t left = --p->ref[b];
+        if (left == 0)
+            freed[nfreed++] = b;
+        else if (left < 0) {
+            set_error_about(p, PyExc_ValueError, b, "freed more often than referenced");
+            failed = 1;
+            break;
+        }
+    }
+    p->num_used -= nfreed;
+    for (Py_ssize_t k = 0; k < nfreed; k++)
+        push_free(p, freed[k]);
+    if (freed != stack)
+        PyMem_Free(freed);
+    Py_DECREF(seq);
+    if (failed)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* -- prefix cache -------------------------------------------------------------------------- */
+
+static PyObject *Pool_lookup(Pool *p, PyObject *arg)
+{
+    REQUIRE_READY(p);
+    uint64_t h;
+    if (hash_of(arg, &h))
+        return NULL;
+    int32_t b = map_get(p, h);
+    if (b < 0)
+        Py_RETURN_NONE;
+    Py_INCREF(p->ids[b]);
+    return p->ids[b];
+}
+
+static PyObject *Pool_lookup_prefix(Pool *p, PyObject *hashes)
+{
+    REQUIRE_READY(p);
+    PyObject *seq = PySequence_Fast(hashes, "lookup_prefix takes a sequence of hashes");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < len; k++) {
+        uint64_t h;
+        if (hash_of(items[k], &h)) {
+            Py_DECREF(out);
+            Py_DECREF(seq);
+            return NULL;
+        }
+        int32_t b = map_get(p, h);
+        if (b < 0)
+            break;
+        if (PyList_Append(out, p->ids[b])) {
+            Py_DECREF(out);
+            Py_DECREF(seq);
+            return NULL;
+        }
+    }
+    Py_DECREF(seq);
+    return out;
+}
+
+static PyObject *Pool_num_cached_prefix(Pool *p, PyObject *hashes)
+{
+    REQUIRE_READY(p);
+    PyObject *seq = PySequence_Fast(hashes, "num_cached_prefix takes a sequence of hashes");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    Py_ssize_t k = 0;
+    for (; k < len; k++) {
+        uint64_t h;
+        if (hash_of(items[k], &h)) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        if (map_get(p, h) < 0)
+            break;
+    }
+    Py_DECREF(seq);
+    return PyLong_FromSsize_t(k);
+}
+
+static PyObject *Pool_num_reviving(Pool *p, PyObject *blocks)
+{
+    REQUIRE_READY(p);
+    PyObject *seq = PySequence_Fast(blocks, "num_reviving takes a sequence of blocks");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    Py_ssize_t count = 0;
+    for (Py_ssize_t k = 0; k < len; k++) {
+        int32_t b;
+        if (block_of(p, items[k], &b)) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        count += p->ref[b] == 0;
+    }
+    Py_DECREF(seq);
+    return PyLong_FromSsize_t(count);
+}
+
+static inline void register_block(Pool *p, int32_t b, uint64_t h, int has_parent, uint64_t parent)
+{
+    p->hash[b] = h;
+    p->parent[b] = parent;
+    p->flags[b] = (uint8_t)((p->flags[b] & F_FREE) | F_HASHED | (has_parent ? F_PARENT : 0));
+    p->seq[b] = p->next_seq++;
+    map_put(p, h, b);
+}
+
+/* cache_full_blocks(blocks, start, end, block_hashes, token_ids, lora_name=None): make
+ * blocks[start:end] findable under block_hashes[start:end]; a block whose hash is cached
+ * already is replaced in the table by the cached one, and released (the Python pool's
+ * per-block path, which its all-new fast path matches). Tokens and LoRA are for events and
+ * tiers, which this pool does not serve. */
+static PyObject *Pool_cache_full_blocks(Pool *p, PyObject *const *args, Py_ssize_t nargs)
+{
+    REQUIRE_READY(p);
+    if (nargs < 5 || nargs > 6) {
+        PyErr_SetString(PyExc_TypeError,
+                        "cache_full_blocks(blocks, start, end, block_hashes, token_ids, "
+                        "lora_name=None)");
+        return NULL;
+    }
+    PyObject *blocks = args[0], *hashes = args[3];
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    if (start == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t end = PyLong_AsSsize_t(args[2]);
+    if (end == -1 && PyErr_Occurred())
+        return NULL;
+    if (!p->enable_caching || start >= end)
+        Py_RETURN_NONE;
+    if (!PyList_Check(blocks)) {
+        PyErr_SetString(PyExc_TypeError, "cache_full_blocks takes the request's block list");
+        return NULL;
+    }
+    PyObject *hseq = PySequence_Fast(hashes, "block_hashes must be a sequence");
+    if (hseq == NULL)
+        return NULL;
+    Py_ssize_t nh = PySequence_Fast_GET_SIZE(hseq);
+    PyObject **hitems = PySequence_Fast_ITEMS(hseq);
+    for (Py_ssize_t i = start; i < end; i++) {
+        if (i >= PyList_GET_SIZE(blocks) || i >= nh || i < 0) {
+            PyErr_SetString(PyExc_IndexError, "list index out of range");
+            goto fail;
+        }
+        int32_t b;
+        uint64_t h, parent = 0;
+        if (block_of(p, PyList_GET_ITEM(blocks, i), &b) || hash_of(hitems[i], &h))
+            goto fail;
+        if (i > 0 && hash_of(hitems[i - 1], &parent))
+            goto fail;
+        int32_t existing = map_get(p, h);
+        if (existing < 0) {
+            register_block(p, b, h, i > 0, parent);
+            continue;
+        }
+        if (existing != b) {
+            /* Another request computed this block first: adopt its copy, release ours. */
+            if (touch_one(p, existing))
+                goto fail;
+            PyObject *id = p->ids[existing];
+            Py_INCREF(id);
+            PyList_SetItem(blocks, i, id);
+            int32_t left = --p->ref[b];
+            if (left == 0) {
+                p->num_used--;
+                push_free(p, b);
+            } else if (left < 0) {
+                set_error_about(p, PyExc_ValueError, b, "freed more often than referenced");
+                goto fail;
+            }
+        }
+    }
+    Py_DECREF(hseq);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(hseq);
+    return NULL;
+}
+
+typedef struct {
+    uint64_t seq;
+    int32_t block;
+} Registered;
+
+static int by_seq(const void *a, const void *b)
+{
+    uint64_t x = ((const Registered *)a)->seq, y = ((const Registered *)b)->seq;
+    return (x > y) - (x < y);
+}
+
+/* Forget every cached block nobody references, but keep the ancestors of referenced ones
+ * (the Python pool's `reset_prefix_cache` and its `_reset_map`, in its map's order). */
+static PyObject *Pool_reset_prefix_cache(Pool *p, PyObject *Py_UNUSED(ignored))
+{
+    REQUIRE_READY(p);
+    Py_ssize_t n = p->n;
+    uint8_t *keep = PyMem_Calloc(n ? n : 1, 1);
+    Registered *cleared = PyMem_Malloc((n ? n : 1) * sizeof(Registered));
+    if (keep == NULL || cleared == NULL) {
+        PyMem_Free(keep);
+        PyMem_Free(cleared);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t b = 0; b < n; b++) {
+        if (!(p->flags[b] & F_HASHED) || p->ref[b] == 0)
+            continue;
+        int32_t c = (int32_t)b;
+        while (c >= 0 && !keep[c]) {
+            keep[c] = 1;
+            if (!(p->flags[c] & F_PARENT))
+                break;
+            c = map_get(p, p->parent[c]);
+        }
+    }
+    Py_ssize_t m = 0;
+    for (Py_ssize_t b = 0; b < n; b++)
+        if ((p->flags[b] & F_HASHED) && !keep[b])
+            cleared[m++] = (Registered){p->seq[b], (int32_t)b};
+    /* The Python pool walks its map in insertion order, and each cleared block goes to the
+     * head of the free list in turn: the same order here. */
+    qsort(cleared, m, sizeof(Registered), by_seq);
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int32_t b = cleared[i].block;
+        if (p->flags[b] & F_FREE)
+            unlink_block(p, b);
+        map_del(p, p->hash[b]);
+        p->flags[b] &= ~(F_HASHED | F_PARENT);
+        push_free(p, b);
+    }
+    PyMem_Free(keep);
+    PyMem_Free(cleared);
+    return PyLong_FromSsize_t(m);
+}
+
+/* -- inspection (tests, checks) ---------------------------------------------------------- */
+
+static PyObject *Pool_cached_hashes(Pool *p, PyObject *const *args, Py_ssize_t nargs)
+{
+    REQUIRE_READY(p);
+    if (nargs > 1 || (nargs == 1 && PyLong_AsLong(args[0]) != 0)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "a dense pool has one group: 0");
+        return NULL;
+    }
+    PyObject *out = PyDict_New();
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i <= p->mask; i++) {
+        if (p->vals[i] < 0)
+            continue;
+        PyObject *k = PyLong_FromUnsignedLongLong(p->keys[i]);
+        if (k == NULL || PyDict_SetItem(out, k, p->ids[p->vals[i]])) {
+            Py_XDECREF(k);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(k);
+    }
+    return out;
+}
+
+static PyObject *Pool_free_order(Pool *p, PyObject *Py_UNUSED(ignored))
+{
+    REQUIRE_READY(p);
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (int32_t b = p->next[p->n]; b != (int32_t)(p->n + 1); b = p->next[b]) {
+        if (PyList_Append(out, p->ids[b])) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+static PyObject *Pool_ref_cnt(Pool *p, PyObject *arg)
+{
+    REQUIRE_READY(p);
+    int32_t b;
+    if (block_of(p, arg, &b))
+        return NULL;
+    return PyLong_FromLong(p->ref[b]);
+}
+
+static PyObject *Pool_block_hash(Pool *p, PyObject *arg)
+{
+    REQUIRE_READY(p);
+    int32_t b;
+    if (block_of(p, arg, &b))
+        return NULL;
+    if (!(p->flags[b] & F_HASHED))
+        Py_RETURN_NONE;
+    return PyLong_FromUnsignedLongLong(p->hash[b]);
+}
+
+static PyObject *Pool_parent_hash(Pool *p, PyObject *arg)
+{
+    REQUIRE_READY(p);
+    int32_t b;
+    if (block_of(p, arg, &b))
+        return NULL;
+    if (!(p->flags[b] & F_PARENT))
+        Py_RETURN_NONE;
+    return PyLong_FromUnsignedLongLong(p->parent[b]);
+}
+
+static PyObject *Pool_get_num_blocks(Pool *p, void *Py_UNUSED(c))
+{
+    return PyLong_FromSsize_t(p->n);
+}
+static PyObject *Pool_get_num_free(Pool *p, void *Py_UNUSED(c))
+{
+    return PyLong_FromSsize_t(p->free_len);
+}
+static PyObject *Pool_get_num_used(Pool *p, void *Py_UNUSED(c))
+{
+    return PyLong_FromSsize_t(p->num_used);
+}
+static PyObject *Pool_get_block_size(Pool *p, void *Py_UNUSED(c))
+{
+    return PyLong_FromSsize_t(p->block_size);
+}
+static PyObject *Pool_get_enable_caching(Pool *p, void *Py_UNUSED(c))
+{
+    return PyBool_FromLong(p->enable_caching);
+}
+
+static PyObject *Pool_get_usage(Pool *p, void *Py_UNUSED(c))
+{
+    return PyFloat_FromDouble(p->n ? (double)p->num_used / (double)p->n : 0.0);
+}
+
+static PyMethodDef Pool_methods[] = {
+    {"get_new_blocks", (PyCFunction)Pool_get_new_blocks, METH_O,
+     "Take n blocks off the free side, evicting cached ones in LRU order."},
+    {"touch", (PyCFunction)Pool_touch, METH_O,
+     "Add a reference to each block (prefix hit); a cached-free block leaves the free side."},
+    {"free_blocks", (PyCFunction)Pool_free_blocks, METH_O,
+     "Drop one reference from each block; pass blocks in the order they should be reused."},
+    {"lookup", (PyCFunction)Pool_lookup, METH_O, "The cached block of a hash, or None."},
+    {"lookup_prefix", (PyCFunction)Pool_lookup_prefix, METH_O,
+     "The cached blocks of the longest prefix of the hashes found in the cache."},
+    {"num_cached_prefix", (PyCFunction)Pool_num_cached_prefix, METH_O,
+     "How many leading hashes are cached, stopping at the first miss."},
+    {"num_reviving", (PyCFunction)Pool_num_reviving, METH_O,
+     "How many of these cached blocks are free (taking them takes them off the free side)."},
+    {"cache_full_blocks", (PyCFunction)(void (*)(void))Pool_cache_full_blocks, METH_FASTCALL,
+     "Make blocks[start:end] findable under block_hashes[start:end]."},
+    {"reset_prefix_cache", (PyCFunction)Pool_reset_prefix_cache, METH_NOARGS,
+     "Forget every cached block nobody references; how many were forgotten."},
+    {"cached_hashes", (PyCFunction)(void (*)(void))Pool_cached_hashes, METH_FASTCALL,
+     "A copy of the hash -> block map."},
+    {"free_order", (PyCFunction)Pool_free_order, METH_NOARGS, "Free blocks in reuse order."},
+    {"ref_cnt", (PyCFunction)Pool_ref_cnt, METH_O, "A block's reference count."},
+    {"block_hash", (PyCFunction)Pool_block_hash, METH_O, "A block's hash, or None."},
+    {"parent_hash", (PyCFunction)Pool_parent_hash, METH_O, "A cached block's parent hash."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Pool_getset[] = {
+    {"num_blocks", (getter)Pool_get_num_blocks, NULL, NULL, NULL},
+    {"num_free", (getter)Pool_get_num_free, NULL, "Free and cached-free blocks.", NULL},
+    {"num_reusable", (getter)Pool_get_num_free, NULL, "Blocks that can be handed out now.",
+     NULL},
+    {"num_used", (getter)Pool_get_num_used, NULL, "Referenced blocks.", NULL},
+    {"usage", (getter)Pool_get_usage, NULL, "vLLM's kv_cache_usage_perc.", NULL},
+    {"block_size", (getter)Pool_get_block_size, NULL, NULL, NULL},
+    {"enable_caching", (getter)Pool_get_enable_caching, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject PoolType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mocker.kv._cpool.Pool",
+    .tp_basicsize = sizeof(Pool),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "The device block pool over packed arrays (see mocker.kv.compiled_pool).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Pool_init,
+    .tp_dealloc = (destructor)Pool_dealloc,
+    .tp_methods = Pool_methods,
+    .tp_getset = Pool_getset,
+};
+
+static struct PyModuleDef cpool_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "mocker.kv._cpool",
+    .m_doc = "The device block pool over packed arrays (the Python pool is the reference).",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC PyInit__cpool(void)
+{
+    if (PyType_Ready(&PoolType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&cpool_module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&PoolType);
+    if (PyModule_AddObject(m, "Pool", (PyObject *)&PoolType) < 0) {
+        Py_DECREF(&PoolType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

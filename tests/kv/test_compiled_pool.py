@@ -1,0 +1,302 @@
+"""The compiled pool against the Python one (the reference): the same ids, free order, map,
+reference counts and errors after every operation of random workloads; whole replays give
+the same rows; which runs it serves, and how `MOCKER_KV_POOL` chooses."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from mocker.config import MODEL_PRESETS, EngineConfig, EvictionPolicyName, KVRole
+from mocker.engine.kv_stack import build_kv_stack
+from mocker.kv import compiled_pool
+from mocker.kv.block import KVBlock
+from mocker.kv.block_pool import BlockPool
+from mocker.kv.compiled_pool import (
+    POOL_ENV,
+    CompiledBlockPool,
+    PoolImpl,
+    compiled_available,
+    pool_impl,
+    serves,
+)
+from mocker.kv.eviction import LRUPolicy
+from mocker.replay.runner import replay
+from mocker.replay.trace import SyntheticSpec, synthetic_trace
+from tests.support.pools import free_order
+
+pytestmark = pytest.mark.skipif(
+    not compiled_available(), reason="mocker.kv._cpool was not built (no C compiler)"
+)
+
+BS = 4
+
+
+@dataclass
+class _Table:
+    """One request's block table in both pools, and its chain of hashes."""
+
+    py: list[KVBlock] = field(default_factory=list)
+    c: list[int] = field(default_factory=list)
+    hashes: list[int] = field(default_factory=list)
+    cached: int = 0  # blocks registered
+
+
+def _chain(rng: random.Random, n: int) -> list[int]:
+    """Hashes of n blocks whose contents come from a 2-letter alphabet: chains share
+    prefixes often, and two requests compute the same block."""
+    out: list[int] = []
+    parent = 0
+    for _ in range(n):
+        parent = hash((parent, rng.randrange(2))) & ((1 << 64) - 1)
+        out.append(parent)
+    return out
+
+
+def _same_state(py: BlockPool, c: CompiledBlockPool) -> None:
+    assert (c.num_used, c.num_free, c.num_reusable) == (py.num_used, py.num_free, py.num_reusable)
+    assert c.usage == py.usage
+    assert c.cached_hashes() == py.cached_hashes()
+    policy = py.policy
+    assert isinstance(policy, LRUPolicy)
+    assert c.free_order() == [b.block_id for b in policy.order()]
+    for block in py.blocks:
+        assert c.ref_cnt(block.block_id) == block.ref_cnt
+        assert c.block_hash(block.block_id) == block.block_hash
+        if block.block_hash is not None:
+            assert c.parent_hash(block.block_id) == block.parent_hash
+
+
+def _ids(blocks: list[KVBlock]) -> list[int]:
+    return [b.block_id for b in blocks]
+
+
+def _both(py_call: Any, c_call: Any) -> tuple[Any, Any]:
+    """Both results, or both errors of the same type and message."""
+    try:
+        a = py_call()
+    except (ValueError, IndexError) as e:
+        with pytest.raises(type(e)) as got:
+            c_call()
+        assert str(got.value) == str(e)
+        return None, None
+    return a, c_call()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_workloads_match_the_python_pool(seed: int) -> None:
+    rng = random.Random(seed)
+    n = rng.choice([8, 24, 64])
+    caching = seed % 7 != 0
+    py = BlockPool(n, BS, enable_caching=caching)
+    c = CompiledBlockPool(n, BS, enable_caching=caching)
+    live: list[_Table] = []
+    for _ in range(250):
+        op = rng.random()
+        if op < 0.3:  # admit a request: its prefix hits, then new blocks (the manager's order)
+            t = _Table(hashes=_chain(rng, rng.randint(1, 12)))
+            want = rng.randint(1, len(t.hashes))
+            hits_py = py.lookup_prefix(t.hashes[: want - 1]) if caching else []
+            hits_c = c.lookup_prefix(t.hashes[: want - 1]) if caching else []
+            assert hits_c == _ids(hits_py)
+            assert c.num_cached_prefix(t.hashes) == py.num_cached_prefix(t.hashes)
+            assert c.num_reviving(hits_c) == py.num_reviving(hits_py)
+            need = want - len(hits_py)
+            if need + py.num_reviving(hits_py) > py.num_reusable:
+                continue
+            py.touch(hits_py)
+            c.touch(hits_c)
+            t.py += hits_py
+            t.c += hits_c
+            t.cached = len(hits_py)
+            new_py = py.get_new_blocks(need)
+            got = c.get_new_blocks(need)
+            assert got == _ids(new_py)
+            t.py += new_py
+            t.c += got
+            live.append(t)
+        elif op < 0.55 and live:  # register some of a request's blocks (all, or a prefix)
+            t = rng.choice(live)
+            end = rng.randint(t.cached, min(len(t.py), len(t.hashes)))
+            py.cache_full_blocks(t.py, t.cached, end, t.hashes, [])
+            c.cache_full_blocks(t.c, t.cached, end, t.hashes, [])
+            assert t.c == _ids(t.py)  # (a block computed twice is swapped for the cached one)
+            t.cached = max(t.cached, end)
+        elif op < 0.8 and live:  # finish one: tail first
+            t = live.pop(rng.randrange(len(live)))
+            py.free_blocks(reversed(t.py))
+            c.free_blocks(reversed(t.c))
+        elif op < 0.85:  # decode: one more block for a request
+            if live and py.num_reusable:
+                t = rng.choice(live)
+                got = c.get_new_blocks(1)
+                (block,) = py.get_new_blocks(1)
+                assert got == [block.block_id]
+                t.py.append(block)
+                t.c += got
+                # Its hash, once full: the chain goes on (a generated block).
+                parent = t.hashes[-1] if t.hashes else 0
+                t.hashes.append(hash((parent, rng.randrange(2))) & ((1 << 64) - 1))
+        elif op < 0.9:  # more than there is
+            _both(lambda: py.get_new_blocks(n + 1), lambda: c.get_new_blocks(n + 1))
+        elif op < 0.96:
+            assert c.reset_prefix_cache() == py.reset_prefix_cache()
+        else:
+            h = rng.choice([t.hashes[0] for t in live] or [1])
+            found = py.lookup(h)
+            assert c.lookup(h) == (None if found is None else found.block_id)
+        _same_state(py, c)
+    for t in live:
+        py.free_blocks(reversed(t.py))
+        c.free_blocks(reversed(t.c))
+    _same_state(py, c)
+    assert c.num_used == 0 and c.num_free == n
+
+
+def test_a_block_computed_twice_is_swapped_for_the_cached_one() -> None:
+    py, c = BlockPool(6, BS), CompiledBlockPool(6, BS)
+    a_py, a_c = py.get_new_blocks(2), c.get_new_blocks(2)
+    b_py, b_c = py.get_new_blocks(2), c.get_new_blocks(2)
+    py.cache_full_blocks(a_py, 0, 2, [7, 8], [])
+    c.cache_full_blocks(a_c, 0, 2, [7, 8], [])
+    py.cache_full_blocks(b_py, 0, 2, [7, 9], [])  # block 0 of b is a's block 0
+    c.cache_full_blocks(b_c, 0, 2, [7, 9], [])
+    assert b_c == _ids(b_py) == [0, 3]
+    assert c.ref_cnt(0) == 2 and c.free_order() == [2, 4, 5]  # b's own copy reused first
+    _same_state(py, c)
+
+
+def test_errors_name_the_block_as_the_python_pool_does() -> None:
+    py, c = BlockPool(4, BS), CompiledBlockPool(4, BS)
+    _both(lambda: py.get_new_blocks(5), lambda: c.get_new_blocks(5))
+    blocks_py, blocks_c = py.get_new_blocks(2), c.get_new_blocks(2)
+    py.free_blocks(blocks_py)
+    c.free_blocks(blocks_c)
+    _both(lambda: py.free_blocks(blocks_py), lambda: c.free_blocks(blocks_c))
+    _same_state(py, c)  # (the first block's count went below 0 on both sides, the rest kept)
+    with pytest.raises(ValueError, match="not in this pool"):
+        c.touch([4])
+    with pytest.raises(IndexError):
+        c.cache_full_blocks([0], 0, 2, [1, 2], [])
+    with pytest.raises(TypeError):
+        c.cache_full_blocks((0,), 0, 1, [1], [])  # type: ignore[arg-type]
+
+
+def test_a_pool_of_hashes_in_one_home_slot_still_finds_and_forgets_each() -> None:
+    # The map probes linearly and shifts entries back on deletion: hashes that share a slot
+    # (multiples of 2**61 all land in slot 0 of any table) are found and removed in any order.
+    c = CompiledBlockPool(16, BS)
+    table = c.get_new_blocks(16)
+    hashes = [k << 61 for k in range(8)] + list(range(1, 9))
+    c.cache_full_blocks(table, 0, 16, hashes, [])
+    assert c.num_cached_prefix(hashes) == 16
+    c.free_blocks(table[::-3])
+    order = c.free_order()
+    c.get_new_blocks(len(order))  # evicts those, in free order
+    left = {h for h, b in zip(hashes, table, strict=True) if b not in order}
+    assert set(c.cached_hashes()) == left
+    assert all(c.lookup(h) is not None for h in left)
+
+
+# -- whole runs ---------------------------------------------------------------------------------
+
+
+def _trace(**kw: Any) -> Any:
+    spec = SyntheticSpec(num_requests=120, rate=40.0, input_length=300, output_length=40,
+                         distribution="uniform", shared_prefix_fraction=0.5, seed=3,
+                         **kw)  # fmt: skip
+    return synthetic_trace(spec, trace_block_size=64)
+
+
+@pytest.mark.parametrize(
+    ("changes", "engines", "router"),
+    [
+        ({}, 1, "round-robin"),
+        ({"num_gpu_blocks": 120}, 1, "round-robin"),  # preemptions
+        ({"num_gpu_blocks": 400}, 3, "kv-aware"),
+        ({"enable_prefix_caching": False}, 2, "least-loaded"),
+    ],
+)
+def test_replays_give_the_same_rows_with_either_pool(
+    monkeypatch: pytest.MonkeyPatch, changes: dict[str, Any], engines: int, router: str
+) -> None:
+    cfg = EngineConfig(**{"block_size": 16, "num_gpu_blocks": 2000, "max_num_seqs": 32, **changes})
+    trace = _trace()
+    runs = {}
+    for impl in ("python", "compiled"):
+        monkeypatch.setenv(POOL_ENV, impl)
+        runs[impl] = replay(trace, cfg, num_engines=engines, router=router, num_samples=50)
+    py, c = runs["python"], runs["compiled"]
+    assert all(isinstance(core.pool, CompiledBlockPool) for core in c.cores)
+    assert all(isinstance(core.pool, BlockPool) for core in py.cores)
+    assert c.records == py.records
+    assert c.samples == py.samples
+    assert (c.num_steps, c.sim_duration) == (py.num_steps, py.sim_duration)
+    if "num_gpu_blocks" in changes and engines == 1:
+        assert sum(r.preemptions for r in c.records) > 0
+    for a, b in zip(c.cores, py.cores, strict=True):
+        assert free_order(a.pool) == free_order(b.pool)
+        assert a.pool.cached_hashes() == b.pool.cached_hashes()
+
+
+# -- choosing ------------------------------------------------------------------------------------
+
+
+def test_the_env_chooses_and_a_bad_value_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(POOL_ENV, raising=False)
+    assert pool_impl() is PoolImpl.AUTO
+    monkeypatch.setenv(POOL_ENV, " Python ")
+    assert pool_impl() is PoolImpl.PYTHON
+    monkeypatch.setenv(POOL_ENV, "fast")
+    with pytest.raises(ValueError, match=r"MOCKER_KV_POOL='fast': expected one of auto, python"):
+        pool_impl()
+    monkeypatch.setenv(POOL_ENV, "compiled")
+    monkeypatch.setattr(compiled_pool, "_BUILT", False)
+    with pytest.raises(RuntimeError, match="was not built"):
+        pool_impl()
+    monkeypatch.setenv(POOL_ENV, "auto")
+    assert pool_impl() is PoolImpl.AUTO
+    stack = build_kv_stack(EngineConfig(), lambda n: 1.0)
+    assert isinstance(stack.pool, BlockPool)  # not built: Python serves
+
+
+@pytest.mark.parametrize(
+    ("changes", "compiled"),
+    [
+        ({}, True),
+        ({"enable_prefix_caching": False}, True),
+        ({"enable_kv_cache_events": True}, False),
+        ({"eviction_policy": EvictionPolicyName.LINEAGE}, False),
+        ({"kv_role": KVRole.PRODUCER}, False),
+        ({"num_cpu_blocks": 64}, False),
+        ({"model": MODEL_PRESETS["gpt-oss-20b"]}, False),  # hybrid: sliding-window groups
+    ],
+)
+def test_what_the_compiled_pool_serves(
+    monkeypatch: pytest.MonkeyPatch, changes: dict[str, Any], compiled: bool
+) -> None:
+    monkeypatch.setenv(POOL_ENV, "auto")
+    cfg = EngineConfig(**changes)
+    assert serves(cfg, with_cpu_tier=cfg.has_cpu_tier) is compiled
+    stack = build_kv_stack(cfg, lambda n: 1.0)
+    assert isinstance(stack.pool, CompiledBlockPool) is compiled
+    monkeypatch.setenv(POOL_ENV, "python")
+    assert isinstance(build_kv_stack(cfg, lambda n: 1.0).pool, BlockPool)
+
+
+def test_a_pool_whose_init_never_ran_raises_instead_of_crashing() -> None:
+    class Skips(CompiledBlockPool):
+        __slots__ = ()
+
+        def __init__(self) -> None:  # (no super().__init__)
+            pass
+
+    pool = Skips()
+    for call in (lambda: pool.get_new_blocks(1), lambda: pool.free_blocks([0]),
+                 lambda: pool.lookup_prefix([1]), pool.reset_prefix_cache):  # fmt: skip
+        with pytest.raises(RuntimeError, match="not initialised"):
+            call()
+    assert pool.num_free == 0 and pool.usage == 0.0
