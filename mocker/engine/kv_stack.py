@@ -11,6 +11,7 @@ from mocker.config import EngineConfig, OffloadPolicy, StorageKind
 from mocker.kv.block_pool import BlockPool
 from mocker.kv.compiled_pool import (
     CompiledBlockPool,
+    CompiledEventPool,
     PoolImpl,
     compiled_available,
     pool_impl,
@@ -93,7 +94,8 @@ def build_kv_stack(
     tier is built for this engine alone. `engine_id` tells a shared tier's subscribers
     apart (the data-parallel rank, or the replay engine's index)."""
     if cpu is None and not config.has_cpu_tier and _compiled_pool_serves(config):
-        compiled = CompiledBlockPool(
+        kind = CompiledEventPool if config.enable_kv_cache_events else CompiledBlockPool
+        compiled = kind(
             config.num_gpu_blocks, config.block_size, enable_caching=config.enable_prefix_caching
         )
         return KVStack(compiled, KVCacheManager(compiled))

@@ -27,6 +27,11 @@ typedef struct {
     Py_ssize_t n;          /* blocks */
     Py_ssize_t block_size;
     int enable_caching;
+    /* Recording for KV events (mocker.kv.compiled_pool.CompiledEventPool builds them): the
+     * hashes of blocks that stopped being cached, in order, until taken. */
+    int record;
+    PyObject *evicted;
+    PyObject *stored; /* and the (start, end) runs cache_full_blocks newly stored */
     Py_ssize_t num_used;   /* referenced blocks */
     Py_ssize_t free_len;   /* blocks on the free list */
     int32_t *ref;
@@ -165,6 +170,19 @@ static int hash_of(PyObject *obj, uint64_t *out)
     return 0;
 }
 
+/* A block's hash left the cache: noted for the events when recording. */
+static int note_evicted(Pool *p, uint64_t h)
+{
+    if (!p->record)
+        return 0;
+    PyObject *obj = PyLong_FromUnsignedLongLong(h);
+    if (obj == NULL)
+        return -1;
+    int rc = PyList_Append(p->evicted, obj);
+    Py_DECREF(obj);
+    return rc;
+}
+
 static PyObject *block_repr(Pool *p, int32_t b)
 {
     if (!(p->flags[b] & F_HASHED))
@@ -206,6 +224,8 @@ static void Pool_dealloc(Pool *p)
             Py_XDECREF(p->ids[i]);
     }
     PyMem_Free(p->ids);
+    Py_XDECREF(p->evicted);
+    Py_XDECREF(p->stored);
     PyMem_Free(p->ref);
     PyMem_Free(p->hash);
     PyMem_Free(p->parent);
@@ -220,11 +240,11 @@ static void Pool_dealloc(Pool *p)
 
 static int Pool_init(Pool *p, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"num_blocks", "block_size", "enable_caching", NULL};
+    static char *kwlist[] = {"num_blocks", "block_size", "enable_caching", "record_events", NULL};
     Py_ssize_t n, block_size;
-    int enable_caching = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nn|$p", kwlist, &n, &block_size,
-                                     &enable_caching))
+    int enable_caching = 1, record = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nn|$pp", kwlist, &n, &block_size,
+                                     &enable_caching, &record))
         return -1;
     if (p->ids != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "a pool is initialised once");
@@ -237,6 +257,11 @@ static int Pool_init(Pool *p, PyObject *args, PyObject *kwds)
     p->n = n;
     p->block_size = block_size;
     p->enable_caching = enable_caching;
+    p->record = record;
+    p->evicted = PyList_New(0);
+    p->stored = PyList_New(0);
+    if (p->evicted == NULL || p->stored == NULL)
+        return -1;
     Py_ssize_t cap = 8;
     int bits = 3;
     while (cap < 2 * n) {
@@ -294,6 +319,18 @@ static PyObject *Pool_get_new_blocks(Pool *p, PyObject *arg)
         return NULL;
     int32_t head = (int32_t)p->n;
     int32_t b = p->next[head];
+    if (p->record) {
+        /* The hashes these blocks give up, noted first: nothing changes if that fails. */
+        Py_ssize_t noted = PyList_GET_SIZE(p->evicted);
+        for (Py_ssize_t k = 0; k < n; k++, b = p->next[b]) {
+            if ((p->flags[b] & F_HASHED) && note_evicted(p, p->hash[b])) {
+                PyList_SetSlice(p->evicted, noted, PY_SSIZE_T_MAX, NULL);
+                Py_DECREF(out);
+                return NULL;
+            }
+        }
+        b = p->next[head];
+    }
     for (Py_ssize_t k = 0; k < n; k++) {
         int32_t nx = p->next[b];
         if (p->flags[b] & F_HASHED)
@@ -493,11 +530,21 @@ static inline void register_block(Pool *p, int32_t b, uint64_t h, int has_parent
     map_put(p, h, b);
 }
 
+static int add_run(PyObject *runs, Py_ssize_t start, Py_ssize_t end)
+{
+    PyObject *run = Py_BuildValue("(nn)", start, end);
+    if (run == NULL)
+        return -1;
+    int rc = PyList_Append(runs, run);
+    Py_DECREF(run);
+    return rc;
+}
+
 /* cache_full_blocks(blocks, start, end, block_hashes, token_ids, lora_name=None): make
  * blocks[start:end] findable under block_hashes[start:end]; a block whose hash is cached
  * already is replaced in the table by the cached one, and released (the Python pool's
- * per-block path, which its all-new fast path matches). Tokens and LoRA are for events and
- * tiers, which this pool does not serve. */
+ * per-block path, which its all-new fast path matches). When recording, the runs of blocks
+ * newly stored are noted for `take_stored` (their events: tokens and LoRA are the caller's). */
 static PyObject *Pool_cache_full_blocks(Pool *p, PyObject *const *args, Py_ssize_t nargs)
 {
     REQUIRE_READY(p);
@@ -525,6 +572,10 @@ static PyObject *Pool_cache_full_blocks(Pool *p, PyObject *const *args, Py_ssize
         return NULL;
     Py_ssize_t nh = PySequence_Fast_GET_SIZE(hseq);
     PyObject **hitems = PySequence_Fast_ITEMS(hseq);
+    /* Recording: the (start, end) runs of blocks newly stored, as the Python pool's events
+     * cover them (a block already cached ends a run). */
+    PyObject *runs = p->record ? p->stored : NULL;
+    Py_ssize_t run_start = -1;
     for (Py_ssize_t i = start; i < end; i++) {
         if (i >= PyList_GET_SIZE(blocks) || i >= nh || i < 0) {
             PyErr_SetString(PyExc_IndexError, "list index out of range");
@@ -539,8 +590,13 @@ static PyObject *Pool_cache_full_blocks(Pool *p, PyObject *const *args, Py_ssize
         int32_t existing = map_get(p, h);
         if (existing < 0) {
             register_block(p, b, h, i > 0, parent);
+            if (run_start < 0)
+                run_start = i;
             continue;
         }
+        if (runs != NULL && run_start >= 0 && add_run(runs, run_start, i))
+            goto fail;
+        run_start = -1;
         if (existing != b) {
             /* Another request computed this block first: adopt its copy, release ours. */
             if (touch_one(p, existing))
@@ -559,6 +615,8 @@ static PyObject *Pool_cache_full_blocks(Pool *p, PyObject *const *args, Py_ssize
         }
     }
     Py_DECREF(hseq);
+    if (runs != NULL && run_start >= 0 && add_run(runs, run_start, end))
+        return NULL;
     Py_RETURN_NONE;
 fail:
     Py_DECREF(hseq);
@@ -612,6 +670,11 @@ static PyObject *Pool_reset_prefix_cache(Pool *p, PyObject *Py_UNUSED(ignored))
         if (p->flags[b] & F_FREE)
             unlink_block(p, b);
         map_del(p, p->hash[b]);
+        if (note_evicted(p, p->hash[b])) {
+            PyMem_Free(keep);
+            PyMem_Free(cleared);
+            return NULL;
+        }
         p->flags[b] &= ~(F_HASHED | F_PARENT);
         push_free(p, b);
     }
@@ -659,6 +722,51 @@ static PyObject *Pool_free_order(Pool *p, PyObject *Py_UNUSED(ignored))
             return NULL;
         }
     }
+    return out;
+}
+
+static PyObject *take_list(PyObject **slot)
+{
+    PyObject *fresh = PyList_New(0);
+    if (fresh == NULL)
+        return NULL;
+    PyObject *out = *slot;
+    *slot = fresh;
+    return out;
+}
+
+static PyObject *Pool_take_evicted(Pool *p, PyObject *Py_UNUSED(ignored))
+{
+    REQUIRE_READY(p);
+    return take_list(&p->evicted);
+}
+
+static PyObject *Pool_take_stored(Pool *p, PyObject *Py_UNUSED(ignored))
+{
+    REQUIRE_READY(p);
+    return take_list(&p->stored);
+}
+
+/* The cached blocks in the order they were registered (the Python pool's map order). */
+static PyObject *Pool_cached_in_order(Pool *p, PyObject *Py_UNUSED(ignored))
+{
+    REQUIRE_READY(p);
+    Registered *all = PyMem_Malloc((p->n ? p->n : 1) * sizeof(Registered));
+    if (all == NULL)
+        return PyErr_NoMemory();
+    Py_ssize_t m = 0;
+    for (Py_ssize_t b = 0; b < p->n; b++)
+        if (p->flags[b] & F_HASHED)
+            all[m++] = (Registered){p->seq[b], (int32_t)b};
+    qsort(all, m, sizeof(Registered), by_seq);
+    PyObject *out = PyList_New(m);
+    if (out != NULL) {
+        for (Py_ssize_t i = 0; i < m; i++) {
+            Py_INCREF(p->ids[all[i].block]);
+            PyList_SET_ITEM(out, i, p->ids[all[i].block]);
+        }
+    }
+    PyMem_Free(all);
     return out;
 }
 
@@ -714,6 +822,11 @@ static PyObject *Pool_get_enable_caching(Pool *p, void *Py_UNUSED(c))
     return PyBool_FromLong(p->enable_caching);
 }
 
+static PyObject *Pool_get_record_events(Pool *p, void *Py_UNUSED(c))
+{
+    return PyBool_FromLong(p->record);
+}
+
 static PyObject *Pool_get_usage(Pool *p, void *Py_UNUSED(c))
 {
     return PyFloat_FromDouble(p->n ? (double)p->num_used / (double)p->n : 0.0);
@@ -740,6 +853,12 @@ static PyMethodDef Pool_methods[] = {
     {"cached_hashes", (PyCFunction)(void (*)(void))Pool_cached_hashes, METH_FASTCALL,
      "A copy of the hash -> block map."},
     {"free_order", (PyCFunction)Pool_free_order, METH_NOARGS, "Free blocks in reuse order."},
+    {"take_evicted", (PyCFunction)Pool_take_evicted, METH_NOARGS,
+     "Recording: the hashes that left the cache since the last call, in order."},
+    {"take_stored", (PyCFunction)Pool_take_stored, METH_NOARGS,
+     "Recording: the (start, end) runs cache_full_blocks newly stored since the last call."},
+    {"cached_in_order", (PyCFunction)Pool_cached_in_order, METH_NOARGS,
+     "The cached blocks in the order they were registered."},
     {"ref_cnt", (PyCFunction)Pool_ref_cnt, METH_O, "A block's reference count."},
     {"block_hash", (PyCFunction)Pool_block_hash, METH_O, "A block's hash, or None."},
     {"parent_hash", (PyCFunction)Pool_parent_hash, METH_O, "A cached block's parent hash."},
@@ -755,6 +874,7 @@ static PyGetSetDef Pool_getset[] = {
     {"usage", (getter)Pool_get_usage, NULL, "vLLM's kv_cache_usage_perc.", NULL},
     {"block_size", (getter)Pool_get_block_size, NULL, NULL, NULL},
     {"enable_caching", (getter)Pool_get_enable_caching, NULL, NULL, NULL},
+    {"record_events", (getter)Pool_get_record_events, NULL, NULL, NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -10,7 +10,14 @@ from typing import cast
 
 from mocker.config import EvictionPolicyName
 from mocker.kv.block import BlockId, KVBlock
-from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, parents_first
+from mocker.kv.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    parents_first,
+    stored_event,
+)
 from mocker.kv.eviction import EvictionPolicy, make_policy
 from mocker.kv.hashing import BlockHash
 from mocker.kv.spec import KVCacheGroup
@@ -350,15 +357,8 @@ class BlockPool:
     ) -> None:
         if not self.record_events:
             return
-        bs = self.block_size
         self._events.append(
-            BlockStored(
-                block_hashes=tuple(block_hashes[start:end]),
-                parent_block_hash=block_hashes[start - 1] if start > 0 else None,
-                token_ids=tuple(token_ids[start * bs : end * bs]),
-                block_size=bs,
-                lora_name=lora_name,
-            )
+            stored_event(start, end, block_hashes, token_ids, self.block_size, lora_name)
         )
 
     def _evict(self, block: KVBlock) -> None:

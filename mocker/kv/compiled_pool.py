@@ -3,7 +3,7 @@
 A replay's per-block work in the Python pool is bound by memory (block objects, int objects
 and a map as large as the pool, touched in the order the LRU scatters them); the compiled
 pool keeps the same state in packed arrays. It serves what most runs are: a dense model,
-LRU eviction, no KV events, no tier below the device, no P/D. Everything else, and every
+LRU eviction, no tier below the device, no P/D (KV events or not). Everything else, and every
 run with `MOCKER_KV_POOL=python`, uses the Python pool, which stays the reference: the
 compiled one does the same operations in the same order (tests/kv/test_compiled_pool.py).
 Its blocks are their ids (ints) rather than `KVBlock` objects.
@@ -12,13 +12,30 @@ Its blocks are their ids (ints) rather than `KVBlock` objects.
 from __future__ import annotations
 
 import os
+from collections import deque
+from collections.abc import Iterable, Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from mocker.config import EngineConfig, EvictionPolicyName, KVRole
-from mocker.kv.events import KVEvent
+from mocker.kv.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    parents_first,
+    stored_event,
+)
+from mocker.kv.hashing import BlockHash
 
-__all__ = ["CompiledBlockPool", "PoolImpl", "compiled_available", "pool_impl", "serves"]
+__all__ = [
+    "CompiledBlockPool",
+    "CompiledEventPool",
+    "PoolImpl",
+    "compiled_available",
+    "pool_impl",
+    "serves",
+]
 
 if TYPE_CHECKING:
     from mocker.kv._cpool import Pool as _Pool
@@ -63,12 +80,11 @@ def pool_impl() -> PoolImpl:
 
 
 def serves(config: EngineConfig, *, with_cpu_tier: bool) -> bool:
-    """Whether the compiled pool can serve this engine: what it does not model (events,
-    tiers, hybrid groups, lineage eviction, P/D's block ids) sends a run to Python."""
+    """Whether the compiled pool can serve this engine: what it does not model (tiers,
+    hybrid groups, lineage eviction, P/D's block ids) sends a run to Python."""
     return (
         not config.is_hybrid
         and not with_cpu_tier
-        and not config.enable_kv_cache_events
         and config.eviction_policy is EvictionPolicyName.LRU
         and config.kv_role is KVRole.NONE
     )
@@ -79,11 +95,91 @@ class CompiledBlockPool(_Pool):
 
     __slots__ = ()
 
-    # What the engine asks of every pool and this one never has.
-    record_events = False
+    # What the engine asks of every pool and this one never has (no tier retains a block).
     keep_tokens = False
     num_displaced = 0
     num_retained_free = 0
 
     def take_events(self) -> list[KVEvent]:
         return []
+
+
+class CompiledEventPool(CompiledBlockPool):
+    """The compiled pool recording vLLM's KV events, the same events in the same order as
+    the Python pool's (a BlockStored per run of newly cached blocks, a BlockRemoved per
+    evicted block, AllBlocksCleared then the survivors parents first on a reset). The C side
+    reports what changed; the events, and each cached block's tokens for a re-announcement,
+    are kept here."""
+
+    __slots__ = ("_events", "_tokens")
+
+    keep_tokens = True
+
+    def __init__(self, num_blocks: int, block_size: int, *, enable_caching: bool = True) -> None:
+        super().__init__(num_blocks, block_size, enable_caching=enable_caching,
+                         record_events=True)  # fmt: skip
+        self._events: list[KVEvent] = []
+        # A cached block's hash -> (its request's tokens, where it starts in them, LoRA).
+        self._tokens: dict[BlockHash, tuple[Sequence[int], int, str | None]] = {}
+
+    def get_new_blocks(self, n: int) -> list[int]:
+        out = super().get_new_blocks(n)
+        evicted = self.take_evicted()
+        if evicted:
+            _drain(map(self._tokens.__delitem__, evicted))
+            self._events.extend(BlockRemoved(block_hashes=(h,)) for h in evicted)
+        return out
+
+    def cache_full_blocks(
+        self,
+        blocks: list[int],
+        start: int,
+        end: int,
+        block_hashes: Sequence[BlockHash],
+        token_ids: Sequence[int],
+        lora_name: str | None = None,
+    ) -> None:
+        super().cache_full_blocks(blocks, start, end, block_hashes, token_ids, lora_name)
+        runs = self.take_stored()
+        if not runs:
+            return
+        bs = self.block_size
+        for lo, hi in runs:
+            self._tokens.update(
+                (block_hashes[i], (token_ids, i * bs, lora_name)) for i in range(lo, hi)
+            )
+            self._events.append(stored_event(lo, hi, block_hashes, token_ids, bs, lora_name))
+
+    def reset_prefix_cache(self) -> int:
+        cleared = super().reset_prefix_cache()
+        _drain(map(self._tokens.__delitem__, self.take_evicted()))
+        self._events.append(AllBlocksCleared())
+        bs = self.block_size
+        for block in parents_first(self.cached_in_order(), self._cached_hash, self.parent_hash):
+            block_hash = self._cached_hash(block)
+            src, at, lora = self._tokens[block_hash]
+            self._events.append(
+                BlockStored(
+                    block_hashes=(block_hash,),
+                    parent_block_hash=self.parent_hash(block),
+                    token_ids=tuple(src[at : at + bs]),
+                    block_size=bs,
+                    lora_name=lora,
+                )
+            )
+        return cleared
+
+    def _cached_hash(self, block: int) -> BlockHash:
+        block_hash = self.block_hash(block)
+        assert block_hash is not None
+        return block_hash
+
+    def take_events(self) -> list[KVEvent]:
+        if not self._events:
+            return []
+        events, self._events = self._events, []
+        return events
+
+
+def _drain(calls: Iterable[object]) -> None:
+    deque(calls, maxlen=0)

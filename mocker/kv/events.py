@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 from mocker.kv.hashing import BlockHash
 
-__all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "KVEvent", "parents_first"]
+__all__ = [
+    "AllBlocksCleared",
+    "BlockRemoved",
+    "BlockStored",
+    "KVEvent",
+    "parents_first",
+    "stored_event",
+]
 
 T = TypeVar("T")
 
@@ -49,6 +56,24 @@ class AllBlocksCleared:
 
 
 KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+def stored_event(
+    start: int,
+    end: int,
+    block_hashes: Sequence[BlockHash],
+    token_ids: Sequence[int],
+    block_size: int,
+    lora_name: str | None,
+) -> BlockStored:
+    """The BlockStored of a dense model's blocks [start, end) of one request, newly cached."""
+    return BlockStored(
+        block_hashes=tuple(block_hashes[start:end]),
+        parent_block_hash=block_hashes[start - 1] if start > 0 else None,
+        token_ids=tuple(token_ids[start * block_size : end * block_size]),
+        block_size=block_size,
+        lora_name=lora_name,
+    )
 
 
 def parents_first(

@@ -14,6 +14,7 @@ from mocker.engine.virtual import Abort, VirtualDriver
 from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
 from mocker.request import EngineRequest, SamplingParams
 from tests.support.engines import small_config
+from tests.support.pools import all_blocks, free_order, view
 
 BS = 4
 PREFIXES = [list(range(1000 + 100 * p, 1000 + 100 * p + 4 * BS)) for p in range(3)]
@@ -68,11 +69,12 @@ def workloads(draw) -> Workload:
 
 def check_invariants(core: EngineCore, index: dict[int, tuple[int, ...]]) -> None:
     pool = core.pool
-    blocks = pool.blocks
+    blocks = all_blocks(pool)
     # Every reference is a request's block-table entry, and nothing else.
     holders: Counter[int] = Counter()
     for request in core.requests.values():
-        for i, block in enumerate(request.blocks):
+        for i, entry in enumerate(request.blocks):
+            block = view(pool, entry)
             holders[block.block_id] += 1
             if holders[block.block_id] > 1 or block.block_hash is not None:
                 # Shared blocks are shared prefix blocks: same position, same hash.
@@ -86,8 +88,7 @@ def check_invariants(core: EngineCore, index: dict[int, tuple[int, ...]]) -> Non
     free = sum(1 for b in blocks if b.ref_cnt == 0 and b.block_hash is None)
     assert in_use + cached_free + free == len(blocks)
     assert pool.num_used == in_use and pool.num_free == cached_free + free
-    policy_order = pool.policy.order()  # type: ignore[attr-defined]
-    assert {b.block_id for b in policy_order} == {b.block_id for b in blocks if b.ref_cnt == 0}
+    assert set(free_order(pool)) == {b.block_id for b in blocks if b.ref_cnt == 0}
     # The hash map agrees with the blocks, and replaying the events reproduces it exactly.
     cached = pool.cached_hashes()
     assert cached == {b.block_hash: b.block_id for b in blocks if b.block_hash is not None}
@@ -132,7 +133,7 @@ def run_checked(w: Workload) -> Counter[str]:
         assert parent is None or parent in parents, h
     assert not core.has_unfinished_requests()
     assert core.pool.num_used == 0
-    assert all(b.ref_cnt == 0 for b in core.pool.blocks)
+    assert all(b.ref_cnt == 0 for b in all_blocks(core.pool))
     return seen
 
 

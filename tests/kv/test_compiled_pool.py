@@ -18,6 +18,7 @@ from mocker.kv.block_pool import BlockPool
 from mocker.kv.compiled_pool import (
     POOL_ENV,
     CompiledBlockPool,
+    CompiledEventPool,
     PoolImpl,
     compiled_available,
     pool_impl,
@@ -86,13 +87,16 @@ def _both(py_call: Any, c_call: Any) -> tuple[Any, Any]:
     return a, c_call()
 
 
+@pytest.mark.parametrize("events", [False, True])
 @pytest.mark.parametrize("seed", range(40))
-def test_random_workloads_match_the_python_pool(seed: int) -> None:
+def test_random_workloads_match_the_python_pool(seed: int, events: bool) -> None:
     rng = random.Random(seed)
     n = rng.choice([8, 24, 64])
     caching = seed % 7 != 0
-    py = BlockPool(n, BS, enable_caching=caching)
-    c = CompiledBlockPool(n, BS, enable_caching=caching)
+    py = BlockPool(n, BS, enable_caching=caching, record_events=events)
+    kind = CompiledEventPool if events else CompiledBlockPool
+    c = kind(n, BS, enable_caching=caching)
+    assert c.record_events is events
     live: list[_Table] = []
     for _ in range(250):
         op = rng.random()
@@ -121,8 +125,10 @@ def test_random_workloads_match_the_python_pool(seed: int) -> None:
         elif op < 0.55 and live:  # register some of a request's blocks (all, or a prefix)
             t = rng.choice(live)
             end = rng.randint(t.cached, min(len(t.py), len(t.hashes)))
-            py.cache_full_blocks(t.py, t.cached, end, t.hashes, [])
-            c.cache_full_blocks(t.c, t.cached, end, t.hashes, [])
+            tokens = [h % 1000 for h in t.hashes for _ in range(BS)]  # (what events name)
+            lora = rng.choice([None, "adapter"])
+            py.cache_full_blocks(t.py, t.cached, end, t.hashes, tokens, lora)
+            c.cache_full_blocks(t.c, t.cached, end, t.hashes, tokens, lora)
             assert t.c == _ids(t.py)  # (a block computed twice is swapped for the cached one)
             t.cached = max(t.cached, end)
         elif op < 0.8 and live:  # finish one: tail first
@@ -149,6 +155,7 @@ def test_random_workloads_match_the_python_pool(seed: int) -> None:
             found = py.lookup(h)
             assert c.lookup(h) == (None if found is None else found.block_id)
         _same_state(py, c)
+        assert c.take_events() == py.take_events()
     for t in live:
         py.free_blocks(reversed(t.py))
         c.free_blocks(reversed(t.c))
@@ -268,7 +275,7 @@ def test_the_env_chooses_and_a_bad_value_is_named(monkeypatch: pytest.MonkeyPatc
     [
         ({}, True),
         ({"enable_prefix_caching": False}, True),
-        ({"enable_kv_cache_events": True}, False),
+        ({"enable_kv_cache_events": True}, True),
         ({"eviction_policy": EvictionPolicyName.LINEAGE}, False),
         ({"kv_role": KVRole.PRODUCER}, False),
         ({"num_cpu_blocks": 64}, False),
@@ -283,6 +290,8 @@ def test_what_the_compiled_pool_serves(
     assert serves(cfg, with_cpu_tier=cfg.has_cpu_tier) is compiled
     stack = build_kv_stack(cfg, lambda n: 1.0)
     assert isinstance(stack.pool, CompiledBlockPool) is compiled
+    if compiled:
+        assert isinstance(stack.pool, CompiledEventPool) is cfg.enable_kv_cache_events
     monkeypatch.setenv(POOL_ENV, "python")
     assert isinstance(build_kv_stack(cfg, lambda n: 1.0).pool, BlockPool)
 

@@ -4,6 +4,7 @@ objects, the compiled one's their ids."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from mocker.kv.block_pool import BlockPool
@@ -19,3 +20,24 @@ def free_order(pool: BlockPool | CompiledBlockPool) -> list[int]:
     if isinstance(pool, BlockPool):
         return [b.block_id for b in pool.policy]
     return pool.free_order()
+
+
+@dataclass(frozen=True, slots=True)
+class BlockView:
+    """What a check reads of a block, from either pool."""
+
+    block_id: int
+    ref_cnt: int
+    block_hash: int | None
+
+
+def view(pool: BlockPool | CompiledBlockPool, block: Any) -> BlockView:
+    if isinstance(pool, BlockPool):
+        return BlockView(block.block_id, block.ref_cnt, block.block_hash)
+    return BlockView(block, pool.ref_cnt(block), pool.block_hash(block))
+
+
+def all_blocks(pool: BlockPool | CompiledBlockPool) -> list[BlockView]:
+    if isinstance(pool, BlockPool):
+        return [view(pool, b) for b in pool.blocks]
+    return [view(pool, i) for i in range(pool.num_blocks)]
