@@ -22,6 +22,23 @@
 #define F_PARENT 2u
 #define F_FREE 4u
 
+/* One block's state in one place: a block's life touches one cache line or two, not one
+ * per field (the pool is larger than the caches, and the LRU scatters the blocks). */
+typedef struct {
+    uint64_t hash;
+    uint64_t parent;
+    uint64_t seq; /* when it was last registered: the Python pool's map order */
+    int32_t ref;
+    int32_t prev, next;
+    uint8_t flags;
+} Block;
+
+/* A map entry: key and value on one cache line. */
+typedef struct {
+    uint64_t key;
+    int32_t val; /* -1: empty */
+} Slot;
+
 typedef struct {
     PyObject_HEAD
     Py_ssize_t n;          /* blocks */
@@ -34,16 +51,11 @@ typedef struct {
     PyObject *stored; /* and the (start, end) runs cache_full_blocks newly stored */
     Py_ssize_t num_used;   /* referenced blocks */
     Py_ssize_t free_len;   /* blocks on the free list */
-    int32_t *ref;
-    uint64_t *hash;
-    uint64_t *parent;
-    uint64_t *seq;         /* when the block was last registered: the map's insertion order */
-    uint8_t *flags;
-    int32_t *prev, *next;  /* n + 2 entries: the list's head is n, its tail n + 1 */
+    /* n + 2 entries: the free list's head is n, its tail n + 1 */
+    Block *blk;
     uint64_t next_seq;
     /* hash -> block: linear probing, backward-shift deletion, at most half full */
-    uint64_t *keys;
-    int32_t *vals;         /* -1: empty */
+    Slot *slots;
     Py_ssize_t mask;
     int shift;
     Py_ssize_t count;
@@ -63,75 +75,110 @@ static inline int32_t map_get(const Pool *p, uint64_t h)
 {
     Py_ssize_t i = slot_of(p, h);
     for (;;) {
-        int32_t v = p->vals[i];
+        int32_t v = p->slots[i].val;
         if (v < 0)
             return -1;
-        if (p->keys[i] == h)
+        if (p->slots[i].key == h)
             return v;
         i = (i + 1) & p->mask;
     }
 }
 
-static inline void map_put(Pool *p, uint64_t h, int32_t block)
+/* The block of h, or -1 after mapping h to `block` (one probe for a lookup and an insert). */
+static inline int32_t map_get_or_put(Pool *p, uint64_t h, int32_t block)
 {
     Py_ssize_t i = slot_of(p, h);
-    while (p->vals[i] >= 0) {
-        if (p->keys[i] == h) {
-            p->vals[i] = block;
-            return;
-        }
+    while (p->slots[i].val >= 0) {
+        if (p->slots[i].key == h)
+            return p->slots[i].val;
         i = (i + 1) & p->mask;
     }
-    p->keys[i] = h;
-    p->vals[i] = block;
+    p->slots[i].key = h;
+    p->slots[i].val = block;
     p->count++;
+    return -1;
+}
+
+/* Prefetching: a run of blocks' hashes is known before it is walked, and a probe of a map
+ * larger than the caches misses; asking for the slots a few blocks ahead overlaps those
+ * misses instead of waiting for each in turn. */
+#define AHEAD 8
+#if defined(__GNUC__)
+#define PREFETCH(addr) __builtin_prefetch(addr)
+#else
+#define PREFETCH(addr) ((void)(addr))
+#endif
+
+static inline void prefetch_hash(const Pool *p, PyObject *obj)
+{
+    if (!PyLong_CheckExact(obj))
+        return;
+    unsigned long long h = PyLong_AsUnsignedLongLong(obj);
+    if (h == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear(); /* (the walk reaches it and raises) */
+        return;
+    }
+    PREFETCH(&p->slots[slot_of(p, (uint64_t)h)]);
+}
+
+static inline void prefetch_block(const Pool *p, PyObject *obj)
+{
+    if (!PyLong_CheckExact(obj))
+        return;
+    Py_ssize_t b = PyLong_AsSsize_t(obj);
+    if (b == -1 && PyErr_Occurred()) {
+        PyErr_Clear(); /* (the walk reaches it and raises) */
+        return;
+    }
+    if (b >= 0 && b < p->n)
+        PREFETCH(&p->blk[b]);
 }
 
 static void map_del(Pool *p, uint64_t h)
 {
     Py_ssize_t i = slot_of(p, h);
-    while (p->vals[i] >= 0 && p->keys[i] != h)
+    while (p->slots[i].val >= 0 && p->slots[i].key != h)
         i = (i + 1) & p->mask;
-    if (p->vals[i] < 0)
+    if (p->slots[i].val < 0)
         return;
     p->count--;
     /* Backward shift: later entries of the run move up, so no tombstone is left. */
     Py_ssize_t j = i;
     for (;;) {
         j = (j + 1) & p->mask;
-        if (p->vals[j] < 0)
+        if (p->slots[j].val < 0)
             break;
-        Py_ssize_t home = slot_of(p, p->keys[j]);
+        Py_ssize_t home = slot_of(p, p->slots[j].key);
         /* Move j into the hole i unless its home lies cyclically in (i, j]. */
         int stays = (i <= j) ? (i < home && home <= j) : (i < home || home <= j);
         if (stays)
             continue;
-        p->keys[i] = p->keys[j];
-        p->vals[i] = p->vals[j];
+        p->slots[i].key = p->slots[j].key;
+        p->slots[i].val = p->slots[j].val;
         i = j;
     }
-    p->vals[i] = -1;
+    p->slots[i].val = -1;
 }
 
 /* -- the free list ------------------------------------------------------------------------- */
 
 static inline void unlink_block(Pool *p, int32_t b)
 {
-    int32_t pr = p->prev[b], nx = p->next[b];
-    p->next[pr] = nx;
-    p->prev[nx] = pr;
-    p->flags[b] &= ~F_FREE;
+    int32_t pr = p->blk[b].prev, nx = p->blk[b].next;
+    p->blk[pr].next = nx;
+    p->blk[nx].prev = pr;
+    p->blk[b].flags &= ~F_FREE;
     p->free_len--;
 }
 
 static inline void link_after(Pool *p, int32_t at, int32_t b)
 {
-    int32_t nx = p->next[at];
-    p->prev[b] = at;
-    p->next[b] = nx;
-    p->prev[nx] = b;
-    p->next[at] = b;
-    p->flags[b] |= F_FREE;
+    int32_t nx = p->blk[at].next;
+    p->blk[b].prev = at;
+    p->blk[b].next = nx;
+    p->blk[nx].prev = b;
+    p->blk[at].next = b;
+    p->blk[b].flags |= F_FREE;
     p->free_len++;
 }
 
@@ -140,8 +187,8 @@ static inline void link_after(Pool *p, int32_t at, int32_t b)
 static inline void push_free(Pool *p, int32_t b)
 {
     Py_ssize_t head = p->n, tail = p->n + 1;
-    if (p->flags[b] & F_HASHED)
-        link_after(p, p->prev[tail], b);
+    if (p->blk[b].flags & F_HASHED)
+        link_after(p, p->blk[tail].prev, b);
     else
         link_after(p, (int32_t)head, b);
 }
@@ -185,13 +232,14 @@ static int note_evicted(Pool *p, uint64_t h)
 
 static PyObject *block_repr(Pool *p, int32_t b)
 {
-    if (!(p->flags[b] & F_HASHED))
-        return PyUnicode_FromFormat("KVBlock(id=%d, ref=%d, hash=None)", (int)b, (int)p->ref[b]);
-    PyObject *h = PyLong_FromUnsignedLongLong(p->hash[b]);
+    if (!(p->blk[b].flags & F_HASHED))
+        return PyUnicode_FromFormat("KVBlock(id=%d, ref=%d, hash=None)", (int)b,
+                                    (int)p->blk[b].ref);
+    PyObject *h = PyLong_FromUnsignedLongLong(p->blk[b].hash);
     if (h == NULL)
         return NULL;
     PyObject *r =
-        PyUnicode_FromFormat("KVBlock(id=%d, ref=%d, hash=%S)", (int)b, (int)p->ref[b], h);
+        PyUnicode_FromFormat("KVBlock(id=%d, ref=%d, hash=%S)", (int)b, (int)p->blk[b].ref, h);
     Py_DECREF(h);
     return r;
 }
@@ -226,15 +274,8 @@ static void Pool_dealloc(Pool *p)
     PyMem_Free(p->ids);
     Py_XDECREF(p->evicted);
     Py_XDECREF(p->stored);
-    PyMem_Free(p->ref);
-    PyMem_Free(p->hash);
-    PyMem_Free(p->parent);
-    PyMem_Free(p->seq);
-    PyMem_Free(p->flags);
-    PyMem_Free(p->prev);
-    PyMem_Free(p->next);
-    PyMem_Free(p->keys);
-    PyMem_Free(p->vals);
+    PyMem_Free(p->blk);
+    PyMem_Free(p->slots);
     Py_TYPE(p)->tp_free((PyObject *)p);
 }
 
@@ -270,22 +311,15 @@ static int Pool_init(Pool *p, PyObject *args, PyObject *kwds)
     }
     p->mask = cap - 1;
     p->shift = 64 - bits;
-    p->ref = PyMem_Calloc(n ? n : 1, sizeof(int32_t));
-    p->hash = PyMem_Calloc(n ? n : 1, sizeof(uint64_t));
-    p->parent = PyMem_Calloc(n ? n : 1, sizeof(uint64_t));
-    p->seq = PyMem_Calloc(n ? n : 1, sizeof(uint64_t));
-    p->flags = PyMem_Calloc(n ? n : 1, 1);
-    p->prev = PyMem_Calloc(n + 2, sizeof(int32_t));
-    p->next = PyMem_Calloc(n + 2, sizeof(int32_t));
-    p->keys = PyMem_Calloc(cap, sizeof(uint64_t));
-    p->vals = PyMem_Malloc(cap * sizeof(int32_t));
+    p->blk = PyMem_Calloc(n + 2, sizeof(Block));
+    p->slots = PyMem_Malloc(cap * sizeof(Slot));
     p->ids = PyMem_Calloc(n ? n : 1, sizeof(PyObject *));
-    if (!p->ref || !p->hash || !p->parent || !p->seq || !p->flags || !p->prev || !p->next ||
-        !p->keys || !p->vals || !p->ids) {
+    if (!p->blk || !p->slots || !p->ids) {
         PyErr_NoMemory();
         return -1;
     }
-    memset(p->vals, 0xff, cap * sizeof(int32_t));
+    for (Py_ssize_t i = 0; i < cap; i++)
+        p->slots[i].val = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
         p->ids[i] = PyLong_FromSsize_t(i);
         if (p->ids[i] == NULL)
@@ -293,11 +327,11 @@ static int Pool_init(Pool *p, PyObject *args, PyObject *kwds)
     }
     /* Handed out 0, 1, 2, ... first. */
     int32_t head = (int32_t)n, tail = (int32_t)(n + 1);
-    p->next[head] = tail;
-    p->prev[tail] = head;
-    p->prev[head] = p->next[tail] = -1;
+    p->blk[head].next = tail;
+    p->blk[tail].prev = head;
+    p->blk[head].prev = p->blk[tail].next = -1;
     for (Py_ssize_t i = 0; i < n; i++)
-        link_after(p, p->prev[tail], (int32_t)i);
+        link_after(p, p->blk[tail].prev, (int32_t)i);
     return 0;
 }
 
@@ -318,32 +352,39 @@ static PyObject *Pool_get_new_blocks(Pool *p, PyObject *arg)
     if (out == NULL)
         return NULL;
     int32_t head = (int32_t)p->n;
-    int32_t b = p->next[head];
+    int32_t b = p->blk[head].next;
     if (p->record) {
         /* The hashes these blocks give up, noted first: nothing changes if that fails. */
         Py_ssize_t noted = PyList_GET_SIZE(p->evicted);
-        for (Py_ssize_t k = 0; k < n; k++, b = p->next[b]) {
-            if ((p->flags[b] & F_HASHED) && note_evicted(p, p->hash[b])) {
+        for (Py_ssize_t k = 0; k < n; k++, b = p->blk[b].next) {
+            if ((p->blk[b].flags & F_HASHED) && note_evicted(p, p->blk[b].hash)) {
                 PyList_SetSlice(p->evicted, noted, PY_SSIZE_T_MAX, NULL);
                 Py_DECREF(out);
                 return NULL;
             }
         }
-        b = p->next[head];
+        b = p->blk[head].next;
     }
+    /* Two walks: the first follows the list (one miss a block, in turn) and asks for the map
+     * slots of the hashes it will drop; the second drops them, the slots mostly there. */
     for (Py_ssize_t k = 0; k < n; k++) {
-        int32_t nx = p->next[b];
-        if (p->flags[b] & F_HASHED)
-            map_del(p, p->hash[b]);
-        p->flags[b] = 0;
-        p->ref[b] = 1;
+        Block *k_blk = &p->blk[b];
+        if (k_blk->flags & F_HASHED)
+            PREFETCH(&p->slots[slot_of(p, k_blk->hash)]);
         PyObject *id = p->ids[b];
         Py_INCREF(id);
         PyList_SET_ITEM(out, k, id);
-        b = nx;
+        b = k_blk->next;
     }
-    p->next[head] = b;
-    p->prev[b] = head;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Block *k_blk = &p->blk[PyLong_AsSsize_t(PyList_GET_ITEM(out, k))];
+        if (k_blk->flags & F_HASHED)
+            map_del(p, k_blk->hash);
+        k_blk->flags = 0;
+        k_blk->ref = 1;
+    }
+    p->blk[head].next = b;
+    p->blk[b].prev = head;
     p->free_len -= n;
     p->num_used += n;
     return out;
@@ -351,15 +392,15 @@ static PyObject *Pool_get_new_blocks(Pool *p, PyObject *arg)
 
 static int touch_one(Pool *p, int32_t b)
 {
-    if (p->ref[b] == 0) {
-        if (!(p->flags[b] & F_FREE)) {
+    if (p->blk[b].ref == 0) {
+        if (!(p->blk[b].flags & F_FREE)) {
             set_error_about(p, PyExc_ValueError, b, "is not on a free list");
             return -1;
         }
         unlink_block(p, b);
         p->num_used++;
     }
-    p->ref[b]++;
+    p->blk[b].ref++;
     return 0;
 }
 
@@ -406,11 +447,13 @@ static PyObject *Pool_free_blocks(Pool *p, PyObject *ordered)
     int failed = 0;
     for (Py_ssize_t k = 0; k < len; k++) {
         int32_t b;
+        if (k + AHEAD < len)
+            prefetch_block(p, items[k + AHEAD]);
         if (block_of(p, items[k], &b)) {
             failed = 1;
             break;
         }
-        int32_t left = --p->ref[b];
+        int32_t left = --p->blk[b].ref;
         if (left == 0)
             freed[nfreed++] = b;
         else if (left < 0) {
@@ -458,8 +501,12 @@ static PyObject *Pool_lookup_prefix(Pool *p, PyObject *hashes)
         Py_DECREF(seq);
         return NULL;
     }
+    for (Py_ssize_t k = 0; k < len && k < AHEAD; k++)
+        prefetch_hash(p, items[k]);
     for (Py_ssize_t k = 0; k < len; k++) {
         uint64_t h;
+        if (k + AHEAD < len)
+            prefetch_hash(p, items[k + AHEAD]);
         if (hash_of(items[k], &h)) {
             Py_DECREF(out);
             Py_DECREF(seq);
@@ -515,19 +562,20 @@ static PyObject *Pool_num_reviving(Pool *p, PyObject *blocks)
             Py_DECREF(seq);
             return NULL;
         }
-        count += p->ref[b] == 0;
+        count += p->blk[b].ref == 0;
     }
     Py_DECREF(seq);
     return PyLong_FromSsize_t(count);
 }
 
-static inline void register_block(Pool *p, int32_t b, uint64_t h, int has_parent, uint64_t parent)
+/* Block b is cached under h (the map holds it already). */
+static inline void set_registered(Pool *p, int32_t b, uint64_t h, int has_parent, uint64_t parent)
 {
-    p->hash[b] = h;
-    p->parent[b] = parent;
-    p->flags[b] = (uint8_t)((p->flags[b] & F_FREE) | F_HASHED | (has_parent ? F_PARENT : 0));
-    p->seq[b] = p->next_seq++;
-    map_put(p, h, b);
+    Block *k = &p->blk[b];
+    k->hash = h;
+    k->parent = parent;
+    k->flags = (uint8_t)((k->flags & F_FREE) | F_HASHED | (has_parent ? F_PARENT : 0));
+    k->seq = p->next_seq++;
 }
 
 static int add_run(PyObject *runs, Py_ssize_t start, Py_ssize_t end)
@@ -576,7 +624,12 @@ static PyObject *Pool_cache_full_blocks(Pool *p, PyObject *const *args, Py_ssize
      * cover them (a block already cached ends a run). */
     PyObject *runs = p->record ? p->stored : NULL;
     Py_ssize_t run_start = -1;
+    for (Py_ssize_t i = start; i < end && i < nh && i < start + AHEAD; i++)
+        if (i >= 0)
+            prefetch_hash(p, hitems[i]);
     for (Py_ssize_t i = start; i < end; i++) {
+        if (i + AHEAD < end && i + AHEAD < nh && i >= 0)
+            prefetch_hash(p, hitems[i + AHEAD]);
         if (i >= PyList_GET_SIZE(blocks) || i >= nh || i < 0) {
             PyErr_SetString(PyExc_IndexError, "list index out of range");
             goto fail;
@@ -587,9 +640,9 @@ static PyObject *Pool_cache_full_blocks(Pool *p, PyObject *const *args, Py_ssize
             goto fail;
         if (i > 0 && hash_of(hitems[i - 1], &parent))
             goto fail;
-        int32_t existing = map_get(p, h);
+        int32_t existing = map_get_or_put(p, h, b);
         if (existing < 0) {
-            register_block(p, b, h, i > 0, parent);
+            set_registered(p, b, h, i > 0, parent);
             if (run_start < 0)
                 run_start = i;
             continue;
@@ -604,7 +657,7 @@ static PyObject *Pool_cache_full_blocks(Pool *p, PyObject *const *args, Py_ssize
             PyObject *id = p->ids[existing];
             Py_INCREF(id);
             PyList_SetItem(blocks, i, id);
-            int32_t left = --p->ref[b];
+            int32_t left = --p->blk[b].ref;
             if (left == 0) {
                 p->num_used--;
                 push_free(p, b);
@@ -648,34 +701,34 @@ static PyObject *Pool_reset_prefix_cache(Pool *p, PyObject *Py_UNUSED(ignored))
         return PyErr_NoMemory();
     }
     for (Py_ssize_t b = 0; b < n; b++) {
-        if (!(p->flags[b] & F_HASHED) || p->ref[b] == 0)
+        if (!(p->blk[b].flags & F_HASHED) || p->blk[b].ref == 0)
             continue;
         int32_t c = (int32_t)b;
         while (c >= 0 && !keep[c]) {
             keep[c] = 1;
-            if (!(p->flags[c] & F_PARENT))
+            if (!(p->blk[c].flags & F_PARENT))
                 break;
-            c = map_get(p, p->parent[c]);
+            c = map_get(p, p->blk[c].parent);
         }
     }
     Py_ssize_t m = 0;
     for (Py_ssize_t b = 0; b < n; b++)
-        if ((p->flags[b] & F_HASHED) && !keep[b])
-            cleared[m++] = (Registered){p->seq[b], (int32_t)b};
+        if ((p->blk[b].flags & F_HASHED) && !keep[b])
+            cleared[m++] = (Registered){p->blk[b].seq, (int32_t)b};
     /* The Python pool walks its map in insertion order, and each cleared block goes to the
      * head of the free list in turn: the same order here. */
     qsort(cleared, m, sizeof(Registered), by_seq);
     for (Py_ssize_t i = 0; i < m; i++) {
         int32_t b = cleared[i].block;
-        if (p->flags[b] & F_FREE)
+        if (p->blk[b].flags & F_FREE)
             unlink_block(p, b);
-        map_del(p, p->hash[b]);
-        if (note_evicted(p, p->hash[b])) {
+        map_del(p, p->blk[b].hash);
+        if (note_evicted(p, p->blk[b].hash)) {
             PyMem_Free(keep);
             PyMem_Free(cleared);
             return NULL;
         }
-        p->flags[b] &= ~(F_HASHED | F_PARENT);
+        p->blk[b].flags &= ~(F_HASHED | F_PARENT);
         push_free(p, b);
     }
     PyMem_Free(keep);
@@ -697,10 +750,10 @@ static PyObject *Pool_cached_hashes(Pool *p, PyObject *const *args, Py_ssize_t n
     if (out == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i <= p->mask; i++) {
-        if (p->vals[i] < 0)
+        if (p->slots[i].val < 0)
             continue;
-        PyObject *k = PyLong_FromUnsignedLongLong(p->keys[i]);
-        if (k == NULL || PyDict_SetItem(out, k, p->ids[p->vals[i]])) {
+        PyObject *k = PyLong_FromUnsignedLongLong(p->slots[i].key);
+        if (k == NULL || PyDict_SetItem(out, k, p->ids[p->slots[i].val])) {
             Py_XDECREF(k);
             Py_DECREF(out);
             return NULL;
@@ -716,7 +769,7 @@ static PyObject *Pool_free_order(Pool *p, PyObject *Py_UNUSED(ignored))
     PyObject *out = PyList_New(0);
     if (out == NULL)
         return NULL;
-    for (int32_t b = p->next[p->n]; b != (int32_t)(p->n + 1); b = p->next[b]) {
+    for (int32_t b = p->blk[p->n].next; b != (int32_t)(p->n + 1); b = p->blk[b].next) {
         if (PyList_Append(out, p->ids[b])) {
             Py_DECREF(out);
             return NULL;
@@ -756,8 +809,8 @@ static PyObject *Pool_cached_in_order(Pool *p, PyObject *Py_UNUSED(ignored))
         return PyErr_NoMemory();
     Py_ssize_t m = 0;
     for (Py_ssize_t b = 0; b < p->n; b++)
-        if (p->flags[b] & F_HASHED)
-            all[m++] = (Registered){p->seq[b], (int32_t)b};
+        if (p->blk[b].flags & F_HASHED)
+            all[m++] = (Registered){p->blk[b].seq, (int32_t)b};
     qsort(all, m, sizeof(Registered), by_seq);
     PyObject *out = PyList_New(m);
     if (out != NULL) {
@@ -776,7 +829,7 @@ static PyObject *Pool_ref_cnt(Pool *p, PyObject *arg)
     int32_t b;
     if (block_of(p, arg, &b))
         return NULL;
-    return PyLong_FromLong(p->ref[b]);
+    return PyLong_FromLong(p->blk[b].ref);
 }
 
 static PyObject *Pool_block_hash(Pool *p, PyObject *arg)
@@ -785,9 +838,9 @@ static PyObject *Pool_block_hash(Pool *p, PyObject *arg)
     int32_t b;
     if (block_of(p, arg, &b))
         return NULL;
-    if (!(p->flags[b] & F_HASHED))
+    if (!(p->blk[b].flags & F_HASHED))
         Py_RETURN_NONE;
-    return PyLong_FromUnsignedLongLong(p->hash[b]);
+    return PyLong_FromUnsignedLongLong(p->blk[b].hash);
 }
 
 static PyObject *Pool_parent_hash(Pool *p, PyObject *arg)
@@ -796,9 +849,9 @@ static PyObject *Pool_parent_hash(Pool *p, PyObject *arg)
     int32_t b;
     if (block_of(p, arg, &b))
         return NULL;
-    if (!(p->flags[b] & F_PARENT))
+    if (!(p->blk[b].flags & F_PARENT))
         Py_RETURN_NONE;
-    return PyLong_FromUnsignedLongLong(p->parent[b]);
+    return PyLong_FromUnsignedLongLong(p->blk[b].parent);
 }
 
 static PyObject *Pool_get_num_blocks(Pool *p, void *Py_UNUSED(c))
