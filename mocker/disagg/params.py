@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from mocker.kv.block import block_ids
+
 if TYPE_CHECKING:
     from mocker.config import EngineConfig
     from mocker.request import Request
@@ -118,7 +120,7 @@ def handoff_params(
     return {
         "do_remote_prefill": True,
         "do_remote_decode": False,
-        "remote_block_ids": [[block.block_id for block in request.blocks]],
+        "remote_block_ids": [block_ids(request.blocks)],
         "remote_engine_id": config.kv_engine_id,
         "remote_request_id": hold_id,
         "remote_host": host,

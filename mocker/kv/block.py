@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NewType
 
 from mocker.kv.hashing import BlockHash
 
-__all__ = ["BlockId", "KVBlock"]
+__all__ = ["BlockId", "KVBlock", "block_ids"]
 
 BlockId = NewType("BlockId", int)
 
@@ -56,3 +56,9 @@ class KVBlock:
 
     def __repr__(self) -> str:
         return f"KVBlock(id={self.block_id}, ref={self.ref_cnt}, hash={self.block_hash})"
+
+
+def block_ids(blocks: Iterable[KVBlock | int]) -> list[int]:
+    """A block table's ids, from either device pool (the compiled one's blocks are their
+    ids: mocker.kv.compiled_pool)."""
+    return [b if isinstance(b, int) else b.block_id for b in blocks]

@@ -3,7 +3,7 @@
 A replay's per-block work in the Python pool is bound by memory (block objects, int objects
 and a map as large as the pool, touched in the order the LRU scatters them); the compiled
 pool keeps the same state in packed arrays. It serves what most runs are: a dense model,
-LRU eviction, no tier below the device, no P/D (KV events or not). Everything else, and every
+LRU eviction, no tier below the device (KV events or not, P/D or not). Everything else, and every
 run with `MOCKER_KV_POOL=python`, uses the Python pool, which stays the reference: the
 compiled one does the same operations in the same order (tests/kv/test_compiled_pool.py).
 Its blocks are their ids (ints) rather than `KVBlock` objects.
@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from mocker.config import EngineConfig, EvictionPolicyName, KVRole
+from mocker.config import EngineConfig, EvictionPolicyName
 from mocker.kv.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -81,13 +81,9 @@ def pool_impl() -> PoolImpl:
 
 def serves(config: EngineConfig, *, with_cpu_tier: bool) -> bool:
     """Whether the compiled pool can serve this engine: what it does not model (tiers,
-    hybrid groups, lineage eviction, P/D's block ids) sends a run to Python."""
-    return (
-        not config.is_hybrid
-        and not with_cpu_tier
-        and config.eviction_policy is EvictionPolicyName.LRU
-        and config.kv_role is KVRole.NONE
-    )
+    hybrid groups, lineage eviction) sends a run to Python."""
+    lru = config.eviction_policy is EvictionPolicyName.LRU
+    return lru and not config.is_hybrid and not with_cpu_tier
 
 
 class CompiledBlockPool(_Pool):

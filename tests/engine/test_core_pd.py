@@ -11,6 +11,7 @@ from mocker.config import KVRole
 from mocker.disagg.local_peers import LocalPeers
 from mocker.disagg.params import parse_transfer_params
 from mocker.engine.core import EngineCore
+from mocker.kv.block import block_ids
 from mocker.kv.events import BlockStored
 from mocker.request import EngineRequest, RequestStatus, SamplingParams
 from mocker.timing import PolynomialTiming
@@ -65,7 +66,7 @@ def test_pd_pair_hand_computed_timings() -> None:
     assert isinstance(hold_id, str) and hold_id.startswith("p1-")  # unique per hold
     held = prefill.holds.request(hold_id)
     assert held is not None
-    assert params["remote_block_ids"] == [[b.block_id for b in held.blocks]]
+    assert params["remote_block_ids"] == [block_ids(held.blocks)]
     assert len(params["remote_block_ids"][0]) == 7
     assert params["remote_engine_id"] == "P"
     assert params["do_remote_prefill"] is True and params["transfer_mode"] == "pull"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from mocker.engine.core import EngineCore
 from mocker.engine.decode_runs import run_decodes
 from mocker.engine.stats import FinishedRequestStats
+from mocker.kv.block import block_ids
 from tests.support.engines import req, small_config
-from tests.support.pools import block_ids
 
 
 def _decoding_core() -> tuple[EngineCore, float]:

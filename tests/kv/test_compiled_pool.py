@@ -219,23 +219,30 @@ def _trace(**kw: Any) -> Any:
 
 
 @pytest.mark.parametrize(
-    ("changes", "engines", "router"),
+    ("changes", "engines", "router", "prefill_engines"),
     [
-        ({}, 1, "round-robin"),
-        ({"num_gpu_blocks": 120}, 1, "round-robin"),  # preemptions
-        ({"num_gpu_blocks": 400}, 3, "kv-aware"),
-        ({"enable_prefix_caching": False}, 2, "least-loaded"),
+        ({}, 1, "round-robin", 0),
+        ({"num_gpu_blocks": 120}, 1, "round-robin", 0),  # preemptions
+        ({"num_gpu_blocks": 400}, 3, "kv-aware", 0),
+        ({"enable_prefix_caching": False}, 2, "least-loaded", 0),
+        ({"enable_kv_cache_events": True, "num_gpu_blocks": 300}, 2, "kv-aware", 0),
+        ({}, 3, "kv-aware", 1),  # P/D: a prefill engine, two decode engines pulling
     ],
 )
 def test_replays_give_the_same_rows_with_either_pool(
-    monkeypatch: pytest.MonkeyPatch, changes: dict[str, Any], engines: int, router: str
+    monkeypatch: pytest.MonkeyPatch,
+    changes: dict[str, Any],
+    engines: int,
+    router: str,
+    prefill_engines: int,
 ) -> None:
     cfg = EngineConfig(**{"block_size": 16, "num_gpu_blocks": 2000, "max_num_seqs": 32, **changes})
     trace = _trace()
     runs = {}
     for impl in ("python", "compiled"):
         monkeypatch.setenv(POOL_ENV, impl)
-        runs[impl] = replay(trace, cfg, num_engines=engines, router=router, num_samples=50)
+        runs[impl] = replay(trace, cfg, num_engines=engines, router=router, num_samples=50,
+                            prefill_engines=prefill_engines)  # fmt: skip
     py, c = runs["python"], runs["compiled"]
     assert all(isinstance(core.pool, CompiledBlockPool) for core in c.cores)
     assert all(isinstance(core.pool, BlockPool) for core in py.cores)
@@ -244,6 +251,8 @@ def test_replays_give_the_same_rows_with_either_pool(
     assert (c.num_steps, c.sim_duration) == (py.num_steps, py.sim_duration)
     if "num_gpu_blocks" in changes and engines == 1:
         assert sum(r.preemptions for r in c.records) > 0
+    if prefill_engines:
+        assert all(r.status == "finished" and r.prefill_engine == 0 for r in c.records)
     for a, b in zip(c.cores, py.cores, strict=True):
         assert free_order(a.pool) == free_order(b.pool)
         assert a.pool.cached_hashes() == b.pool.cached_hashes()
@@ -277,7 +286,7 @@ def test_the_env_chooses_and_a_bad_value_is_named(monkeypatch: pytest.MonkeyPatc
         ({"enable_prefix_caching": False}, True),
         ({"enable_kv_cache_events": True}, True),
         ({"eviction_policy": EvictionPolicyName.LINEAGE}, False),
-        ({"kv_role": KVRole.PRODUCER}, False),
+        ({"kv_role": KVRole.PRODUCER}, True),
         ({"num_cpu_blocks": 64}, False),
         ({"model": MODEL_PRESETS["gpt-oss-20b"]}, False),  # hybrid: sliding-window groups
     ],

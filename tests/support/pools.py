@@ -1,18 +1,13 @@
-"""Block ids and free order of either device pool: the Python one's blocks are `KVBlock`
+"""Blocks and free order of either device pool: the Python one's blocks are `KVBlock`
 objects, the compiled one's their ids."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from mocker.kv.block_pool import BlockPool
 from mocker.kv.compiled_pool import CompiledBlockPool
-
-
-def block_ids(blocks: Iterable[Any]) -> list[int]:
-    return [b if isinstance(b, int) else b.block_id for b in blocks]
 
 
 def free_order(pool: BlockPool | CompiledBlockPool) -> list[int]:
