@@ -32,6 +32,16 @@ def test_bad_setting_exits_2_naming_it(capsys: pytest.CaptureFixture[str]) -> No
     assert "timing_profile" in capsys.readouterr().err
 
 
+def test_a_bad_pool_choice_exits_2_naming_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MOCKER_KV_POOL", "bogus")
+    assert main(["demo", "--num-requests", "1"]) == 2
+    assert "MOCKER_KV_POOL='bogus': expected one of auto, python, compiled" in (
+        capsys.readouterr().err
+    )
+
+
 def test_serve_bad_settings_exit_2(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
     assert main(["serve", "--max-num-seqs", "0"]) == 2
     assert "max_num_seqs" in capsys.readouterr().err

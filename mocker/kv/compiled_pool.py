@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from mocker.config import EngineConfig, EvictionPolicyName
+from mocker.config import ConfigError, EngineConfig, EvictionPolicyName
 from mocker.kv.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -70,9 +70,9 @@ def pool_impl() -> PoolImpl:
         impl = PoolImpl(raw)
     except ValueError:
         choices = ", ".join(p.value for p in PoolImpl)
-        raise ValueError(f"{POOL_ENV}={raw!r}: expected one of {choices}") from None
+        raise ConfigError(f"{POOL_ENV}={raw!r}: expected one of {choices}") from None
     if impl is PoolImpl.COMPILED and not compiled_available():
-        raise RuntimeError(
+        raise ConfigError(
             f"{POOL_ENV}=compiled, but mocker.kv._cpool was not built (no C compiler when "
             "mocker was installed?): reinstall with one, or use auto / python"
         )

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from mocker.config import MODEL_PRESETS, EngineConfig, EvictionPolicyName, KVRole
+from mocker.config import MODEL_PRESETS, ConfigError, EngineConfig, EvictionPolicyName, KVRole
 from mocker.engine.kv_stack import build_kv_stack
 from mocker.kv import compiled_pool
 from mocker.kv.block import KVBlock
@@ -267,11 +267,11 @@ def test_the_env_chooses_and_a_bad_value_is_named(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv(POOL_ENV, " Python ")
     assert pool_impl() is PoolImpl.PYTHON
     monkeypatch.setenv(POOL_ENV, "fast")
-    with pytest.raises(ValueError, match=r"MOCKER_KV_POOL='fast': expected one of auto, python"):
+    with pytest.raises(ConfigError, match=r"MOCKER_KV_POOL='fast': expected one of auto, python"):
         pool_impl()
     monkeypatch.setenv(POOL_ENV, "compiled")
     monkeypatch.setattr(compiled_pool, "_BUILT", False)
-    with pytest.raises(RuntimeError, match="was not built"):
+    with pytest.raises(ConfigError, match="was not built"):
         pool_impl()
     monkeypatch.setenv(POOL_ENV, "auto")
     assert pool_impl() is PoolImpl.AUTO
