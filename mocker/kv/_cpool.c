@@ -1,12 +1,13 @@
 /* The device block pool over packed arrays: mocker.kv.block_pool.BlockPool's semantics for a
- * dense model with LRU eviction, no events, no tiers (mocker.kv.compiled_pool says when).
+ * dense model with LRU eviction and no tiers (mocker.kv.compiled_pool says when it serves, and
+ * builds the KV events from what this records when asked).
  *
  * Why it exists: in a long replay the Python pool's per-block work is bound by memory, not
  * bytecode. A block's life touches its 144-byte object, its hash's int object and two slots
- * of a map as large as the pool, in an order the LRU scatters. Here a block is an index:
- * its reference count, hash, parent hash and free-list links sit in arrays, and the prefix
- * map is an open-addressing table of (hash, block) pairs. Blocks cross into Python as the
- * ints 0..n-1, one object each made once, so handing a block out allocates nothing.
+ * of a map as large as the pool, in an order the LRU scatters. Here a block is an index into
+ * one array of small structs (reference count, hash, parent hash, free-list links), and the
+ * prefix map is an open-addressing table of (hash, block) pairs. Blocks cross into Python as
+ * the ints 0..n-1, one object each made once, so handing a block out allocates nothing.
  *
  * The Python pool stays the reference: every operation here does exactly what it does, in
  * the same order (the same ids handed out, the same free order, the same map), which

@@ -3,8 +3,8 @@
 A replay's per-block work in the Python pool is bound by memory (block objects, int objects
 and a map as large as the pool, touched in the order the LRU scatters them); the compiled
 pool keeps the same state in packed arrays. It serves what most runs are: a dense model,
-LRU eviction, no tier below the device (KV events or not, P/D or not). Everything else, and every
-run with `MOCKER_KV_POOL=python`, uses the Python pool, which stays the reference: the
+LRU eviction, no tier below the device (KV events or not, P/D or not). Everything else, and
+every run with `MOCKER_KV_POOL=python`, uses the Python pool, which stays the reference: the
 compiled one does the same operations in the same order (tests/kv/test_compiled_pool.py).
 Its blocks are their ids (ints) rather than `KVBlock` objects.
 """
@@ -12,8 +12,7 @@ Its blocks are their ids (ints) rather than `KVBlock` objects.
 from __future__ import annotations
 
 import os
-from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -49,8 +48,9 @@ else:
     except ImportError:  # built without a C compiler: the Python pool serves every run
         _Pool, _BUILT = object, False
 
-# Set to choose: `auto` (the compiled pool where it can serve, else Python), `python`, or
-# `compiled` (an error when it was not built).
+# Set to choose: `auto` (the default: the compiled pool where it can serve, else Python),
+# `python` (every engine), or `compiled` (as auto, but an error when it was not built; an
+# engine it cannot serve still gets the Python pool).
 POOL_ENV = "MOCKER_KV_POOL"
 
 
@@ -122,7 +122,7 @@ class CompiledEventPool(CompiledBlockPool):
         out = super().get_new_blocks(n)
         evicted = self.take_evicted()
         if evicted:
-            _drain(map(self._tokens.__delitem__, evicted))
+            self._forget(evicted)
             self._events.extend(BlockRemoved(block_hashes=(h,)) for h in evicted)
         return out
 
@@ -148,7 +148,7 @@ class CompiledEventPool(CompiledBlockPool):
 
     def reset_prefix_cache(self) -> int:
         cleared = super().reset_prefix_cache()
-        _drain(map(self._tokens.__delitem__, self.take_evicted()))
+        self._forget(self.take_evicted())
         self._events.append(AllBlocksCleared())
         bs = self.block_size
         for block in parents_first(self.cached_in_order(), self._cached_hash, self.parent_hash):
@@ -165,6 +165,13 @@ class CompiledEventPool(CompiledBlockPool):
             )
         return cleared
 
+    def _forget(self, hashes: list[BlockHash]) -> None:
+        """These blocks are no longer cached: their tokens go (the request's token list with
+        them, once nothing else holds it)."""
+        tokens = self._tokens
+        for block_hash in hashes:
+            del tokens[block_hash]
+
     def _cached_hash(self, block: int) -> BlockHash:
         block_hash = self.block_hash(block)
         assert block_hash is not None
@@ -175,7 +182,3 @@ class CompiledEventPool(CompiledBlockPool):
             return []
         events, self._events = self._events, []
         return events
-
-
-def _drain(calls: Iterable[object]) -> None:
-    deque(calls, maxlen=0)
