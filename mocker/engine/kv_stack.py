@@ -77,7 +77,7 @@ def _compiled_pool_serves(config: EngineConfig) -> bool:
     models everything this engine needs; the Python pool otherwise."""
     if pool_impl() is PoolImpl.PYTHON or not compiled_available():
         return False
-    return serves(config, with_cpu_tier=False)
+    return serves(config)
 
 
 def build_kv_stack(
@@ -93,22 +93,17 @@ def build_kv_stack(
     `shared` secondary tiers (by name: the process's one `obj`). Without them an `obj`
     tier is built for this engine alone. `engine_id` tells a shared tier's subscribers
     apart (the data-parallel rank, or the replay engine's index)."""
-    if cpu is None and not config.has_cpu_tier and _compiled_pool_serves(config):
+    pool: BlockPool | CompiledBlockPool
+    # (A CPU tier given from outside with write-back: the Python pool, which retains.)
+    given_write_back = cpu is not None and config.offload_policy is OffloadPolicy.EVICT
+    if _compiled_pool_serves(config) and not given_write_back:
+        # (With events it keeps each cached block's tokens: the tiers' events name them.)
         kind = CompiledEventPool if config.enable_kv_cache_events else CompiledBlockPool
-        compiled = kind(
+        pool = kind(
             config.num_gpu_blocks, config.block_size, enable_caching=config.enable_prefix_caching
         )
-        return KVStack(compiled, KVCacheManager(compiled))
-    pool = BlockPool(
-        config.num_gpu_blocks,
-        config.block_size,
-        enable_caching=config.enable_prefix_caching,
-        eviction_policy=config.eviction_policy,
-        record_events=config.enable_kv_cache_events,
-        # A tier's copy records its tokens only for its BlockStored events.
-        keep_tokens=cpu is not None and cpu.record_events,
-        groups=config.layout.groups,
-    )
+    else:
+        pool = _python_pool(config, cpu)
     if cpu is None and config.has_cpu_tier:
         cpu = LruTier(
             config.num_cpu_blocks // _blocks_per_unit(config),
@@ -116,6 +111,7 @@ def build_kv_stack(
             record_events=config.enable_kv_cache_events,
         )
     if config.is_hybrid:
+        assert isinstance(pool, BlockPool)  # (the compiled pool serves no hybrid model)
         hybrid = HybridKVCacheManager(pool, config.layout)
         if cpu is None:
             return KVStack(pool, hybrid)
@@ -143,3 +139,16 @@ def build_kv_stack(
     )  # fmt: skip
     kv = KVCacheManager(pool, make_room=connector.policy.make_room)
     return KVStack(pool, kv, cpu, connector)
+
+
+def _python_pool(config: EngineConfig, cpu: LruTier | None) -> BlockPool:
+    return BlockPool(
+        config.num_gpu_blocks,
+        config.block_size,
+        enable_caching=config.enable_prefix_caching,
+        eviction_policy=config.eviction_policy,
+        record_events=config.enable_kv_cache_events,
+        # A tier's copy records its tokens only for its BlockStored events.
+        keep_tokens=cpu is not None and cpu.record_events,
+        groups=config.layout.groups,
+    )

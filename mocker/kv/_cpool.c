@@ -1,6 +1,6 @@
 /* The device block pool over packed arrays: mocker.kv.block_pool.BlockPool's semantics for a
- * dense model with LRU eviction and no tiers (mocker.kv.compiled_pool says when it serves, and
- * builds the KV events from what this records when asked).
+ * dense model with LRU eviction and no write-back tier (mocker.kv.compiled_pool says when it
+ * serves, and builds the KV events from what this records when asked).
  *
  * Why it exists: in a long replay the Python pool's per-block work is bound by memory, not
  * bytecode. A block's life touches its 144-byte object, its hash's int object and two slots
@@ -198,6 +198,13 @@ static inline void push_free(Pool *p, int32_t b)
 
 static int block_of(Pool *p, PyObject *obj, int32_t *out)
 {
+    /* Exact ints only (the ids this pool hands out): an int subclass could run Python code
+     * (a finalizer) while a walk holds borrowed items. */
+    if (!PyLong_CheckExact(obj)) {
+        PyErr_Format(PyExc_TypeError, "a block of this pool is its id (an int), not %.100s",
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
     Py_ssize_t b = PyLong_AsSsize_t(obj);
     if (b == -1 && PyErr_Occurred())
         return -1;
@@ -641,6 +648,12 @@ static PyObject *Pool_cache_full_blocks(Pool *p, PyObject *const *args, Py_ssize
             goto fail;
         if (i > 0 && hash_of(hitems[i - 1], &parent))
             goto fail;
+        if ((p->blk[b].flags & F_HASHED) && p->blk[b].hash != h) {
+            /* (Never from the engine: a block is registered once. Refused, so the map never
+             * holds more entries than there are blocks.) */
+            set_error_about(p, PyExc_ValueError, b, "is cached under another hash already");
+            goto fail;
+        }
         int32_t existing = map_get_or_put(p, h, b);
         if (existing < 0) {
             set_registered(p, b, h, i > 0, parent);

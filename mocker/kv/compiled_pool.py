@@ -3,20 +3,21 @@
 A replay's per-block work in the Python pool is bound by memory (block objects, int objects
 and a map as large as the pool, touched in the order the LRU scatters them); the compiled
 pool keeps the same state in packed arrays. It serves what most runs are: a dense model,
-LRU eviction, no tier below the device (KV events or not, P/D or not). Everything else, and
-every run with `MOCKER_KV_POOL=python`, uses the Python pool, which stays the reference: the
-compiled one does the same operations in the same order (tests/kv/test_compiled_pool.py).
+LRU eviction, no write-back tier (KV events or not, P/D or not, write-through tiers or none).
+Everything else, and every run with `MOCKER_KV_POOL=python`, uses the Python pool, which
+stays the reference: the compiled one does the same operations in the same order
+(tests/kv/test_compiled_pool.py).
 Its blocks are their ids (ints) rather than `KVBlock` objects.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from mocker.config import ConfigError, EngineConfig, EvictionPolicyName
+from mocker.config import ConfigError, EngineConfig, EvictionPolicyName, OffloadPolicy
 from mocker.kv.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -79,11 +80,13 @@ def pool_impl() -> PoolImpl:
     return impl
 
 
-def serves(config: EngineConfig, *, with_cpu_tier: bool) -> bool:
-    """Whether the compiled pool can serve this engine: what it does not model (tiers,
-    hybrid groups, lineage eviction) sends a run to Python."""
+def serves(config: EngineConfig) -> bool:
+    """Whether the compiled pool can serve this engine: what it does not model (write-back
+    to a CPU tier, which retains and displaces device blocks; hybrid groups; lineage
+    eviction) sends a run to Python."""
     lru = config.eviction_policy is EvictionPolicyName.LRU
-    return lru and not config.is_hybrid and not with_cpu_tier
+    write_back = config.has_cpu_tier and config.offload_policy is OffloadPolicy.EVICT
+    return lru and not config.is_hybrid and not write_back
 
 
 class CompiledBlockPool(_Pool):
@@ -98,6 +101,20 @@ class CompiledBlockPool(_Pool):
 
     def take_events(self) -> list[KVEvent]:
         return []
+
+    def block_hashes(self, blocks: Iterable[int]) -> list[BlockHash | None]:
+        """Each block's hash (None: not cached); the tiers name copies by them."""
+        return list(map(self.block_hash, blocks))
+
+    def parent_hashes(self, blocks: Iterable[int]) -> list[BlockHash | None]:
+        return list(map(self.parent_hash, blocks))
+
+    def token_meta(self, blocks: Iterable[int]) -> list[tuple[tuple[int, ...], str | None]]:
+        """As the Python pool's when it keeps no tokens: none."""
+        return [((), None) for _ in blocks]
+
+
+_NO_TOKENS: tuple[Sequence[int], int, str | None] = ((), 0, None)
 
 
 class CompiledEventPool(CompiledBlockPool):
@@ -135,8 +152,10 @@ class CompiledEventPool(CompiledBlockPool):
         token_ids: Sequence[int],
         lora_name: str | None = None,
     ) -> None:
-        super().cache_full_blocks(blocks, start, end, block_hashes, token_ids, lora_name)
-        runs = self.take_stored()
+        try:
+            super().cache_full_blocks(blocks, start, end, block_hashes, token_ids, lora_name)
+        finally:  # (runs stored before an error still get their events)
+            runs = self.take_stored()
         if not runs:
             return
         bs = self.block_size
@@ -153,7 +172,7 @@ class CompiledEventPool(CompiledBlockPool):
         bs = self.block_size
         for block in parents_first(self.cached_in_order(), self._cached_hash, self.parent_hash):
             block_hash = self._cached_hash(block)
-            src, at, lora = self._tokens[block_hash]
+            src, at, lora = self._tokens.get(block_hash, _NO_TOKENS)
             self._events.append(
                 BlockStored(
                     block_hashes=(block_hash,),
@@ -165,12 +184,24 @@ class CompiledEventPool(CompiledBlockPool):
             )
         return cleared
 
+    def token_meta(self, blocks: Iterable[int]) -> list[tuple[tuple[int, ...], str | None]]:
+        """Each cached block's tokens and LoRA, for a lower tier's events."""
+        bs = self.block_size
+        out: list[tuple[tuple[int, ...], str | None]] = []
+        for block_hash in self.block_hashes(blocks):
+            if block_hash is None:
+                out.append(((), None))
+                continue
+            src, at, lora = self._tokens.get(block_hash, _NO_TOKENS)
+            out.append((tuple(src[at : at + bs]), lora))
+        return out
+
     def _forget(self, hashes: list[BlockHash]) -> None:
         """These blocks are no longer cached: their tokens go (the request's token list with
         them, once nothing else holds it)."""
-        tokens = self._tokens
+        pop = self._tokens.pop
         for block_hash in hashes:
-            del tokens[block_hash]
+            pop(block_hash, None)  # (a block registered by a call that then failed has none)
 
     def _cached_hash(self, block: int) -> BlockHash:
         block_hash = self.block_hash(block)

@@ -23,13 +23,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from operator import attrgetter
-from typing import TypeAlias
+from typing import TypeAlias, cast
 
 from mocker.config import EngineConfig
 from mocker.kv.block import KVBlock
-from mocker.kv.block_pool import BlockPool
+from mocker.kv.compiled_pool import CompiledBlockPool
 from mocker.kv.events import KVEvent
 from mocker.kv.hashing import BlockHash
+from mocker.kv.manager import DevicePool
 from mocker.request import Request
 from mocker.tiers.channel import Channel, Done
 from mocker.tiers.hybrid_store import chunk_keys
@@ -43,6 +44,7 @@ from mocker.tiers.transfers import TierCounters, TransferKind, TransferRecord
 __all__ = ["DEVICE", "TierConnector"]
 
 DEVICE = "gpu"  # the device's name in channel keys
+
 
 _HASH = attrgetter("block_hash")
 _PARENT = attrgetter("parent_hash")
@@ -94,7 +96,7 @@ class TierConnector:
     def __init__(
         self,
         config: EngineConfig,
-        pool: BlockPool,
+        pool: DevicePool,
         cpu: LruTier,
         prefill_ms: Callable[[int], float],
         *,
@@ -351,21 +353,35 @@ class TierConnector:
 
     # -- stores -------------------------------------------------------------------------------
 
+    def hashes_of(self, blocks: Sequence[KVBlock]) -> list[BlockHash]:
+        """The hashes of cached device blocks, which name their copies: `KVBlock`s (or a
+        hybrid model's chunks) carry theirs, the compiled pool's blocks are ids it looks up."""
+        pool = self.pool
+        if isinstance(pool, CompiledBlockPool):
+            keys = pool.block_hashes(cast("Sequence[int]", blocks))
+        else:
+            keys = list(map(_HASH, blocks))
+        if None in keys:
+            raise RuntimeError("a block to store holds no hash (it is not cached)")
+        return cast("list[BlockHash]", keys)
+
     def plan_store(self, blocks: Sequence[KVBlock]) -> list[KVBlock]:
         """Reserve CPU slots for copies of these cached blocks; returns the blocks to copy
         (not held there yet, and room found). The policy hears of the keys the CPU tier
         evicted to make room."""
-        cpu = self.cpu
-        keys = list(map(_HASH, blocks))
-        if None in keys:
-            raise RuntimeError("a block to store holds no hash (it is not cached)")
-        batch = BlockBatch(keys, list(map(_PARENT, blocks)), unique=True)  # device hashes
-        if cpu.record_events:
-            # The tokens are needed only for the Stored events when the copy lands, here
-            # and in the tiers the block cascades to (the same record): all tiers publish,
-            # or none.
+        cpu, pool = self.cpu, self.pool
+        keys = self.hashes_of(blocks)
+        if isinstance(pool, CompiledBlockPool):
+            ids = cast("Sequence[int]", blocks)
+            parents = pool.parent_hashes(ids)
+            meta = pool.token_meta(ids) if cpu.record_events else None
+        else:
             bs = self.block_size
-            batch.meta = [(b.token_ids(bs), b.lora_name) for b in blocks]
+            parents = list(map(_PARENT, blocks))
+            meta = [(b.token_ids(bs), b.lora_name) for b in blocks] if cpu.record_events else None
+        # (The tokens are needed only for the Stored events when the copy lands, here and in
+        # the tiers the block cascades to: all tiers publish, or none.)
+        batch = BlockBatch(keys, parents, meta, unique=True)  # device hashes
         plan = cpu.prepare_store(batch)
         self.stores_skipped += plan.skipped
         if plan.evicted:
@@ -393,7 +409,7 @@ class TierConnector:
         if not blocks:
             return
         if hashes is None:
-            hashes = [b.cached_hash for b in blocks]
+            hashes = self.hashes_of(blocks)
         self.version += 1
         if at > self._time:
             heapq.heappush(self._posted, (at, self._order, blocks, hashes, owners))

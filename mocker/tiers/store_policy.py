@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import compress, repeat
-from operator import attrgetter, is_not
+from operator import is_not
 from typing import TYPE_CHECKING, Protocol
 
 from mocker.kv.block import KVBlock
+from mocker.kv.block_pool import BlockPool
 from mocker.kv.hashing import BlockHash
 from mocker.request import Request
 
@@ -17,8 +18,6 @@ if TYPE_CHECKING:
     from mocker.tiers.connector import TierConnector
 
 __all__ = ["StorePolicy", "WriteBack", "WriteThrough"]
-
-_HASH = attrgetter("block_hash")
 
 
 class StorePolicy(Protocol):
@@ -131,7 +130,8 @@ class WriteThrough:
         if self._staged:
             blocks, owners = self._staged, self._owners
             self._staged, self._owners = [], []
-            self._connector.start_stores(end, blocks, list(map(_HASH, blocks)), owners)
+            connector = self._connector
+            connector.start_stores(end, blocks, connector.hashes_of(blocks), owners)
 
     def make_room(self, num_blocks: int) -> None:
         """Nothing to do: every free device block is reusable."""
@@ -185,10 +185,16 @@ class WriteBack:
     waiting on copies, about one pass's worth of blocks is kept reusable (or on its way)
     by copying in the background after each pass."""
 
-    __slots__ = ("_connector", "evict_ahead")
+    __slots__ = ("_connector", "_pool", "evict_ahead")
 
     def __init__(self, connector: TierConnector, evict_ahead: int) -> None:
         self._connector = connector
+        # Retaining and displacing blocks is the Python pool's (the compiled one serves no
+        # write-back engine: mocker.kv.compiled_pool.serves).
+        pool = connector.pool
+        if not isinstance(pool, BlockPool):
+            raise TypeError(f"write-back needs the Python device pool, not {type(pool).__name__}")
+        self._pool = pool
         self.evict_ahead = evict_ahead
 
     has_staged = False
@@ -202,7 +208,7 @@ class WriteBack:
             if b.block_hash is not None and not held(b.block_hash)
         ]  # fmt: skip
         if blocks:
-            connector.pool.retain(blocks)
+            self._pool.retain(blocks)
 
     def after_schedule(self, now: float) -> None:
         self._store_displaced(now)
@@ -211,7 +217,7 @@ class WriteBack:
         """Displace the least recently used retained blocks while reusable ones (counting
         displaced ones on their way back) are fewer than the evict-ahead mark; their copies
         start at the pass's end."""
-        pool = self._connector.pool
+        pool = self._pool
         short = self.evict_ahead - pool.num_reusable - pool.num_displaced
         if short > 0 and pool.num_retained_free:
             pool.displace_retained(short)
@@ -220,25 +226,25 @@ class WriteBack:
     def make_room(self, num_blocks: int) -> None:
         """Displace enough retained blocks (counting those already on their way) that the
         allocation will fit once their copies end."""
-        pool = self._connector.pool
+        pool = self._pool
         if pool.num_retained_free:
             pool.displace_retained(num_blocks - pool.num_reusable - pool.num_displaced)
 
     def cpu_evicted(self, keys: Sequence[BlockHash]) -> None:
         """The keys exist nowhere else now: a device block with one must be copied again."""
-        set_retained = self._connector.pool.set_retained
+        set_retained = self._pool.set_retained
         for key in keys:
             set_retained(key, True)
 
     def cpu_gained(self, keys: Sequence[BlockHash]) -> None:
         """A promotion can bring a key whose device block is still cached (the request's
         device hit stopped at an evicted ancestor): that block need not be copied now."""
-        set_retained = self._connector.pool.set_retained
+        set_retained = self._pool.set_retained
         for key in keys:
             set_retained(key, False)
 
     def stored(self, blocks: list[KVBlock], owners: list[Request] | None) -> None:
-        self._connector.pool.return_displaced(blocks)
+        self._pool.return_displaced(blocks)
 
     def request_finished(self, request: Request) -> bool:
         return False
@@ -247,11 +253,11 @@ class WriteBack:
         """Copy the blocks the pool displaced since the last call, from `at`; those with
         nothing to copy (held already, or no room) go straight back."""
         connector = self._connector
-        displaced = connector.pool.take_displaced()
+        displaced = self._pool.take_displaced()
         if not displaced:
             return
         batch = connector.plan_store(displaced)
         if len(batch) < len(displaced):
             kept = set(map(id, batch))
-            connector.pool.return_displaced(b for b in displaced if id(b) not in kept)
+            self._pool.return_displaced(b for b in displaced if id(b) not in kept)
         connector.start_stores(at, batch)

@@ -10,7 +10,14 @@ from typing import Any
 
 import pytest
 
-from mocker.config import MODEL_PRESETS, ConfigError, EngineConfig, EvictionPolicyName, KVRole
+from mocker.config import (
+    MODEL_PRESETS,
+    ConfigError,
+    EngineConfig,
+    EvictionPolicyName,
+    KVRole,
+    StorageTierSpec,
+)
 from mocker.engine.kv_stack import build_kv_stack
 from mocker.kv import compiled_pool
 from mocker.kv.block import KVBlock
@@ -218,6 +225,15 @@ def _trace(**kw: Any) -> Any:
     return synthetic_trace(spec, trace_block_size=64)
 
 
+# A CPU tier stored to write-through, and an fs tier it cascades to.
+WRITE_THROUGH: dict[str, Any] = {
+    "num_gpu_blocks": 150,
+    "num_cpu_blocks": 200,
+    "offload_policy": "write-through",
+}
+FS = StorageTierSpec("fs", 400, read_gbps=8.0, write_gbps=4.0)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("changes", "engines", "router", "prefill_engines"),
     [
@@ -227,6 +243,9 @@ def _trace(**kw: Any) -> Any:
         ({"enable_prefix_caching": False}, 2, "least-loaded", 0),
         ({"enable_kv_cache_events": True, "num_gpu_blocks": 300}, 2, "kv-aware", 0),
         ({}, 3, "kv-aware", 1),  # P/D: a prefill engine, two decode engines pulling
+        # Write-through to a CPU tier (and an fs tier below it): stores, cascades, loads.
+        (WRITE_THROUGH | {"storage_tiers": (FS,)}, 2, "round-robin", 0),
+        (WRITE_THROUGH | {"enable_kv_cache_events": True}, 1, "round-robin", 0),
     ],
 )
 def test_replays_give_the_same_rows_with_either_pool(
@@ -249,6 +268,9 @@ def test_replays_give_the_same_rows_with_either_pool(
     assert c.records == py.records
     assert c.samples == py.samples
     assert (c.num_steps, c.sim_duration) == (py.num_steps, py.sim_duration)
+    assert c.link_bytes == py.link_bytes
+    if "num_cpu_blocks" in changes:  # (the tiers were used)
+        assert sum(sum(r.cached_tokens_by_tier.values()) for r in c.records) > 0
     if "num_gpu_blocks" in changes and engines == 1:
         assert sum(r.preemptions for r in c.records) > 0
     if prefill_engines:
@@ -287,7 +309,8 @@ def test_the_env_chooses_and_a_bad_value_is_named(monkeypatch: pytest.MonkeyPatc
         ({"enable_kv_cache_events": True}, True),
         ({"eviction_policy": EvictionPolicyName.LINEAGE}, False),
         ({"kv_role": KVRole.PRODUCER}, True),
-        ({"num_cpu_blocks": 64}, False),
+        ({"num_cpu_blocks": 64, "offload_policy": "write-through"}, True),
+        ({"num_cpu_blocks": 64, "offload_policy": "evict"}, False),  # write-back: retains
         ({"model": MODEL_PRESETS["gpt-oss-20b"]}, False),  # hybrid: sliding-window groups
     ],
 )
@@ -296,7 +319,7 @@ def test_what_the_compiled_pool_serves(
 ) -> None:
     monkeypatch.setenv(POOL_ENV, "auto")
     cfg = EngineConfig(**changes)
-    assert serves(cfg, with_cpu_tier=cfg.has_cpu_tier) is compiled
+    assert serves(cfg) is compiled
     stack = build_kv_stack(cfg, lambda n: 1.0)
     assert isinstance(stack.pool, CompiledBlockPool) is compiled
     if compiled:
@@ -318,3 +341,35 @@ def test_a_pool_whose_init_never_ran_raises_instead_of_crashing() -> None:
         with pytest.raises(RuntimeError, match="not initialised"):
             call()
     assert pool.num_free == 0 and pool.usage == 0.0
+
+
+def test_a_failed_registration_leaves_the_event_pool_whole() -> None:
+    # A hash list too short: as in the Python pool, the block registered before the error
+    # gets no event; evicting it later and a reset do not trip over its missing tokens.
+    c = CompiledEventPool(2, BS)
+    table = c.get_new_blocks(2)
+    with pytest.raises(IndexError):
+        c.cache_full_blocks(table, 0, 2, [5], list(range(2 * BS)))
+    py = BlockPool(2, BS, record_events=True)
+    py_table = py.get_new_blocks(2)
+    with pytest.raises(IndexError):
+        py.cache_full_blocks(py_table, 0, 2, [5], list(range(2 * BS)))
+    assert c.take_events() == py.take_events() == []
+    c.reset_prefix_cache()
+    c.free_blocks(reversed(table))
+    assert c.get_new_blocks(2) == [1, 0] and c.num_used == 2
+
+
+def test_blocks_must_be_plain_ids_and_are_cached_under_one_hash() -> None:
+    c = CompiledBlockPool(2, BS)
+    table = c.get_new_blocks(1)
+
+    class Id(int):
+        pass
+
+    with pytest.raises(TypeError, match="its id"):
+        c.touch([Id(0)])
+    c.cache_full_blocks(table, 0, 1, [7], [])
+    with pytest.raises(ValueError, match="under another hash"):
+        c.cache_full_blocks(table, 0, 1, [8], [])  # (the map never outgrows the pool)
+    assert c.cached_hashes() == {7: 0}

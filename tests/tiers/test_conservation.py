@@ -16,26 +16,36 @@ from mocker.config import EngineConfig, StorageTierSpec
 from mocker.engine.core import EngineCore
 from mocker.engine.outputs import StepResult
 from mocker.engine.virtual import VirtualDriver, VirtualRun
+from mocker.kv.block_pool import BlockPool
 from mocker.kv.events import BlockStored
 from mocker.metrics import StatsRecorder
 from mocker.request import RequestStatus
 from tests.support.kv_index import EventIndex
+from tests.support.pools import all_blocks, free_order, view
 from tests.support.workloads import random_geometry, random_requests
 
 
 def check_invariants(core: EngineCore) -> None:
     pool, host, offload = core.pool, core.cpu, core.connector
     assert host is not None and offload is not None
-    # Device: free + used + in flight = the pool; the counters match a recount.
-    free = pool.policy.order()  # type: ignore[attr-defined]
+    # Device (either pool): free + used + in flight = the pool; the counters match a recount.
+    free = free_order(pool)
+    blocks = all_blocks(pool)
     assert len(free) == pool.num_free
-    assert sum(1 for b in pool.blocks if b.ref_cnt > 0) == pool.num_used
+    assert sum(1 for b in blocks if b.ref_cnt > 0) == pool.num_used
     assert pool.num_free + pool.num_used + pool.num_displaced == pool.num_blocks
-    assert sum(1 for b in free if b.retained) == pool.num_retained_free
-    assert all(b.ref_cnt == 0 for b in free)
+    assert all(blocks[i].ref_cnt == 0 for i in free)
+    free_set = set(free)
+
+    def held(block: object) -> bool:  # referenced, never on the free side
+        b = view(pool, block)
+        return b.ref_cnt > 0 and b.block_id not in free_set
+
     cached = pool.cached_hashes()
     storing = offload.storing_blocks()
     if offload.write_back:
+        assert isinstance(pool, BlockPool)  # (the compiled pool serves no write-back engine)
+        assert sum(1 for b in pool.policy.order() if b.retained) == pool.num_retained_free
         # Retained: exactly the cached device blocks the CPU tier does not hold.
         for block in pool.blocks:
             if block.block_hash is not None and cached.get(block.block_hash) == block.block_id:
@@ -46,7 +56,7 @@ def check_invariants(core: EngineCore) -> None:
             assert cached.get(block.block_hash) != block.block_id  # type: ignore[arg-type]
     else:
         assert pool.num_displaced == 0 and pool.num_retained_free == 0
-        assert all(b.ref_cnt > 0 and b.prev_free is None for b in storing)  # pinned
+        assert all(map(held, storing))  # pinned
     # Host: resident + incoming = used <= capacity.
     assert host.num_resident + host.num_incoming == host.num_used <= host.capacity
     # Loads: device slots referenced (never on the free side), host blocks pinned.
@@ -54,7 +64,7 @@ def check_invariants(core: EngineCore) -> None:
     for request, hashes in offload.loading_blocks():
         assert request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
         assert request in core.scheduler.loading
-        assert all(b.ref_cnt > 0 and b.prev_free is None for b in request.blocks)
+        assert all(map(held, request.blocks))
         for h in hashes:
             assert h in host
             pins[h] += 1
@@ -75,7 +85,7 @@ def check_invariants(core: EngineCore) -> None:
     assert len(core.scheduler.loading) == offload.num_loading
     # Every live request's blocks are referenced.
     for request in core.requests.values():
-        assert all(b.ref_cnt > 0 for b in request.blocks)
+        assert all(view(pool, b).ref_cnt > 0 for b in request.blocks)
 
 
 def assert_drained(core: EngineCore) -> None:
