@@ -5,9 +5,10 @@
  * Why it exists: in a long replay the Python pool's per-block work is bound by memory, not
  * bytecode. A block's life touches its 144-byte object, its hash's int object and two slots
  * of a map as large as the pool, in an order the LRU scatters. Here a block is an index into
- * one array of small structs (reference count, hash, parent hash, free-list links), and the
- * prefix map is an open-addressing table of (hash, block) pairs. Blocks cross into Python as
- * the ints 0..n-1, one object each made once, so handing a block out allocates nothing.
+ * one array of small structs (reference count, hash, parent hash, its id object, its place in
+ * the free queue, itself a ring of ids), and the prefix map is an open-addressing table of
+ * (hash, block) pairs. Blocks cross into Python as the ints 0..n-1, one object each made
+ * once, so handing a block out allocates nothing.
  *
  * The Python pool stays the reference: every operation here does exactly what it does, in
  * the same order (the same ids handed out, the same free order, the same map), which
@@ -23,15 +24,17 @@
 #define F_PARENT 2u
 #define F_FREE 4u
 
-/* One block's state in one place: a block's life touches one cache line or two, not one
- * per field (the pool is larger than the caches, and the LRU scatters the blocks). */
+/* One block's state in one place, the fields a hand-out reads first: a block's life touches
+ * one cache line or two, not one per field (the pool is larger than the caches, and the LRU
+ * scatters the blocks). */
 typedef struct {
     uint64_t hash;
-    uint64_t parent;
-    uint64_t seq; /* when it was last registered: the Python pool's map order */
+    PyObject *id;  /* the int object of this block's id: handed out with it */
     int32_t ref;
-    int32_t prev, next;
     uint8_t flags;
+    int64_t pos;   /* its entry in the free queue while free */
+    uint64_t parent;
+    uint64_t seq;  /* when it was last registered: the Python pool's map order */
 } Block;
 
 /* A map entry: key and value on one cache line. */
@@ -51,17 +54,55 @@ typedef struct {
     PyObject *evicted;
     PyObject *stored; /* and the (start, end) runs cache_full_blocks newly stored */
     Py_ssize_t num_used;   /* referenced blocks */
-    Py_ssize_t free_len;   /* blocks on the free list */
-    /* n + 2 entries: the free list's head is n, its tail n + 1 */
+    Py_ssize_t free_len;   /* blocks in the free queue */
     Block *blk;
     uint64_t next_seq;
+    /* The free queue (the LRU order, next to be reused first): a ring of block ids, -1 where
+     * a block left from the middle (revived by a prefix hit). Entries [qhead, qtail) are in
+     * the ring at index & qmask; the positions only grow (or shrink at the head), so a
+     * block's `pos` names its entry for good. A ring and not a linked list: a hand-out reads
+     * the next ids in a row and asks for their blocks ahead, instead of following one
+     * block's link to the next, a cache miss at a time. */
+    int32_t *q;
+    int64_t qhead, qtail, qmask;
     /* hash -> block: linear probing, backward-shift deletion, at most half full */
     Slot *slots;
     Py_ssize_t mask;
     int shift;
     Py_ssize_t count;
-    PyObject **ids;        /* the int object of each block id */
+    int ready; /* __init__ ran to its end */
 } Pool;
+
+/* -- hashes -------------------------------------------------------------------------------- */
+
+/* A hash (an int in [0, 2**64)) as a uint64. On 3.11 an exact int's digits are read directly:
+ * PyLong_AsUnsignedLongLong converts an int of three digits (every hash above 2**60) through
+ * a generic byte-array routine, several times the work. */
+static inline int hash_of(PyObject *obj, uint64_t *out)
+{
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+    if (PyLong_CheckExact(obj)) {
+        Py_ssize_t size = Py_SIZE(obj);
+        const digit *d = ((PyLongObject *)obj)->ob_digit;
+        if (size >= 0 && size * PyLong_SHIFT < 64 + PyLong_SHIFT) {
+            /* The bits the top digit may use: a larger one is an int of 65 bits or more. */
+            int room = 64 - (int)(size - 1) * PyLong_SHIFT;
+            if (size == 0 || room >= PyLong_SHIFT || (d[size - 1] >> room) == 0) {
+                uint64_t x = 0;
+                for (Py_ssize_t i = size - 1; i >= 0; i--)
+                    x = (x << PyLong_SHIFT) | d[i];
+                *out = x;
+                return 0;
+            }
+        }
+    }
+#endif
+    unsigned long long h = PyLong_AsUnsignedLongLong(obj);
+    if (h == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    *out = (uint64_t)h;
+    return 0;
+}
 
 /* -- the map ----------------------------------------------------------------------------- */
 
@@ -100,9 +141,11 @@ static inline int32_t map_get_or_put(Pool *p, uint64_t h, int32_t block)
     return -1;
 }
 
-/* Prefetching: a run of blocks' hashes is known before it is walked, and a probe of a map
- * larger than the caches misses; asking for the slots a few blocks ahead overlaps those
- * misses instead of waiting for each in turn. */
+/* Prefetching: the blocks and hashes a walk will reach are known before it reaches them,
+ * and a block's struct, its id object and a map slot each miss the caches (the pool, the
+ * ids and the map are larger than they are); asking for them a few entries ahead overlaps
+ * those misses instead of waiting for each in turn. A walk asks in stages: first for what
+ * an entry points to, then (once that has arrived) for what that points to. */
 #define AHEAD 8
 #if defined(__GNUC__)
 #define PREFETCH(addr) __builtin_prefetch(addr)
@@ -110,16 +153,22 @@ static inline int32_t map_get_or_put(Pool *p, uint64_t h, int32_t block)
 #define PREFETCH(addr) ((void)(addr))
 #endif
 
+/* A block's struct may straddle two lines: both are asked for. */
+static inline void prefetch_blk(const Pool *p, int32_t b)
+{
+    const char *at = (const char *)&p->blk[b];
+    PREFETCH(at);
+    PREFETCH(at + sizeof(Block) - 1);
+}
+
 static inline void prefetch_hash(const Pool *p, PyObject *obj)
 {
-    if (!PyLong_CheckExact(obj))
-        return;
-    unsigned long long h = PyLong_AsUnsignedLongLong(obj);
-    if (h == (unsigned long long)-1 && PyErr_Occurred()) {
+    uint64_t h;
+    if (hash_of(obj, &h)) {
         PyErr_Clear(); /* (the walk reaches it and raises) */
         return;
     }
-    PREFETCH(&p->slots[slot_of(p, (uint64_t)h)]);
+    PREFETCH(&p->slots[slot_of(p, h)]);
 }
 
 static inline void prefetch_block(const Pool *p, PyObject *obj)
@@ -132,7 +181,47 @@ static inline void prefetch_block(const Pool *p, PyObject *obj)
         return;
     }
     if (b >= 0 && b < p->n)
-        PREFETCH(&p->blk[b]);
+        prefetch_blk(p, (int32_t)b);
+}
+
+/* A walk over int objects (hashes or block ids), in two stages per entry: the object
+ * 2 * AHEAD entries on is asked for; the one AHEAD on, arrived by then, is read, and what
+ * it names (a map slot, a block) asked for. `start_*` before the walk from `from`, `ahead_*`
+ * at each of its entries; `len` bounds the entries the walk reaches. */
+static inline void start_hashes(const Pool *p, PyObject *const *items, Py_ssize_t from,
+                                Py_ssize_t len)
+{
+    for (Py_ssize_t k = from; k < len && k < from + 2 * AHEAD; k++)
+        PREFETCH(items[k]);
+    for (Py_ssize_t k = from; k < len && k < from + AHEAD; k++)
+        prefetch_hash(p, items[k]);
+}
+
+static inline void ahead_hashes(const Pool *p, PyObject *const *items, Py_ssize_t k,
+                                Py_ssize_t len)
+{
+    if (k + 2 * AHEAD < len)
+        PREFETCH(items[k + 2 * AHEAD]);
+    if (k + AHEAD < len)
+        prefetch_hash(p, items[k + AHEAD]);
+}
+
+static inline void start_blocks(const Pool *p, PyObject *const *items, Py_ssize_t from,
+                                Py_ssize_t len)
+{
+    for (Py_ssize_t k = from; k < len && k < from + 2 * AHEAD; k++)
+        PREFETCH(items[k]);
+    for (Py_ssize_t k = from; k < len && k < from + AHEAD; k++)
+        prefetch_block(p, items[k]);
+}
+
+static inline void ahead_blocks(const Pool *p, PyObject *const *items, Py_ssize_t k,
+                                Py_ssize_t len)
+{
+    if (k + 2 * AHEAD < len)
+        PREFETCH(items[k + 2 * AHEAD]);
+    if (k + AHEAD < len)
+        prefetch_block(p, items[k + AHEAD]);
 }
 
 static void map_del(Pool *p, uint64_t h)
@@ -161,37 +250,54 @@ static void map_del(Pool *p, uint64_t h)
     p->slots[i].val = -1;
 }
 
-/* -- the free list ------------------------------------------------------------------------- */
+/* -- the free queue ------------------------------------------------------------------------ */
+
+#define Q_AT(p, i) ((p)->q[(uint64_t)(i) & (uint64_t)(p)->qmask])
+
+/* Close the holes: the live entries move up to the head, in order. The ring holds at least
+ * twice as many entries as there are blocks, so this runs once per that many pushes at most,
+ * each time freeing at least half the ring. */
+static void compact_queue(Pool *p)
+{
+    int64_t w = p->qhead;
+    for (int64_t r = p->qhead; r < p->qtail; r++) {
+        int32_t b = Q_AT(p, r);
+        if (b < 0)
+            continue;
+        Q_AT(p, w) = b;
+        p->blk[b].pos = w++;
+    }
+    p->qtail = w;
+}
+
+static inline void queue_room(Pool *p)
+{
+    if (p->qtail - p->qhead > p->qmask)
+        compact_queue(p);
+}
 
 static inline void unlink_block(Pool *p, int32_t b)
 {
-    int32_t pr = p->blk[b].prev, nx = p->blk[b].next;
-    p->blk[pr].next = nx;
-    p->blk[nx].prev = pr;
+    Q_AT(p, p->blk[b].pos) = -1;
     p->blk[b].flags &= ~F_FREE;
     p->free_len--;
-}
-
-static inline void link_after(Pool *p, int32_t at, int32_t b)
-{
-    int32_t nx = p->blk[at].next;
-    p->blk[b].prev = at;
-    p->blk[b].next = nx;
-    p->blk[nx].prev = b;
-    p->blk[at].next = b;
-    p->blk[b].flags |= F_FREE;
-    p->free_len++;
+    /* (Holes at the ends go at once: a queue of revived blocks does not keep growing.) */
+    while (p->qhead < p->qtail && Q_AT(p, p->qhead) < 0)
+        p->qhead++;
+    while (p->qtail > p->qhead && Q_AT(p, p->qtail - 1) < 0)
+        p->qtail--;
 }
 
 /* A block whose last reference went: one holding a hash is reused last, one without first
  * (the LRU policy's `push`). */
 static inline void push_free(Pool *p, int32_t b)
 {
-    Py_ssize_t head = p->n, tail = p->n + 1;
-    if (p->blk[b].flags & F_HASHED)
-        link_after(p, p->blk[tail].prev, b);
-    else
-        link_after(p, (int32_t)head, b);
+    queue_room(p);
+    int64_t at = (p->blk[b].flags & F_HASHED) ? p->qtail++ : --p->qhead;
+    Q_AT(p, at) = b;
+    p->blk[b].pos = at;
+    p->blk[b].flags |= F_FREE;
+    p->free_len++;
 }
 
 /* -- helpers ----------------------------------------------------------------------------- */
@@ -213,15 +319,6 @@ static int block_of(Pool *p, PyObject *obj, int32_t *out)
         return -1;
     }
     *out = (int32_t)b;
-    return 0;
-}
-
-static int hash_of(PyObject *obj, uint64_t *out)
-{
-    unsigned long long h = PyLong_AsUnsignedLongLong(obj);
-    if (h == (unsigned long long)-1 && PyErr_Occurred())
-        return -1;
-    *out = (uint64_t)h;
     return 0;
 }
 
@@ -261,11 +358,11 @@ static void set_error_about(Pool *p, PyObject *type, int32_t b, const char *what
     }
 }
 
-/* A method of a pool whose __init__ never ran (a subclass that skipped it) raises instead of
- * reading arrays that do not exist. */
+/* A method of a pool whose __init__ never ran (a subclass that skipped it), or failed, raises
+ * instead of reading arrays that do not exist. */
 #define REQUIRE_READY(p)                                                                   \
     do {                                                                                   \
-        if ((p)->ids == NULL) {                                                            \
+        if (!(p)->ready) {                                                                 \
             PyErr_SetString(PyExc_RuntimeError, "the pool was not initialised");           \
             return NULL;                                                                   \
         }                                                                                  \
@@ -275,14 +372,14 @@ static void set_error_about(Pool *p, PyObject *type, int32_t b, const char *what
 
 static void Pool_dealloc(Pool *p)
 {
-    if (p->ids != NULL) {
+    if (p->blk != NULL) {
         for (Py_ssize_t i = 0; i < p->n; i++)
-            Py_XDECREF(p->ids[i]);
+            Py_XDECREF(p->blk[i].id);
     }
-    PyMem_Free(p->ids);
+    PyMem_Free(p->blk);
+    PyMem_Free(p->q);
     Py_XDECREF(p->evicted);
     Py_XDECREF(p->stored);
-    PyMem_Free(p->blk);
     PyMem_Free(p->slots);
     Py_TYPE(p)->tp_free((PyObject *)p);
 }
@@ -295,7 +392,7 @@ static int Pool_init(Pool *p, PyObject *args, PyObject *kwds)
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "nn|$pp", kwlist, &n, &block_size,
                                      &enable_caching, &record))
         return -1;
-    if (p->ids != NULL) {
+    if (p->blk != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "a pool is initialised once");
         return -1;
     }
@@ -319,27 +416,30 @@ static int Pool_init(Pool *p, PyObject *args, PyObject *kwds)
     }
     p->mask = cap - 1;
     p->shift = 64 - bits;
-    p->blk = PyMem_Calloc(n + 2, sizeof(Block));
+    p->qmask = cap - 1; /* the ring: at least twice the blocks, as the map */
+    p->blk = PyMem_Calloc(n ? n : 1, sizeof(Block));
     p->slots = PyMem_Malloc(cap * sizeof(Slot));
-    p->ids = PyMem_Calloc(n ? n : 1, sizeof(PyObject *));
-    if (!p->blk || !p->slots || !p->ids) {
+    p->q = PyMem_Malloc(cap * sizeof(int32_t));
+    if (!p->blk || !p->slots || !p->q) {
         PyErr_NoMemory();
         return -1;
     }
     for (Py_ssize_t i = 0; i < cap; i++)
         p->slots[i].val = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
-        p->ids[i] = PyLong_FromSsize_t(i);
-        if (p->ids[i] == NULL)
+        p->blk[i].id = PyLong_FromSsize_t(i);
+        if (p->blk[i].id == NULL)
             return -1;
     }
     /* Handed out 0, 1, 2, ... first. */
-    int32_t head = (int32_t)n, tail = (int32_t)(n + 1);
-    p->blk[head].next = tail;
-    p->blk[tail].prev = head;
-    p->blk[head].prev = p->blk[tail].next = -1;
-    for (Py_ssize_t i = 0; i < n; i++)
-        link_after(p, p->blk[tail].prev, (int32_t)i);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        p->q[i] = (int32_t)i;
+        p->blk[i].pos = i;
+        p->blk[i].flags = F_FREE;
+    }
+    p->qhead = 0;
+    p->qtail = p->free_len = n;
+    p->ready = 1;
     return 0;
 }
 
@@ -359,40 +459,67 @@ static PyObject *Pool_get_new_blocks(Pool *p, PyObject *arg)
     PyObject *out = PyList_New(n);
     if (out == NULL)
         return NULL;
-    int32_t head = (int32_t)p->n;
-    int32_t b = p->blk[head].next;
+    /* The next n ids, read off the ring in a row (holes skipped). */
+    int32_t stack[64];
+    int32_t *take = n <= 64 ? stack : PyMem_Malloc(n * sizeof(int32_t));
+    if (take == NULL) {
+        Py_DECREF(out);
+        return PyErr_NoMemory();
+    }
+    int64_t at = p->qhead;
+    for (Py_ssize_t k = 0; k < n; at++) {
+        int32_t b = Q_AT(p, at);
+        if (b >= 0)
+            take[k++] = b;
+    }
     if (p->record) {
         /* The hashes these blocks give up, noted first: nothing changes if that fails. */
         Py_ssize_t noted = PyList_GET_SIZE(p->evicted);
-        for (Py_ssize_t k = 0; k < n; k++, b = p->blk[b].next) {
-            if ((p->blk[b].flags & F_HASHED) && note_evicted(p, p->blk[b].hash)) {
+        for (Py_ssize_t k = 0; k < n; k++) {
+            Block *blk = &p->blk[take[k]];
+            if ((blk->flags & F_HASHED) && note_evicted(p, blk->hash)) {
                 PyList_SetSlice(p->evicted, noted, PY_SSIZE_T_MAX, NULL);
+                if (take != stack)
+                    PyMem_Free(take);
                 Py_DECREF(out);
                 return NULL;
             }
         }
-        b = p->blk[head].next;
     }
-    /* Two walks: the first follows the list (one miss a block, in turn) and asks for the map
-     * slots of the hashes it will drop; the second drops them, the slots mostly there. */
+    /* In stages: a block's struct is asked for 2 * AHEAD entries before its turn; AHEAD
+     * before, its id object and (for a cached block) the map slot of its hash; then the
+     * block is handed out and its hash dropped. */
+    for (Py_ssize_t k = 0; k < n && k < 2 * AHEAD; k++)
+        prefetch_blk(p, take[k]);
+    for (Py_ssize_t k = 0; k < n && k < AHEAD; k++) {
+        Block *ahead = &p->blk[take[k]];
+        PREFETCH(ahead->id);
+        if (ahead->flags & F_HASHED)
+            PREFETCH(&p->slots[slot_of(p, ahead->hash)]);
+    }
     for (Py_ssize_t k = 0; k < n; k++) {
-        Block *k_blk = &p->blk[b];
-        if (k_blk->flags & F_HASHED)
-            PREFETCH(&p->slots[slot_of(p, k_blk->hash)]);
-        PyObject *id = p->ids[b];
-        Py_INCREF(id);
-        PyList_SET_ITEM(out, k, id);
-        b = k_blk->next;
+        if (k + 2 * AHEAD < n)
+            prefetch_blk(p, take[k + 2 * AHEAD]);
+        if (k + AHEAD < n) {
+            Block *ahead = &p->blk[take[k + AHEAD]];
+            PREFETCH(ahead->id);
+            if (ahead->flags & F_HASHED)
+                PREFETCH(&p->slots[slot_of(p, ahead->hash)]);
+        }
+        Block *blk = &p->blk[take[k]];
+        if (blk->flags & F_HASHED)
+            map_del(p, blk->hash);
+        blk->flags = 0;
+        blk->ref = 1;
+        Py_INCREF(blk->id);
+        PyList_SET_ITEM(out, k, blk->id);
     }
-    for (Py_ssize_t k = 0; k < n; k++) {
-        Block *k_blk = &p->blk[PyLong_AsSsize_t(PyList_GET_ITEM(out, k))];
-        if (k_blk->flags & F_HASHED)
-            map_del(p, k_blk->hash);
-        k_blk->flags = 0;
-        k_blk->ref = 1;
-    }
-    p->blk[head].next = b;
-    p->blk[b].prev = head;
+    if (take != stack)
+        PyMem_Free(take);
+    /* The taken entries leave the ring (with the holes among them and just after). */
+    while (at < p->qtail && Q_AT(p, at) < 0)
+        at++;
+    p->qhead = at;
     p->free_len -= n;
     p->num_used += n;
     return out;
@@ -453,10 +580,10 @@ static PyObject *Pool_free_blocks(Pool *p, PyObject *ordered)
     }
     Py_ssize_t nfreed = 0;
     int failed = 0;
+    start_blocks(p, items, 0, len);
     for (Py_ssize_t k = 0; k < len; k++) {
         int32_t b;
-        if (k + AHEAD < len)
-            prefetch_block(p, items[k + AHEAD]);
+        ahead_blocks(p, items, k, len);
         if (block_of(p, items[k], &b)) {
             failed = 1;
             break;
@@ -492,8 +619,8 @@ static PyObject *Pool_lookup(Pool *p, PyObject *arg)
     int32_t b = map_get(p, h);
     if (b < 0)
         Py_RETURN_NONE;
-    Py_INCREF(p->ids[b]);
-    return p->ids[b];
+    Py_INCREF(p->blk[b].id);
+    return p->blk[b].id;
 }
 
 static PyObject *Pool_lookup_prefix(Pool *p, PyObject *hashes)
@@ -509,12 +636,10 @@ static PyObject *Pool_lookup_prefix(Pool *p, PyObject *hashes)
         Py_DECREF(seq);
         return NULL;
     }
-    for (Py_ssize_t k = 0; k < len && k < AHEAD; k++)
-        prefetch_hash(p, items[k]);
+    start_hashes(p, items, 0, len);
     for (Py_ssize_t k = 0; k < len; k++) {
         uint64_t h;
-        if (k + AHEAD < len)
-            prefetch_hash(p, items[k + AHEAD]);
+        ahead_hashes(p, items, k, len);
         if (hash_of(items[k], &h)) {
             Py_DECREF(out);
             Py_DECREF(seq);
@@ -523,7 +648,7 @@ static PyObject *Pool_lookup_prefix(Pool *p, PyObject *hashes)
         int32_t b = map_get(p, h);
         if (b < 0)
             break;
-        if (PyList_Append(out, p->ids[b])) {
+        if (PyList_Append(out, p->blk[b].id)) {
             Py_DECREF(out);
             Py_DECREF(seq);
             return NULL;
@@ -632,12 +757,19 @@ static PyObject *Pool_cache_full_blocks(Pool *p, PyObject *const *args, Py_ssize
      * cover them (a block already cached ends a run). */
     PyObject *runs = p->record ? p->stored : NULL;
     Py_ssize_t run_start = -1;
-    for (Py_ssize_t i = start; i < end && i < nh && i < start + AHEAD; i++)
-        if (i >= 0)
-            prefetch_hash(p, hitems[i]);
+    /* (Bounds of the prefetching walks: a bad index raises when the walk reaches it.) */
+    Py_ssize_t h_end = end < nh ? end : nh;
+    Py_ssize_t b_end = end < PyList_GET_SIZE(blocks) ? end : PyList_GET_SIZE(blocks);
+    if (start >= 0) {
+        start_hashes(p, hitems, start, h_end);
+        start_blocks(p, PySequence_Fast_ITEMS(blocks), start, b_end);
+    }
     for (Py_ssize_t i = start; i < end; i++) {
-        if (i + AHEAD < end && i + AHEAD < nh && i >= 0)
-            prefetch_hash(p, hitems[i + AHEAD]);
+        if (i >= 0) {
+            ahead_hashes(p, hitems, i, h_end);
+            /* (Re-read: an adopted block replaces an item as the walk goes.) */
+            ahead_blocks(p, PySequence_Fast_ITEMS(blocks), i, b_end);
+        }
         if (i >= PyList_GET_SIZE(blocks) || i >= nh || i < 0) {
             PyErr_SetString(PyExc_IndexError, "list index out of range");
             goto fail;
@@ -668,7 +800,7 @@ static PyObject *Pool_cache_full_blocks(Pool *p, PyObject *const *args, Py_ssize
             /* Another request computed this block first: adopt its copy, release ours. */
             if (touch_one(p, existing))
                 goto fail;
-            PyObject *id = p->ids[existing];
+            PyObject *id = p->blk[existing].id;
             Py_INCREF(id);
             PyList_SetItem(blocks, i, id);
             int32_t left = --p->blk[b].ref;
@@ -767,7 +899,7 @@ static PyObject *Pool_cached_hashes(Pool *p, PyObject *const *args, Py_ssize_t n
         if (p->slots[i].val < 0)
             continue;
         PyObject *k = PyLong_FromUnsignedLongLong(p->slots[i].key);
-        if (k == NULL || PyDict_SetItem(out, k, p->ids[p->slots[i].val])) {
+        if (k == NULL || PyDict_SetItem(out, k, p->blk[p->slots[i].val].id)) {
             Py_XDECREF(k);
             Py_DECREF(out);
             return NULL;
@@ -783,8 +915,9 @@ static PyObject *Pool_free_order(Pool *p, PyObject *Py_UNUSED(ignored))
     PyObject *out = PyList_New(0);
     if (out == NULL)
         return NULL;
-    for (int32_t b = p->blk[p->n].next; b != (int32_t)(p->n + 1); b = p->blk[b].next) {
-        if (PyList_Append(out, p->ids[b])) {
+    for (int64_t at = p->qhead; at < p->qtail; at++) {
+        int32_t b = Q_AT(p, at);
+        if (b >= 0 && PyList_Append(out, p->blk[b].id)) {
             Py_DECREF(out);
             return NULL;
         }
@@ -829,8 +962,8 @@ static PyObject *Pool_cached_in_order(Pool *p, PyObject *Py_UNUSED(ignored))
     PyObject *out = PyList_New(m);
     if (out != NULL) {
         for (Py_ssize_t i = 0; i < m; i++) {
-            Py_INCREF(p->ids[all[i].block]);
-            PyList_SET_ITEM(out, i, p->ids[all[i].block]);
+            Py_INCREF(p->blk[all[i].block].id);
+            PyList_SET_ITEM(out, i, p->blk[all[i].block].id);
         }
     }
     PyMem_Free(all);

@@ -170,6 +170,52 @@ def test_random_workloads_match_the_python_pool(seed: int, events: bool) -> None
     assert c.num_used == 0 and c.num_free == n
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_the_free_queue_keeps_the_lru_order_through_holes_and_wraparounds(seed: int) -> None:
+    """The free queue is a ring with holes where revived blocks left: many revive / free
+    cycles on a small pool fill the ring with holes (it is compacted when full), frees of
+    blocks without a hash push at the head, and a reset moves cleared blocks from the middle
+    to the head (positions below the first); the positions run past the ring's size many
+    times over. The order stays the Python pool's."""
+    rng = random.Random(seed)
+    n = 6
+    py, c = BlockPool(n, BS), CompiledBlockPool(n, BS)
+    tables: dict[int, tuple[list[KVBlock], list[int]]] = {}  # hash -> its one-block table
+    for step in range(3_000):
+        cached = list(tables)
+        op = rng.random()
+        if op < 0.55 and cached:  # revive a cached block (a prefix hit) and free it again
+            h = rng.choice(cached)
+            hits_py, hits_c = py.lookup_prefix([h]), c.lookup_prefix([h])
+            assert hits_c == _ids(hits_py)
+            if hits_py:
+                py.touch(hits_py)
+                c.touch(hits_c)
+                py.free_blocks(hits_py)
+                c.free_blocks(hits_c)
+        elif op < 0.8 and py.num_reusable:  # a new block, cached under a fresh hash
+            h = rng.getrandbits(64)
+            b_py, b_c = py.get_new_blocks(1), c.get_new_blocks(1)
+            assert b_c == _ids(b_py)
+            py.cache_full_blocks(b_py, 0, 1, [h], [0] * BS)
+            c.cache_full_blocks(b_c, 0, 1, [h], [0] * BS)
+            py.free_blocks(b_py)
+            c.free_blocks(b_c)
+            tables[h] = (b_py, b_c)
+        elif op < 0.99 and py.num_reusable:  # a block freed without a hash: reused first
+            k = rng.randint(1, py.num_reusable)
+            b_py, b_c = py.get_new_blocks(k), c.get_new_blocks(k)
+            assert b_c == _ids(b_py)
+            py.free_blocks(reversed(b_py))
+            c.free_blocks(reversed(b_c))
+        elif op >= 0.99:
+            assert c.reset_prefix_cache() == py.reset_prefix_cache()
+        tables = {h: t for h, t in tables.items() if py.lookup(h) is not None}
+        if step % 7 == 0 or step > 2_900:
+            _same_state(py, c)
+    _same_state(py, c)
+
+
 def test_a_block_computed_twice_is_swapped_for_the_cached_one() -> None:
     py, c = BlockPool(6, BS), CompiledBlockPool(6, BS)
     a_py, a_c = py.get_new_blocks(2), c.get_new_blocks(2)
