@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import sub
 
 from mocker.engine.core import EngineCore
 from mocker.engine.stats import FinishedRequestStats
@@ -36,16 +37,17 @@ def run_decodes(core: EngineCore, now: float, stop_at: float) -> DecodeRun | Non
     batch = _decode_batch(core)
     if batch is None:
         return None
-    max_passes = min(r.max_tokens - r.num_output_tokens for r in batch)
+    # (Each request's output count once: `num_output_tokens` is a property, and these run
+    # for every request of every run.)
+    outputs = [len(r.all_token_ids) - r.num_prompt_tokens for r in batch]
+    max_passes = min(map(sub, [r.max_tokens for r in batch], outputs))
     allocs = _block_needs(batch, core.config.block_size, max_passes)
     passes, start, end = _time_passes(core, batch, allocs, now, stop_at, max_passes)
     if not passes:
         return None
     marks = [(len(r.all_token_ids), len(r.block_hashes)) for r in batch]
     # Tokens (and block hashes) first: no pool state changes yet.
-    rows = core.sampler.token_rows(
-        [r.token_seed for r in batch], [r.num_output_tokens for r in batch], passes
-    )
+    rows = core.sampler.token_rows([r.token_seed for r in batch], outputs, passes)
     for request, row in zip(batch, rows, strict=True):
         request.append_output_tokens(row)
     if _would_dedup(core, batch, passes):
@@ -135,11 +137,14 @@ def _apply(
     if order:
         kv.append_block_each(order)
     finished: list[FinishedRequestStats] = []
+    bs = core.config.block_size
     for request in batch:
-        request.num_computed_tokens += passes
+        computed = request.num_computed_tokens + passes
+        request.num_computed_tokens = computed
         request.last_token_time = end
-        kv.cache_blocks(request)
-        if request.num_output_tokens >= request.max_tokens:
+        if computed // bs > request.num_cached_blocks:  # (kv.cache_blocks' own test, first)
+            kv.cache_blocks(request)
+        if len(request.all_token_ids) - request.num_prompt_tokens >= request.max_tokens:
             finished.append(core.finish_in_pass(request, RequestStatus.FINISHED_LENGTH_CAPPED, end))
     if finished:
         core.scheduler.remove_finished()

@@ -221,7 +221,8 @@ class Scheduler:
             or len(running) > self._token_budget
         ):
             return None
-        for request in running:
+        # Newest first: a request still in its prompt is most often the last admitted.
+        for request in reversed(running):
             num_tokens = len(request.all_token_ids)
             if (
                 request.num_computed_tokens != num_tokens - 1
