@@ -37,7 +37,7 @@ class PromptBuilder:
     id, position): the engine hashes it, with the output, once it fills.
     """
 
-    __slots__ = ("_per", "_seed", "block_size", "trace_block_size", "vocab")
+    __slots__ = ("_offsets", "_per", "_seed", "block_size", "trace_block_size", "vocab")
 
     def __init__(self, block_size: int, trace_block_size: int, vocab: int, seed: int) -> None:
         self.block_size = block_size
@@ -47,6 +47,8 @@ class PromptBuilder:
         # Engine blocks per trace block; 0 when they do not divide it (a Mamba hybrid's
         # block: see `_straddling`).
         self._per = 0 if trace_block_size % block_size else trace_block_size // block_size
+        # Each engine block's offset inside its trace block, mixed in: the same every prompt.
+        self._offsets = np.arange(self._per, dtype=np.uint64) * np.uint64(GOLDEN)
 
     def prompt(self, request: TraceRequest) -> tuple[list[int], list[BlockHash]]:
         """(prompt token ids, hashes of its full engine blocks)."""
@@ -58,12 +60,15 @@ class PromptBuilder:
         keys = []
         key = self._seed
         for h in ids[: -(-num_full // self._per)]:
-            key = splitmix64(key ^ (h & MASK64))
+            # key = splitmix64(key ^ h), inlined: a call per trace block costs more than it.
+            x = ((key ^ (h & MASK64)) + GOLDEN) & MASK64
+            x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+            x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+            key = x ^ (x >> 31)
             keys.append(key)
         hashes: list[BlockHash] = []
         if num_full:
-            per = np.arange(self._per, dtype=np.uint64) * np.uint64(GOLDEN)
-            grid = np.asarray(keys, dtype=np.uint64)[:, None] ^ per[None, :]
+            grid = np.asarray(keys, dtype=np.uint64)[:, None] ^ self._offsets[None, :]
             hashes = splitmix64_array(grid.ravel()[:num_full]).tolist()
         tokens = [FILLER_TOKEN] * (num_full * bs)
         tail = n - num_full * bs
