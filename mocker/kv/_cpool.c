@@ -564,19 +564,13 @@ static PyObject *Pool_touch(Pool *p, PyObject *blocks)
 /* Drop one reference from each block, in order; those left unreferenced go to the free list
  * in that order (after the walk, as the Python pool's `push_many`: a bad block stops the walk
  * but the ones before it are freed all the same). */
-static PyObject *Pool_free_blocks(Pool *p, PyObject *ordered)
+static int free_items(Pool *p, PyObject *const *items, Py_ssize_t len)
 {
-    REQUIRE_READY(p);
-    PyObject *seq = PySequence_Fast(ordered, "free_blocks takes an iterable of blocks");
-    if (seq == NULL)
-        return NULL;
-    Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
     int32_t stack[64];
     int32_t *freed = len <= 64 ? stack : PyMem_Malloc(len * sizeof(int32_t));
     if (freed == NULL) {
-        Py_DECREF(seq);
-        return PyErr_NoMemory();
+        PyErr_NoMemory();
+        return -1;
     }
     Py_ssize_t nfreed = 0;
     int failed = 0;
@@ -602,8 +596,43 @@ static PyObject *Pool_free_blocks(Pool *p, PyObject *ordered)
         push_free(p, freed[k]);
     if (freed != stack)
         PyMem_Free(freed);
+    return failed ? -1 : 0;
+}
+
+static PyObject *Pool_free_blocks(Pool *p, PyObject *ordered)
+{
+    REQUIRE_READY(p);
+    PyObject *seq = PySequence_Fast(ordered, "free_blocks takes an iterable of blocks");
+    if (seq == NULL)
+        return NULL;
+    int rc = free_items(p, PySequence_Fast_ITEMS(seq), PySequence_Fast_GET_SIZE(seq));
     Py_DECREF(seq);
-    if (failed)
+    if (rc)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* free_blocks(reversed(blocks)) for a request's block list, tail first, without building the
+ * reversed list (an increment and a decrement of every block's id object, each a cache miss
+ * in a pool larger than the caches). */
+static PyObject *Pool_free_blocks_reversed(Pool *p, PyObject *blocks)
+{
+    REQUIRE_READY(p);
+    if (!PyList_Check(blocks)) {
+        PyErr_SetString(PyExc_TypeError, "free_blocks_reversed takes a list of blocks");
+        return NULL;
+    }
+    Py_ssize_t len = PyList_GET_SIZE(blocks);
+    PyObject *stack[64];
+    PyObject **items = len <= 64 ? stack : PyMem_Malloc(len * sizeof(PyObject *));
+    if (items == NULL)
+        return PyErr_NoMemory();
+    for (Py_ssize_t k = 0; k < len; k++)
+        items[k] = PyList_GET_ITEM(blocks, len - 1 - k); /* (borrowed: the list holds them) */
+    int rc = free_items(p, items, len);
+    if (items != stack)
+        PyMem_Free(items);
+    if (rc)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -1039,6 +1068,8 @@ static PyMethodDef Pool_methods[] = {
      "Add a reference to each block (prefix hit); a cached-free block leaves the free side."},
     {"free_blocks", (PyCFunction)Pool_free_blocks, METH_O,
      "Drop one reference from each block; pass blocks in the order they should be reused."},
+    {"free_blocks_reversed", (PyCFunction)Pool_free_blocks_reversed, METH_O,
+     "free_blocks(reversed(blocks)) for a list: a request's blocks, tail first."},
     {"lookup", (PyCFunction)Pool_lookup, METH_O, "The cached block of a hash, or None."},
     {"lookup_prefix", (PyCFunction)Pool_lookup_prefix, METH_O,
      "The cached blocks of the longest prefix of the hashes found in the cache."},

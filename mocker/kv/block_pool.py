@@ -548,6 +548,11 @@ class BlockPool:
         self.num_used -= len(freed)
         self._policy.push_many(freed)
 
+    def free_blocks_reversed(self, blocks: list[KVBlock]) -> None:
+        """`free_blocks(reversed(blocks))`: a request's blocks, tail first (the compiled pool
+        walks the list backwards instead of building the reversed one)."""
+        self.free_blocks(reversed(blocks))
+
     def reset_prefix_cache(self) -> int:
         """Forget every cached block nobody references; returns how many were forgotten.
 

@@ -55,6 +55,8 @@ class DevicePool(Protocol):
 
     def free_blocks(self, ordered_blocks: Iterable[Any]) -> None: ...
 
+    def free_blocks_reversed(self, blocks: list[Any]) -> None: ...
+
 
 class KVManager(Protocol):
     """What the scheduler and the core ask of the KV cache: this module's manager for a
@@ -227,6 +229,6 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         """Release every block; the tail goes first so a shared prefix outlives it."""
         if request.blocks:
-            self.pool.free_blocks(reversed(request.blocks))
+            self.pool.free_blocks_reversed(request.blocks)
             request.blocks = []
         request.num_cached_blocks = 0

@@ -144,7 +144,7 @@ class WriteThrough:
 
     def stored(self, blocks: list[KVBlock], owners: list[Request] | None) -> None:
         # Unpin tail first, as a request frees its blocks, so a chain is evicted leaf first.
-        self._connector.pool.free_blocks(reversed(blocks))
+        self._connector.pool.free_blocks_reversed(blocks)
         self._copies_ended(owners)
 
     def _copies_ended(self, owners: list[Request] | None) -> None:
@@ -168,7 +168,7 @@ class WriteThrough:
     def _release_held(self, owner: Request) -> None:
         held = self._held.pop(owner, None)
         if held:
-            self._connector.pool.free_blocks(reversed(held))
+            self._connector.pool.free_blocks_reversed(held)
 
     def request_finished(self, request: Request) -> bool:
         if request not in self._storing:

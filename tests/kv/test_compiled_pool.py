@@ -140,8 +140,12 @@ def test_random_workloads_match_the_python_pool(seed: int, events: bool) -> None
             t.cached = max(t.cached, end)
         elif op < 0.8 and live:  # finish one: tail first
             t = live.pop(rng.randrange(len(live)))
-            py.free_blocks(reversed(t.py))
-            c.free_blocks(reversed(t.c))
+            if rng.random() < 0.5:
+                py.free_blocks(reversed(t.py))
+                c.free_blocks(reversed(t.c))
+            else:
+                py.free_blocks_reversed(t.py)
+                c.free_blocks_reversed(t.c)
         elif op < 0.85:  # decode: one more block for a request
             if live and py.num_reusable:
                 t = rng.choice(live)
@@ -214,6 +218,22 @@ def test_the_free_queue_keeps_the_lru_order_through_holes_and_wraparounds(seed: 
         if step % 7 == 0 or step > 2_900:
             _same_state(py, c)
     _same_state(py, c)
+
+
+def test_freeing_a_list_backwards_is_freeing_it_reversed() -> None:
+    """free_blocks_reversed(blocks) is free_blocks(reversed(blocks)) on both pools: the same
+    free order, and a block freed once too often stops the walk with the same error, the
+    blocks before it freed all the same."""
+    py, c = BlockPool(8, BS), CompiledBlockPool(8, BS)
+    a_py, a_c = py.get_new_blocks(5), c.get_new_blocks(5)
+    py.free_blocks_reversed(a_py[:2])
+    c.free_blocks_reversed(a_c[:2])
+    _same_state(py, c)
+    _both(lambda: py.free_blocks_reversed(a_py), lambda: c.free_blocks_reversed(a_c))
+    _same_state(py, c)
+    assert c.num_used == py.num_used == 0
+    with pytest.raises(TypeError, match="a list of blocks"):
+        c.free_blocks_reversed(iter([0]))  # type: ignore[arg-type]
 
 
 def test_a_block_computed_twice_is_swapped_for_the_cached_one() -> None:
