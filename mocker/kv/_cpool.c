@@ -623,7 +623,7 @@ static PyObject *Pool_free_blocks_reversed(Pool *p, PyObject *blocks)
         return NULL;
     }
     Py_ssize_t len = PyList_GET_SIZE(blocks);
-    PyObject *stack[64];
+    PyObject *stack[64] = {NULL};
     PyObject **items = len <= 64 ? stack : PyMem_Malloc(len * sizeof(PyObject *));
     if (items == NULL)
         return PyErr_NoMemory();
