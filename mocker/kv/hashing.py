@@ -17,7 +17,7 @@ import sys
 from array import array
 from collections.abc import Callable, Sequence
 from enum import StrEnum
-from typing import Any, NewType, Protocol
+from typing import Any, NewType, Protocol, cast
 
 import cbor2
 import xxhash
@@ -130,15 +130,24 @@ class BlockHasher:
         """
         start = len(hashes)
         end = len(token_ids) // block_size
-        parent = hashes[-1] if hashes else None
+        if start >= end:
+            return
+        # `hash_block` inlined (once per full block of every prompt and output): the length
+        # of a full block's body is the same for each. tests/kv/test_hashing.py checks the
+        # two agree.
+        parent: int = hashes[-1] if hashes else self.none_hash
+        digest, seed = xxhash.xxh3_64_intdigest, self._seed
+        # (The digests are BlockHashes: appended as they are, without a NewType call each.)
+        append = cast("Callable[[int], None]", hashes.append)
+        size = (4 * block_size).to_bytes(4, "big")
         for i in range(start, end):
             lo = i * block_size
-            parent = self.hash_block(
-                parent,
-                token_ids[lo : lo + block_size],
-                first_extra if i == 0 and first_extra else extra,
-            )
-            hashes.append(parent)
+            packed = array("I", token_ids[lo : lo + block_size])
+            if _BIG_ENDIAN:
+                packed.byteswap()
+            tail = packed.tobytes() + (first_extra if i == 0 and first_extra else extra)
+            parent = digest(parent.to_bytes(8, "big") + size + tail, seed=seed)
+            append(parent)
 
     def chain(
         self, lora_name: str | None, cache_salt: str | None, lora_path: str | None = None

@@ -1,6 +1,7 @@
 """Chained block hashes: exact chaining, seeding, extra keys, incremental extension."""
 
 import json
+import random
 from array import array
 from pathlib import Path
 from typing import Any
@@ -139,3 +140,26 @@ def test_make_hasher_picks_the_algorithm() -> None:
     assert isinstance(vllm, VllmBlockHasher) and vllm.algo is HashAlgo.SHA256
     with pytest.raises(ValueError):
         make_hasher("md5", 0)
+
+
+def test_extend_is_the_chain_of_hash_block() -> None:
+    """`extend` (hash_block inlined) gives each block's `hash_block` of its parent, tokens and
+    extra keys, the first block's own extra keys included, from any starting point."""
+    rng = random.Random(5)
+    for _ in range(40):
+        h = BlockHasher(rng.getrandbits(32))
+        bs = rng.choice([1, 2, 16])
+        tokens = [rng.randrange(2**32) for _ in range(rng.randint(0, 5 * bs))]
+        extra = rng.choice([b"", extra_keys_bytes("lora")])
+        first = rng.choice([b"", extra_keys_bytes("lora", "salt")])
+        want: list = []
+        parent = None
+        for i in range(len(tokens) // bs):
+            parent = h.hash_block(
+                parent, tokens[i * bs : (i + 1) * bs], first if i == 0 and first else extra
+            )
+            want.append(parent)
+        got: list = []
+        h.extend(got, tokens[: rng.randint(0, len(tokens))], bs, extra, first)
+        h.extend(got, tokens, bs, extra, first)
+        assert got == want
