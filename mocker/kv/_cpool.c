@@ -58,11 +58,11 @@ typedef struct {
     Block *blk;
     uint64_t next_seq;
     /* The free queue (the LRU order, next to be reused first): a ring of block ids, -1 where
-     * a block left from the middle (revived by a prefix hit). Entries [qhead, qtail) are in
-     * the ring at index & qmask; the positions only grow (or shrink at the head), so a
-     * block's `pos` names its entry for good. A ring and not a linked list: a hand-out reads
-     * the next ids in a row and asks for their blocks ahead, instead of following one
-     * block's link to the next, a cache miss at a time. */
+     * a block left from the middle (revived by a prefix hit). Positions [qhead, qtail) are
+     * the entries, at index position & qmask in the ring; a free block's `pos` is its
+     * entry's position (a compaction moves entries and updates it). A ring and not a linked
+     * list: a hand-out reads the next ids in a row and asks for their blocks ahead, instead
+     * of following one block's link to the next, a cache miss at a time. */
     int32_t *q;
     int64_t qhead, qtail, qmask;
     /* hash -> block: linear probing, backward-shift deletion, at most half full */
@@ -254,9 +254,9 @@ static void map_del(Pool *p, uint64_t h)
 
 #define Q_AT(p, i) ((p)->q[(uint64_t)(i) & (uint64_t)(p)->qmask])
 
-/* Close the holes: the live entries move up to the head, in order. The ring holds at least
- * twice as many entries as there are blocks, so this runs once per that many pushes at most,
- * each time freeing at least half the ring. */
+/* Close the holes: the live entries move up to the head, in order. It runs when the ring is
+ * full; the ring has room for at least twice as many entries as there are blocks, so it
+ * frees at least half of it, and as many pushes as there are blocks come before the next. */
 static void compact_queue(Pool *p)
 {
     int64_t w = p->qhead;
