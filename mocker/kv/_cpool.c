@@ -186,42 +186,27 @@ static inline void prefetch_block(const Pool *p, PyObject *obj)
 
 /* A walk over int objects (hashes or block ids), in two stages per entry: the object
  * 2 * AHEAD entries on is asked for; the one AHEAD on, arrived by then, is read, and what
- * it names (a map slot, a block) asked for. `start_*` before the walk from `from`, `ahead_*`
- * at each of its entries; `len` bounds the entries the walk reaches. */
-static inline void start_hashes(const Pool *p, PyObject *const *items, Py_ssize_t from,
-                                Py_ssize_t len)
+ * it names asked for by `names` (prefetch_hash: a map slot; prefetch_block: a block).
+ * `start_walk` before the walk from `from`, `walk_ahead` at each of its entries; `len`
+ * bounds the entries the walk reaches. (Inlined with `names` a constant: no calls.) */
+typedef void (*Names)(const Pool *, PyObject *);
+
+static inline void start_walk(const Pool *p, PyObject *const *items, Py_ssize_t from,
+                              Py_ssize_t len, Names names)
 {
     for (Py_ssize_t k = from; k < len && k < from + 2 * AHEAD; k++)
         PREFETCH(items[k]);
     for (Py_ssize_t k = from; k < len && k < from + AHEAD; k++)
-        prefetch_hash(p, items[k]);
+        names(p, items[k]);
 }
 
-static inline void ahead_hashes(const Pool *p, PyObject *const *items, Py_ssize_t k,
-                                Py_ssize_t len)
+static inline void walk_ahead(const Pool *p, PyObject *const *items, Py_ssize_t k,
+                              Py_ssize_t len, Names names)
 {
     if (k + 2 * AHEAD < len)
         PREFETCH(items[k + 2 * AHEAD]);
     if (k + AHEAD < len)
-        prefetch_hash(p, items[k + AHEAD]);
-}
-
-static inline void start_blocks(const Pool *p, PyObject *const *items, Py_ssize_t from,
-                                Py_ssize_t len)
-{
-    for (Py_ssize_t k = from; k < len && k < from + 2 * AHEAD; k++)
-        PREFETCH(items[k]);
-    for (Py_ssize_t k = from; k < len && k < from + AHEAD; k++)
-        prefetch_block(p, items[k]);
-}
-
-static inline void ahead_blocks(const Pool *p, PyObject *const *items, Py_ssize_t k,
-                                Py_ssize_t len)
-{
-    if (k + 2 * AHEAD < len)
-        PREFETCH(items[k + 2 * AHEAD]);
-    if (k + AHEAD < len)
-        prefetch_block(p, items[k + AHEAD]);
+        names(p, items[k + AHEAD]);
 }
 
 static void map_del(Pool *p, uint64_t h)
@@ -574,10 +559,10 @@ static int free_items(Pool *p, PyObject *const *items, Py_ssize_t len)
     }
     Py_ssize_t nfreed = 0;
     int failed = 0;
-    start_blocks(p, items, 0, len);
+    start_walk(p, items, 0, len, prefetch_block);
     for (Py_ssize_t k = 0; k < len; k++) {
         int32_t b;
-        ahead_blocks(p, items, k, len);
+        walk_ahead(p, items, k, len, prefetch_block);
         if (block_of(p, items[k], &b)) {
             failed = 1;
             break;
@@ -665,10 +650,10 @@ static PyObject *Pool_lookup_prefix(Pool *p, PyObject *hashes)
         Py_DECREF(seq);
         return NULL;
     }
-    start_hashes(p, items, 0, len);
+    start_walk(p, items, 0, len, prefetch_hash);
     for (Py_ssize_t k = 0; k < len; k++) {
         uint64_t h;
-        ahead_hashes(p, items, k, len);
+        walk_ahead(p, items, k, len, prefetch_hash);
         if (hash_of(items[k], &h)) {
             Py_DECREF(out);
             Py_DECREF(seq);
@@ -790,14 +775,14 @@ static PyObject *Pool_cache_full_blocks(Pool *p, PyObject *const *args, Py_ssize
     Py_ssize_t h_end = end < nh ? end : nh;
     Py_ssize_t b_end = end < PyList_GET_SIZE(blocks) ? end : PyList_GET_SIZE(blocks);
     if (start >= 0) {
-        start_hashes(p, hitems, start, h_end);
-        start_blocks(p, PySequence_Fast_ITEMS(blocks), start, b_end);
+        start_walk(p, hitems, start, h_end, prefetch_hash);
+        start_walk(p, PySequence_Fast_ITEMS(blocks), start, b_end, prefetch_block);
     }
     for (Py_ssize_t i = start; i < end; i++) {
         if (i >= 0) {
-            ahead_hashes(p, hitems, i, h_end);
+            walk_ahead(p, hitems, i, h_end, prefetch_hash);
             /* (Re-read: an adopted block replaces an item as the walk goes.) */
-            ahead_blocks(p, PySequence_Fast_ITEMS(blocks), i, b_end);
+            walk_ahead(p, PySequence_Fast_ITEMS(blocks), i, b_end, prefetch_block);
         }
         if (i >= PyList_GET_SIZE(blocks) || i >= nh || i < 0) {
             PyErr_SetString(PyExc_IndexError, "list index out of range");
