@@ -89,6 +89,8 @@ def _block_needs(batch: list[Request], bs: int, max_passes: int) -> dict[int, li
     allocs: dict[int, list[Request]] = {}
     for request in batch:
         first = len(request.blocks) * bs - request.num_computed_tokens + 1
+        if first > max_passes:
+            continue  # (most requests in a short run: no range to make)
         for p in range(max(first, 1), max_passes + 1, bs):
             allocs.setdefault(p, []).append(request)
     return allocs
@@ -162,6 +164,8 @@ def _would_dedup(core: EngineCore, batch: list[Request], passes: int) -> bool:
     seen: set[int] = set()
     for request in batch:
         end = (request.num_computed_tokens + passes) // bs
+        if end <= request.num_cached_blocks:
+            continue  # (most requests in a short run: no block fills, no slice to make)
         for block_hash in request.block_hashes[request.num_cached_blocks : end]:
             if block_hash in seen or lookup(block_hash) is not None:
                 return True
