@@ -504,7 +504,7 @@ class EngineCore:
         sampler = self.sampler
         token, eos = sampler.token, sampler.eos_token_id
         emit = self.emit_outputs
-        silent = 0  # tokens sampled without an output object
+        partial = 0  # prefill chunks short of their prompt's end: they sample nothing
         column = None if emit else self._pass_tokens(sched)
         connector = self.connector
         # Blocks registered as they were scheduled: the store policy hears of them now that
@@ -517,8 +517,10 @@ class EngineCore:
                 connector.policy.on_cached(request, registered[request])  # type: ignore[union-attr]
             elif computed // bs > request.num_cached_blocks:
                 self._cache_computed(request)
-            num_tokens = len(request.all_token_ids)
+            tokens = request.all_token_ids
+            num_tokens = len(tokens)
             if computed < num_tokens:
+                partial += 1
                 continue  # a prefill chunk that does not reach the end of the prompt
             k = num_tokens - request.num_prompt_tokens  # index of the token sampled now
             sp = request.sampling
@@ -534,7 +536,6 @@ class EngineCore:
             if k < sp.min_tokens and tok in sp.stop_token_ids:
                 tok = unmasked(sampler, request, k)
             # Request.append_output_token, inlined (once per generated token).
-            tokens = request.all_token_ids
             tokens.append(tok)
             chain = request.hash_chain
             if chain is not None and len(tokens) % request.hash_block_size == 0:
@@ -554,7 +555,6 @@ class EngineCore:
             if status is not None:  # (finishing changes nothing the output reads)
                 finished.append(self.finish_in_pass(request, status, end))
             if not emit:
-                silent += 1
                 continue
             # RequestOutput(...), every field set here: its `__init__` is called through the
             # generic type call (~1.1k instructions more per streamed token on 3.11).
@@ -578,7 +578,7 @@ class EngineCore:
             outputs.append(out)
         if finished:
             self.scheduler.remove_finished()
-        return outputs, finished, silent + len(outputs)
+        return outputs, finished, len(sched.num_scheduled) - partial
 
     def _pass_tokens(self, sched: SchedulerOutput) -> list[int] | None:
         """A replay's pass with many requests sampling, none of which can draw EOS: their
