@@ -184,9 +184,8 @@ def test_the_free_queue_keeps_the_lru_order_through_holes_and_wraparounds(seed: 
     rng = random.Random(seed)
     n = 6
     py, c = BlockPool(n, BS), CompiledBlockPool(n, BS)
-    tables: dict[int, tuple[list[KVBlock], list[int]]] = {}  # hash -> its one-block table
+    cached: list[int] = []  # hashes of cached blocks (each a block of its own)
     for step in range(3_000):
-        cached = list(tables)
         op = rng.random()
         if op < 0.55 and cached:  # revive a cached block (a prefix hit) and free it again
             h = rng.choice(cached)
@@ -205,7 +204,7 @@ def test_the_free_queue_keeps_the_lru_order_through_holes_and_wraparounds(seed: 
             c.cache_full_blocks(b_c, 0, 1, [h], [0] * BS)
             py.free_blocks(b_py)
             c.free_blocks(b_c)
-            tables[h] = (b_py, b_c)
+            cached.append(h)
         elif op < 0.99 and py.num_reusable:  # a block freed without a hash: reused first
             k = rng.randint(1, py.num_reusable)
             b_py, b_c = py.get_new_blocks(k), c.get_new_blocks(k)
@@ -214,7 +213,7 @@ def test_the_free_queue_keeps_the_lru_order_through_holes_and_wraparounds(seed: 
             c.free_blocks(reversed(b_c))
         elif op >= 0.99:
             assert c.reset_prefix_cache() == py.reset_prefix_cache()
-        tables = {h: t for h, t in tables.items() if py.lookup(h) is not None}
+        cached = [h for h in cached if py.lookup(h) is not None]  # (reuse evicts hashes)
         if step % 7 == 0 or step > 2_900:
             _same_state(py, c)
     _same_state(py, c)
