@@ -72,12 +72,13 @@ def _storage(config: EngineConfig, shared: Mapping[str, StorageTier] | None) -> 
     ]
 
 
-def _compiled_pool_serves(config: EngineConfig) -> bool:
+def _compiled_pool_serves(config: EngineConfig, cpu: LruTier | None) -> bool:
     """The compiled device pool (mocker.kv.compiled_pool) where it is built, chosen, and
-    models everything this engine needs; the Python pool otherwise."""
+    models everything this engine needs (with `cpu`, a CPU tier given from outside); the
+    Python pool otherwise."""
     if pool_impl() is PoolImpl.PYTHON or not compiled_available():
         return False
-    return serves(config)
+    return serves(config, given_cpu=cpu is not None)
 
 
 def build_kv_stack(
@@ -94,9 +95,7 @@ def build_kv_stack(
     tier is built for this engine alone. `engine_id` tells a shared tier's subscribers
     apart (the data-parallel rank, or the replay engine's index)."""
     pool: BlockPool | CompiledBlockPool
-    # (A CPU tier given from outside with write-back: the Python pool, which retains.)
-    given_write_back = cpu is not None and config.offload_policy is OffloadPolicy.EVICT
-    if _compiled_pool_serves(config) and not given_write_back:
+    if _compiled_pool_serves(config, cpu):
         # (With events it keeps each cached block's tokens: the tiers' events name them.)
         kind = CompiledEventPool if config.enable_kv_cache_events else CompiledBlockPool
         pool = kind(

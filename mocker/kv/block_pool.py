@@ -27,6 +27,8 @@ __all__ = ["BlockPool"]
 _NOT_NONE = partial(is_not, None)  # C-level "is not None" for takewhile
 
 _REF_CNT = attrgetter("ref_cnt")
+_HASH = attrgetter("block_hash")
+_PARENT = attrgetter("parent_hash")
 
 
 class BlockPool:
@@ -547,6 +549,20 @@ class BlockPool:
                 raise ValueError(f"{block!r} freed more often than referenced")
         self.num_used -= len(freed)
         self._policy.push_many(freed)
+
+    def block_hashes(self, blocks: Iterable[KVBlock]) -> list[BlockHash | None]:
+        """Each block's hash (None: not cached); the tiers name copies by them."""
+        return list(map(_HASH, blocks))
+
+    def parent_hashes(self, blocks: Iterable[KVBlock]) -> list[BlockHash | None]:
+        return list(map(_PARENT, blocks))
+
+    def token_meta(
+        self, blocks: Iterable[KVBlock], block_size: int
+    ) -> list[tuple[tuple[int, ...], str | None]]:
+        """Each block's first `block_size` tokens (none unless the pool keeps them) and LoRA,
+        for a lower tier's events. (A hybrid model's tier units are `block_size` tokens.)"""
+        return [(b.token_ids(block_size), b.lora_name) for b in blocks]
 
     def free_blocks_reversed(self, blocks: list[KVBlock]) -> None:
         """`free_blocks(reversed(blocks))`: a request's blocks, tail first (the compiled pool

@@ -80,12 +80,14 @@ def pool_impl() -> PoolImpl:
     return impl
 
 
-def serves(config: EngineConfig) -> bool:
+def serves(config: EngineConfig, *, given_cpu: bool = False) -> bool:
     """Whether the compiled pool can serve this engine: what it does not model (write-back
     to a CPU tier, which retains and displaces device blocks; hybrid groups; lineage
-    eviction) sends a run to Python."""
+    eviction) sends a run to Python. `given_cpu`: the engine gets a CPU tier from outside
+    (its policy is still the config's)."""
     lru = config.eviction_policy is EvictionPolicyName.LRU
-    write_back = config.has_cpu_tier and config.offload_policy is OffloadPolicy.EVICT
+    has_cpu = config.has_cpu_tier or given_cpu
+    write_back = has_cpu and config.offload_policy is OffloadPolicy.EVICT
     return lru and not config.is_hybrid and not write_back
 
 
@@ -109,7 +111,9 @@ class CompiledBlockPool(_Pool):
     def parent_hashes(self, blocks: Iterable[int]) -> list[BlockHash | None]:
         return list(map(self.parent_hash, blocks))
 
-    def token_meta(self, blocks: Iterable[int]) -> list[tuple[tuple[int, ...], str | None]]:
+    def token_meta(
+        self, blocks: Iterable[int], block_size: int
+    ) -> list[tuple[tuple[int, ...], str | None]]:
         """As the Python pool's when it keeps no tokens: none."""
         return [((), None) for _ in blocks]
 
@@ -184,9 +188,11 @@ class CompiledEventPool(CompiledBlockPool):
             )
         return cleared
 
-    def token_meta(self, blocks: Iterable[int]) -> list[tuple[tuple[int, ...], str | None]]:
-        """Each cached block's tokens and LoRA, for a lower tier's events."""
-        bs = self.block_size
+    def token_meta(
+        self, blocks: Iterable[int], block_size: int
+    ) -> list[tuple[tuple[int, ...], str | None]]:
+        """Each cached block's first `block_size` tokens and LoRA, for a lower tier's events."""
+        bs = block_size
         out: list[tuple[tuple[int, ...], str | None]] = []
         for block_hash in self.block_hashes(blocks):
             if block_hash is None:

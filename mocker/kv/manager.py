@@ -57,6 +57,15 @@ class DevicePool(Protocol):
 
     def free_blocks_reversed(self, blocks: list[Any]) -> None: ...
 
+    # What a tier's copy of a block is named and published by.
+    def block_hashes(self, blocks: Iterable[Any]) -> list[BlockHash | None]: ...
+
+    def parent_hashes(self, blocks: Iterable[Any]) -> list[BlockHash | None]: ...
+
+    def token_meta(
+        self, blocks: Iterable[Any], block_size: int
+    ) -> list[tuple[tuple[int, ...], str | None]]: ...
+
 
 class KVManager(Protocol):
     """What the scheduler and the core ask of the KV cache: this module's manager for a

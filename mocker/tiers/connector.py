@@ -22,12 +22,10 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import compress
-from operator import attrgetter
 from typing import TypeAlias, cast
 
 from mocker.config import EngineConfig
 from mocker.kv.block import KVBlock
-from mocker.kv.compiled_pool import CompiledBlockPool
 from mocker.kv.events import KVEvent
 from mocker.kv.hashing import BlockHash
 from mocker.kv.manager import DevicePool
@@ -44,10 +42,6 @@ from mocker.tiers.transfers import TierCounters, TransferKind, TransferRecord
 __all__ = ["DEVICE", "TierConnector"]
 
 DEVICE = "gpu"  # the device's name in channel keys
-
-
-_HASH = attrgetter("block_hash")
-_PARENT = attrgetter("parent_hash")
 
 # A store posted for a pass's end: (time, order, blocks, keys, owners).
 _Posted: TypeAlias = tuple[float, int, list[KVBlock], list[BlockHash], "list[Request] | None"]
@@ -354,13 +348,10 @@ class TierConnector:
     # -- stores -------------------------------------------------------------------------------
 
     def hashes_of(self, blocks: Sequence[KVBlock]) -> list[BlockHash]:
-        """The hashes of cached device blocks, which name their copies: `KVBlock`s (or a
-        hybrid model's chunks) carry theirs, the compiled pool's blocks are ids it looks up."""
-        pool = self.pool
-        if isinstance(pool, CompiledBlockPool):
-            keys = pool.block_hashes(cast("Sequence[int]", blocks))
-        else:
-            keys = list(map(_HASH, blocks))
+        """The hashes of cached device blocks, which name their copies (the pool reads them:
+        `KVBlock`s, or a hybrid model's chunks, carry theirs; the compiled pool's blocks are
+        ids it looks up)."""
+        keys = self.pool.block_hashes(blocks)
         if None in keys:
             raise RuntimeError("a block to store holds no hash (it is not cached)")
         return cast("list[BlockHash]", keys)
@@ -371,14 +362,8 @@ class TierConnector:
         evicted to make room."""
         cpu, pool = self.cpu, self.pool
         keys = self.hashes_of(blocks)
-        if isinstance(pool, CompiledBlockPool):
-            ids = cast("Sequence[int]", blocks)
-            parents = pool.parent_hashes(ids)
-            meta = pool.token_meta(ids) if cpu.record_events else None
-        else:
-            bs = self.block_size
-            parents = list(map(_PARENT, blocks))
-            meta = [(b.token_ids(bs), b.lora_name) for b in blocks] if cpu.record_events else None
+        parents = pool.parent_hashes(blocks)
+        meta = pool.token_meta(blocks, self.block_size) if cpu.record_events else None
         # (The tokens are needed only for the Stored events when the copy lands, here and in
         # the tiers the block cascades to: all tiers publish, or none.)
         batch = BlockBatch(keys, parents, meta, unique=True)  # device hashes

@@ -34,6 +34,7 @@ from mocker.kv.compiled_pool import (
 from mocker.kv.eviction import LRUPolicy
 from mocker.replay.runner import replay
 from mocker.replay.trace import SyntheticSpec, synthetic_trace
+from mocker.tiers.lru import LruTier
 from tests.support.pools import free_order
 
 pytestmark = pytest.mark.skipif(
@@ -391,6 +392,20 @@ def test_what_the_compiled_pool_serves(
         assert isinstance(stack.pool, CompiledEventPool) is cfg.enable_kv_cache_events
     monkeypatch.setenv(POOL_ENV, "python")
     assert isinstance(build_kv_stack(cfg, lambda n: 1.0).pool, BlockPool)
+
+
+@pytest.mark.parametrize(("policy", "compiled"), [("evict", False), ("write-through", True)])
+def test_a_cpu_tier_given_from_outside_counts_as_the_engines(
+    monkeypatch: pytest.MonkeyPatch, policy: str, compiled: bool
+) -> None:
+    """A CPU tier handed to the stack (shared, built elsewhere) under the config's write-back
+    policy gets the Python pool, which retains and displaces; write-through the compiled."""
+    monkeypatch.setenv(POOL_ENV, "auto")
+    cfg = EngineConfig(offload_policy=policy)
+    assert serves(cfg) is True and serves(cfg, given_cpu=True) is compiled
+    stack = build_kv_stack(cfg, lambda n: 1.0, cpu=LruTier(100, cfg.block_size))
+    assert isinstance(stack.pool, CompiledBlockPool) is compiled
+    assert stack.connector is not None
 
 
 def test_a_pool_whose_init_never_ran_raises_instead_of_crashing() -> None:
