@@ -476,6 +476,18 @@ class EngineCore:
         return StepResult(now, end, outputs, stats, finished, self._take_events(), records,
                           pulled)  # fmt: skip
 
+    def end_pass(
+        self, sched: SchedulerOutput, now: float, end: float
+    ) -> list[FinishedRequestStats]:
+        """Apply a pass scheduled outside `step()` (a replay's run, `decode_runs`) that ran
+        from `now` to `end`, as `step()` applies one: what it admitted is stamped, what it
+        scheduled advanced. The finished requests' stats (no outputs: replay only)."""
+        self.time = max(self.time, now)
+        for request in sched.admitted:
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+        return self._advance(sched, end)[1]
+
     def _start_pulls(self, now: float, pulls: list[tuple[Request, int]]) -> None:
         assert self.pulls is not None
         for request, num_blocks in pulls:

@@ -394,7 +394,9 @@ class _ReplayRun:
             senders = [j for j in range(len(self.cores)) if j != k]
         if senders:  # stop before any such moment
             stop_at = min(stop_at, loop.next_engine_of(senders)[1])
-        run = run_decodes(self.cores[k], self.clocks[k], stop_at)
+        # Open loop, no P/D: a finish hands nothing on, and the run goes on through it.
+        run = run_decodes(self.cores[k], self.clocks[k], stop_at,
+                          through_finishes=not closed and not self.num_prefill)  # fmt: skip
         if run is None:
             return False
         self.result.num_steps += run.passes

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from mocker.disagg.pulls import RemotePulls
     from mocker.tiers.connector import TierConnector
 
-__all__ = ["Scheduler", "SchedulerOutput"]
+__all__ = ["Scheduler", "SchedulerOutput", "decodes_next"]
 
 
 @dataclass(slots=True)
@@ -54,6 +54,12 @@ def _is_decode(request: Request, num_new: int) -> bool:
         and request.num_computed_tokens == num_tokens - 1
         and num_tokens > request.num_prompt_tokens
     )
+
+
+def decodes_next(request: Request) -> bool:
+    """The request's next pass computes only its last sampled token (it is past its prompt)."""
+    num_tokens = len(request.all_token_ids)
+    return request.num_computed_tokens == num_tokens - 1 and num_tokens > request.num_prompt_tokens
 
 
 def _priority_key(request: Request) -> tuple[int, float]:
@@ -231,6 +237,26 @@ class Scheduler:
                 return None
         return running
 
+    def schedule_after_decodes(self, num_decodes: int) -> SchedulerOutput:
+        """`schedule()` for a pass whose first `num_decodes` running requests each decode one
+        token (see `decodes_next`) and already hold the blocks for it, their caller having
+        allocated them in running order as `_schedule_running` would have: the rest of the
+        running requests and the admissions, with the budget left. The decoders are counted,
+        not listed in `num_scheduled`. (Nothing may be waiting to resume: `decode_batch`.)"""
+        out = SchedulerOutput(num_decodes=num_decodes)
+        budget, stalled = self._schedule_running(self._token_budget - num_decodes, out,
+                                                 num_decodes)  # fmt: skip
+        if not stalled and (not out.preempted or not out.num_scheduled):
+            budget = self._schedule_ready(budget, out)
+            self._schedule_waiting(budget, out)
+        return out
+
+    @property
+    def resumes_pending(self) -> bool:
+        """Requests wait for their KV to load or to resume, or a pass is still to report the
+        prefix counts of loads that ended: `schedule()` has more to do than run and admit."""
+        return bool(self.ready or self.loading or self._carry.prefix_queries)
+
     def _unblock(self) -> bool:
         """Requests with loaded KV hold blocks while they wait to resume. If none can resume,
         nothing runs, and no device block is on its way back, the newest gives its blocks
@@ -257,7 +283,9 @@ class Scheduler:
             connector.num_loading or connector.policy.has_staged or connector.stores_in_flight
         )
 
-    def _schedule_running(self, budget: int, out: SchedulerOutput) -> tuple[int, bool]:
+    def _schedule_running(
+        self, budget: int, out: SchedulerOutput, start: int = 0
+    ) -> tuple[int, bool]:
         running = self.running
         scheduled = out.num_scheduled
         allocate = self.kv.allocate_slots
@@ -266,7 +294,7 @@ class Scheduler:
         prefill = decodes = 0
         stalled = False
         chunks: list[tuple[Request, int]] | None = None  # prefill chunks that fill blocks
-        i = 0
+        i = start
         while i < len(running) and budget > 0:
             request = running[i]
             num_tokens = len(request.all_token_ids)

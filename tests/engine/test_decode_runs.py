@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import math
+import random
+
+import pytest
+
 from mocker.engine.core import EngineCore
 from mocker.engine.decode_runs import run_decodes
 from mocker.engine.stats import FinishedRequestStats
 from mocker.kv.block import block_ids
+from mocker.request import EngineRequest
 from tests.support.engines import req, small_config
+from tests.support.pools import free_order
 
 
 def _decoding_core() -> tuple[EngineCore, float]:
@@ -55,3 +62,85 @@ def test_no_run_while_a_request_still_prefills() -> None:
     core = EngineCore(small_config())
     core.add_request(req("a", [1] * 8, max_tokens=4, ignore_eos=True))
     assert run_decodes(core, 0.0, stop_at=1.0) is None
+
+
+def _drive(
+    core: EngineCore, arrivals: list[tuple[float, EngineRequest]], fast: bool
+) -> tuple[list[FinishedRequestStats], int, float]:
+    """Run the core until drained, adding each request at its arrival as replay does (a
+    run stops at the next one): the finished requests, the passes and the last end."""
+    pending = sorted(arrivals, key=lambda a: a[0])
+    finished: list[FinishedRequestStats] = []
+    now, passes = 0.0, 0
+    while pending or core.has_unfinished_requests():
+        while pending and pending[0][0] <= now:
+            core.add_request(pending.pop(0)[1])
+        stop = pending[0][0] if pending else math.inf
+        if not core.has_unfinished_requests():
+            now = stop
+            continue
+        run = run_decodes(core, now, stop, through_finishes=True) if fast else None
+        if run is not None:
+            now, passes, finished = run.end, passes + run.passes, finished + run.finished
+            continue
+        result = core.step(now)
+        assert not result.idle
+        now, passes, finished = result.end, passes + 1, finished + result.finished
+    return finished, passes, now
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_runs_with_admissions_and_finishes_equal_stepping(seed: int) -> None:
+    """Random arrivals into a small engine: runs that admit waiting requests (chunked
+    prefills beside the decoders), go through finishes and stop before preemptions give
+    every pass's result, the same end state and pool order as stepping."""
+    rng = random.Random(seed)
+    changes = {
+        "num_gpu_blocks": rng.choice([20, 32, 64]),
+        "max_num_batched_tokens": rng.choice([12, 32]),
+        "max_num_seqs": rng.choice([3, 8]),
+        "vocab_size": rng.choice([3, 1000]),  # 3: generated blocks repeat (prefix hits)
+        "eos_probability": rng.choice([0.0, 0.05]),
+    }
+    arrivals = []
+    t = 0.0
+    for i in range(40):
+        t += rng.expovariate(200.0)
+        prompt = [rng.randrange(1, 3) for _ in range(rng.randrange(1, 40))]
+        sampling = {"ignore_eos": rng.random() < 0.8}
+        if rng.random() < 0.1:
+            sampling["stop_token_ids"] = [7]
+        arrivals.append((t, req(f"r{i}", prompt, max_tokens=rng.randrange(1, 30), **sampling)))
+    fast, slow = EngineCore(small_config(**changes)), EngineCore(small_config(**changes))
+    fast_out = _drive(fast, arrivals, fast=True)
+    slow_out = _drive(slow, arrivals, fast=False)
+    assert fast_out == slow_out
+    assert free_order(fast.pool) == free_order(slow.pool)
+    assert fast.pool.cached_hashes() == slow.pool.cached_hashes()
+    assert fast.scheduler.num_preemptions == slow.scheduler.num_preemptions
+
+
+def test_a_run_admits_a_waiting_request_and_takes_it_on_as_a_decoder() -> None:
+    fast, now = _decoding_core()
+    slow, _ = _decoding_core()
+    for core in (fast, slow):
+        core.add_request(req("late", [9] * 6, max_tokens=20, ignore_eos=True, arrival=now))
+    run = run_decodes(fast, now, stop_at=math.inf)  # (until r0's finish)
+    assert run is not None and run.passes == 9 and fast.requests["late"].num_output_tokens == 9
+    end, finished = _stepwise(slow, now, run.passes)
+    assert run.end == end and run.finished == finished
+    assert fast.requests["late"].first_token_time == slow.requests["late"].first_token_time
+    for rid in fast.requests:
+        a, b = fast.requests[rid], slow.requests[rid]
+        assert a.all_token_ids == b.all_token_ids and a.num_computed_tokens == b.num_computed_tokens
+        assert block_ids(a.blocks) == block_ids(b.blocks)
+
+
+def test_a_run_ends_at_a_finish_unless_told_to_go_through() -> None:
+    core, now = _decoding_core()
+    run = run_decodes(core, now, stop_at=math.inf)
+    assert run is not None and [f.request_id for f in run.finished] == ["r0"]
+    core, now = _decoding_core()
+    run = run_decodes(core, now, stop_at=math.inf, through_finishes=True)
+    assert run is not None and [f.request_id for f in run.finished] == ["r0", "r1", "r2"]
+    assert not core.has_unfinished_requests()

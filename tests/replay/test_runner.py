@@ -257,8 +257,10 @@ def test_decode_runs_change_nothing(
                                           shared_prefix_fraction=0.5, seed=11), TBS)  # fmt: skip
     runs: list[int] = []
 
-    def counted(core: EngineCore, now: float, stop_at: float) -> DecodeRun | None:
-        out = run_decodes(core, now, stop_at)
+    def counted(
+        core: EngineCore, now: float, stop_at: float, *, through_finishes: bool = False
+    ) -> DecodeRun | None:
+        out = run_decodes(core, now, stop_at, through_finishes=through_finishes)
         if out is not None:
             runs.append(out.passes)
         return out
@@ -267,7 +269,7 @@ def test_decode_runs_change_nothing(
     cfg = config(**changes)
     fast = run(trace, cfg, num_engines=engines, router=router, num_samples=50)
     slow = run(trace, cfg, num_engines=engines, router=router, num_samples=50, fast=False)
-    assert len(runs) > 10 and sum(runs) > 2 * len(runs)  # the fast path did the decoding
+    assert len(runs) > 10 and sum(runs) > len(runs)  # the fast path ran passes in runs
     assert fast.records == slow.records
     assert fast.samples == slow.samples
     assert (fast.num_steps, fast.sim_duration) == (slow.num_steps, slow.sim_duration)
