@@ -12,18 +12,15 @@ from mocker.kv.manager import KVCacheManager
 from mocker.request import Request, RequestStatus
 from mocker.scheduler.scheduler import SchedulerOutput, decodes_next
 
-__all__ = ["DecodeRun", "run_decodes"]
+__all__ = ["DecodeRun", "DecodeRuns", "run_decodes"]
 
 # Passes whose tokens are drawn at once (a window); at its end every decoder takes its share.
-# The first window is short: a run's passes are guessed from the decode pass's time, and
-# its prefill passes (admissions) are longer; later ones go by the run's own passes.
-FIRST_WINDOW = 8
-MAX_WINDOW = 64
+WINDOW = 64
 
 
 @dataclass(frozen=True, slots=True)
 class DecodeRun:
-    """Passes run by `run_decodes`: when the last ended, how many, who finished."""
+    """Passes run by `DecodeRuns.run`: when the last ended, how many, who finished."""
 
     end: float
     passes: int
@@ -33,30 +30,11 @@ class DecodeRun:
 def run_decodes(
     core: EngineCore, now: float, stop_at: float, *, through_finishes: bool = False
 ) -> DecodeRun | None:
-    """Run consecutive passes from `now`, as `step()` would run them, for drivers that need
-    no per-pass output (replay). None if the next pass has no request that only decodes;
-    then `core.step()` runs it.
-
-    The requests that only decode, from the first running one on (the decoders: each past
-    its prompt, ending at max_tokens, no EOS drawn, no stop ids), are applied at once: the
-    pool operations of every pass happen in it, in `step()`'s order (their new blocks in
-    running order, then the rest of the running requests and the admissions, scheduled
-    and advanced by the engine's own code, then the decoders' newly full blocks
-    registered and their finishes freed, each in running order), but a decoder's tokens,
-    computed count and time are applied when a registration or its finish needs them, or
-    at the end of a window of passes whose tokens are drawn as one array.
-
-    The run ends after the pass that ends at or after `stop_at`, before a pass that would
-    have to preempt, before one that needs the scheduler while tiers, LoRA slots or P/D
-    legs are in play, and (unless `through_finishes`) after the first pass in which a
-    request finishes.
-    """
-    if not _batchable(core):
-        return None
-    run = _Run(core, through_finishes)
-    if not run.join(core.scheduler.running):
-        return None
-    return run.go(now, stop_at)
+    """One `DecodeRuns.run`, every request's state applied after it."""
+    runs = DecodeRuns(core, through_finishes=through_finishes)
+    run = runs.run(now, stop_at)
+    runs.settle()
+    return run
 
 
 def _batchable(core: EngineCore) -> bool:
@@ -75,23 +53,40 @@ def _batchable(core: EngineCore) -> bool:
     )
 
 
-class _Run:
-    """The decoders' deferred state over the run's passes (pass indexes count from 0).
+class DecodeRuns:
+    """Runs consecutive passes of one engine, as `step()` would run them, for drivers that
+    need no per-pass output (replay); `run` returns None when the next pass has no request
+    that only decodes, and then `core.step()` runs it.
 
-    Decoder i has applied the passes before `since[i]`; its tokens for the passes from
-    `base` on are `rows[i]`, of which it has taken `taken[i]`. Its next new block is due
-    at pass `need_at[i]`, its next newly full block at `fill_at[i]`, its finish at
-    `finish_at[i]`; `events` lists, per pass, the decoders that have one then."""
+    The requests that only decode, from the first running one on (the decoders: each past
+    its prompt, ending at max_tokens, no EOS drawn, no stop ids), are applied at once: the
+    pool operations of every pass happen in it, in `step()`'s order (their new blocks in
+    running order, then the rest of the running requests and the admissions, scheduled
+    and advanced by the engine's own code, then the decoders' newly full blocks
+    registered and their finishes freed, each in running order), but a decoder's tokens,
+    computed count and time are applied only when a registration or its finish needs
+    them, at the end of a window of WINDOW passes (whose tokens are drawn as one array),
+    or by `settle`. So they carry over from one `run` to the next: between the two, the
+    driver may add requests and read the pool and the queues, nothing else (`settle`
+    first, as `run` does itself before it returns None).
 
-    __slots__ = ("alive", "base", "bs", "core", "dead", "events", "fill_at", "finish_at",
-                 "finished", "kv", "mixed_ok", "need_at", "needs", "reqs", "rows", "scheduler",
-                 "since", "taken", "through")  # fmt: skip
+    A run ends after the pass that ends at or after `stop_at`, before a pass that would
+    have to preempt, before one that needs the scheduler while tiers, LoRA slots or P/D
+    legs are in play, and (unless `through_finishes`) after the first pass in which a
+    request finishes.
 
-    def __init__(self, core: EngineCore, through_finishes: bool) -> None:
+    Decoder i has applied the passes before `since[i]` (passes count from the first run);
+    its tokens from then on are `rows[i]`, of which it has taken `taken[i]`. Its next new
+    block is due at pass `need_at[i]`, its next newly full block at `fill_at[i]`, its
+    finish at `finish_at[i]`; `needs` and `events` list, per pass, the decoders due then.
+    """
+
+    __slots__ = ("alive", "bs", "core", "dead", "end", "events", "fill_at", "finish_at",
+                 "finished", "j", "kv", "last_start", "mixed_ok", "need_at", "needs", "reqs",
+                 "rows", "scheduler", "since", "taken", "through", "window_end")  # fmt: skip
+
+    def __init__(self, core: EngineCore, *, through_finishes: bool = False) -> None:
         self.core = core
-        kv = core.kv
-        assert isinstance(kv, KVCacheManager)  # (a hybrid model's passes are stepped)
-        self.kv = kv
         self.scheduler = core.scheduler
         self.bs = core.config.block_size
         # Tiers (even quiet ones) may hold a finished request's blocks for a copy, and
@@ -99,6 +94,13 @@ class _Run:
         # The closed loop and P/D hand work on at a finish (the driver says).
         self.through = through_finishes and core.connector is None
         self.mixed_ok = core.connector is None and core.pulls is None and core.holds is None
+        self.j = 0  # passes run
+        self.end = self.last_start = -math.inf  # the last pass's end and start
+        self.window_end = 0  # the pass at which the decoders' rows run out
+        self.finished: list[FinishedRequestStats] = []
+        self._reset()
+
+    def _reset(self) -> None:
         self.reqs: list[Request] = []
         self.dead: list[bool] = []
         self.since: list[int] = []
@@ -109,17 +111,58 @@ class _Run:
         self.finish_at: list[int] = []
         self.needs: dict[int, list[int]] = {}  # pass -> decoders due a new block
         self.events: dict[int, list[int]] = {}  # pass -> decoders due a fill or a finish
-        self.finished: list[FinishedRequestStats] = []
-        self.base = 0
         self.alive = 0  # decoders not finished: the first `alive` running requests
 
-    # -- membership ---------------------------------------------------------------------------
+    # -- the driver's calls ---------------------------------------------------------------------
 
-    def join(self, running: list[Request], at: int = 0) -> bool:
-        """Take the running requests that decode next, from the first not yet taken, as
-        decoders from pass `at` on. False if none joined."""
-        early = self.core.sampler.can_end_early
-        budget = self.core.config.max_num_batched_tokens
+    def run(self, now: float, stop_at: float) -> DecodeRun | None:
+        """Passes from `now` (see the class). None if none could run: every decoder's state
+        is then applied, and `core.step()` runs the next pass."""
+        core = self.core
+        if self.reqs and core.time != self.last_start:
+            raise RuntimeError("the engine was stepped while a decode run held its requests")
+        if not _batchable(core):
+            self.settle()
+            return None
+        kv = core.kv
+        assert isinstance(kv, KVCacheManager)  # (a hybrid model's passes are stepped)
+        if self.j == self.window_end:
+            self._new_window()
+        else:
+            self._join(self.j)  # (the requests whose prompts ended since the last run)
+        passes = self._go(kv, now, stop_at)
+        if not passes or core.connector is not None:
+            # (A tier's transfers may move the engine's clock between two runs.)
+            self.settle()
+        if not passes:
+            return None
+        finished, self.finished = self.finished, []
+        return DecodeRun(self.end, passes, finished)
+
+    def settle(self) -> None:
+        """Every decoder applies its passes: the requests are as `step()` would leave them."""
+        j, end = self.j, self.end
+        for i, dead in enumerate(self.dead):
+            if not dead:
+                self._catch_up(i, j, end)
+        self._reset()
+        self.window_end = j
+
+    # -- membership -------------------------------------------------------------------------------
+
+    def _new_window(self) -> None:
+        """Every decoder takes its tokens so far; the running requests that decode next join
+        (again) with rows for the next WINDOW passes."""
+        self.settle()
+        self._join(self.j)
+
+    def _join(self, at: int) -> None:
+        """The running requests that decode next, from the first not yet a decoder, join
+        from pass `at` on, with their rows up to the window's end."""
+        core = self.core
+        early = core.sampler.can_end_early
+        budget = core.config.max_num_batched_tokens
+        running = self.scheduler.running
         start = i = self.alive
         while i < len(running) and i < budget:
             request = running[i]
@@ -128,8 +171,18 @@ class _Run:
                 break
             self._add(request, at)
             i += 1
+        if i == start:
+            return
         self.alive = i
-        return i > start
+        if not start:
+            self.window_end = at + WINDOW
+        joined = self.reqs[len(self.reqs) - (i - start) :]
+        rows = core.sampler.token_rows(
+            [r.token_seed for r in joined],
+            [len(r.all_token_ids) - r.num_prompt_tokens for r in joined],
+            self.window_end - at,
+        )
+        self.rows[len(self.reqs) - len(joined) :] = rows
 
     def _add(self, request: Request, at: int) -> None:
         index = len(self.reqs)
@@ -159,34 +212,33 @@ class _Run:
         elif index not in slot:  # (a fill and a finish in one pass: listed once)
             slot.append(index)
 
-    # -- the passes -----------------------------------------------------------------------------
+    # -- the passes -------------------------------------------------------------------------------
 
-    def go(self, now: float, stop_at: float) -> DecodeRun | None:
-        core, kv, scheduler, bs = self.core, self.kv, self.scheduler, self.bs
-        j = 0
-        start = end = now
+    def _go(self, kv: KVCacheManager, now: float, stop_at: float) -> int:
+        """Run passes from `now`; how many ran."""
+        core, scheduler, bs = self.core, self.scheduler, self.bs
+        first = j = self.j
         shape: tuple[int, int] | None = None
         duration = 0.0
-        began = now
-        width = self._window(stop_at - now, -1.0)
-        while True:
-            if j == self.base + width:  # the window's tokens are used up: take them
-                self._settle(j, end)
-                self.join(scheduler.running, j)
-                width = self._window(stop_at - now, (now - began) / j)
+        while self.alive:
+            if j == self.window_end:  # the window's tokens are used up: take them
+                self.j = j
+                self._new_window()
+                if not self.alive:
+                    break
             num_decoders = self.alive
             running = scheduler.running
             mixed = len(running) > num_decoders or bool(scheduler.waiting)
             if mixed and (not self.mixed_ok or scheduler.resumes_pending):
                 break
-            need = self.needs.pop(j, None)
-            num_need = 0 if need is None else len(need)
-            room = num_need + (self._tail_need(running, num_decoders) if mixed else 0)
+            need = self.needs.get(j)
+            room = 0 if need is None else len(need)
+            if mixed:
+                room += self._tail_need(running, num_decoders)
             if room > kv.num_reusable:
-                if need is not None:
-                    self.needs[j] = need
                 break  # step() would preempt in this pass
             if need is not None:
+                del self.needs[j]
                 need = sorted(i for i in need if not self.dead[i])
                 kv.append_block_each([self.reqs[i] for i in need])
                 for i in need:
@@ -203,46 +255,24 @@ class _Run:
                 if shape != (num_decoders, kv.num_used):
                     shape = (num_decoders, kv.num_used)
                     duration = core.pass_duration(0, num_decoders, kv.num_used)
-            start, end = now, now + duration
+            end = now + duration
             ended = self._end_pass(j, end)
             if sched is not None:
-                finished = core.end_pass(sched, start, end)
+                finished = core.end_pass(sched, now, end)
                 if finished:
                     self.finished += finished
                     ended = True
             else:
-                core.time = max(core.time, start)
+                core.time = max(core.time, now)
             if ended:
                 scheduler.remove_finished()
+            self.last_start, self.end = now, end
             j += 1
             now = end
-            if end >= stop_at or (ended and not self.through) or not self.alive:
+            if end >= stop_at or (ended and not self.through):
                 break
-        if j == 0:
-            return None
-        self._settle(j, end)
-        return DecodeRun(end, j, self.finished)
-
-    def _window(self, left: float, per_pass: float) -> int:
-        """Passes whose tokens the next draw covers: about those in the `left` seconds before
-        the run's stop at `per_pass` seconds each (< 0: the first window, at most
-        FIRST_WINDOW, at the decode pass's time), at most MAX_WINDOW; their rows drawn."""
-        alive = [i for i, d in enumerate(self.dead) if not d]
-        width = MAX_WINDOW
-        if per_pass < 0:
-            width = FIRST_WINDOW
-            per_pass = self.core.pass_duration(0, len(alive), self.kv.num_used)
-        if per_pass > 0 and left != math.inf:
-            width = max(1, min(width, math.ceil(left / per_pass) + 1))
-        reqs = self.reqs
-        seeds = [reqs[i].token_seed for i in alive]
-        starts = [len(reqs[i].all_token_ids) - reqs[i].num_prompt_tokens for i in alive]
-        rows = self.core.sampler.token_rows(seeds, starts, width) if alive else []
-        for i, row in zip(alive, rows, strict=True):
-            self.rows[i] = row
-            self.taken[i] = 0
-        self.base = self.since[alive[0]] if alive else 0
-        return width
+        self.j = j
+        return j - first
 
     def _tail_need(self, running: list[Request], num_decoders: int) -> int:
         """At most how many blocks the other running requests take in the next pass (their
@@ -262,15 +292,13 @@ class _Run:
         if due is None:
             return False
         due.sort()
-        bs, kv = self.bs, self.kv
+        bs, kv = self.bs, self.core.kv
         ended = False
         for i in due:
             if self.dead[i]:
                 continue  # (a fill due after its finish)
             request = self.reqs[i]
-            finishing = self.finish_at[i] == j
-            filling = self.fill_at[i] == j
-            if finishing:
+            if self.finish_at[i] == j:
                 self._catch_up(i, j + 1, end)  # (its computed count is now this pass's)
                 if request.num_computed_tokens // bs > request.num_cached_blocks:
                     kv.cache_blocks(request)
@@ -280,7 +308,7 @@ class _Run:
                 self.dead[i] = True
                 self.alive -= 1
                 ended = True
-            elif filling:
+            elif self.fill_at[i] == j:
                 self._catch_up(i, j, None)  # (the block's last token was sampled before j)
                 computed = request.num_computed_tokens + 1
                 kv.cache_blocks(request, computed)
@@ -306,9 +334,3 @@ class _Run:
         if end is not None:
             request.last_token_time = end
         self.since[i] = upto
-
-    def _settle(self, j: int, end: float) -> None:
-        """Every live decoder applies the passes before j (the last of them ended at `end`)."""
-        for i, dead in enumerate(self.dead):
-            if not dead:
-                self._catch_up(i, j, end)

@@ -13,7 +13,7 @@ from mocker.config import ConfigError, EngineConfig, KVRole
 from mocker.disagg.local_peers import LocalPeers
 from mocker.disagg.params import RemotePrefill, parse_transfer_params
 from mocker.engine.core import EngineCore
-from mocker.engine.decode_runs import run_decodes
+from mocker.engine.decode_runs import DecodeRuns
 from mocker.engine.event_loop import EventLoop
 from mocker.engine.intake import RequestRejected
 from mocker.engine.kv_stack import build_shared_tiers
@@ -265,6 +265,10 @@ class _ReplayRun:
             span = trace[-1].arrival if trace else 0.0
             self.sample_every = max(span / max(1, num_samples), 1e-9)
         self.next_sample = [0.0] * num_engines
+        # Each engine's fast path: open loop without P/D, a finish hands nothing on, and a
+        # run goes on through it.
+        through = concurrency is None and not prefill_engines
+        self.runs = [DecodeRuns(core, through_finishes=through) for core in self.cores]
         self.i = 0  # the next trace request
         self.finished_count = 0
 
@@ -394,9 +398,7 @@ class _ReplayRun:
             senders = [j for j in range(len(self.cores)) if j != k]
         if senders:  # stop before any such moment
             stop_at = min(stop_at, loop.next_engine_of(senders)[1])
-        # Open loop, no P/D: a finish hands nothing on, and the run goes on through it.
-        run = run_decodes(self.cores[k], self.clocks[k], stop_at,
-                          through_finishes=not closed and not self.num_prefill)  # fmt: skip
+        run = self.runs[k].run(self.clocks[k], stop_at)
         if run is None:
             return False
         self.result.num_steps += run.passes
@@ -439,6 +441,8 @@ class _ReplayRun:
 
     def _finish(self) -> ReplayResult:
         assert not self.legs and not self.prompts, "P/D legs left unsent"
+        for runs in self.runs:
+            runs.settle()  # (every request has finished: nothing is left to apply)
         result = self.result
         # A copy on a tier shared with other engines ends in whichever engine's poll reaches
         # its end first, and its record waits in its own engine's connector for that

@@ -9,9 +9,8 @@ import pytest
 
 from mocker.config import ConfigError, EngineConfig, StorageTierSpec
 from mocker.engine.core import EngineCore
-from mocker.engine.decode_runs import DecodeRun, run_decodes
+from mocker.engine.decode_runs import DecodeRun, DecodeRuns, run_decodes
 from mocker.engine.virtual import VirtualDriver
-from mocker.replay import runner
 from mocker.replay.runner import ReplayResult, replay
 from mocker.replay.trace import SyntheticSpec, TraceRequest, synthetic_trace
 from mocker.request import EngineRequest, SamplingParams
@@ -257,15 +256,15 @@ def test_decode_runs_change_nothing(
                                           shared_prefix_fraction=0.5, seed=11), TBS)  # fmt: skip
     runs: list[int] = []
 
-    def counted(
-        core: EngineCore, now: float, stop_at: float, *, through_finishes: bool = False
-    ) -> DecodeRun | None:
-        out = run_decodes(core, now, stop_at, through_finishes=through_finishes)
+    original = DecodeRuns.run
+
+    def counted(self: DecodeRuns, now: float, stop_at: float) -> DecodeRun | None:
+        out = original(self, now, stop_at)
         if out is not None:
             runs.append(out.passes)
         return out
 
-    monkeypatch.setattr(runner, "run_decodes", counted)
+    monkeypatch.setattr(DecodeRuns, "run", counted)
     cfg = config(**changes)
     fast = run(trace, cfg, num_engines=engines, router=router, num_samples=50)
     slow = run(trace, cfg, num_engines=engines, router=router, num_samples=50, fast=False)
