@@ -3,8 +3,10 @@ pass by pass."""
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
+from operator import sub
 
 from mocker.engine.core import EngineCore
 from mocker.engine.stats import FinishedRequestStats
@@ -16,6 +18,8 @@ __all__ = ["DecodeRun", "DecodeRuns", "run_decodes"]
 
 # Passes whose tokens are drawn at once (a window); at its end every decoder takes its share.
 WINDOW = 64
+# Fewer running requests than this: their passes are not deferred (see `DecodeRuns.run`).
+MIN_DEFERRED = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,10 +32,15 @@ class DecodeRun:
 
 
 def run_decodes(
-    core: EngineCore, now: float, stop_at: float, *, through_finishes: bool = False
+    core: EngineCore,
+    now: float,
+    stop_at: float,
+    *,
+    through_finishes: bool = False,
+    min_deferred: int | None = None,
 ) -> DecodeRun | None:
     """One `DecodeRuns.run`, every request's state applied after it."""
-    runs = DecodeRuns(core, through_finishes=through_finishes)
+    runs = DecodeRuns(core, through_finishes=through_finishes, min_deferred=min_deferred)
     run = runs.run(now, stop_at)
     runs.settle()
     return run
@@ -51,6 +60,16 @@ def _batchable(core: EngineCore) -> bool:
         or core.config.is_hybrid
         or core.scheduler.resumes_pending
     )
+
+
+def _plain(core: EngineCore, batch: list[Request]) -> bool:
+    """Whether every one of these ends at max_tokens (no EOS can be drawn, no stop ids)."""
+    early = core.sampler.can_end_early
+    for request in batch:
+        sp = request.sampling
+        if sp.stop_token_ids or (early and not sp.ignore_eos):
+            return False
+    return True
 
 
 class DecodeRuns:
@@ -82,11 +101,15 @@ class DecodeRuns:
     """
 
     __slots__ = ("alive", "bs", "core", "dead", "end", "events", "fill_at", "finish_at",
-                 "finished", "j", "kv", "last_start", "mixed_ok", "need_at", "needs", "reqs",
-                 "rows", "scheduler", "since", "taken", "through", "window_end")  # fmt: skip
+                 "finished", "j", "last_start", "marks", "min_deferred", "mixed_ok", "need_at",
+                 "needs", "reqs", "rows", "scheduler", "since", "taken", "through",
+                 "window_end")  # fmt: skip
 
-    def __init__(self, core: EngineCore, *, through_finishes: bool = False) -> None:
+    def __init__(
+        self, core: EngineCore, *, through_finishes: bool = False, min_deferred: int | None = None
+    ) -> None:
         self.core = core
+        self.min_deferred = MIN_DEFERRED if min_deferred is None else min_deferred
         self.scheduler = core.scheduler
         self.bs = core.config.block_size
         # Tiers (even quiet ones) may hold a finished request's blocks for a copy, and
@@ -111,6 +134,7 @@ class DecodeRuns:
         self.finish_at: list[int] = []
         self.needs: dict[int, list[int]] = {}  # pass -> decoders due a new block
         self.events: dict[int, list[int]] = {}  # pass -> decoders due a fill or a finish
+        self.marks: list[int] = []  # a heap of the passes `needs` or `events` list
         self.alive = 0  # decoders not finished: the first `alive` running requests
 
     # -- the driver's calls ---------------------------------------------------------------------
@@ -126,6 +150,16 @@ class DecodeRuns:
             return None
         kv = core.kv
         assert isinstance(kv, KVCacheManager)  # (a hybrid model's passes are stepped)
+        if not self.alive:
+            if self.reqs:
+                self.settle()  # (the window's decoders have all finished: start afresh)
+            if len(self.scheduler.running) < self.min_deferred:
+                # Few running requests: deferring them saves less than its bookkeeping
+                # costs. Runs while every one of them decodes, else step().
+                batch = self.scheduler.decode_batch()
+                if batch is None or not _plain(core, batch):
+                    return None
+                return _batch_run(core, batch, now, stop_at)
         if self.j == self.window_end:
             self._new_window()
         else:
@@ -202,13 +236,13 @@ class DecodeRuns:
         self.finish_at.append(-1)
         self._due(self.events, self.finish_at, index, at + request.max_tokens - outputs - 1)
 
-    @staticmethod
-    def _due(table: dict[int, list[int]], at: list[int], index: int, when: int) -> None:
+    def _due(self, table: dict[int, list[int]], at: list[int], index: int, when: int) -> None:
         """Decoder `index` has its next such event at pass `when`."""
         at[index] = when
         slot = table.get(when)
         if slot is None:
             table[when] = [index]
+            heapq.heappush(self.marks, when)
         elif index not in slot:  # (a fill and a finish in one pass: listed once)
             slot.append(index)
 
@@ -216,9 +250,9 @@ class DecodeRuns:
 
     def _go(self, kv: KVCacheManager, now: float, stop_at: float) -> int:
         """Run passes from `now`; how many ran."""
-        core, scheduler, bs = self.core, self.scheduler, self.bs
+        core, scheduler, pool, bs = self.core, self.scheduler, self.core.pool, self.bs
         first = j = self.j
-        shape: tuple[int, int] | None = None
+        shape_decoders = shape_used = -1
         duration = 0.0
         while self.alive:
             if j == self.window_end:  # the window's tokens are used up: take them
@@ -231,11 +265,30 @@ class DecodeRuns:
             mixed = len(running) > num_decoders or bool(scheduler.waiting)
             if mixed and (not self.mixed_ok or scheduler.resumes_pending):
                 break
+            if not mixed:
+                if num_decoders != shape_decoders or pool.num_used != shape_used:
+                    shape_decoders, shape_used = num_decoders, pool.num_used
+                    duration = core.pass_duration(0, num_decoders, shape_used)
+                upto = self._next_event(j)
+                if upto > j:
+                    # Passes in which nothing but time moves: summed one by one, as step()
+                    # would (the same floating-point sums).
+                    start = now
+                    while j < upto:
+                        start, now = now, now + duration
+                        j += 1
+                        if now >= stop_at:
+                            break
+                    core.time = max(core.time, start)
+                    self.last_start, self.end = start, now
+                    if now >= stop_at:
+                        break
+                    continue
             need = self.needs.get(j)
             room = 0 if need is None else len(need)
             if mixed:
                 room += self._tail_need(running, num_decoders)
-            if room > kv.num_reusable:
+            if room > pool.num_reusable:
                 break  # step() would preempt in this pass
             if need is not None:
                 del self.needs[j]
@@ -247,14 +300,14 @@ class DecodeRuns:
                 sched: SchedulerOutput | None = scheduler.schedule_after_decodes(num_decoders)
                 assert sched is not None and not sched.preempted  # (the room was there)
                 duration = core.pass_duration(
-                    sched.num_prefill_tokens, sched.num_decodes, kv.num_used
+                    sched.num_prefill_tokens, sched.num_decodes, pool.num_used
                 )
-                shape = None
+                shape_decoders = -1
             else:
                 sched = None
-                if shape != (num_decoders, kv.num_used):
-                    shape = (num_decoders, kv.num_used)
-                    duration = core.pass_duration(0, num_decoders, kv.num_used)
+                if pool.num_used != shape_used:
+                    shape_used = pool.num_used
+                    duration = core.pass_duration(0, num_decoders, shape_used)
             end = now + duration
             ended = self._end_pass(j, end)
             if sched is not None:
@@ -273,6 +326,14 @@ class DecodeRuns:
                 break
         self.j = j
         return j - first
+
+    def _next_event(self, j: int) -> int:
+        """The first pass from j on at which a decoder has something due (a new block, a full
+        one, its finish), or the window ends."""
+        marks, needs, events = self.marks, self.needs, self.events
+        while marks and (marks[0] < j or (marks[0] not in needs and marks[0] not in events)):
+            heapq.heappop(marks)
+        return min(marks[0], self.window_end) if marks else self.window_end
 
     def _tail_need(self, running: list[Request], num_decoders: int) -> int:
         """At most how many blocks the other running requests take in the next pass (their
@@ -334,3 +395,130 @@ class DecodeRuns:
         if end is not None:
             request.last_token_time = end
         self.since[i] = upto
+
+
+# -- few decoders: runs of passes in which every running request decodes ------------------
+
+
+def _batch_run(
+    core: EngineCore, batch: list[Request], now: float, stop_at: float
+) -> DecodeRun | None:
+    """Consecutive passes from `now` while each is every running request (`batch`) decoding
+    one token. None if the next pass is not such a pass.
+
+    The passes are the ones `step()` would run, with the same timings and the same pool
+    operations in the same order, minus the outputs, stats and events: blocks are
+    handed out pass by pass in running order, then each request takes its tokens at
+    once. The run ends after the first pass in which a request finishes, that ends at
+    or after `stop_at`, or before a pass that would have to preempt. Only for requests
+    that end at max_tokens (no EOS drawn, no stop ids), whose finishing pass is known.
+    """
+    # (Each request's output count once: `num_output_tokens` is a property, and these run
+    # for every request of every run.)
+    outputs = [len(r.all_token_ids) - r.num_prompt_tokens for r in batch]
+    max_passes = min(map(sub, [r.max_tokens for r in batch], outputs))
+    allocs = _block_needs(batch, core.config.block_size, max_passes)
+    passes, start, end = _time_passes(core, batch, allocs, now, stop_at, max_passes)
+    if not passes:
+        return None
+    marks = [(len(r.all_token_ids), len(r.block_hashes)) for r in batch]
+    # Tokens (and block hashes) first: no pool state changes yet.
+    rows = core.sampler.token_rows([r.token_seed for r in batch], outputs, passes)
+    for request, row in zip(batch, rows, strict=True):
+        request.append_output_tokens(row)
+    if _would_dedup(core, batch, passes):
+        for request, (num_tokens, num_hashes) in zip(batch, marks, strict=True):
+            del request.all_token_ids[num_tokens:]
+            del request.block_hashes[num_hashes:]
+        return None
+    core.time = max(core.time, start)
+    return DecodeRun(end, passes, _apply(core, batch, allocs, passes, end))
+
+
+def _block_needs(batch: list[Request], bs: int, max_passes: int) -> dict[int, list[Request]]:
+    """Passes at which each request needs a new block (its next position starts one)."""
+    allocs: dict[int, list[Request]] = {}
+    for request in batch:
+        first = len(request.blocks) * bs - request.num_computed_tokens + 1
+        if first > max_passes:
+            continue  # (most requests in a short run: no range to make)
+        for p in range(max(first, 1), max_passes + 1, bs):
+            allocs.setdefault(p, []).append(request)
+    return allocs
+
+
+def _time_passes(
+    core: EngineCore,
+    batch: list[Request],
+    allocs: dict[int, list[Request]],
+    now: float,
+    stop_at: float,
+    max_passes: int,
+) -> tuple[int, float, float]:
+    """How many passes run, and the start and end of the last one."""
+    reusable, used = core.kv.num_reusable, core.kv.num_used
+    shape_used, duration = -1, 0.0
+    passes, start, end = 0, now, now
+    for p in range(1, max_passes + 1):
+        need = allocs.get(p)
+        if need:
+            if len(need) > reusable:
+                break  # step() would preempt here
+            reusable -= len(need)
+            used += len(need)
+        if used != shape_used:  # a pass's time depends only on this and the batch
+            shape_used = used
+            duration = core.pass_duration(0, len(batch), used)
+        start, end, passes = end, end + duration, p
+        if end >= stop_at:
+            break
+    return passes, start, end
+
+
+def _apply(
+    core: EngineCore,
+    batch: list[Request],
+    allocs: dict[int, list[Request]],
+    passes: int,
+    end: float,
+) -> list[FinishedRequestStats]:
+    """The pool operations of the passes, in step()'s order; the requests that finished."""
+    kv = core.kv
+    assert isinstance(kv, KVCacheManager)  # (a hybrid model's passes are stepped)
+    # Blocks handed out pass by pass in running order: one take from the pool, dealt out.
+    order = [r for p in sorted(allocs) if p <= passes for r in allocs[p]]
+    if order:
+        kv.append_block_each(order)
+    finished: list[FinishedRequestStats] = []
+    bs = core.config.block_size
+    for request in batch:
+        computed = request.num_computed_tokens + passes
+        request.num_computed_tokens = computed
+        request.last_token_time = end
+        if computed // bs > request.num_cached_blocks:  # (kv.cache_blocks' own test, first)
+            kv.cache_blocks(request)
+        if len(request.all_token_ids) - request.num_prompt_tokens >= request.max_tokens:
+            finished.append(core.finish_in_pass(request, RequestStatus.FINISHED_LENGTH_CAPPED, end))
+    if finished:
+        core.scheduler.remove_finished()
+    return finished
+
+
+def _would_dedup(core: EngineCore, batch: list[Request], passes: int) -> bool:
+    """Whether a block the run fills has a hash already cached (or filled twice in it).
+    `step()` would then swap in the cached block in mid-run, freeing one and changing
+    the pool's order and usage; the run leaves those passes to `step()`. (Generated
+    tokens make this all but impossible, except with tiny vocabularies or blocks.)"""
+    if not core.config.enable_prefix_caching:
+        return False
+    lookup, bs = core.pool.lookup, core.config.block_size
+    seen: set[int] = set()
+    for request in batch:
+        end = (request.num_computed_tokens + passes) // bs
+        if end <= request.num_cached_blocks:
+            continue  # (most requests in a short run: no block fills, no slice to make)
+        for block_hash in request.block_hashes[request.num_cached_blocks : end]:
+            if block_hash in seen or lookup(block_hash) is not None:
+                return True
+            seen.add(block_hash)
+    return False

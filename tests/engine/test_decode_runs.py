@@ -8,7 +8,7 @@ import random
 import pytest
 
 from mocker.engine.core import EngineCore
-from mocker.engine.decode_runs import run_decodes
+from mocker.engine.decode_runs import MIN_DEFERRED, run_decodes
 from mocker.engine.stats import FinishedRequestStats
 from mocker.kv.block import block_ids
 from mocker.request import EngineRequest
@@ -65,7 +65,7 @@ def test_no_run_while_a_request_still_prefills() -> None:
 
 
 def _drive(
-    core: EngineCore, arrivals: list[tuple[float, EngineRequest]], fast: bool
+    core: EngineCore, arrivals: list[tuple[float, EngineRequest]], fast: bool, min_deferred: int = 0
 ) -> tuple[list[FinishedRequestStats], int, float]:
     """Run the core until drained, adding each request at its arrival as replay does (a
     run stops at the next one): the finished requests, the passes and the last end."""
@@ -79,7 +79,9 @@ def _drive(
         if not core.has_unfinished_requests():
             now = stop
             continue
-        run = run_decodes(core, now, stop, through_finishes=True) if fast else None
+        run = None
+        if fast:
+            run = run_decodes(core, now, stop, through_finishes=True, min_deferred=min_deferred)
         if run is not None:
             now, passes, finished = run.end, passes + run.passes, finished + run.finished
             continue
@@ -89,11 +91,13 @@ def _drive(
     return finished, passes, now
 
 
+@pytest.mark.parametrize("min_deferred", [0, MIN_DEFERRED])
 @pytest.mark.parametrize("seed", range(8))
-def test_runs_with_admissions_and_finishes_equal_stepping(seed: int) -> None:
+def test_runs_with_admissions_and_finishes_equal_stepping(seed: int, min_deferred: int) -> None:
     """Random arrivals into a small engine: runs that admit waiting requests (chunked
     prefills beside the decoders), go through finishes and stop before preemptions give
-    every pass's result, the same end state and pool order as stepping."""
+    every pass's result, the same end state and pool order as stepping (deferring the
+    decoders' state, or with fewer running requests than MIN_DEFERRED as whole runs)."""
     rng = random.Random(seed)
     changes = {
         "num_gpu_blocks": rng.choice([20, 32, 64]),
@@ -112,7 +116,7 @@ def test_runs_with_admissions_and_finishes_equal_stepping(seed: int) -> None:
             sampling["stop_token_ids"] = [7]
         arrivals.append((t, req(f"r{i}", prompt, max_tokens=rng.randrange(1, 30), **sampling)))
     fast, slow = EngineCore(small_config(**changes)), EngineCore(small_config(**changes))
-    fast_out = _drive(fast, arrivals, fast=True)
+    fast_out = _drive(fast, arrivals, fast=True, min_deferred=min_deferred)
     slow_out = _drive(slow, arrivals, fast=False)
     assert fast_out == slow_out
     assert free_order(fast.pool) == free_order(slow.pool)
@@ -125,7 +129,7 @@ def test_a_run_admits_a_waiting_request_and_takes_it_on_as_a_decoder() -> None:
     slow, _ = _decoding_core()
     for core in (fast, slow):
         core.add_request(req("late", [9] * 6, max_tokens=20, ignore_eos=True, arrival=now))
-    run = run_decodes(fast, now, stop_at=math.inf)  # (until r0's finish)
+    run = run_decodes(fast, now, stop_at=math.inf, min_deferred=0)  # (until r0's finish)
     assert run is not None and run.passes == 9 and fast.requests["late"].num_output_tokens == 9
     end, finished = _stepwise(slow, now, run.passes)
     assert run.end == end and run.finished == finished
@@ -138,9 +142,9 @@ def test_a_run_admits_a_waiting_request_and_takes_it_on_as_a_decoder() -> None:
 
 def test_a_run_ends_at_a_finish_unless_told_to_go_through() -> None:
     core, now = _decoding_core()
-    run = run_decodes(core, now, stop_at=math.inf)
+    run = run_decodes(core, now, stop_at=math.inf, min_deferred=0)
     assert run is not None and [f.request_id for f in run.finished] == ["r0"]
     core, now = _decoding_core()
-    run = run_decodes(core, now, stop_at=math.inf, through_finishes=True)
+    run = run_decodes(core, now, stop_at=math.inf, through_finishes=True, min_deferred=0)
     assert run is not None and [f.request_id for f in run.finished] == ["r0", "r1", "r2"]
     assert not core.has_unfinished_requests()

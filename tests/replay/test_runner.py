@@ -8,6 +8,7 @@ import itertools
 import pytest
 
 from mocker.config import ConfigError, EngineConfig, StorageTierSpec
+from mocker.engine import decode_runs
 from mocker.engine.core import EngineCore
 from mocker.engine.decode_runs import DecodeRun, DecodeRuns, run_decodes
 from mocker.engine.virtual import VirtualDriver
@@ -203,6 +204,14 @@ def test_kv_aware_routing_beats_round_robin_on_prefix_hits() -> None:
     assert len(engines) > 1  # ties still spread load
 
 
+@pytest.fixture(params=[False, True], ids=["runs", "deferred"])
+def deferring(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both fast paths: whole runs of pure decode passes (engines with few running requests,
+    as every engine here) and the decoders' state deferred through any pass (MIN_DEFERRED 0)."""
+    if request.param:
+        monkeypatch.setattr(decode_runs, "MIN_DEFERRED", 0)
+
+
 @pytest.mark.parametrize(
     ("engines", "router", "changes"),
     [
@@ -247,7 +256,11 @@ def test_kv_aware_routing_beats_round_robin_on_prefix_hits() -> None:
     ],
 )
 def test_decode_runs_change_nothing(
-    engines: int, router: str, changes: dict[str, object], monkeypatch: pytest.MonkeyPatch
+    engines: int,
+    router: str,
+    changes: dict[str, object],
+    monkeypatch: pytest.MonkeyPatch,
+    deferring: None,
 ) -> None:
     """Runs of decode passes taken at once give what pass-by-pass stepping gives: every row,
     every sample, the pass count, even the pool's block order at the end."""
@@ -340,7 +353,7 @@ def test_closed_loop_keeps_at_most_c_in_flight() -> None:
     assert all(r.arrival in set(ends) for r in records[3:])
 
 
-def test_closed_loop_decode_runs_change_nothing() -> None:
+def test_closed_loop_decode_runs_change_nothing(deferring: None) -> None:
     trace = synthetic_trace(SyntheticSpec(num_requests=60, input_length=200, output_length=50,
                                           distribution="exponential", seed=4), TBS)  # fmt: skip
     cfg = config(num_gpu_blocks=48, max_model_len=1024)
@@ -351,7 +364,7 @@ def test_closed_loop_decode_runs_change_nothing() -> None:
     assert 0 < len(fast.samples) <= 2 * 40
 
 
-def test_decode_runs_leave_a_cached_duplicate_block_to_step() -> None:
+def test_decode_runs_leave_a_cached_duplicate_block_to_step(deferring: None) -> None:
     """With a 2-token vocabulary and 1-token blocks two requests generate identical blocks;
     step() then swaps in the cached one mid-run (freeing a block, changing usage), which a
     decode run cannot foresee: it hands those passes back, and the results stay equal."""
@@ -464,7 +477,7 @@ def test_pd_pair_by_hand() -> None:
         {"num_gpu_blocks": 96, "num_cpu_blocks": 100, "offload_policy": "write-through"},
     ],
 )
-def test_pd_replay_decode_runs_change_nothing(changes: dict[str, object]) -> None:
+def test_pd_replay_decode_runs_change_nothing(changes: dict[str, object], deferring: None) -> None:
     trace = synthetic_trace(SyntheticSpec(num_requests=60, rate=40.0, input_length=160,
                                           output_length=40, distribution="uniform",
                                           shared_prefix_fraction=0.5, seed=5), TBS)  # fmt: skip
