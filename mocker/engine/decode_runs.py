@@ -145,21 +145,18 @@ class DecodeRuns:
         core = self.core
         if self.reqs and core.time != self.last_start:
             raise RuntimeError("the engine was stepped while a decode run held its requests")
-        if not _batchable(core):
-            self.settle()
-            return None
-        kv = core.kv
-        assert isinstance(kv, KVCacheManager)  # (a hybrid model's passes are stepped)
         if not self.alive:
             if self.reqs:
                 self.settle()  # (the window's decoders have all finished: start afresh)
             if len(self.scheduler.running) < self.min_deferred:
                 # Few running requests: deferring them saves less than its bookkeeping
                 # costs. Runs while every one of them decodes, else step().
-                batch = self.scheduler.decode_batch()
-                if batch is None or not _plain(core, batch):
-                    return None
-                return _batch_run(core, batch, now, stop_at)
+                return _batch_run(core, now, stop_at)
+        if not _batchable(core):
+            self.settle()
+            return None
+        kv = core.kv
+        assert isinstance(kv, KVCacheManager)  # (a hybrid model's passes are stepped)
         if self.j == self.window_end:
             self._new_window()
         else:
@@ -400,11 +397,9 @@ class DecodeRuns:
 # -- few decoders: runs of passes in which every running request decodes ------------------
 
 
-def _batch_run(
-    core: EngineCore, batch: list[Request], now: float, stop_at: float
-) -> DecodeRun | None:
-    """Consecutive passes from `now` while each is every running request (`batch`) decoding
-    one token. None if the next pass is not such a pass.
+def _batch_run(core: EngineCore, now: float, stop_at: float) -> DecodeRun | None:
+    """Consecutive passes from `now` while each is every running request decoding one token.
+    None if the next pass is not such a pass.
 
     The passes are the ones `step()` would run, with the same timings and the same pool
     operations in the same order, minus the outputs, stats and events: blocks are
@@ -413,6 +408,11 @@ def _batch_run(
     or after `stop_at`, or before a pass that would have to preempt. Only for requests
     that end at max_tokens (no EOS drawn, no stop ids), whose finishing pass is known.
     """
+    if not _batchable(core):
+        return None
+    batch = core.scheduler.decode_batch()
+    if batch is None or not _plain(core, batch):
+        return None
     # (Each request's output count once: `num_output_tokens` is a property, and these run
     # for every request of every run.)
     outputs = [len(r.all_token_ids) - r.num_prompt_tokens for r in batch]
