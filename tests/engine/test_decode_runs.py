@@ -8,7 +8,7 @@ import random
 import pytest
 
 from mocker.engine.core import EngineCore
-from mocker.engine.decode_runs import MIN_DEFERRED, run_decodes
+from mocker.engine.decode_runs import MIN_DEFERRED, DecodeRuns, run_decodes
 from mocker.engine.stats import FinishedRequestStats
 from mocker.kv.block import block_ids
 from mocker.request import EngineRequest
@@ -148,3 +148,33 @@ def test_a_run_ends_at_a_finish_unless_told_to_go_through() -> None:
     run = run_decodes(core, now, stop_at=math.inf, through_finishes=True, min_deferred=0)
     assert run is not None and [f.request_id for f in run.finished] == ["r0", "r1", "r2"]
     assert not core.has_unfinished_requests()
+
+
+def test_a_step_between_two_deferred_runs_is_refused() -> None:
+    # The decoders' tokens and counts are not applied between two runs: a driver that steps
+    # the engine in between would run a pass on stale requests.
+    core, now = _decoding_core()
+    runs = DecodeRuns(core, min_deferred=0)
+    run = runs.run(now, stop_at=now + 1e-9)
+    assert run is not None and run.passes == 1
+    assert core.requests["r0"].num_output_tokens == 1  # (its second token: not yet applied)
+    core.step(run.end)
+    with pytest.raises(RuntimeError, match="stepped while a decode run held"):
+        runs.run(core.time, stop_at=math.inf)
+
+
+def test_settle_applies_every_deferred_pass() -> None:
+    fast, now = _decoding_core()
+    slow, _ = _decoding_core()
+    runs = DecodeRuns(fast, min_deferred=0)
+    run = runs.run(now, stop_at=now + 1e-9)
+    assert run is not None
+    runs.settle()
+    _stepwise(slow, now, 1)
+    for rid in ("r0", "r1", "r2"):
+        a, b = fast.requests[rid], slow.requests[rid]
+        assert (a.all_token_ids, a.num_computed_tokens, a.last_token_time) == (
+            b.all_token_ids,
+            b.num_computed_tokens,
+            b.last_token_time,
+        )
