@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from mocker.replay.prompts import FILLER_TOKEN, PromptBuilder
 from mocker.replay.trace import TraceRequest
 
@@ -77,3 +79,11 @@ def test_every_id_is_an_int_below_the_vocabulary() -> None:
 def test_a_two_token_vocabulary_still_gives_tokens() -> None:
     tokens, _ = PromptBuilder(BS, TBS, 2, 0).prompt(req(20, 1))
     assert len(tokens) == 20 and set(tokens[16:]) <= {0, 1}
+
+
+@pytest.mark.parametrize("vocab", [2, 3, 129_280])
+def test_a_tail_of_tokens_is_each_token_of_its_positions(vocab: int) -> None:
+    builder = PromptBuilder(16, 512, vocab, seed=7)
+    for hash_id in (0, 5, 2**63 + 11):
+        expected = [builder._token(hash_id, p) for p in range(100, 131)]
+        assert builder._tokens(hash_id, 100, 31) == expected
