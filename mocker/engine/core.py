@@ -481,7 +481,8 @@ class EngineCore:
     ) -> list[FinishedRequestStats]:
         """Apply a pass scheduled outside `step()` (a replay's run, `decode_runs`) that ran
         from `now` to `end`, as `step()` applies one: what it admitted is stamped, what it
-        scheduled advanced. The finished requests' stats (no outputs: replay only)."""
+        scheduled advanced. The finished requests' stats (no outputs: replay only). Only for
+        an engine without tiers or P/D legs, whose hooks only `step()` runs."""
         self.time = max(self.time, now)
         for request in sched.admitted:
             if request.first_scheduled_time is None:

@@ -242,7 +242,8 @@ class Scheduler:
         token (see `decodes_next`) and already hold the blocks for it, their caller having
         allocated them in running order as `_schedule_running` would have: the rest of the
         running requests and the admissions, with the budget left. The decoders are counted,
-        not listed in `num_scheduled`. (Nothing may be waiting to resume: `decode_batch`.)"""
+        not listed in `num_scheduled`. (Nothing may be waiting to resume: see
+        `resumes_pending`.)"""
         out = SchedulerOutput(num_decodes=num_decodes)
         budget, stalled = self._schedule_running(self._token_budget - num_decodes, out,
                                                  num_decodes)  # fmt: skip
@@ -286,6 +287,8 @@ class Scheduler:
     def _schedule_running(
         self, budget: int, out: SchedulerOutput, start: int = 0
     ) -> tuple[int, bool]:
+        # (From running request `start` on: those before it are the caller's, as in
+        # `schedule_after_decodes`.)
         running = self.running
         scheduled = out.num_scheduled
         allocate = self.kv.allocate_slots
