@@ -466,9 +466,7 @@ class EngineCore:
                 end += wait
                 for request in sched.num_scheduled:
                     request.lora_wait += wait
-        for request in sched.admitted:
-            if request.first_scheduled_time is None:
-                request.first_scheduled_time = now
+        _first_scheduled(sched.admitted, now)
         outputs, finished, generated = self._advance(sched, end)
         if connector is not None:
             connector.policy.end_pass(end)
@@ -484,9 +482,7 @@ class EngineCore:
         scheduled advanced. The finished requests' stats (no outputs: replay only). Only for
         an engine without tiers or P/D legs, whose hooks only `step()` runs."""
         self.time = max(self.time, now)
-        for request in sched.admitted:
-            if request.first_scheduled_time is None:
-                request.first_scheduled_time = now
+        _first_scheduled(sched.admitted, now)
         return self._advance(sched, end)[1]
 
     def _start_pulls(self, now: float, pulls: list[tuple[Request, int]]) -> None:
@@ -683,6 +679,13 @@ class EngineCore:
             return None
         host, port = self.side_channel
         return handoff_params(self.config, request, hold_id, host, port)
+
+
+def _first_scheduled(admitted: list[Request], now: float) -> None:
+    """Requests admitted in a pass starting at `now`: scheduled first then, unless before."""
+    for request in admitted:
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = now
 
 
 def _owned(items: Sequence[T], handed_over: bool) -> list[T]:

@@ -67,11 +67,13 @@ def _batchable(core: EngineCore) -> bool:
 def _plain(core: EngineCore, batch: list[Request]) -> bool:
     """Whether every one of these ends at max_tokens (no EOS can be drawn, no stop ids)."""
     early = core.sampler.can_end_early
-    for request in batch:
-        sp = request.sampling
-        if sp.stop_token_ids or (early and not sp.ignore_eos):
-            return False
-    return True
+    return all(_ends_at_max_tokens(request, early) for request in batch)
+
+
+def _ends_at_max_tokens(request: Request, eos_possible: bool) -> bool:
+    """No stop ids, and no EOS drawn (none can be, or it is ignored): its last pass is known."""
+    sp = request.sampling
+    return not sp.stop_token_ids and (sp.ignore_eos or not eos_possible)
 
 
 class DecodeRuns:
@@ -204,8 +206,7 @@ class DecodeRuns:
         start = i = self.alive
         while i < len(running) and i < budget:
             request = running[i]
-            sp = request.sampling
-            if not decodes_next(request) or sp.stop_token_ids or (early and not sp.ignore_eos):
+            if not (decodes_next(request) and _ends_at_max_tokens(request, early)):
                 break
             self._add(request, at)
             i += 1

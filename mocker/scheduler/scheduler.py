@@ -46,20 +46,15 @@ class SchedulerOutput:
     registered: dict[Request, int] | None = None
 
 
-def _is_decode(request: Request, num_new: int) -> bool:
-    """A pass computes one token of this request: the last one it sampled (before the pass)."""
-    num_tokens = len(request.all_token_ids)
-    return (
-        num_new == 1
-        and request.num_computed_tokens == num_tokens - 1
-        and num_tokens > request.num_prompt_tokens
-    )
-
-
 def decodes_next(request: Request) -> bool:
     """The request's next pass computes only its last sampled token (it is past its prompt)."""
     num_tokens = len(request.all_token_ids)
     return request.num_computed_tokens == num_tokens - 1 and num_tokens > request.num_prompt_tokens
+
+
+def _is_decode(request: Request, num_new: int) -> bool:
+    """A pass computes one token of this request: the last one it sampled (before the pass)."""
+    return num_new == 1 and decodes_next(request)
 
 
 def _priority_key(request: Request) -> tuple[int, float]:
