@@ -8,7 +8,7 @@ from enum import IntEnum, StrEnum
 from typing import TYPE_CHECKING, NewType
 
 from mocker.disagg.params import RemotePrefill
-from mocker.kv.hashing import BlockHash, HashChain, Hasher
+from mocker.kv.hashing import BlockHash, BlockHashes, HashChain, Hasher
 
 if TYPE_CHECKING:
     from mocker.kv.block import KVBlock
@@ -144,7 +144,7 @@ class Request:
     group_blocks: list[list[KVBlock | None]] | None = None
     kv_recheck: int = 1 << 62
     num_cached_blocks: int = 0  # leading blocks registered in the prefix cache
-    block_hashes: list[BlockHash] = field(default_factory=list)
+    block_hashes: BlockHashes = field(default_factory=list)
     num_cached_tokens: int = -1  # prefix-hit tokens at first admission (-1: not yet admitted)
     # Of those, the tokens loaded from each tier below the device: (tier name, tokens).
     tier_hits: tuple[tuple[str, int], ...] = ()

@@ -104,6 +104,83 @@ static inline int hash_of(PyObject *obj, uint64_t *out)
     return 0;
 }
 
+/* An exact int's value, for a block id: an id of one digit (every pool below 2**30 blocks) is
+ * read directly, not through PyLong_AsSsize_t's call (once per block per walk). */
+static inline Py_ssize_t id_value(PyObject *obj)
+{
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+    Py_ssize_t size = Py_SIZE(obj);
+    if (size == 0)
+        return 0;
+    if (size == 1)
+        return (Py_ssize_t)((PyLongObject *)obj)->ob_digit[0];
+#endif
+    return PyLong_AsSsize_t(obj);
+}
+
+/* A sequence of hashes as a walk reads it: a list or tuple of ints, or a buffer of native
+ * unsigned 64-bit words (array('Q'), a numpy uint64 vector: replay's prompts), read in place
+ * without an int object per hash. */
+typedef struct {
+    PyObject *seq; /* the list or tuple (PySequence_Fast), or NULL for a buffer */
+    PyObject *const *items;
+    const uint64_t *words;
+    Py_buffer view;
+    Py_ssize_t len;
+} Hashes;
+
+static int is_u64(const Py_buffer *view)
+{
+    const char *f = view->format;
+    if (view->ndim != 1 || view->itemsize != 8 || f == NULL)
+        return 0;
+    if (*f == '@' || *f == '=')
+        f++;
+    return (f[0] == 'Q' || (f[0] == 'L' && sizeof(unsigned long) == 8)) && f[1] == '\0';
+}
+
+static int hashes_open(PyObject *obj, Hashes *hs, const char *what)
+{
+    hs->seq = NULL;
+    hs->items = NULL;
+    hs->words = NULL;
+    if (!PyList_CheckExact(obj) && !PyTuple_CheckExact(obj) && PyObject_CheckBuffer(obj)) {
+        if (PyObject_GetBuffer(obj, &hs->view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) == 0) {
+            if (is_u64(&hs->view)) {
+                hs->words = (const uint64_t *)hs->view.buf;
+                hs->len = hs->view.len / 8;
+                return 0;
+            }
+            PyBuffer_Release(&hs->view);
+        } else {
+            PyErr_Clear(); /* (not a plain vector: read as a sequence) */
+        }
+    }
+    hs->seq = PySequence_Fast(obj, what);
+    if (hs->seq == NULL)
+        return -1;
+    hs->items = PySequence_Fast_ITEMS(hs->seq);
+    hs->len = PySequence_Fast_GET_SIZE(hs->seq);
+    return 0;
+}
+
+static void hashes_close(Hashes *hs)
+{
+    if (hs->seq == NULL)
+        PyBuffer_Release(&hs->view);
+    else
+        Py_DECREF(hs->seq);
+}
+
+static inline int hashes_get(const Hashes *hs, Py_ssize_t k, uint64_t *out)
+{
+    if (hs->words != NULL) {
+        *out = hs->words[k];
+        return 0;
+    }
+    return hash_of(hs->items[k], out);
+}
+
 /* -- the map ----------------------------------------------------------------------------- */
 
 static inline Py_ssize_t slot_of(const Pool *p, uint64_t h)
@@ -175,7 +252,7 @@ static inline void prefetch_block(const Pool *p, PyObject *obj)
 {
     if (!PyLong_CheckExact(obj))
         return;
-    Py_ssize_t b = PyLong_AsSsize_t(obj);
+    Py_ssize_t b = id_value(obj);
     if (b == -1 && PyErr_Occurred()) {
         PyErr_Clear(); /* (the walk reaches it and raises) */
         return;
@@ -207,6 +284,26 @@ static inline void walk_ahead(const Pool *p, PyObject *const *items, Py_ssize_t 
         PREFETCH(items[k + 2 * AHEAD]);
     if (k + AHEAD < len)
         names(p, items[k + AHEAD]);
+}
+
+/* The same walk over hashes in either form: a buffer's words are in a row already (the
+ * hardware reads them ahead), so only their map slots are asked for. */
+static inline void start_hashes(const Pool *p, const Hashes *hs, Py_ssize_t from, Py_ssize_t len)
+{
+    if (hs->words == NULL) {
+        start_walk(p, hs->items, from, len, prefetch_hash);
+        return;
+    }
+    for (Py_ssize_t k = from; k < len && k < from + AHEAD; k++)
+        PREFETCH(&p->slots[slot_of(p, hs->words[k])]);
+}
+
+static inline void hashes_ahead(const Pool *p, const Hashes *hs, Py_ssize_t k, Py_ssize_t len)
+{
+    if (hs->words == NULL)
+        walk_ahead(p, hs->items, k, len, prefetch_hash);
+    else if (k + AHEAD < len)
+        PREFETCH(&p->slots[slot_of(p, hs->words[k + AHEAD])]);
 }
 
 static void map_del(Pool *p, uint64_t h)
@@ -296,7 +393,7 @@ static int block_of(Pool *p, PyObject *obj, int32_t *out)
                      Py_TYPE(obj)->tp_name);
         return -1;
     }
-    Py_ssize_t b = PyLong_AsSsize_t(obj);
+    Py_ssize_t b = id_value(obj);
     if (b == -1 && PyErr_Occurred())
         return -1;
     if (b < 0 || b >= p->n) {
@@ -640,23 +737,22 @@ static PyObject *Pool_lookup(Pool *p, PyObject *arg)
 static PyObject *Pool_lookup_prefix(Pool *p, PyObject *hashes)
 {
     REQUIRE_READY(p);
-    PyObject *seq = PySequence_Fast(hashes, "lookup_prefix takes a sequence of hashes");
-    if (seq == NULL)
+    Hashes hs;
+    if (hashes_open(hashes, &hs, "lookup_prefix takes a sequence of hashes"))
         return NULL;
-    Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
     PyObject *out = PyList_New(0);
     if (out == NULL) {
-        Py_DECREF(seq);
+        hashes_close(&hs);
         return NULL;
     }
-    start_walk(p, items, 0, len, prefetch_hash);
+    Py_ssize_t len = hs.len;
+    start_hashes(p, &hs, 0, len);
     for (Py_ssize_t k = 0; k < len; k++) {
         uint64_t h;
-        walk_ahead(p, items, k, len, prefetch_hash);
-        if (hash_of(items[k], &h)) {
+        hashes_ahead(p, &hs, k, len);
+        if (hashes_get(&hs, k, &h)) {
             Py_DECREF(out);
-            Py_DECREF(seq);
+            hashes_close(&hs);
             return NULL;
         }
         int32_t b = map_get(p, h);
@@ -664,33 +760,31 @@ static PyObject *Pool_lookup_prefix(Pool *p, PyObject *hashes)
             break;
         if (PyList_Append(out, p->blk[b].id)) {
             Py_DECREF(out);
-            Py_DECREF(seq);
+            hashes_close(&hs);
             return NULL;
         }
     }
-    Py_DECREF(seq);
+    hashes_close(&hs);
     return out;
 }
 
 static PyObject *Pool_num_cached_prefix(Pool *p, PyObject *hashes)
 {
     REQUIRE_READY(p);
-    PyObject *seq = PySequence_Fast(hashes, "num_cached_prefix takes a sequence of hashes");
-    if (seq == NULL)
+    Hashes hs;
+    if (hashes_open(hashes, &hs, "num_cached_prefix takes a sequence of hashes"))
         return NULL;
-    Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
     Py_ssize_t k = 0;
-    for (; k < len; k++) {
+    for (; k < hs.len; k++) {
         uint64_t h;
-        if (hash_of(items[k], &h)) {
-            Py_DECREF(seq);
+        if (hashes_get(&hs, k, &h)) {
+            hashes_close(&hs);
             return NULL;
         }
         if (map_get(p, h) < 0)
             break;
     }
-    Py_DECREF(seq);
+    hashes_close(&hs);
     return PyLong_FromSsize_t(k);
 }
 
@@ -762,11 +856,10 @@ static PyObject *Pool_cache_full_blocks(Pool *p, PyObject *const *args, Py_ssize
         PyErr_SetString(PyExc_TypeError, "cache_full_blocks takes the request's block list");
         return NULL;
     }
-    PyObject *hseq = PySequence_Fast(hashes, "block_hashes must be a sequence");
-    if (hseq == NULL)
+    Hashes hs;
+    if (hashes_open(hashes, &hs, "block_hashes must be a sequence"))
         return NULL;
-    Py_ssize_t nh = PySequence_Fast_GET_SIZE(hseq);
-    PyObject **hitems = PySequence_Fast_ITEMS(hseq);
+    Py_ssize_t nh = hs.len;
     /* Recording: the (start, end) runs of blocks newly stored, as the Python pool's events
      * cover them (a block already cached ends a run). */
     PyObject *runs = p->record ? p->stored : NULL;
@@ -775,12 +868,12 @@ static PyObject *Pool_cache_full_blocks(Pool *p, PyObject *const *args, Py_ssize
     Py_ssize_t h_end = end < nh ? end : nh;
     Py_ssize_t b_end = end < PyList_GET_SIZE(blocks) ? end : PyList_GET_SIZE(blocks);
     if (start >= 0) {
-        start_walk(p, hitems, start, h_end, prefetch_hash);
+        start_hashes(p, &hs, start, h_end);
         start_walk(p, PySequence_Fast_ITEMS(blocks), start, b_end, prefetch_block);
     }
     for (Py_ssize_t i = start; i < end; i++) {
         if (i >= 0) {
-            walk_ahead(p, hitems, i, h_end, prefetch_hash);
+            hashes_ahead(p, &hs, i, h_end);
             /* (Re-read: an adopted block replaces an item as the walk goes.) */
             walk_ahead(p, PySequence_Fast_ITEMS(blocks), i, b_end, prefetch_block);
         }
@@ -790,9 +883,9 @@ static PyObject *Pool_cache_full_blocks(Pool *p, PyObject *const *args, Py_ssize
         }
         int32_t b;
         uint64_t h, parent = 0;
-        if (block_of(p, PyList_GET_ITEM(blocks, i), &b) || hash_of(hitems[i], &h))
+        if (block_of(p, PyList_GET_ITEM(blocks, i), &b) || hashes_get(&hs, i, &h))
             goto fail;
-        if (i > 0 && hash_of(hitems[i - 1], &parent))
+        if (i > 0 && hashes_get(&hs, i - 1, &parent))
             goto fail;
         if ((p->blk[b].flags & F_HASHED) && p->blk[b].hash != h) {
             /* (Never from the engine: a block is registered once. Refused, so the map never
@@ -827,12 +920,12 @@ static PyObject *Pool_cache_full_blocks(Pool *p, PyObject *const *args, Py_ssize
             }
         }
     }
-    Py_DECREF(hseq);
+    hashes_close(&hs);
     if (runs != NULL && run_start >= 0 && add_run(runs, run_start, end))
         return NULL;
     Py_RETURN_NONE;
 fail:
-    Py_DECREF(hseq);
+    hashes_close(&hs);
     return NULL;
 }
 

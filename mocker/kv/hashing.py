@@ -15,9 +15,9 @@ import os
 import pickle
 import sys
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableSequence, Sequence
 from enum import StrEnum
-from typing import Any, NewType, Protocol, cast
+from typing import Any, NewType, Protocol, TypeAlias, cast
 
 import cbor2
 import xxhash
@@ -25,11 +25,13 @@ import xxhash
 __all__ = [
     "BlockHash",
     "BlockHasher",
+    "BlockHashes",
     "HashAlgo",
     "HashChain",
     "Hasher",
     "VllmBlockHasher",
     "extra_keys_bytes",
+    "hash_array",
     "make_hasher",
 ]
 
@@ -38,8 +40,20 @@ logger = logging.getLogger("mocker.engine")
 # A block's key in the engine and on the wire (uint64).
 BlockHash = NewType("BlockHash", int)
 
+# A request's block hashes, in block order: a list, or an array('Q') (`hash_array`: what
+# replay builds, a vector the compiled pool reads in place and frees without an int per hash).
+BlockHashes: TypeAlias = MutableSequence[BlockHash]
+
 _BIG_ENDIAN = sys.byteorder == "big"
 _LOW_64 = (1 << 64) - 1
+
+
+def hash_array(words: Any = b"") -> BlockHashes:
+    """Block hashes as an array('Q') made from a buffer of native uint64 words (bytes, a
+    numpy uint64 vector): a copy of the buffer, not an int object per hash."""
+    out = array("Q")
+    out.frombytes(memoryview(words).cast("B"))  # (numpy exports no plain-bytes view itself)
+    return cast("BlockHashes", out)
 
 
 class HashAlgo(StrEnum):
@@ -55,7 +69,7 @@ class HashAlgo(StrEnum):
 class HashChain(Protocol):
     """One request's hashing: appends the hashes of its newly full blocks."""
 
-    def extend(self, hashes: list[BlockHash], token_ids: Sequence[int], block_size: int) -> None:
+    def extend(self, hashes: BlockHashes, token_ids: Sequence[int], block_size: int) -> None:
         """Append hashes for the full blocks of `token_ids` not yet in `hashes`."""
         ...
 
@@ -116,7 +130,7 @@ class BlockHasher:
 
     def extend(
         self,
-        hashes: list[BlockHash],
+        hashes: BlockHashes,
         token_ids: Sequence[int],
         block_size: int,
         extra: bytes = b"",
@@ -137,7 +151,7 @@ class BlockHasher:
         # two agree.
         parent: int = hashes[-1] if hashes else self.none_hash
         digest, seed = xxhash.xxh3_64_intdigest, self._seed
-        # (The digests are BlockHashes: appended as they are, without a NewType call each.)
+        # (The digests are BlockHash values: appended as they are, without a NewType call.)
         append = cast("Callable[[int], None]", hashes.append)
         size = (4 * block_size).to_bytes(4, "big")
         for i in range(start, end):
@@ -164,7 +178,7 @@ class _FastChain:
     def __init__(self, hasher: BlockHasher, extra: bytes, first: bytes) -> None:
         self._hasher, self._extra, self._first = hasher, extra, first
 
-    def extend(self, hashes: list[BlockHash], token_ids: Sequence[int], block_size: int) -> None:
+    def extend(self, hashes: BlockHashes, token_ids: Sequence[int], block_size: int) -> None:
         self._hasher.extend(hashes, token_ids, block_size, self._extra, self._first)
 
 
@@ -250,7 +264,7 @@ class _VllmChain:
         self._hasher, self._first, self._extra = hasher, first, extra
         self._digests: list[bytes] = []
 
-    def extend(self, hashes: list[BlockHash], token_ids: Sequence[int], block_size: int) -> None:
+    def extend(self, hashes: BlockHashes, token_ids: Sequence[int], block_size: int) -> None:
         start = len(hashes)
         end = len(token_ids) // block_size
         digests = self._digests

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import xxhash
 
-from mocker.kv.hashing import BlockHash
+from mocker.kv.hashing import BlockHash, BlockHashes, hash_array
 from mocker.mixing import GOLDEN, MASK64, splitmix64, splitmix64_array
 from mocker.replay.trace import TraceRequest
 
@@ -50,7 +50,7 @@ class PromptBuilder:
         # Each engine block's offset inside its trace block, mixed in: the same every prompt.
         self._offsets = np.arange(self._per, dtype=np.uint64) * np.uint64(GOLDEN)
 
-    def prompt(self, request: TraceRequest) -> tuple[list[int], list[BlockHash]]:
+    def prompt(self, request: TraceRequest) -> tuple[list[int], BlockHashes]:
         """(prompt token ids, hashes of its full engine blocks)."""
         n, bs, tbs = request.input_length, self.block_size, self.trace_block_size
         num_full = n // bs
@@ -66,10 +66,12 @@ class PromptBuilder:
             x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
             key = x ^ (x >> 31)
             keys.append(key)
-        hashes: list[BlockHash] = []
+        hashes = hash_array()
         if num_full:
             grid = np.asarray(keys, dtype=np.uint64)[:, None] ^ self._offsets[None, :]
-            hashes = splitmix64_array(grid.ravel()[:num_full]).tolist()
+            # An array('Q'), not a list: no int object per block hash (9M in a Mooncake
+            # replay), and the compiled pool reads it in place.
+            hashes = hash_array(splitmix64_array(grid.ravel()[:num_full]))
         tokens = [FILLER_TOKEN] * (num_full * bs)
         tail = n - num_full * bs
         if tail:
@@ -79,7 +81,7 @@ class PromptBuilder:
             tokens += self._tokens(last, lo, tail)
         return tokens, hashes
 
-    def _straddling(self, ids: Sequence[int], n: int) -> tuple[list[int], list[BlockHash]]:
+    def _straddling(self, ids: Sequence[int], n: int) -> tuple[list[int], BlockHashes]:
         """Engine blocks that do not divide trace blocks: block j holds tokens up to position
         (j + 1)·bs − 1, in trace block t = ((j + 1)·bs − 1) // tbs, so its content is given by
         the ids up to t and its end: its hash mixes the key of that id prefix with j."""
@@ -90,7 +92,7 @@ class PromptBuilder:
         for h in ids:
             key = splitmix64(key ^ (h & MASK64))
             keys.append(key)
-        hashes = [
+        hashes: BlockHashes = [
             BlockHash(splitmix64(keys[((j + 1) * bs - 1) // tbs] ^ (j * GOLDEN & MASK64)))
             for j in range(num_full)
         ]
@@ -119,7 +121,7 @@ class PromptBuilder:
         return low + draw % (self.vocab - low)
 
 
-def adapter_hashes(hashes: list[BlockHash], adapter: str) -> list[BlockHash]:
+def adapter_hashes(hashes: Sequence[BlockHash], adapter: str) -> BlockHashes:
     """A LoRA request's block hashes: each mixed with the adapter's name, so equal trace ids
     under different adapters (or none) are different blocks, as the engine's hashes are."""
     key = xxhash.xxh3_64_intdigest(adapter.encode())

@@ -18,7 +18,7 @@ from mocker.engine.event_loop import EventLoop
 from mocker.engine.intake import RequestRejected
 from mocker.engine.kv_stack import build_shared_tiers
 from mocker.engine.stats import FinishedRequestStats
-from mocker.kv.hashing import BlockHash
+from mocker.kv.hashing import BlockHashes
 from mocker.replay.prompts import PromptBuilder, adapter_hashes
 from mocker.replay.router import RoutingPolicy, make_router
 from mocker.replay.trace import TraceRequest
@@ -242,7 +242,7 @@ class _ReplayRun:
         self.pick_decode = make_router(router).pick
         self.legs: list[tuple[float, int, str, RemotePrefill | None]] = []
         self.num_legs = 0
-        self.prompts: dict[str, tuple[TraceRequest, list[int], list[BlockHash]]] = {}
+        self.prompts: dict[str, tuple[TraceRequest, list[int], BlockHashes]] = {}
         self.prefilled_on: dict[str, int] = {}
         # When each engine last did something (a pass, or transfers that ended): with P/D,
         # an idle prefill engine's clock may stand at a hold's expiry that a pull forestalled.

@@ -3,6 +3,7 @@ tier unit each."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -118,6 +119,9 @@ class HybridWriteThrough(WriteThrough):
         return True
 
 
-def chunk_keys(hashes: list[BlockHash], unit: int) -> list[BlockHash]:
-    """The keys of a request's chunks: the hash of each chunk's last block."""
-    return hashes if unit == 1 else hashes[unit - 1 :: unit]
+def chunk_keys(hashes: Sequence[BlockHash], unit: int) -> list[BlockHash]:
+    """The keys of a request's chunks: the hash of each chunk's last block (a list, also of
+    a replay's array of hashes)."""
+    if unit == 1:
+        return hashes if isinstance(hashes, list) else list(hashes)
+    return list(hashes[unit - 1 :: unit])

@@ -5,9 +5,11 @@ the same rows; which runs it serves, and how `MOCKER_KV_POOL` chooses."""
 from __future__ import annotations
 
 import random
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pytest
 
 from mocker.config import (
@@ -32,6 +34,7 @@ from mocker.kv.compiled_pool import (
     serves,
 )
 from mocker.kv.eviction import LRUPolicy
+from mocker.kv.hashing import BlockHash, BlockHashes, hash_array
 from mocker.replay.runner import replay
 from mocker.replay.trace import SyntheticSpec, synthetic_trace
 from mocker.tiers.lru import LruTier
@@ -50,7 +53,7 @@ class _Table:
 
     py: list[KVBlock] = field(default_factory=list)
     c: list[int] = field(default_factory=list)
-    hashes: list[int] = field(default_factory=list)
+    hashes: BlockHashes = field(default_factory=list)
     cached: int = 0  # blocks registered
 
 
@@ -95,9 +98,11 @@ def _both(py_call: Any, c_call: Any) -> tuple[Any, Any]:
     return a, c_call()
 
 
+@pytest.mark.parametrize("vector", [False, True], ids=["list", "array"])
 @pytest.mark.parametrize("events", [False, True])
 @pytest.mark.parametrize("seed", range(40))
-def test_random_workloads_match_the_python_pool(seed: int, events: bool) -> None:
+def test_random_workloads_match_the_python_pool(seed: int, events: bool, vector: bool) -> None:
+    """`vector`: the requests' hashes are arrays('Q') (as replay's), read in place."""
     rng = random.Random(seed)
     n = rng.choice([8, 24, 64])
     caching = seed % 7 != 0
@@ -109,7 +114,8 @@ def test_random_workloads_match_the_python_pool(seed: int, events: bool) -> None
     for _ in range(250):
         op = rng.random()
         if op < 0.3:  # admit a request: its prefix hits, then new blocks (the manager's order)
-            t = _Table(hashes=_chain(rng, rng.randint(1, 12)))
+            chain = _chain(rng, rng.randint(1, 12))
+            t = _Table(hashes=hash_array(array("Q", chain)) if vector else chain)
             want = rng.randint(1, len(t.hashes))
             hits_py = py.lookup_prefix(t.hashes[: want - 1]) if caching else []
             hits_c = c.lookup_prefix(t.hashes[: want - 1]) if caching else []
@@ -263,6 +269,29 @@ def test_errors_name_the_block_as_the_python_pool_does() -> None:
         c.cache_full_blocks([0], 0, 2, [1, 2], [])
     with pytest.raises(TypeError):
         c.cache_full_blocks((0,), 0, 1, [1], [])  # type: ignore[arg-type]
+
+
+def test_hashes_are_read_from_a_vector_of_uint64_or_as_ints() -> None:
+    """A buffer of native uint64 (array('Q'), numpy uint64) is read in place; any other
+    buffer or sequence as ints: the same blocks, the same answers, the same errors."""
+    hashes = [BlockHash((k * 0x9E3779B97F4A7C15) & (2**64 - 1)) for k in range(1, 7)]
+    forms = [hashes, tuple(hashes), hash_array(array("Q", hashes)),
+             np.asarray(hashes, dtype=np.uint64)]  # fmt: skip
+    for form in forms:
+        c = CompiledBlockPool(8, BS)
+        table = c.get_new_blocks(4)
+        c.cache_full_blocks(table, 0, 3, form, [])
+        assert [c.block_hash(b) for b in table] == [*hashes[:3], None]
+        assert c.parent_hash(table[1]) == hashes[0]
+        assert c.lookup_prefix(form) == table[:3]
+        assert c.num_cached_prefix(form) == 3
+    # Another buffer is a sequence of ints: signed words are no hashes if negative.
+    signed = array("q", [h - 2**64 if h >= 2**63 else h for h in hashes])
+    assert min(signed) < 0
+    with pytest.raises(OverflowError):
+        CompiledBlockPool(8, BS).cache_full_blocks([0, 1, 2], 0, 3, signed, [])
+    with pytest.raises(IndexError):  # (a vector shorter than the blocks registered)
+        CompiledBlockPool(8, BS).cache_full_blocks([0, 1], 0, 2, hash_array(array("Q", [5])), [])
 
 
 def test_a_pool_of_hashes_in_one_home_slot_still_finds_and_forgets_each() -> None:
