@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections.abc import Collection, Sequence
 
 import numpy as np
 
 from mocker.mixing import GOLDEN, MASK64, splitmix64_array
+from mocker.request import TokenIds
 
 __all__ = ["OutputTokenSampler"]
 
@@ -20,7 +22,14 @@ class OutputTokenSampler:
     replay with the same seed reproduces every output.
     """
 
-    __slots__ = ("_eos_threshold", "_palette", "_palette_array", "_seed", "eos_token_id")
+    __slots__ = (
+        "_eos_threshold",
+        "_palette",
+        "_palette_array",
+        "_palette_ids",
+        "_seed",
+        "eos_token_id",
+    )
 
     def __init__(
         self, palette: Sequence[int], eos_token_id: int, eos_probability: float, seed: int
@@ -29,6 +38,8 @@ class OutputTokenSampler:
         if not self._palette:
             raise ValueError("the output token palette needs a token other than EOS")
         self._palette_array = np.asarray(self._palette, dtype=np.int64)
+        # The same as token ids' array('I') items (ids are below the vocabulary, < 2**31).
+        self._palette_ids = self._palette_array.astype(np.uint32)
         self.eos_token_id = eos_token_id
         self._seed = seed
         # Compare 53-bit uniforms as integers: u < p  ⇔  bits < p·2^53.
@@ -88,15 +99,20 @@ class OutputTokenSampler:
 
     def token_rows(
         self, request_seeds: Sequence[int], starts: Sequence[int], count: int
-    ) -> list[list[int]]:
+    ) -> list[TokenIds]:
         """`tokens(seed, start, count)` for many requests at once: one array computation
-        for a whole batch (a run of decode passes) instead of one per request."""
+        for a whole batch (a run of decode passes) instead of one per request. Each row is an
+        array('I'), not a list: no int object per token (a replay's requests append slices
+        of it to their own array of ids as copies of bytes)."""
+        if count <= 0:
+            return [array("I") for _ in request_seeds]
         x = np.asarray([s & MASK64 for s in request_seeds], dtype=np.uint64)
         x = x + np.asarray(starts, dtype=np.uint64)
         x = x[:, None] + np.arange(count, dtype=np.uint64)[None, :]
         index = (splitmix64_array(x) >> np.uint64(7)) % np.uint64(len(self._palette))
-        rows: list[list[int]] = self._palette_array[index].tolist()
-        return rows
+        flat = array("I")
+        flat.frombytes(memoryview(self._palette_ids[index]).cast("B"))
+        return [flat[k : k + count] for k in range(0, len(flat), count)]
 
     def token_column(self, request_seeds: Sequence[int], indexes: Sequence[int]) -> list[int]:
         """`token(seed, index, False)` for each (seed, index) pair, as one array computation:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import MutableSequence, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
-from typing import TYPE_CHECKING, NewType
+from typing import TYPE_CHECKING, NewType, TypeAlias
 
 from mocker.disagg.params import RemotePrefill
 from mocker.kv.hashing import BlockHash, BlockHashes, HashChain, Hasher
@@ -21,9 +21,14 @@ __all__ = [
     "RequestId",
     "RequestStatus",
     "SamplingParams",
+    "TokenIds",
 ]
 
 RequestId = NewType("RequestId", str)
+
+# A request's token ids: a list, or an array('I') (replay's prompts: one buffer, not an int
+# object per id, made and freed at C speed; see mocker.replay.prompts).
+TokenIds: TypeAlias = MutableSequence[int]
 
 
 class RequestStatus(IntEnum):
@@ -123,7 +128,7 @@ class Request:
     """Mutable per-request state, owned by the engine loop."""
 
     request_id: RequestId
-    all_token_ids: list[int]  # prompt then generated tokens
+    all_token_ids: TokenIds  # prompt then generated tokens
     num_prompt_tokens: int
     max_tokens: int  # resolved limit on generated tokens
     sampling: SamplingParams
@@ -192,7 +197,7 @@ class Request:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.all_token_ids[self.num_prompt_tokens :]
+        return list(self.all_token_ids[self.num_prompt_tokens :])
 
     @property
     def is_finished(self) -> bool:
@@ -202,7 +207,7 @@ class Request:
     def finish_reason(self) -> FinishReason | None:
         return FINISH_REASON_OF_STATUS.get(self.status)
 
-    def append_output_tokens(self, token_ids: list[int]) -> None:
+    def append_output_tokens(self, token_ids: Sequence[int]) -> None:
         """Several tokens at once (the hashes of the blocks they fill, as one by one)."""
         tokens = self.all_token_ids
         before = len(tokens)

@@ -1,5 +1,7 @@
 """Output tokens: stateless determinism, palette, EOS probability."""
 
+from array import array
+
 import pytest
 
 from mocker.mixing import MASK64, splitmix64
@@ -50,8 +52,12 @@ def test_token_rows_are_each_requests_tokens() -> None:
     seeds = [s.request_seed(f"r{i}") for i in range(5)] + [(1 << 64) - 1]
     starts = [0, 7, 100, 3, 0, 12]
     rows = s.token_rows(seeds, starts, 9)
-    assert rows == [s.tokens(seed, start, 9) for seed, start in zip(seeds, starts, strict=True)]
-    assert rows[1] == [s.token(seeds[1], k, False) for k in range(7, 16)]
+    assert all(isinstance(row, array) and row.typecode == "I" for row in rows)
+    assert [list(row) for row in rows] == [
+        s.tokens(seed, start, 9) for seed, start in zip(seeds, starts, strict=True)
+    ]
+    assert list(rows[1]) == [s.token(seeds[1], k, False) for k in range(7, 16)]
+    assert s.token_rows(seeds, starts, 0) == [array("I")] * len(seeds)
 
 
 def test_token_column_is_each_pairs_token() -> None:

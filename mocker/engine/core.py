@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableSequence, Sequence
 from typing import Any, TypeVar
 
 from mocker.config import EngineConfig
@@ -30,7 +30,7 @@ from mocker.engine.stats import (
 from mocker.engine.stopping import draw, stop_status, unmasked
 from mocker.kv.coordinator import HybridKVCacheManager
 from mocker.kv.events import KVEvent
-from mocker.kv.hashing import BlockHash, BlockHashes, hash_array, make_hasher
+from mocker.kv.hashing import BlockHash, make_hasher
 from mocker.output_tokens import OutputTokenSampler
 from mocker.request import EngineRequest, Request, RequestId, RequestStatus
 from mocker.scheduler.scheduler import Scheduler, SchedulerOutput
@@ -180,7 +180,7 @@ class EngineCore:
         )
         if self.config.enable_prefix_caching:
             if spec.block_hashes is not None:
-                request.block_hashes = _owned_hashes(spec.block_hashes, handed_over)
+                request.block_hashes = _owned(spec.block_hashes, handed_over)
             request.enable_hashing(self.hasher, self.config.block_size, spec.cache_salt)
         self.requests[spec.request_id] = request
         self.scheduler.add(request)
@@ -689,14 +689,10 @@ def _first_scheduled(admitted: list[Request], now: float) -> None:
             request.first_scheduled_time = now
 
 
-def _owned(items: Sequence[T], handed_over: bool) -> list[T]:
-    """The request's own list of these: the list itself when the driver hands it over (see
-    `EngineCore.add_request`), else a copy (a tuple, or a list the driver keeps)."""
+def _owned(items: Sequence[T], handed_over: bool) -> MutableSequence[T]:
+    """The request's own list of these: the list (or replay's array) itself when the driver
+    hands it over (see `EngineCore.add_request`), else a copy (a tuple, or one the driver
+    keeps; an array stays one)."""
+    if isinstance(items, array):
+        return items if handed_over else array(items.typecode, items)
     return items if handed_over and type(items) is list else list(items)
-
-
-def _owned_hashes(hashes: Sequence[BlockHash], handed_over: bool) -> BlockHashes:
-    """`_owned` for block hashes, which may come as an array('Q') (replay's: kept one)."""
-    if isinstance(hashes, array):
-        return hashes if handed_over else hash_array(hashes)
-    return _owned(hashes, handed_over)

@@ -11,7 +11,7 @@ from operator import sub
 from mocker.engine.core import EngineCore
 from mocker.engine.stats import FinishedRequestStats
 from mocker.kv.manager import KVCacheManager
-from mocker.request import Request, RequestStatus
+from mocker.request import Request, RequestStatus, TokenIds
 from mocker.scheduler.scheduler import SchedulerOutput, decodes_next
 
 __all__ = ["DecodeRun", "DecodeRuns", "run_decodes"]
@@ -137,7 +137,7 @@ class DecodeRuns:
         self.dead: list[bool] = []
         self.since: list[int] = []
         self.taken: list[int] = []
-        self.rows: list[list[int]] = []
+        self.rows: list[TokenIds] = []
         self.need_at: list[int] = []
         self.fill_at: list[int] = []
         self.finish_at: list[int] = []

@@ -154,9 +154,12 @@ class BlockHasher:
         # (The digests are BlockHash values: appended as they are, without a NewType call.)
         append = cast("Callable[[int], None]", hashes.append)
         size = (4 * block_size).to_bytes(4, "big")
+        # (An array('I') of ids, as replay's: a slice of it is the packed block already.)
+        packed_ids = isinstance(token_ids, array) and token_ids.typecode == "I"
         for i in range(start, end):
             lo = i * block_size
-            packed = array("I", token_ids[lo : lo + block_size])
+            chunk = token_ids[lo : lo + block_size]
+            packed = cast("array[int]", chunk) if packed_ids else array("I", chunk)
             if _BIG_ENDIAN:
                 packed.byteswap()
             tail = packed.tobytes() + (first_extra if i == 0 and first_extra else extra)

@@ -22,7 +22,7 @@ from mocker.kv.hashing import BlockHashes
 from mocker.replay.prompts import PromptBuilder, adapter_hashes
 from mocker.replay.router import RoutingPolicy, make_router
 from mocker.replay.trace import TraceRequest
-from mocker.request import EngineRequest, SamplingParams
+from mocker.request import EngineRequest, SamplingParams, TokenIds
 from mocker.tiers.transfers import TransferKind, TransferRecord
 
 __all__ = ["EngineSample", "ReplayResult", "RequestRecord", "replay"]
@@ -242,7 +242,7 @@ class _ReplayRun:
         self.pick_decode = make_router(router).pick
         self.legs: list[tuple[float, int, str, RemotePrefill | None]] = []
         self.num_legs = 0
-        self.prompts: dict[str, tuple[TraceRequest, list[int], BlockHashes]] = {}
+        self.prompts: dict[str, tuple[TraceRequest, TokenIds, BlockHashes]] = {}
         self.prefilled_on: dict[str, int] = {}
         # When each engine last did something (a pass, or transfers that ended): with P/D,
         # an idle prefill engine's clock may stand at a hold's expiry that a pull forestalled.

@@ -15,6 +15,7 @@ from mocker.kv.hashing import (
     HashAlgo,
     VllmBlockHasher,
     extra_keys_bytes,
+    hash_array,
     make_hasher,
 )
 
@@ -163,3 +164,9 @@ def test_extend_is_the_chain_of_hash_block() -> None:
         h.extend(got, tokens[: rng.randint(0, len(tokens))], bs, extra, first)
         h.extend(got, tokens, bs, extra, first)
         assert got == want
+        # Replay's vectors: ids in an array('I'), hashes into an array('Q').
+        ids = array("I", tokens)
+        vector = hash_array()
+        h.extend(vector, ids[: rng.randint(0, len(ids))], bs, extra, first)
+        h.extend(vector, ids, bs, extra, first)
+        assert isinstance(vector, array) and list(vector) == want

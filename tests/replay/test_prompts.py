@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 import pytest
 
 from mocker.replay.prompts import FILLER_TOKEN, PromptBuilder
@@ -29,7 +31,7 @@ def test_a_partial_trace_block_shares_its_full_engine_blocks() -> None:
     short_tokens, short = b.prompt(req(100, 5, 6))  # id 6 holds 36 tokens: 2 full blocks
     _, long = b.prompt(req(192, 5, 6, 7))
     assert len(short) == 6 and short == long[:6]
-    assert short_tokens[:96] == [FILLER_TOKEN] * 96
+    assert list(short_tokens[:96]) == [FILLER_TOKEN] * 96
     tail = short_tokens[96:]
     assert len(tail) == 4 and all(2 <= t < 1000 for t in tail)
 
@@ -60,9 +62,19 @@ def test_engine_blocks_straddling_trace_blocks_share_by_the_ids_they_cover() -> 
     # ends at 143, in the third trace block, where the ids differ: nothing after is shared.
     assert x[:5] == y[:5]
     assert not set(x[5:]) & set(y[5:])
-    assert len(tokens) == 200 and tokens[: 8 * 24] == [FILLER_TOKEN] * (8 * 24)
+    assert len(tokens) == 200 and list(tokens[: 8 * 24]) == [FILLER_TOKEN] * (8 * 24)
     # The tail (positions 192..199, in the fourth trace block) is the same for equal ids.
     assert tokens[192:] == b.prompt(req(200, 7, 8, 9, 4))[0][192:]
+
+
+@pytest.mark.parametrize("block_size", [BS, 24])
+def test_a_prompt_is_two_vectors(block_size: int) -> None:
+    """Ids as an array('I') and hashes as an array('Q'): one buffer each, no int object per
+    entry (the engine takes both as they are, handed over)."""
+    tokens, hashes = PromptBuilder(block_size, TBS, 1000, seed=1).prompt(req(200, 1, 2, 3, 4))
+    assert isinstance(tokens, array) and tokens.typecode == "I" and len(tokens) == 200
+    if block_size == BS:
+        assert isinstance(hashes, array) and hashes.typecode == "Q" and len(hashes) == 200 // BS
 
 
 def test_every_id_is_an_int_below_the_vocabulary() -> None:
