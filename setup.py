@@ -1,5 +1,6 @@
-"""The optional compiled pool: built when a C compiler is there, skipped (with a warning) when
-not, so `pip install .` works either way; mocker.kv.compiled_pool falls back to Python."""
+"""The optional compiled parts: built when a C compiler is there, skipped (with a warning) when
+not, so `pip install .` works either way. The pool (mocker.kv.compiled_pool falls back to the
+Python pool) and replay prompts' mixing (mocker.replay.prompts falls back to its Python)."""
 
 from setuptools import Extension, setup
 
@@ -10,6 +11,12 @@ setup(
             ["mocker/kv/_cpool.c"],
             optional=True,
             extra_compile_args=["-O2"],
-        )
+        ),
+        Extension(
+            "mocker.replay._cprompts",
+            ["mocker/replay/_cprompts.c"],
+            optional=True,
+            extra_compile_args=["-O2"],
+        ),
     ]
 )

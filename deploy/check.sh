@@ -181,10 +181,11 @@ smoke_test() {
 	timeout 900 buildah build --isolation chroot --pull=never --format docker -q \
 		-t localhost/mocker:smoke . </dev/null || fail "buildah build"
 	echo "image build: $((SECONDS - t0)) s"
-	# The build stage has a C compiler: the image must carry the compiled pool.
-	podman run --rm --no-healthcheck --entrypoint python localhost/mocker:smoke -c 'import mocker.kv._cpool' ||
-		fail "the image has no compiled pool (mocker/kv/_cpool.c did not build in it)"
-	echo "compiled pool: in the image"
+	# The build stage has a C compiler: the image must carry the compiled parts.
+	podman run --rm --no-healthcheck --entrypoint python localhost/mocker:smoke \
+		-c 'import mocker.kv._cpool, mocker.replay._cprompts' ||
+		fail "the image lacks a compiled part (mocker/kv/_cpool.c or mocker/replay/_cprompts.c did not build in it)"
+	echo "compiled pool and prompt mixing: in the image"
 
 	step "podman run, /health, HEALTHCHECK, a streamed completion, SIGTERM"
 	local port url attempt up=0

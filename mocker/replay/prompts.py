@@ -4,14 +4,24 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xxhash
 
+from mocker.kv.compiled_pool import PoolImpl, pool_impl
 from mocker.kv.hashing import BlockHash, BlockHashes, hash_array
 from mocker.mixing import GOLDEN, MASK64, splitmix64, splitmix64_array
 from mocker.replay.trace import TraceRequest
 from mocker.request import TokenIds
+
+if TYPE_CHECKING:
+    from mocker.replay import _cprompts
+else:
+    try:
+        from mocker.replay import _cprompts
+    except ImportError:  # built without a C compiler: the Python code serves
+        _cprompts = None
 
 __all__ = ["FILLER_TOKEN", "PromptBuilder"]
 
@@ -39,9 +49,24 @@ class PromptBuilder:
     id, position): the engine hashes it, with the output, once it fills.
     """
 
-    __slots__ = ("_offsets", "_per", "_seed", "block_size", "trace_block_size", "vocab")
+    __slots__ = ("_c", "_offsets", "_per", "_seed", "block_size", "trace_block_size", "vocab")
 
-    def __init__(self, block_size: int, trace_block_size: int, vocab: int, seed: int) -> None:
+    def __init__(
+        self,
+        block_size: int,
+        trace_block_size: int,
+        vocab: int,
+        seed: int,
+        *,
+        compiled: bool | None = None,
+    ) -> None:
+        """`compiled`: mix in C (mocker/replay/_cprompts.c) or in Python (the reference), the
+        same values; None: C when it was built, unless MOCKER_KV_POOL=python."""
+        if compiled is None:
+            compiled = _cprompts is not None and pool_impl() is not PoolImpl.PYTHON
+        elif compiled and _cprompts is None:
+            raise RuntimeError("mocker.replay._cprompts was not built (no C compiler?)")
+        self._c = _cprompts if compiled else None
         self.block_size = block_size
         self.trace_block_size = trace_block_size
         self.vocab = vocab
@@ -59,6 +84,29 @@ class PromptBuilder:
         ids = request.hash_ids[: -(-n // tbs)]
         if not self._per:
             return self._straddling(ids, n)
+        c = self._c
+        # An array('Q'), not a list: no int object per block hash (9M in a Mooncake replay),
+        # and the compiled pool reads it in place.
+        if c is not None:
+            hashes = hash_array(c.block_hashes(ids, self._seed, self._per, num_full))
+        else:
+            hashes = self._block_hashes(ids, num_full)
+        tokens = _fillers(num_full * bs)
+        tail = n - num_full * bs
+        if tail:
+            # The last partial engine block: its ids are hashed by the engine once it fills.
+            last = ids[-1] & MASK64
+            lo = num_full * bs - (len(ids) - 1) * tbs  # its first position in that trace block
+            if c is not None:
+                low = 2 if self.vocab > 2 else 0
+                base = self._seed ^ splitmix64(last)
+                tokens.frombytes(c.tail_tokens(base, lo, tail, low, self.vocab - low))
+            else:
+                tokens.extend(self._tokens(last, lo, tail))
+        return tokens, hashes
+
+    def _block_hashes(self, ids: Sequence[int], num_full: int) -> BlockHashes:
+        """The first `num_full` engine blocks' hashes (the reference of `_cprompts`'s)."""
         keys = []
         key = self._seed
         for h in ids[: -(-num_full // self._per)]:
@@ -68,20 +116,10 @@ class PromptBuilder:
             x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
             key = x ^ (x >> 31)
             keys.append(key)
-        hashes = hash_array()
-        if num_full:
-            grid = np.asarray(keys, dtype=np.uint64)[:, None] ^ self._offsets[None, :]
-            # An array('Q'), not a list: no int object per block hash (9M in a Mooncake
-            # replay), and the compiled pool reads it in place.
-            hashes = hash_array(splitmix64_array(grid.ravel()[:num_full]))
-        tokens = _fillers(num_full * bs)
-        tail = n - num_full * bs
-        if tail:
-            # The last partial engine block: its ids are hashed by the engine once it fills.
-            last = ids[-1] & MASK64
-            lo = num_full * bs - (len(ids) - 1) * tbs  # its first position in that trace block
-            tokens.extend(self._tokens(last, lo, tail))
-        return tokens, hashes
+        if not num_full:
+            return hash_array()
+        grid = np.asarray(keys, dtype=np.uint64)[:, None] ^ self._offsets[None, :]
+        return hash_array(splitmix64_array(grid.ravel()[:num_full]))
 
     def _straddling(self, ids: Sequence[int], n: int) -> tuple[TokenIds, BlockHashes]:
         """Engine blocks that do not divide trace blocks: block j holds tokens up to position
@@ -123,7 +161,7 @@ class PromptBuilder:
         return low + draw % (self.vocab - low)
 
 
-def _fillers(count: int) -> TokenIds:
+def _fillers(count: int) -> array[int]:
     """`count` filler ids as an array('I'): a prompt of 12k ids is one 48 kB buffer, made and
     freed at once, not a list whose every slot is referenced and released (4% of a replay)."""
     return array("I", (FILLER_TOKEN,)) * count

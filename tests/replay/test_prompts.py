@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import random
 from array import array
 
 import pytest
 
-from mocker.replay.prompts import FILLER_TOKEN, PromptBuilder
+from mocker.kv.compiled_pool import POOL_ENV
+from mocker.replay.prompts import FILLER_TOKEN, PromptBuilder, _cprompts
 from mocker.replay.trace import TraceRequest
 
 BS, TBS = 16, 64
@@ -99,3 +101,30 @@ def test_a_tail_of_tokens_is_each_token_of_its_positions(vocab: int) -> None:
     for hash_id in (0, 5, 2**63 + 11):
         expected = [builder._token(hash_id, p) for p in range(100, 131)]
         assert builder._tokens(hash_id, 100, 31) == expected
+
+
+@pytest.mark.skipif(_cprompts is None, reason="mocker.replay._cprompts was not built")
+@pytest.mark.parametrize("seed", range(6))
+def test_the_compiled_mixing_gives_the_python_prompts(seed: int) -> None:
+    """mocker/replay/_cprompts.c against the Python code (the reference): the same ids and
+    hashes for random prompts, ids of 64 bits and more included, tiny vocabularies too."""
+    rng = random.Random(seed)
+    for _ in range(60):
+        bs = rng.choice([1, 4, 16, 64])
+        tbs = bs * rng.choice([1, 2, 32])
+        vocab = rng.choice([2, 3, 1000, 2**31])
+        n = rng.randint(1, 5 * tbs)
+        ids = [rng.choice([rng.randrange(50), rng.getrandbits(64), rng.getrandbits(80)])
+               for _ in range(-(-n // tbs))]  # fmt: skip
+        request = TraceRequest(0.0, n, 1, tuple(ids), 1)
+        c = PromptBuilder(bs, tbs, vocab, seed, compiled=True).prompt(request)
+        py = PromptBuilder(bs, tbs, vocab, seed, compiled=False).prompt(request)
+        assert list(c[0]) == list(py[0]) and list(c[1]) == list(py[1])
+        assert isinstance(c[0], array) and isinstance(c[1], array)
+
+
+def test_the_env_turns_the_compiled_mixing_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(POOL_ENV, "python")
+    assert PromptBuilder(BS, TBS, 1000, 1)._c is None
+    monkeypatch.setenv(POOL_ENV, "auto")
+    assert (PromptBuilder(BS, TBS, 1000, 1)._c is None) is (_cprompts is None)
