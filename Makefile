@@ -14,15 +14,17 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# setup.py and the C sources: the compiled pool (mocker/kv/_cpool.c) and replay prompts' mixing
-# (mocker/replay/_cprompts.c), built in place by the editable install when a C compiler is
-# there (mocker runs without them, on their Python code).
-$(RUN_STAMP): pyproject.toml setup.py mocker/kv/_cpool.c mocker/replay/_cprompts.c | $(BIN)/python
+# setup.py and the C sources: the compiled pool (mocker/kv/_cpool.c), the fast hash chain
+# (mocker/kv/_chash.c) and replay prompts' mixing (mocker/replay/_cprompts.c), built in place
+# by the editable install when a C compiler is there (mocker runs without them, on their
+# Python code).
+C_SOURCES := mocker/kv/_cpool.c mocker/kv/_chash.c mocker/replay/_cprompts.c
+$(RUN_STAMP): pyproject.toml setup.py $(C_SOURCES) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
 # The test install is a superset of the run install, so it renews the run stamp too.
-$(TEST_STAMP): pyproject.toml setup.py mocker/kv/_cpool.c mocker/replay/_cprompts.c | $(BIN)/python
+$(TEST_STAMP): pyproject.toml setup.py $(C_SOURCES) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $@ $(RUN_STAMP)
 

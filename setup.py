@@ -1,6 +1,7 @@
 """The optional compiled parts: built when a C compiler is there, skipped (with a warning) when
 not, so `pip install .` works either way. The pool (mocker.kv.compiled_pool falls back to the
-Python pool) and replay prompts' mixing (mocker.replay.prompts falls back to its Python)."""
+Python pool), the fast hash chain (mocker.kv.hashing) and replay prompts' mixing
+(mocker.replay.prompts) each fall back to their Python code."""
 
 from setuptools import Extension, setup
 
@@ -9,6 +10,12 @@ setup(
         Extension(
             "mocker.kv._cpool",
             ["mocker/kv/_cpool.c"],
+            optional=True,
+            extra_compile_args=["-O2"],
+        ),
+        Extension(
+            "mocker.kv._chash",
+            ["mocker/kv/_chash.c"],
             optional=True,
             extra_compile_args=["-O2"],
         ),

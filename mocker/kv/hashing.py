@@ -17,7 +17,7 @@ import sys
 from array import array
 from collections.abc import Callable, MutableSequence, Sequence
 from enum import StrEnum
-from typing import Any, NewType, Protocol, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, NewType, Protocol, TypeAlias, cast
 
 import cbor2
 import xxhash
@@ -34,6 +34,14 @@ __all__ = [
     "hash_array",
     "make_hasher",
 ]
+
+if TYPE_CHECKING:
+    from mocker.kv import _chash
+else:
+    try:
+        from mocker.kv import _chash
+    except ImportError:  # built without a C compiler: the Python code serves
+        _chash = None
 
 logger = logging.getLogger("mocker.engine")
 
@@ -114,11 +122,20 @@ def extra_keys_bytes(*keys: str | None) -> bytes:
 class BlockHasher:
     """Hashes full blocks of token ids into a chain; the seed plays vLLM's PYTHONHASHSEED role."""
 
-    __slots__ = ("_seed", "none_hash")
+    __slots__ = ("_c", "_seed", "none_hash")
 
     algo = HashAlgo.FAST
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, *, compiled: bool | None = None) -> None:
+        """`compiled`: hash in C (mocker/kv/_chash.c) or in Python (the reference), the same
+        values; None: C when it was built, unless MOCKER_KV_POOL=python."""
+        if compiled is None:
+            from mocker.kv.compiled_pool import PoolImpl, pool_impl  # (it imports this module)
+
+            compiled = _chash is not None and pool_impl() is not PoolImpl.PYTHON
+        elif compiled and _chash is None:
+            raise RuntimeError("mocker.kv._chash was not built (no C compiler?)")
+        self._c = _chash if compiled else None
         self._seed = seed
         # The parent of a request's first block, like vLLM's NONE_HASH.
         self.none_hash = BlockHash(self._digest(b"mocker:none-hash"))
@@ -166,11 +183,11 @@ class BlockHasher:
 class _FastChain:
     """One request's chain of `BlockHasher` hashes (its extra keys held)."""
 
-    __slots__ = ("_extra", "_first", "_none", "_seed")
+    __slots__ = ("_c", "_extra", "_first", "_none", "_seed")
 
     def __init__(self, hasher: BlockHasher, extra: bytes, first: bytes) -> None:
         self._extra, self._first = extra, first
-        self._seed, self._none = hasher._seed, hasher.none_hash
+        self._seed, self._none, self._c = hasher._seed, hasher.none_hash, hasher._c
 
     def extend(self, hashes: BlockHashes, token_ids: Sequence[int], block_size: int) -> None:
         """`BlockHasher.extend` with this chain's extra keys."""
@@ -178,12 +195,22 @@ class _FastChain:
         end = len(token_ids) // block_size
         if start >= end:
             return
+        parent: int = hashes[-1] if hashes else self._none
+        c = self._c
+        if c is not None:
+            words = c.chain(parent, token_ids, start, end, block_size, self._seed,
+                            self._extra, self._first)  # fmt: skip
+            if words is not None:  # (else an input XXH3's medium path does not take)
+                if type(hashes) is array:
+                    hashes.frombytes(words)
+                else:
+                    hashes.extend(memoryview(words).cast("Q"))  # type: ignore[arg-type]
+                return
         # `hash_block` inlined (once per full block of every prompt and output): the length
         # of a full block's body is the same for each. tests/kv/test_hashing.py checks the
         # two agree. Most calls hash one generated block: what runs once per call is plain
         # reads (it was 3.5 times the block's own hashing, with a call and a cast in it).
         extra, first = self._extra, self._first
-        parent: int = hashes[-1] if hashes else self._none
         seed = self._seed
         # (The digests are BlockHash values: appended as they are, without a NewType call.)
         append: Callable[[int], None] = hashes.append  # type: ignore[assignment]

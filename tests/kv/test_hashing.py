@@ -9,15 +9,22 @@ from typing import Any
 import pytest
 import xxhash
 
+from mocker.kv.compiled_pool import POOL_ENV
 from mocker.kv.hashing import (
     BlockHash,
     BlockHasher,
+    BlockHashes,
     HashAlgo,
     VllmBlockHasher,
     extra_keys_bytes,
     hash_array,
     make_hasher,
 )
+
+try:
+    from mocker.kv import _chash
+except ImportError:
+    _chash = None  # type: ignore[assignment]
 
 
 def _ref(seed: int, parent: int, tokens: list[int], extra: bytes = b"") -> int:
@@ -170,3 +177,60 @@ def test_extend_is_the_chain_of_hash_block() -> None:
         h.extend(vector, ids[: rng.randint(0, len(ids))], bs, extra, first)
         h.extend(vector, ids, bs, extra, first)
         assert isinstance(vector, array) and list(vector) == want
+
+
+# -- the compiled chain (mocker/kv/_chash.c) ----------------------------------------------------
+
+needs_chash = pytest.mark.skipif(_chash is None, reason="mocker.kv._chash was not built")
+
+
+@needs_chash
+def test_the_compiled_xxh3_is_the_xxhash_packages_on_its_lengths() -> None:
+    assert _chash is not None
+    rng = random.Random(7)
+    for length in range(17, 241):
+        for seed in (0, 1, rng.getrandbits(64)):
+            data = rng.randbytes(length)
+            assert _chash.xxh3_64(data, seed) == xxhash.xxh3_64_intdigest(data, seed=seed)
+    with pytest.raises(ValueError):
+        _chash.xxh3_64(b"x" * 16, 0)
+
+
+@needs_chash
+@pytest.mark.parametrize("seed", range(8))
+def test_the_compiled_chain_gives_the_python_hashes(seed: int) -> None:
+    """Block sizes whose inputs take XXH3's medium path (17-240 bytes) and others (the
+    Python code then hashes them), extra keys of any length, ids as lists or array('I'),
+    hashes into lists or arrays: the same hashes, whichever hashes them."""
+    rng = random.Random(seed)
+    for _ in range(40):
+        hasher_seed = rng.getrandbits(64)
+        c, py = BlockHasher(hasher_seed, compiled=True), BlockHasher(hasher_seed, compiled=False)
+        bs = rng.choice([1, 2, 4, 16, 32, 57, 58, 64])
+        lora = rng.choice([None, "a", "x" * rng.randint(1, 200)])
+        salt = rng.choice([None, "salt"])
+        tokens = [rng.randrange(2**32) for _ in range(rng.randint(0, 6 * bs))]
+        ids = array("I", tokens) if rng.random() < 0.5 else tokens
+        got: BlockHashes = hash_array() if rng.random() < 0.5 else []
+        want: list[BlockHash] = []
+        chain_c, chain_py = c.chain(lora, salt), py.chain(lora, salt)
+        cut = rng.randint(0, len(tokens))
+        chain_c.extend(got, ids[:cut], bs)
+        chain_c.extend(got, ids, bs)
+        chain_py.extend(want, tokens[:cut], bs)
+        chain_py.extend(want, tokens, bs)
+        assert list(got) == want
+
+
+@needs_chash
+def test_a_token_id_of_more_than_32_bits_is_refused_in_c_as_in_python() -> None:
+    for compiled in (True, False):
+        with pytest.raises(OverflowError):
+            BlockHasher(1, compiled=compiled).chain(None, None).extend([], [2**32] * 16, 16)
+
+
+def test_the_env_turns_the_compiled_chain_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(POOL_ENV, "python")
+    assert BlockHasher(1)._c is None
+    monkeypatch.setenv(POOL_ENV, "auto")
+    assert (BlockHasher(1)._c is None) is (_chash is None)
