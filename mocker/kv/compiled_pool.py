@@ -35,6 +35,7 @@ __all__ = [
     "compiled_available",
     "pool_impl",
     "serves",
+    "use_compiled",
 ]
 
 if TYPE_CHECKING:
@@ -78,6 +79,17 @@ def pool_impl() -> PoolImpl:
             "mocker was installed?): reinstall with one, or use auto / python"
         )
     return impl
+
+
+def use_compiled(name: str, built: bool, compiled: bool | None) -> bool:
+    """Whether a compiled part (a C module beside its Python reference: the hash chain, replay
+    prompts' mixing) serves: `compiled` None: when it was built, unless MOCKER_KV_POOL=python;
+    True: yes (an error if it was not built); False: no."""
+    if compiled is None:
+        return built and pool_impl() is not PoolImpl.PYTHON
+    if compiled and not built:
+        raise RuntimeError(f"{name} was not built (no C compiler?)")
+    return compiled
 
 
 def serves(config: EngineConfig, *, given_cpu: bool = False) -> bool:

@@ -129,13 +129,9 @@ class BlockHasher:
     def __init__(self, seed: int, *, compiled: bool | None = None) -> None:
         """`compiled`: hash in C (mocker/kv/_chash.c) or in Python (the reference), the same
         values; None: C when it was built, unless MOCKER_KV_POOL=python."""
-        if compiled is None:
-            from mocker.kv.compiled_pool import PoolImpl, pool_impl  # (it imports this module)
+        from mocker.kv.compiled_pool import use_compiled  # (it imports this module)
 
-            compiled = _chash is not None and pool_impl() is not PoolImpl.PYTHON
-        elif compiled and _chash is None:
-            raise RuntimeError("mocker.kv._chash was not built (no C compiler?)")
-        self._c = _chash if compiled else None
+        self._c = _chash if use_compiled("mocker.kv._chash", _chash is not None, compiled) else None
         self._seed = seed
         # The parent of a request's first block, like vLLM's NONE_HASH.
         self.none_hash = BlockHash(self._digest(b"mocker:none-hash"))

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import xxhash
 
-from mocker.kv.compiled_pool import PoolImpl, pool_impl
+from mocker.kv.compiled_pool import use_compiled
 from mocker.kv.hashing import BlockHash, BlockHashes, hash_array
 from mocker.mixing import GOLDEN, MASK64, splitmix64, splitmix64_array
 from mocker.replay.trace import TraceRequest
@@ -49,7 +49,16 @@ class PromptBuilder:
     id, position): the engine hashes it, with the output, once it fills.
     """
 
-    __slots__ = ("_c", "_offsets", "_per", "_seed", "block_size", "trace_block_size", "vocab")
+    __slots__ = (
+        "_c",
+        "_low",
+        "_offsets",
+        "_per",
+        "_seed",
+        "block_size",
+        "trace_block_size",
+        "vocab",
+    )
 
     def __init__(
         self,
@@ -62,14 +71,13 @@ class PromptBuilder:
     ) -> None:
         """`compiled`: mix in C (mocker/replay/_cprompts.c) or in Python (the reference), the
         same values; None: C when it was built, unless MOCKER_KV_POOL=python."""
-        if compiled is None:
-            compiled = _cprompts is not None and pool_impl() is not PoolImpl.PYTHON
-        elif compiled and _cprompts is None:
-            raise RuntimeError("mocker.replay._cprompts was not built (no C compiler?)")
-        self._c = _cprompts if compiled else None
+        built = _cprompts is not None
+        self._c = _cprompts if use_compiled("mocker.replay._cprompts", built, compiled) else None
         self.block_size = block_size
         self.trace_block_size = trace_block_size
         self.vocab = vocab
+        # Token ids low..vocab-1 (0 and 1 are often special), unless the vocabulary is tiny.
+        self._low = 2 if vocab > 2 else 0
         self._seed = splitmix64(seed & MASK64)
         # Engine blocks per trace block; 0 when they do not divide it (a Mamba hybrid's
         # block: see `_straddling`).
@@ -98,8 +106,8 @@ class PromptBuilder:
             last = ids[-1] & MASK64
             lo = num_full * bs - (len(ids) - 1) * tbs  # its first position in that trace block
             if c is not None:
-                low = 2 if self.vocab > 2 else 0
                 base = self._seed ^ splitmix64(last)
+                low = self._low
                 tokens.frombytes(c.tail_tokens(base, lo, tail, low, self.vocab - low))
             else:
                 tokens.extend(self._tokens(last, lo, tail))
@@ -143,7 +151,7 @@ class PromptBuilder:
     def _tokens(self, hash_id: int, start: int, count: int) -> list[int]:
         """`_token(hash_id, p)` for p in start .. start+count-1: the id's own mix made once,
         the per-position one inlined (a prompt's tail was 28% of building its prompt)."""
-        low = 2 if self.vocab > 2 else 0
+        low = self._low
         span = self.vocab - low
         base = self._seed ^ splitmix64(hash_id)
         out = []
@@ -155,10 +163,8 @@ class PromptBuilder:
         return out
 
     def _token(self, hash_id: int, position: int) -> int:
-        # Token ids 2..vocab-1 (0 and 1 are often special), unless the vocabulary is tiny.
-        low = 2 if self.vocab > 2 else 0
         draw = splitmix64(self._seed ^ splitmix64(hash_id) ^ (position * GOLDEN & MASK64))
-        return low + draw % (self.vocab - low)
+        return self._low + draw % (self.vocab - self._low)
 
 
 def _fillers(count: int) -> array[int]:

@@ -32,6 +32,7 @@ from mocker.kv.compiled_pool import (
     compiled_available,
     pool_impl,
     serves,
+    use_compiled,
 )
 from mocker.kv.eviction import LRUPolicy
 from mocker.kv.hashing import BlockHash, BlockHashes, hash_array
@@ -376,6 +377,18 @@ def test_replays_give_the_same_rows_with_either_pool(
 
 
 # -- choosing ------------------------------------------------------------------------------------
+
+
+def test_a_compiled_part_serves_when_built_and_not_switched_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(POOL_ENV, "auto")
+    assert use_compiled("part", True, None) and not use_compiled("part", False, None)
+    assert use_compiled("part", True, True) and not use_compiled("part", True, False)
+    with pytest.raises(RuntimeError, match="part was not built"):
+        use_compiled("part", False, True)
+    monkeypatch.setenv(POOL_ENV, "python")
+    assert not use_compiled("part", True, None) and use_compiled("part", True, True)
 
 
 def test_the_env_chooses_and_a_bad_value_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
