@@ -15,10 +15,10 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 # setup.py and the C sources: the compiled pool (mocker/kv/_cpool.c), the fast hash chain
-# (mocker/kv/_chash.c) and replay prompts' mixing (mocker/replay/_cprompts.c), built in place
-# by the editable install when a C compiler is there (mocker runs without them, on their
-# Python code).
-C_SOURCES := mocker/kv/_cpool.c mocker/kv/_chash.c mocker/replay/_cprompts.c
+# (mocker/kv/_chash.c), replay prompts' mixing (mocker/replay/_cprompts.c) and the streamed
+# chunks' text table (mocker/api/_ctext.c), built in place by the editable install when a C
+# compiler is there (mocker runs without them, on their Python code).
+C_SOURCES := mocker/kv/_cpool.c mocker/kv/_chash.c mocker/replay/_cprompts.c mocker/api/_ctext.c
 $(RUN_STAMP): pyproject.toml setup.py $(C_SOURCES) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@

@@ -1,7 +1,8 @@
 """The optional compiled parts: built when a C compiler is there, skipped (with a warning) when
 not, so `pip install .` works either way. The pool (mocker.kv.compiled_pool falls back to the
-Python pool), the fast hash chain (mocker.kv.hashing) and replay prompts' mixing
-(mocker.replay.prompts) each fall back to their Python code."""
+Python pool), the fast hash chain (mocker.kv.hashing), replay prompts' mixing
+(mocker.replay.prompts) and the streamed chunks' text table (mocker.api.text_table) each fall
+back to their Python code."""
 
 from setuptools import Extension, setup
 
@@ -16,6 +17,12 @@ setup(
         Extension(
             "mocker.kv._chash",
             ["mocker/kv/_chash.c"],
+            optional=True,
+            extra_compile_args=["-O2"],
+        ),
+        Extension(
+            "mocker.api._ctext",
+            ["mocker/api/_ctext.c"],
             optional=True,
             extra_compile_args=["-O2"],
         ),

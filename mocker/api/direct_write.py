@@ -63,6 +63,15 @@ class DirectBody:
             cycle.transport.write(b"%x\r\n%b\r\n" % (n, chunk))
         return True
 
+    def write_framed(self, framed: bytes) -> bool:
+        """`write` of a chunk framed already (mocker/api/text_table.py), never an empty one
+        (whose frame would end the body); False (nothing written) as `write` says."""
+        cycle = self._cycle
+        if cycle.disconnected or cycle.flow.write_paused or cycle.response_complete:
+            return False
+        cycle.transport.write(framed)
+        return True
+
 
 def direct_body(send: Send) -> DirectBody | None:
     """A `DirectBody` for a response whose start `send` has written, if `send` is uvicorn's

@@ -39,6 +39,7 @@ class StreamRenderer:
         "_emitter",
         "_escaped",
         "_first",
+        "_framed",
         "_heads",
         "_held",
         "_interval",
@@ -63,11 +64,13 @@ class StreamRenderer:
         escaped: Callable[[int], bytes],
         known: Mapping[int, bytes],
         piece: Callable[[int], str],
+        framed: Callable[[int, bytes, bytes], bytes | None] | None = None,
         record_abort: Callable[[], None],
         stream_interval: int = 1,
     ) -> None:
         """`stream_interval`: vLLM's --stream-interval, tokens a choice's chunk waits for
-        (its first and last chunks go at once)."""
+        (its first and last chunks go at once). `framed`: a text table's (text_table.py),
+        which frames a plain one-token chunk for the socket in one go; None: joined here."""
         self._response = response
         self._writer = writer
         self._escaped = escaped
@@ -107,6 +110,8 @@ class StreamRenderer:
                 first + head for first, (head, _) in zip(self._first, parts, strict=True)
             ]
             self._open_tail = parts[0][1] if parts else b""
+        # Framed whole only when each token is a chunk of its own (an interval holds texts).
+        self._framed = framed if self._heads is not None and stream_interval == 1 else None
 
     def attach(self, emitter: Emitter | JitteredEmitter) -> None:
         self._emitter = emitter
@@ -152,13 +157,30 @@ class StreamRenderer:
                 choice.token_ids += ids
             remote = choice.remote_cached_tokens
             choice.cached_tokens = out.num_cached_tokens if remote is None else remote
+            index = choice.index
             if len(ids) == 1:
+                tok = ids[0]
+                framed = self._framed
+                direct = emitter.writer
+                if framed is not None and direct is not None:
+                    # The chunk framed from the text table in one go and written as is
+                    # (None: a token the table lacks; False: `emit` must take it).
+                    chunk = framed(tok, heads[index], self._open_tail)
+                    if chunk is not None:
+                        try:
+                            written = direct.write_framed(chunk)
+                        except Exception:  # as in `emit`: the transport closed under us
+                            emitter.fail()
+                            return
+                        if written:
+                            if self._first[index]:
+                                self._first_sent(index)
+                            return
                 # The tokenizer's table first: a call per token costs more than the lookup.
-                text = self._known.get(ids[0]) or self._escaped(ids[0])
+                text = self._known.get(tok) or self._escaped(tok)
             else:
                 escaped = self._escaped
                 text = b"".join([escaped(t) for t in ids])
-            index = choice.index
             if self._interval > 1:
                 held = self._hold(choice, text, _NO_IDS)  # (this chunk carries no ids)
                 if held is None:

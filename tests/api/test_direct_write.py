@@ -185,3 +185,26 @@ async def test_the_emitters_writer_is_offered_only_while_a_chunk_may_go_straight
     assert emitter.writer is None
     expected = [b"%x\r\n%b\r\n" % (len(c), c) for c in (b"one", b"two", b"three", b"four")]
     assert b"".join(transport.written[1:]) == b"".join(expected) + b"0\r\n\r\n"
+
+
+async def test_a_framed_chunk_goes_out_as_given_and_only_when_write_would_write() -> None:
+    """write_framed: the text table's framed chunk, written as is, declined as `write`."""
+    sent, sent_transport = _cycle()
+    direct, direct_transport = _cycle()
+    for cycle in (sent, direct):
+        await cycle.send(START)
+    body = direct_body(direct.send)
+    assert body is not None
+    for chunk in CHUNKS[:1] + CHUNKS[2:]:  # (never an empty one: its frame ends the body)
+        await sent.send({"type": "http.response.body", "body": chunk, "more_body": True})
+        assert body.write_framed(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+    assert direct_transport.written == sent_transport.written
+    direct.flow.pause_writing()
+    assert not body.write_framed(b"1\r\na\r\n")
+    direct.flow.resume_writing()
+    direct.disconnected = True
+    assert not body.write_framed(b"1\r\na\r\n")
+    direct.disconnected = False
+    await direct.send({"type": "http.response.body", "body": b"", "more_body": False})
+    assert not body.write_framed(b"1\r\na\r\n")
+    assert direct_transport.written[-1] == b"0\r\n\r\n"  # nothing after the end

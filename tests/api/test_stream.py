@@ -1,5 +1,6 @@
 """The streaming renderer: a renderer that fails mid-stream answers its client and frees the
-request instead of leaving both hanging."""
+request instead of leaving both hanging; framed chunks from the text table are the bytes the
+Python join writes."""
 
 from __future__ import annotations
 
@@ -8,8 +9,16 @@ from typing import Any
 
 import pytest
 
+from mocker.api.choice import Choice
+from mocker.api.chunks import ChunkWriter
+from mocker.api.lifecycle import OpenResponse, OpenResponses
+from mocker.api.responses import Emitter
 from mocker.api.stream import StreamRenderer
+from mocker.api.text_table import TextTable, text_table
 from mocker.engine.outputs import RequestOutput
+from mocker.engine.stream import RequestStream
+from mocker.request import FinishReason
+from tests.api.test_direct_write import START, _cycle
 from tests.support.parsing import sse_events
 from tests.support.servers import AppClient, make_app, settings
 
@@ -158,3 +167,68 @@ async def test_the_generate_stream_honours_the_interval_too() -> None:
         events = await _stream(client, "/inference/v1/generate", body)
     sizes = [len(e["choices"][0]["token_ids"]) for e in events if e.get("choices")]
     assert sizes == [1, 4, 4, 1]
+
+
+# -- the text table's framed chunks -------------------------------------------------------------
+
+_TEXTS = {7: b" seven", 8: b" eight", 9: b' \\"nine\\"', 10: b""}  # 10: an empty text
+_LATE = {11: b" eleven"}  # escaped later: not in the table
+
+
+def _output(ids: list[int], end: bool = False) -> RequestOutput:
+    return RequestOutput("r", ids, 1.0, end, FinishReason.LENGTH if end else None, 3)
+
+
+async def _render(framed: Any, chat: bool, outputs: list[RequestOutput]) -> bytes:
+    """The bytes a streamed response of `outputs` puts on uvicorn's transport, with the
+    transport paused for the outputs from the 4th to the 6th."""
+    cycle, transport = _cycle()
+    writer = ChunkWriter(chat=chat, response_id="cmpl-x", created=1, model="m",
+                         include_usage=True, continuous_usage=False)  # fmt: skip
+    stream = RequestStream("r")
+    choice = Choice(index=0, request_id="r", engine=None, stream=stream, num_prompt_tokens=3)  # type: ignore[arg-type]
+    texts = {**_TEXTS, **_LATE}
+    renderer = StreamRenderer(
+        OpenResponse([choice], OpenResponses()), writer, escaped=texts.__getitem__,
+        known=_TEXTS, piece=lambda t: texts[t].decode(), record_abort=lambda: None,
+        framed=framed,
+    )  # fmt: skip
+    emitter = Emitter(cycle.send, lambda: None)
+    await cycle.send(START)
+    emitter.started()
+    renderer.attach(emitter)
+    for i, out in enumerate(outputs):
+        if i == 3:
+            cycle.flow.pause_writing()
+        if i == 6:
+            cycle.flow.resume_writing()
+            await emitter.drain()
+        stream.put(out)
+    await asyncio.wait_for(emitter.closed, 5)
+    return b"".join(transport.written)
+
+
+@pytest.mark.parametrize("chat", [False, True])
+async def test_framed_chunks_are_the_bytes_the_python_join_writes(chat: bool) -> None:
+    outputs = [_output([t]) for t in (7, 8, 11, 9, 7, 8, 10, 9)] + [_output([8, 7])]
+    outputs += [_output([9]), _output([11]), _output([7], end=True)]
+    expected = await _render(None, chat, outputs)
+    assert expected.count(b"eight") == 3 and expected.endswith(b"0\r\n\r\n")
+    tables: list[Any] = [TextTable(_TEXTS)]
+    compiled = text_table(_TEXTS)
+    if compiled is not None:
+        tables.append(compiled)
+    for table in tables:
+        calls: list[int] = []
+
+        def framed(
+            tok: int, head: bytes, tail: bytes, table: Any = table, calls: list[int] = calls
+        ) -> bytes | None:
+            calls.append(tok)
+            return table.framed(tok, head, tail)
+
+        assert await _render(framed, chat, outputs) == expected
+        # Every one-token chunk that ends nothing while the emitter offers its direct writer:
+        # up to the first one the paused transport refused (then joined and queued), and
+        # from the drain on; 11 is not in the table and 10's text is empty (framed too).
+        assert calls == [7, 8, 11, 9, 10, 9, 9, 11]

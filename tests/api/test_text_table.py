@@ -1,0 +1,109 @@
+"""text_table: the compiled table of token texts answers as its Python reference, and frames a
+chunk exactly as uvicorn frames a body chunk."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from mocker.api import text_table as tt
+from mocker.api.text_table import MAX_ID, MAX_TEXT, TextTable, text_table
+
+needs_c = pytest.mark.skipif(tt._ctext is None, reason="mocker.api._ctext was not built")
+
+
+def _tables(pieces: dict[int, bytes]) -> list[Any]:
+    """The reference, and the compiled table when it was built."""
+    tables: list[Any] = [TextTable(pieces)]
+    if tt._ctext is not None:
+        tables.append(tt._ctext.TextTable(pieces))
+    return tables
+
+
+def _random_pieces(rng: random.Random) -> dict[int, bytes]:
+    pieces: dict[int, bytes] = {}
+    for _ in range(rng.randrange(0, 300)):
+        tok = rng.choice([rng.randrange(0, 200_000), rng.randrange(0, 20), MAX_ID - 1, MAX_ID,
+                          -rng.randrange(1, 5), 2**70])  # fmt: skip
+        size = rng.choice([0, 1, rng.randrange(0, 40), MAX_TEXT, MAX_TEXT + 1, 300])
+        pieces[tok] = bytes(rng.randrange(256) for _ in range(size))
+    return pieces
+
+
+def _uvicorn_frame(chunk: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(chunk), chunk)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_compiled_and_reference_answer_alike(seed: int) -> None:
+    rng = random.Random(seed)
+    pieces = _random_pieces(rng)
+    tables = _tables(pieces)
+    kept = {k: v for k, v in pieces.items() if 0 <= k < MAX_ID and len(v) <= MAX_TEXT}
+    probes = [*pieces, *(rng.randrange(-10, 250_000) for _ in range(200)), 2**64, -(2**70)]
+    # Heads and tails whose sums cross the frame's hex-digit boundaries (15/16, 255/256...).
+    sizes = [0, 1, 14, 15, 16, 200, 255, 256, 4095, 4096, 70_000]
+    for table in tables:
+        assert len(table) == len(kept)
+        for tok in probes:
+            head = b"h" * rng.choice(sizes)
+            tail = bytes(rng.randrange(256) for _ in range(rng.choice(sizes[:6])))
+            text = kept.get(tok)
+            assert table.text(tok) == text
+            framed = table.framed(tok, head, tail)
+            assert framed == (None if text is None else _uvicorn_frame(head + text + tail))
+
+
+def test_the_table_is_a_snapshot_of_its_pieces() -> None:
+    pieces = {5: b" five"}
+    tables = _tables(pieces)
+    pieces[6] = b" six"
+    pieces[5] = b" changed"
+    for table in tables:
+        assert table.text(5) == b" five" and table.text(6) is None and len(table) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        ((1.0, b"", b""), TypeError),  # a float id
+        (("1", b"", b""), TypeError),
+        ((1, "head", b""), TypeError),  # str, not bytes
+        ((1, b"", bytearray(b"t")), TypeError),
+    ],
+)
+def test_bad_arguments_are_refused_alike(args: tuple[Any, ...], error: type[Exception]) -> None:
+    for table in _tables({1: b"one"}):
+        with pytest.raises(error):
+            table.framed(*args)
+        with pytest.raises(TypeError):
+            table.text(args[0] if not isinstance(args[0], int) else "1")
+
+
+@pytest.mark.parametrize("pieces", [{"1": b"one"}, {1: "one"}, {1: bytearray(b"one")}])
+def test_only_int_to_bytes_pieces_make_a_table(pieces: Any) -> None:
+    for build in [TextTable, *([tt._ctext.TextTable] if tt._ctext is not None else [])]:
+        with pytest.raises(TypeError):
+            build(pieces)
+
+
+@needs_c
+def test_text_table_serves_the_compiled_one_unless_switched_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("MOCKER_KV_POOL", raising=False)
+    table = text_table({3: b" three"})
+    assert table is not None and type(table).__module__ == "mocker.api._ctext"
+    assert table.framed(3, b"a", b"b") == _uvicorn_frame(b"a three" + b"b")
+    assert text_table({3: b" three"}, compiled=False) is None
+    monkeypatch.setenv("MOCKER_KV_POOL", "python")
+    assert text_table({3: b" three"}) is None  # every compiled part off: joined in Python
+
+
+def test_text_table_without_the_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tt, "_ctext", None)
+    assert text_table({1: b"x"}) is None
+    with pytest.raises(RuntimeError, match="not built"):
+        text_table({1: b"x"}, compiled=True)
