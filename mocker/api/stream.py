@@ -64,9 +64,9 @@ class StreamRenderer:
         escaped: Callable[[int], bytes],
         known: Mapping[int, bytes],
         piece: Callable[[int], str],
-        framed: Callable[[int, bytes, bytes], bytes | None] | None = None,
         record_abort: Callable[[], None],
         stream_interval: int = 1,
+        framed: Callable[[int, bytes, bytes], bytes | None] | None = None,
     ) -> None:
         """`stream_interval`: vLLM's --stream-interval, tokens a choice's chunk waits for
         (its first and last chunks go at once). `framed`: a text table's (text_table.py),
@@ -139,7 +139,8 @@ class StreamRenderer:
             choice = self._only
         emitter = self._emitter
         assert emitter is not None
-        if choice.done or emitter.closed.done():
+        # (An emitter that offers its direct writer is open: `closed` is asked only without.)
+        if choice.done or (emitter.writer is None and emitter.closed.done()):
             return  # after a stop string matched, or the response has ended
         heads = self._heads
         if (
