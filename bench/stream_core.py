@@ -52,22 +52,26 @@ START = {
 
 
 def _reader(listener: socket.socket, n: int) -> None:
-    """Accept n connections and drain them until each closes (the client's side)."""
+    """Accept n connections and drain them until each closes (the client's side); gone as
+    soon as the process that forked it is (a run that failed before connecting them all)."""
     import selectors
 
+    parent = os.getppid()
     pin(CLIENT_CPU)
     sel = selectors.DefaultSelector()
     listener.setblocking(False)
     sel.register(listener, selectors.EVENT_READ)
-    accepted = closed = 0
+    closed = 0
     while closed < n:
-        for key, _ in sel.select(timeout=RUN_TIMEOUT_S):
+        events = sel.select(timeout=1.0)
+        if not events and os.getppid() != parent:
+            return
+        for key, _ in events:
             sock: Any = key.fileobj
             if sock is listener:
                 conn, _addr = listener.accept()
                 conn.setblocking(False)
                 sel.register(conn, selectors.EVENT_READ)
-                accepted += 1
                 continue
             try:
                 data = sock.recv(1 << 20)

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
+from mocker.kv.compiled_pool import use_compiled
+
 __all__ = ["MAX_ID", "MAX_TEXT", "FramedTable", "TextTable", "text_table"]
 
 if TYPE_CHECKING:
@@ -81,8 +83,6 @@ def text_table(pieces: Mapping[int, bytes], compiled: bool | None = None) -> Fra
     """The compiled table of `pieces` (a snapshot: later entries are not in it), or None when
     the renderer is to join chunks in Python (not built, MOCKER_KV_POOL=python, or
     `compiled=False`). `compiled=True`: the compiled table or an error."""
-    from mocker.kv.compiled_pool import use_compiled
-
     if not use_compiled("mocker.api._ctext", _ctext is not None, compiled):
         return None
     return _ctext.TextTable(dict(pieces))

@@ -66,20 +66,25 @@ def test_the_table_is_a_snapshot_of_its_pieces() -> None:
 
 
 @pytest.mark.parametrize(
-    ("args", "error"),
+    "args",
     [
-        ((1.0, b"", b""), TypeError),  # a float id
-        (("1", b"", b""), TypeError),
-        ((1, "head", b""), TypeError),  # str, not bytes
-        ((1, b"", bytearray(b"t")), TypeError),
+        (1.0, b"", b""),  # a float id
+        ("1", b"", b""),
+        (1, "head", b""),  # str, not bytes
+        (1, b"", bytearray(b"t")),
     ],
 )
-def test_bad_arguments_are_refused_alike(args: tuple[Any, ...], error: type[Exception]) -> None:
+def test_bad_arguments_are_refused_alike(args: tuple[Any, ...]) -> None:
     for table in _tables({1: b"one"}):
-        with pytest.raises(error):
-            table.framed(*args)
         with pytest.raises(TypeError):
-            table.text(args[0] if not isinstance(args[0], int) else "1")
+            table.framed(*args)
+
+
+@pytest.mark.parametrize("token_id", [1.0, "1", None])
+def test_text_takes_an_int(token_id: Any) -> None:
+    for table in _tables({1: b"one"}):
+        with pytest.raises(TypeError):
+            table.text(token_id)
 
 
 @pytest.mark.parametrize("pieces", [{"1": b"one"}, {1: "one"}, {1: bytearray(b"one")}])
