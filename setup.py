@@ -1,7 +1,8 @@
 """The optional compiled parts: built when a C compiler is there, skipped (with a warning) when
 not, so `pip install .` works either way. The pool (mocker.kv.compiled_pool falls back to the
 Python pool), the fast hash chain (mocker.kv.hashing), replay prompts' mixing
-(mocker.replay.prompts) and the streamed chunks' text table (mocker.api.text_table) each fall
+(mocker.replay.prompts), the streamed chunks' text table (mocker.api.text_table) and a pass's
+plain decode tokens with the draws ahead (mocker.engine.core, mocker.output_tokens) each fall
 back to their Python code."""
 
 from setuptools import Extension, setup
@@ -23,6 +24,12 @@ setup(
         Extension(
             "mocker.api._ctext",
             ["mocker/api/_ctext.c"],
+            optional=True,
+            extra_compile_args=["-O2"],
+        ),
+        Extension(
+            "mocker.engine._cadvance",
+            ["mocker/engine/_cadvance.c"],
             optional=True,
             extra_compile_args=["-O2"],
         ),

@@ -5,11 +5,23 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mocker.kv.compiled_pool import use_compiled
 from mocker.mixing import GOLDEN, MASK64, splitmix64_array
 from mocker.request import TokenIds
+
+if TYPE_CHECKING:
+    from mocker.engine import _cadvance
+else:
+    try:
+        from mocker.engine import _cadvance
+    except ImportError:  # built without a C compiler: numpy draws
+        _cadvance = None
+
+_COMPILED = "mocker.engine._cadvance"
 
 __all__ = ["OutputTokenSampler"]
 
@@ -23,6 +35,7 @@ class OutputTokenSampler:
     """
 
     __slots__ = (
+        "_cdraws",
         "_eos_threshold",
         "_palette",
         "_palette_array",
@@ -32,8 +45,16 @@ class OutputTokenSampler:
     )
 
     def __init__(
-        self, palette: Sequence[int], eos_token_id: int, eos_probability: float, seed: int
+        self,
+        palette: Sequence[int],
+        eos_token_id: int,
+        eos_probability: float,
+        seed: int,
+        *,
+        compiled: bool | None = None,
     ) -> None:
+        """`compiled`: draw ahead with the compiled part (mocker/engine/_cadvance.c) or not;
+        None: when it was built, unless MOCKER_KV_POOL=python (mocker.kv.compiled_pool)."""
         self._palette = [t for t in palette if t != eos_token_id]
         if not self._palette:
             raise ValueError("the output token palette needs a token other than EOS")
@@ -44,6 +65,8 @@ class OutputTokenSampler:
         self._seed = seed
         # Compare 53-bit uniforms as integers: u < p  ⇔  bits < p·2^53.
         self._eos_threshold = int(eos_probability * (1 << 53))
+        built = _cadvance is not None
+        self._cdraws = _cadvance.draws if use_compiled(_COMPILED, built, compiled) else None
 
     @property
     def can_end_early(self) -> bool:
@@ -83,7 +106,13 @@ class OutputTokenSampler:
     def draws(self, request_seed: int, start: int, count: int, eos_from: int) -> list[int]:
         """`token(request_seed, k, k >= eos_from)` for k in start .. start+count-1, computed
         as one array: a request's next tokens drawn ahead, instead of one big-integer
-        splitmix64 (two with EOS possible) per token in the pass."""
+        splitmix64 (two with EOS possible) per token in the pass. The compiled part's list
+        holds the palette's own ints; this numpy code is its reference."""
+        if self._cdraws is not None:
+            drawn_c: list[int] = self._cdraws(request_seed, start, count, eos_from,
+                                              self._palette, self.eos_token_id,
+                                              self._eos_threshold)  # fmt: skip
+            return drawn_c
         # (Array arithmetic wraps without a warning: no errstate needed.)
         x = np.arange(start, start + count, dtype=np.uint64)
         x += np.uint64(request_seed & MASK64)

@@ -6,7 +6,7 @@ import math
 import os
 from array import array
 from collections.abc import Mapping, MutableSequence, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from mocker.config import EngineConfig
 from mocker.disagg.holds import KVHolds
@@ -28,11 +28,12 @@ from mocker.engine.stats import (
     TierSnapshot,
 )
 from mocker.engine.stopping import draw, stop_status, unmasked
+from mocker.kv.compiled_pool import use_compiled
 from mocker.kv.coordinator import HybridKVCacheManager
 from mocker.kv.events import KVEvent
 from mocker.kv.hashing import BlockHash, make_hasher
 from mocker.output_tokens import OutputTokenSampler
-from mocker.request import EngineRequest, Request, RequestId, RequestStatus
+from mocker.request import EngineRequest, Request, RequestId, RequestStatus, SamplingParams
 from mocker.scheduler.scheduler import Scheduler, SchedulerOutput
 from mocker.tiers.connector import TierConnector
 from mocker.tiers.link import Link
@@ -40,6 +41,14 @@ from mocker.tiers.lru import LruTier
 from mocker.tiers.storage import StorageTier
 from mocker.tiers.transfers import TransferRecord
 from mocker.timing import PassShape, TimingModel, load_timing_model, pass_duration_s
+
+if TYPE_CHECKING:
+    from mocker.engine import _cadvance
+else:
+    try:
+        from mocker.engine import _cadvance
+    except ImportError:  # built without a C compiler: `_advance_one` applies every request
+        _cadvance = None
 
 __all__ = ["EngineCore", "RequestRejected"]
 
@@ -129,6 +138,9 @@ class EngineCore:
             self.kv if isinstance(self.kv, HybridKVCacheManager) else None
         )
         self.total_kv_tokens = config.num_gpu_blocks * config.block_size
+        self._advancer: _cadvance.Advancer | None = advancer(
+            config.block_size, self.sampler.eos_token_id
+        )
 
     # -- intake -------------------------------------------------------------------------------
 
@@ -507,88 +519,112 @@ class EngineCore:
     ) -> tuple[list[RequestOutput], list[FinishedRequestStats], int]:
         """Apply the pass: computed tokens, newly full blocks cached, one token per completion.
         Returns the outputs (none when `emit_outputs` is off), the finished requests' stats
-        and how many tokens were sampled. Runs per generated token: locals are bound once."""
+        and how many tokens were sampled. With the compiled part (mocker/engine/_cadvance.c)
+        the plain decode tokens are applied in C and the rest by `_advance_one`, which
+        applies every request without it (the reference)."""
         outputs: list[RequestOutput] = []
         finished: list[FinishedRequestStats] = []
-        bs = self.config.block_size
-        sampler = self.sampler
-        token, eos = sampler.token, sampler.eos_token_id
         emit = self.emit_outputs
-        partial = 0  # prefill chunks short of their prompt's end: they sample nothing
         column = None if emit else self._pass_tokens(sched)
-        connector = self.connector
         # Blocks registered as they were scheduled: the store policy hears of them now that
         # they are computed (without tiers, nothing is left to do for them).
-        registered = sched.registered if connector is not None else None
-        for request, n in sched.num_scheduled.items():
-            computed = request.num_computed_tokens + n
-            request.num_computed_tokens = computed
-            if registered is not None and request in registered:
-                connector.policy.on_cached(request, registered[request])  # type: ignore[union-attr]
-            elif computed // bs > request.num_cached_blocks:
-                self._cache_computed(request)
-            tokens = request.all_token_ids
-            num_tokens = len(tokens)
-            if computed < num_tokens:
-                partial += 1
-                continue  # a prefill chunk that does not reach the end of the prompt
-            k = num_tokens - request.num_prompt_tokens  # index of the token sampled now
-            sp = request.sampling
-            if emit:  # token k: drawn ahead, or drawn now (stopping.draw)
-                drawn, j = request.drawn, k - request.drawn_from
-                tok = drawn[j] if drawn and 0 <= j < len(drawn) else draw(sampler, request, k)
-            elif column is not None:  # a replay's pass, its tokens drawn as one array
-                tok = column.pop()
-            else:
-                # A replay: its decode runs draw their own tokens, which would leave most of
-                # a draw ahead unread (+1.9% instructions on 8 engines): this pass's only.
-                tok = token(request.token_seed, k, not sp.ignore_eos and k >= sp.min_tokens)
-            if k < sp.min_tokens and tok in sp.stop_token_ids:
-                tok = unmasked(sampler, request, k)
-            # Request.append_output_token, inlined (once per generated token).
-            tokens.append(tok)
-            chain = request.hash_chain
-            if chain is not None and len(tokens) % request.hash_block_size == 0:
-                chain.extend(request.block_hashes, tokens, request.hash_block_size)
-            first = request.first_token_time is None
-            if first:
-                request.first_token_time = end
-                latency = end - request.arrival_time
-            else:
-                latency = end - request.last_token_time
-            request.last_token_time = end
-            # Nearly every token ends nothing: below the cap, not EOS, no stop ids to check.
-            if k + 1 < request.max_tokens and tok != eos and not sp.stop_token_ids:
-                status = None
-            else:
-                status = stop_status(request, tok, k + 1, eos)
-            if status is not None:  # (finishing changes nothing the output reads)
-                finished.append(self.finish_in_pass(request, status, end))
-            if not emit:
-                continue
-            # RequestOutput(...), every field set here: its `__init__` is called through the
-            # generic type call (~1.1k instructions more per streamed token on 3.11).
-            out = _new_output(RequestOutput)
-            out.request_id = request.request_id
-            out.new_token_ids = [tok]
-            out.time = end
-            out.finished = False
-            out.finish_reason = None
-            out.num_prompt_tokens = request.num_prompt_tokens
-            out.num_cached_tokens = request.num_cached_tokens
-            out.tier_hits = request.tier_hits
-            out.first_token = first
-            out.latency = latency
-            out.kv_transfer_params = None
-            if status is not None:
-                out.finished = True
-                out.finish_reason = request.finish_reason
-                if request.remote_decode and self.holds is not None:
-                    out.kv_transfer_params = self._handoff(request)
-            outputs.append(out)
+        registered = sched.registered if self.connector is not None else None
+        scheduled = sched.num_scheduled
+
+        def one(request: Request, n: int) -> int:
+            return self._advance_one(request, n, end, column, registered, outputs, finished)
+
+        if self._advancer is not None:
+            partial = self._advancer.run(scheduled, end, emit, column, registered,
+                                         self.sampler.token, self._cache_computed, outputs,
+                                         one)  # fmt: skip
+        else:
+            partial = sum(map(one, scheduled, scheduled.values()))
         if finished:
             self.scheduler.remove_finished()
-        return outputs, finished, len(sched.num_scheduled) - partial
+        return outputs, finished, len(scheduled) - partial
+
+    def _advance_one(
+        self,
+        request: Request,
+        n: int,
+        end: float,
+        column: list[int] | None,
+        registered: dict[Request, int] | None,
+        outputs: list[RequestOutput],
+        finished: list[FinishedRequestStats],
+    ) -> int:
+        """One scheduled request of a pass ending at `end` (`_advance`): its output to
+        `outputs` (when emitting), its record to `finished` if it ended. 1 if it is a
+        prefill chunk short of its prompt's end (it samples nothing), else 0."""
+        computed = request.num_computed_tokens + n
+        request.num_computed_tokens = computed
+        if registered is not None and request in registered:
+            self.connector.policy.on_cached(request, registered[request])  # type: ignore[union-attr]
+        elif computed // self.config.block_size > request.num_cached_blocks:
+            self._cache_computed(request)
+        tokens = request.all_token_ids
+        num_tokens = len(tokens)
+        if computed < num_tokens:
+            return 1  # a prefill chunk that does not reach the end of the prompt
+        sampler = self.sampler
+        eos = sampler.eos_token_id
+        k = num_tokens - request.num_prompt_tokens  # index of the token sampled now
+        sp = request.sampling
+        emit = self.emit_outputs
+        if emit:  # token k: drawn ahead, or drawn now (stopping.draw)
+            drawn, j = request.drawn, k - request.drawn_from
+            tok = drawn[j] if drawn and 0 <= j < len(drawn) else draw(sampler, request, k)
+        elif column is not None:  # a replay's pass, its tokens drawn as one array
+            tok = column.pop()
+        else:
+            # A replay: its decode runs draw their own tokens, which would leave most of
+            # a draw ahead unread (+1.9% instructions on 8 engines): this pass's only.
+            tok = sampler.token(request.token_seed, k, not sp.ignore_eos and k >= sp.min_tokens)
+        if k < sp.min_tokens and tok in sp.stop_token_ids:
+            tok = unmasked(sampler, request, k)
+        # Request.append_output_token, inlined (once per generated token).
+        tokens.append(tok)
+        chain = request.hash_chain
+        if chain is not None and len(tokens) % request.hash_block_size == 0:
+            chain.extend(request.block_hashes, tokens, request.hash_block_size)
+        first = request.first_token_time is None
+        if first:
+            request.first_token_time = end
+            latency = end - request.arrival_time
+        else:
+            latency = end - request.last_token_time
+        request.last_token_time = end
+        # Nearly every token ends nothing: below the cap, not EOS, no stop ids to check.
+        if k + 1 < request.max_tokens and tok != eos and not sp.stop_token_ids:
+            status = None
+        else:
+            status = stop_status(request, tok, k + 1, eos)
+        if status is not None:  # (finishing changes nothing the output reads)
+            finished.append(self.finish_in_pass(request, status, end))
+        if not emit:
+            return 0
+        # RequestOutput(...), every field set here: its `__init__` is called through the
+        # generic type call (~1.1k instructions more per streamed token on 3.11).
+        out = _new_output(RequestOutput)
+        out.request_id = request.request_id
+        out.new_token_ids = [tok]
+        out.time = end
+        out.finished = False
+        out.finish_reason = None
+        out.num_prompt_tokens = request.num_prompt_tokens
+        out.num_cached_tokens = request.num_cached_tokens
+        out.tier_hits = request.tier_hits
+        out.first_token = first
+        out.latency = latency
+        out.kv_transfer_params = None
+        if status is not None:
+            out.finished = True
+            out.finish_reason = request.finish_reason
+            if request.remote_decode and self.holds is not None:
+                out.kv_transfer_params = self._handoff(request)
+        outputs.append(out)
+        return 0
 
     def _pass_tokens(self, sched: SchedulerOutput) -> list[int] | None:
         """A replay's pass with many requests sampling, none of which can draw EOS: their
@@ -680,6 +716,17 @@ class EngineCore:
             return None
         host, port = self.side_channel
         return handoff_params(self.config, request, hold_id, host, port)
+
+
+def advancer(
+    block_size: int, eos_token_id: int | None, compiled: bool | None = None
+) -> _cadvance.Advancer | None:
+    """The compiled part that applies a pass's plain decode tokens (mocker/engine/_cadvance.c),
+    or None when `EngineCore._advance_one` applies every request (not built,
+    MOCKER_KV_POOL=python, or `compiled=False`)."""
+    if not use_compiled("mocker.engine._cadvance", _cadvance is not None, compiled):
+        return None
+    return _cadvance.Advancer(Request, SamplingParams, RequestOutput, block_size, eos_token_id)
 
 
 def _first_scheduled(admitted: list[Request], now: float) -> None:

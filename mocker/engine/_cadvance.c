@@ -1,0 +1,538 @@
+/* A pass's plain decode tokens applied, and output tokens drawn ahead, in C.
+ *
+ * `Advancer`: `EngineCore._advance` (mocker/engine/core.py) hands a pass's scheduled requests
+ * to `Advancer.run`, which applies those whose token ends nothing (below) and hands every
+ * other one to the Python body (`EngineCore._advance_one`). That body stays the reference:
+ * with MOCKER_KV_POOL=python, or when this was not built, it applies every request
+ * (tests/engine/test_cadvance.py compares the two pass by pass).
+ *
+ * Why: in a live server's steady decode the per-token bookkeeping of `_advance` (about 30
+ * attribute reads and writes, an output object) was ~460 ns of the ~3 us of user CPU a
+ * streamed token costs (500 streams); ~200 with this. Here the request's slots are read and
+ * written at the offsets their member descriptors name, with no bytecode between them.
+ *
+ * A request takes the plain path when, with its scheduled tokens, it reaches the end of its
+ * known tokens (it samples) and: the store policy hears of no block registered as scheduled
+ * (not in `registered`), it has had its first token, its token is known without a draw (in
+ * its drawn-ahead window; the replay column's next; or `token()`'s answer), that token is not
+ * EOS, and it has no stop token ids and is below max_tokens after it. Nothing is changed
+ * before all of that is known: otherwise the Python body does it all. A block that fills on
+ * the way is registered and hashed by the same calls the Python body makes
+ * (`EngineCore._cache_computed`, `chain.extend`), in its order.
+ *
+ * `draws`: OutputTokenSampler.draws (a request's next tokens drawn ahead) without numpy's
+ * fixed cost (11.5 us a window of 256 against 1.0 here), its list holding the palette's ints.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+
+/* The slots read or written, by name (the classes' member descriptors give the offsets). */
+enum {
+    R_NUM_COMPUTED, R_TOKENS, R_NUM_CACHED_BLOCKS, R_FIRST_TOKEN_TIME, R_SAMPLING,
+    R_NUM_PROMPT, R_MAX_TOKENS, R_DRAWN, R_DRAWN_FROM, R_TOKEN_SEED, R_HASH_CHAIN,
+    R_HASH_BLOCK_SIZE, R_LAST_TOKEN_TIME, R_REQUEST_ID, R_NUM_CACHED_TOKENS, R_TIER_HITS,
+    R_BLOCK_HASHES, R_COUNT
+};
+static const char *request_slots[R_COUNT] = {
+    "num_computed_tokens", "all_token_ids", "num_cached_blocks", "first_token_time",
+    "sampling", "num_prompt_tokens", "max_tokens", "drawn", "drawn_from", "token_seed",
+    "hash_chain", "hash_block_size", "last_token_time", "request_id", "num_cached_tokens",
+    "tier_hits", "block_hashes",
+};
+enum { S_STOP_IDS, S_IGNORE_EOS, S_MIN_TOKENS, S_COUNT };
+static const char *sampling_slots[S_COUNT] = {"stop_token_ids", "ignore_eos", "min_tokens"};
+enum {
+    O_REQUEST_ID, O_NEW_IDS, O_TIME, O_FINISHED, O_FINISH_REASON, O_NUM_PROMPT,
+    O_NUM_CACHED, O_TIER_HITS, O_FIRST, O_LATENCY, O_KV_PARAMS, O_COUNT
+};
+static const char *output_slots[O_COUNT] = {
+    "request_id", "new_token_ids", "time", "finished", "finish_reason", "num_prompt_tokens",
+    "num_cached_tokens", "tier_hits", "first_token", "latency", "kv_transfer_params",
+};
+
+typedef struct {
+    PyObject_HEAD
+    PyTypeObject *request_type;
+    PyTypeObject *sampling_type;
+    PyTypeObject *output_type;
+    Py_ssize_t r[R_COUNT];
+    Py_ssize_t s[S_COUNT];
+    Py_ssize_t o[O_COUNT];
+    Py_ssize_t block_size;
+    PyObject *eos;  /* an int, or None */
+} Advancer;
+
+static PyObject *str_extend; /* "extend", interned */
+
+#define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
+
+/* Replace a slot's object (a new reference is stolen). */
+static inline void set_slot(PyObject *obj, Py_ssize_t off, PyObject *value)
+{
+    PyObject *old = SLOT(obj, off);
+    SLOT(obj, off) = value;
+    Py_XDECREF(old);
+}
+
+static int offsets_of(PyTypeObject *type, const char **names, Py_ssize_t *out, int n)
+{
+    for (int i = 0; i < n; i++) {
+        PyObject *d = PyDict_GetItemString(type->tp_dict, names[i]); /* borrowed */
+        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+            PyErr_Format(PyExc_TypeError, "Advancer: %s has no slot %s", type->tp_name, names[i]);
+            return -1;
+        }
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type != T_OBJECT_EX || (m->flags & READONLY)) {
+            PyErr_Format(PyExc_TypeError, "Advancer: %s.%s is not a plain slot", type->tp_name,
+                         names[i]);
+            return -1;
+        }
+        out[i] = m->offset;
+    }
+    return 0;
+}
+
+static void advancer_dealloc(Advancer *self)
+{
+    Py_XDECREF(self->request_type);
+    Py_XDECREF(self->sampling_type);
+    Py_XDECREF(self->output_type);
+    Py_XDECREF(self->eos);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Advancer(request_type, sampling_type, output_type, block_size, eos_token_id) */
+static PyObject *advancer_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"request_type", "sampling_type", "output_type", "block_size",
+                             "eos_token_id", NULL};
+    PyTypeObject *rt, *st, *ot;
+    Py_ssize_t bs;
+    PyObject *eos;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!nO:Advancer", kwlist, &PyType_Type, &rt,
+                                     &PyType_Type, &st, &PyType_Type, &ot, &bs, &eos))
+        return NULL;
+    if (bs <= 0) {
+        PyErr_SetString(PyExc_ValueError, "Advancer: block_size must be > 0");
+        return NULL;
+    }
+    if (eos != Py_None && !PyLong_CheckExact(eos)) {
+        PyErr_SetString(PyExc_TypeError, "Advancer: eos_token_id must be an int or None");
+        return NULL;
+    }
+    Advancer *self = (Advancer *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    if (offsets_of(rt, request_slots, self->r, R_COUNT) < 0 ||
+        offsets_of(st, sampling_slots, self->s, S_COUNT) < 0 ||
+        offsets_of(ot, output_slots, self->o, O_COUNT) < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    Py_INCREF(rt);
+    Py_INCREF(st);
+    Py_INCREF(ot);
+    Py_INCREF(eos);
+    self->request_type = rt;
+    self->sampling_type = st;
+    self->output_type = ot;
+    self->block_size = bs;
+    self->eos = eos;
+    return (PyObject *)self;
+}
+
+/* An int slot as a C value; -1 with *ok = 0 when it is not a small exact int. */
+static inline Py_ssize_t int_slot(PyObject *obj, Py_ssize_t off, int *ok)
+{
+    PyObject *v = SLOT(obj, off);
+    if (v == NULL || !PyLong_CheckExact(v)) {
+        *ok = 0;
+        return -1;
+    }
+    Py_ssize_t x = PyLong_AsSsize_t(v);
+    if (x == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        *ok = 0;
+    }
+    return x;
+}
+
+enum { PLAIN_NO = 0, PLAIN_YES = 1, PLAIN_ERROR = -1 };
+
+/* Apply one request's plain token, or answer PLAIN_NO having changed nothing. */
+static int plain(Advancer *self, PyObject *req, Py_ssize_t n, PyObject *end, double end_s,
+                 int emit, PyObject *column, PyObject *registered, PyObject *token,
+                 PyObject *cache, PyObject *outputs)
+{
+    const Py_ssize_t *r = self->r;
+    int ok = 1;
+    if (Py_TYPE(req) != self->request_type)
+        return PLAIN_NO;
+    Py_ssize_t computed = int_slot(req, r[R_NUM_COMPUTED], &ok) + n;
+    PyObject *tokens = SLOT(req, r[R_TOKENS]);
+    if (!ok || tokens == NULL)
+        return PLAIN_NO;
+    Py_ssize_t num_tokens = PyList_CheckExact(tokens) ? PyList_GET_SIZE(tokens)
+                                                        : PyObject_Size(tokens);
+    if (num_tokens < 0) {
+        PyErr_Clear();
+        return PLAIN_NO;
+    }
+    if (computed != num_tokens) /* a prefill chunk short of the prompt's end */
+        return PLAIN_NO;
+    if (registered != Py_None) {
+        int in = PyDict_Contains(registered, req);
+        if (in != 0)
+            return in < 0 ? PLAIN_ERROR : PLAIN_NO;
+    }
+    Py_ssize_t cached = int_slot(req, r[R_NUM_CACHED_BLOCKS], &ok);
+    if (!ok)
+        return PLAIN_NO;
+    int fills = computed / self->block_size > cached; /* a block is full: registered */
+    if (SLOT(req, r[R_FIRST_TOKEN_TIME]) == Py_None)
+        return PLAIN_NO; /* its first token */
+    PyObject *last = SLOT(req, r[R_LAST_TOKEN_TIME]);
+    PyObject *sp = SLOT(req, r[R_SAMPLING]);
+    if (last == NULL || !PyFloat_CheckExact(last) || sp == NULL ||
+        Py_TYPE(sp) != self->sampling_type)
+        return PLAIN_NO;
+    PyObject *stops = SLOT(sp, self->s[S_STOP_IDS]);
+    if (stops == NULL || !PyTuple_CheckExact(stops) || PyTuple_GET_SIZE(stops) != 0)
+        return PLAIN_NO; /* stop ids: the Python body checks them */
+    Py_ssize_t k = num_tokens - int_slot(req, r[R_NUM_PROMPT], &ok);
+    Py_ssize_t max_tokens = int_slot(req, r[R_MAX_TOKENS], &ok);
+    if (!ok || k + 1 >= max_tokens)
+        return PLAIN_NO; /* its last token */
+    PyObject *chain = SLOT(req, r[R_HASH_CHAIN]);
+    PyObject *hbs_obj = SLOT(req, r[R_HASH_BLOCK_SIZE]);
+    if (chain == NULL || hbs_obj == NULL)
+        return PLAIN_NO;
+    int hashes = 0; /* the token fills a block to hash */
+    if (chain != Py_None) {
+        Py_ssize_t hbs = int_slot(req, r[R_HASH_BLOCK_SIZE], &ok);
+        if (!ok || hbs <= 0 || SLOT(req, r[R_BLOCK_HASHES]) == NULL)
+            return PLAIN_NO;
+        hashes = (num_tokens + 1) % hbs == 0;
+    }
+    /* The token (a new reference). */
+    PyObject *tok;
+    if (emit) {
+        PyObject *drawn = SLOT(req, r[R_DRAWN]);
+        if (drawn == NULL || !PyList_CheckExact(drawn))
+            return PLAIN_NO;
+        Py_ssize_t j = k - int_slot(req, r[R_DRAWN_FROM], &ok);
+        if (!ok || j < 0 || j >= PyList_GET_SIZE(drawn))
+            return PLAIN_NO; /* past its window: `draw` */
+        tok = PyList_GET_ITEM(drawn, j);
+        Py_INCREF(tok);
+    } else if (column != Py_None) {
+        Py_ssize_t m = PyList_GET_SIZE(column);
+        if (m == 0)
+            return PLAIN_NO;
+        tok = PyList_GET_ITEM(column, m - 1);
+        Py_INCREF(tok);
+    } else {
+        Py_ssize_t min_tokens = int_slot(sp, self->s[S_MIN_TOKENS], &ok);
+        PyObject *ignore = SLOT(sp, self->s[S_IGNORE_EOS]);
+        if (!ok || ignore == NULL)
+            return PLAIN_NO;
+        int ignored = PyObject_IsTrue(ignore);
+        if (ignored < 0)
+            return PLAIN_ERROR;
+        PyObject *seed = SLOT(req, r[R_TOKEN_SEED]);
+        if (seed == NULL)
+            return PLAIN_NO;
+        PyObject *kk = PyLong_FromSsize_t(k);
+        if (kk == NULL)
+            return PLAIN_ERROR;
+        PyObject *argv[3] = {seed, kk, (!ignored && k >= min_tokens) ? Py_True : Py_False};
+        tok = PyObject_Vectorcall(token, argv, 3, NULL);
+        Py_DECREF(kk);
+        if (tok == NULL)
+            return PLAIN_ERROR;
+    }
+    if (!PyLong_CheckExact(tok)) {
+        Py_DECREF(tok);
+        return PLAIN_NO;
+    }
+    if (self->eos != Py_None) {
+        int same = PyObject_RichCompareBool(tok, self->eos, Py_EQ);
+        if (same != 0) {
+            Py_DECREF(tok);
+            return same < 0 ? PLAIN_ERROR : PLAIN_NO; /* EOS ends it (unless ignored) */
+        }
+    }
+    /* Everything is known: apply it (as `_advance_one` would, in its order). */
+    double last_s = PyFloat_AS_DOUBLE(last); /* (read before `cache` runs Python code) */
+    PyObject *latency = NULL;
+    PyObject *computed_obj = PyLong_FromSsize_t(computed);
+    if (computed_obj == NULL)
+        goto fail;
+    set_slot(req, r[R_NUM_COMPUTED], computed_obj);
+    computed_obj = NULL;
+    if (fills) {
+        PyObject *done = PyObject_Vectorcall(cache, &req, 1, NULL);
+        if (done == NULL)
+            goto fail;
+        Py_DECREF(done);
+        tokens = SLOT(req, r[R_TOKENS]);
+        if (tokens == NULL) {
+            PyErr_SetString(PyExc_AttributeError, "Advancer: a request slot is unset");
+            goto fail;
+        }
+    }
+    latency = PyFloat_FromDouble(end_s - last_s);
+    if (latency == NULL)
+        goto fail;
+    if (PyList_CheckExact(tokens)) {
+        if (PyList_Append(tokens, tok) < 0)
+            goto fail;
+    } else {
+        PyObject *done = PyObject_CallMethod(tokens, "append", "O", tok);
+        if (done == NULL)
+            goto fail;
+        Py_DECREF(done);
+    }
+    if (!emit && column != Py_None) {
+        /* (the column's last item is `tok`: dropped as `pop` would) */
+        if (PyList_SetSlice(column, PyList_GET_SIZE(column) - 1, PyList_GET_SIZE(column),
+                            NULL) < 0)
+            goto fail;
+    }
+    if (hashes) {
+        /* chain.extend(block_hashes, tokens, hash_block_size) (the slots read again: `cache`
+         * ran Python code in between) */
+        PyObject *argv[4] = {SLOT(req, r[R_HASH_CHAIN]), SLOT(req, r[R_BLOCK_HASHES]),
+                             tokens, SLOT(req, r[R_HASH_BLOCK_SIZE])};
+        if (argv[0] == NULL || argv[1] == NULL || argv[3] == NULL) {
+            PyErr_SetString(PyExc_AttributeError, "Advancer: a request slot is unset");
+            goto fail;
+        }
+        PyObject *done = PyObject_VectorcallMethod(str_extend, argv, 4, NULL);
+        if (done == NULL)
+            goto fail;
+        Py_DECREF(done);
+    }
+    Py_INCREF(end);
+    set_slot(req, r[R_LAST_TOKEN_TIME], end);
+    if (!emit) {
+        Py_DECREF(tok);
+        Py_DECREF(latency);
+        return PLAIN_YES;
+    }
+    PyTypeObject *ot = self->output_type;
+    PyObject *out = ot->tp_alloc(ot, 0);
+    PyObject *ids = PyList_New(1);
+    if (out == NULL || ids == NULL) {
+        Py_XDECREF(out);
+        Py_XDECREF(ids);
+        goto fail;
+    }
+    PyList_SET_ITEM(ids, 0, tok); /* (steals it) */
+    tok = NULL;
+    const Py_ssize_t *o = self->o;
+    PyObject *rid = SLOT(req, r[R_REQUEST_ID]);
+    PyObject *nprompt = SLOT(req, r[R_NUM_PROMPT]);
+    PyObject *ncached = SLOT(req, r[R_NUM_CACHED_TOKENS]);
+    PyObject *hits = SLOT(req, r[R_TIER_HITS]);
+    if (rid == NULL || ncached == NULL || hits == NULL) {
+        Py_DECREF(ids);
+        Py_DECREF(out);
+        PyErr_SetString(PyExc_AttributeError, "Advancer: a request slot is unset");
+        goto fail;
+    }
+    Py_INCREF(rid);
+    Py_INCREF(nprompt);
+    Py_INCREF(ncached);
+    Py_INCREF(hits);
+    Py_INCREF(end);
+    SLOT(out, o[O_REQUEST_ID]) = rid;
+    SLOT(out, o[O_NEW_IDS]) = ids;
+    SLOT(out, o[O_TIME]) = end;
+    SLOT(out, o[O_FINISHED]) = Py_NewRef(Py_False);
+    SLOT(out, o[O_FINISH_REASON]) = Py_NewRef(Py_None);
+    SLOT(out, o[O_NUM_PROMPT]) = nprompt;
+    SLOT(out, o[O_NUM_CACHED]) = ncached;
+    SLOT(out, o[O_TIER_HITS]) = hits;
+    SLOT(out, o[O_FIRST]) = Py_NewRef(Py_False);
+    SLOT(out, o[O_LATENCY]) = latency;
+    SLOT(out, o[O_KV_PARAMS]) = Py_NewRef(Py_None);
+    int appended = PyList_Append(outputs, out);
+    Py_DECREF(out);
+    return appended < 0 ? PLAIN_ERROR : PLAIN_YES;
+fail:
+    Py_XDECREF(tok);
+    Py_XDECREF(computed_obj);
+    Py_XDECREF(latency);
+    return PLAIN_ERROR;
+}
+
+/* run(scheduled, end, emit, column, registered, token, cache, outputs, slow) -> partial
+ *
+ * scheduled: {request: tokens scheduled} in pass order; end: the pass's end (a float);
+ * emit: build outputs; column: a replay pass's tokens listed last first, or None; registered:
+ * the requests whose blocks were registered as scheduled (the store policy hears of them),
+ * or None; token: the sampler's `token(seed, k, eos_allowed)` (a replay pass without a
+ * column); cache: `EngineCore._cache_computed`, for a request whose block is full; outputs:
+ * where outputs go. Every other request goes to slow(request, n), which
+ * answers 1 for a prefill chunk short of its prompt's end, else 0. Returns how many answered
+ * 1. */
+static PyObject *advancer_run(Advancer *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "run() takes 9 arguments");
+        return NULL;
+    }
+    PyObject *scheduled = args[0], *end = args[1], *column = args[3], *registered = args[4];
+    PyObject *token = args[5], *cache = args[6], *outputs = args[7], *slow = args[8];
+    int emit = PyObject_IsTrue(args[2]);
+    if (emit < 0)
+        return NULL;
+    if (!PyDict_Check(scheduled) || !PyList_CheckExact(outputs) ||
+        (column != Py_None && !PyList_CheckExact(column)) ||
+        (registered != Py_None && !PyDict_Check(registered))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "run(dict, end, emit, list | None, dict | None, token, cache, list, slow)");
+        return NULL;
+    }
+    /* An end that is not a float (a test's int): every request takes the Python body. */
+    int floats = PyFloat_CheckExact(end);
+    double end_s = floats ? PyFloat_AS_DOUBLE(end) : 0.0;
+    Py_ssize_t pos = 0, partial = 0;
+    PyObject *req, *num;
+    while (PyDict_Next(scheduled, &pos, &req, &num)) {
+        int done = PLAIN_NO;
+        if (floats && PyLong_CheckExact(num)) {
+            Py_ssize_t n = PyLong_AsSsize_t(num);
+            if (n == -1 && PyErr_Occurred())
+                PyErr_Clear();
+            else
+                done = plain(self, req, n, end, end_s, emit, column, registered, token, cache,
+                             outputs);
+        }
+        if (done == PLAIN_ERROR)
+            return NULL;
+        if (done == PLAIN_YES)
+            continue;
+        /* (The slow body may not change `scheduled`: the pass's requests are fixed.) */
+        PyObject *argv[2] = {req, num};
+        PyObject *res = PyObject_Vectorcall(slow, argv, 2, NULL);
+        if (res == NULL)
+            return NULL;
+        Py_ssize_t p = PyLong_AsSsize_t(res);
+        Py_DECREF(res);
+        if (p == -1 && PyErr_Occurred())
+            return NULL;
+        partial += p;
+    }
+    return PyLong_FromSsize_t(partial);
+}
+
+/* splitmix64 (mocker.mixing) */
+static inline uint64_t mix(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* draws(seed, start, count, eos_from, palette, eos_token_id, eos_threshold) -> list
+ *
+ * OutputTokenSampler.draws (its numpy code is the reference): token k for k in start ..
+ * start+count-1 is palette[(m >> 7) % len(palette)] with m = splitmix64(seed + k mod 2**64),
+ * or EOS where k >= eos_from and (splitmix64(m) >> 11) < eos_threshold. The list holds the
+ * palette's own int objects (no int is made per token). */
+static PyObject *draws(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError,
+                        "draws(seed, start, count, eos_from, palette, eos_token_id, threshold)");
+        return NULL;
+    }
+    PyObject *palette = args[4], *eos = args[5];
+    if (!PyLong_Check(args[0]) || !PyList_CheckExact(palette) || PyList_GET_SIZE(palette) == 0) {
+        PyErr_SetString(PyExc_TypeError, "draws: an int seed and a non-empty palette list");
+        return NULL;
+    }
+    uint64_t seed = PyLong_AsUnsignedLongLongMask(args[0]);
+    if (seed == (uint64_t)-1 && PyErr_Occurred())
+        return NULL;
+    long long start = PyLong_AsLongLong(args[1]);
+    Py_ssize_t count = PyLong_AsSsize_t(args[2]);
+    long long eos_from = PyLong_AsLongLong(args[3]);
+    unsigned long long threshold = PyLong_AsUnsignedLongLong(args[6]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (start < 0) {
+        PyErr_SetString(PyExc_ValueError, "draws: start must be >= 0");
+        return NULL;
+    }
+    if (count < 0)
+        count = 0;
+    uint64_t n = (uint64_t)PyList_GET_SIZE(palette);
+    PyObject *out = PyList_New(count);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        long long k = start + i;
+        uint64_t m = mix(seed + (uint64_t)k);
+        PyObject *tok = (threshold && k >= eos_from && (mix(m) >> 11) < threshold)
+                            ? eos
+                            : PyList_GET_ITEM(palette, (Py_ssize_t)((m >> 7) % n));
+        Py_INCREF(tok);
+        PyList_SET_ITEM(out, i, tok);
+    }
+    return out;
+}
+
+static PyMethodDef module_methods[] = {
+    {"draws", (PyCFunction)(void (*)(void))draws, METH_FASTCALL,
+     "draws(seed, start, count, eos_from, palette, eos_token_id, eos_threshold) -> list"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMethodDef advancer_methods[] = {
+    {"run", (PyCFunction)(void (*)(void))advancer_run, METH_FASTCALL,
+     "run(scheduled, end, emit, column, registered, token, cache, outputs, slow) -> partial"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject AdvancerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mocker.engine._cadvance.Advancer",
+    .tp_basicsize = sizeof(Advancer),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A pass's plain decode tokens applied in C (EngineCore._advance).",
+    .tp_new = advancer_new,
+    .tp_dealloc = (destructor)advancer_dealloc,
+    .tp_methods = advancer_methods,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "mocker.engine._cadvance",
+    "A pass's plain decode tokens applied, and output tokens drawn ahead, in C.", -1,
+    module_methods,
+};
+
+PyMODINIT_FUNC PyInit__cadvance(void)
+{
+    if (PyType_Ready(&AdvancerType) < 0)
+        return NULL;
+    str_extend = PyUnicode_InternFromString("extend");
+    if (str_extend == NULL)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&AdvancerType);
+    if (PyModule_AddObject(m, "Advancer", (PyObject *)&AdvancerType) < 0) {
+        Py_DECREF(&AdvancerType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

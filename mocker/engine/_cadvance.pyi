@@ -1,0 +1,36 @@
+"""Types of the compiled pass applier and draws (mocker/engine/_cadvance.c)."""
+
+from collections.abc import Callable
+from typing import Any
+
+def draws(
+    seed: int,
+    start: int,
+    count: int,
+    eos_from: int,
+    palette: list[int],
+    eos_token_id: int,
+    eos_threshold: int,
+) -> list[int]: ...
+
+class Advancer:
+    def __init__(
+        self,
+        request_type: type,
+        sampling_type: type,
+        output_type: type,
+        block_size: int,
+        eos_token_id: int | None,
+    ) -> None: ...
+    def run(
+        self,
+        scheduled: dict[Any, int],
+        end: float,
+        emit: bool,
+        column: list[int] | None,
+        registered: dict[Any, int] | None,
+        token: Callable[[int, int, bool], int],
+        cache: Callable[[Any], None],
+        outputs: list[Any],
+        slow: Callable[[Any, int], int],
+    ) -> int: ...
