@@ -28,8 +28,8 @@ setup(
             extra_compile_args=["-O2"],
         ),
         Extension(
-            "mocker.engine._cadvance",
-            ["mocker/engine/_cadvance.c"],
+            "mocker.engine._cpass",
+            ["mocker/engine/_cpass.c"],
             optional=True,
             extra_compile_args=["-O2"],
         ),

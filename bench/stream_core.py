@@ -123,10 +123,10 @@ async def _mocker(transports: list[Any]) -> dict[str, float]:
     from mocker.api.lifecycle import OpenResponse, OpenResponses
     from mocker.api.responses import Emitter
     from mocker.api.stream import StreamRenderer
-    from mocker.api.text_table import text_table
+    from mocker.api.text_table import sinks, text_table
     from mocker.config import EngineConfig
     from mocker.engine.core import EngineCore
-    from mocker.engine.stream import RequestStream, deliver
+    from mocker.engine.stream import RequestStream, deliver, deliver_loop
     from mocker.request import EngineRequest, SamplingParams
     from mocker.tokenizer import default_tokenizer_path, load_tokenizer
 
@@ -163,17 +163,19 @@ async def _mocker(transports: list[Any]) -> dict[str, float]:
             piece=tokenizer.piece,
             record_abort=lambda: None,
             framed=None if table is None else table.framed,
+            sinks=sinks(table),
         )
         cycle = _cycle(transport)
         emitter = Emitter(cycle.send, lambda: None)
         await cycle.send(START)
         emitter.started()
         renderer.attach(emitter)
+    loop = deliver_loop()
     now = 0.0
     for _ in range(WARMUP_PASSES):
         result = core.step(now)
         now = result.end
-        deliver(streams, result)
+        deliver(streams, result, loop)
     _serving_gc()
     step_ns = hand_out_ns = tokens = 0
     before = os.times()
@@ -181,7 +183,7 @@ async def _mocker(transports: list[Any]) -> dict[str, float]:
         t0 = time.perf_counter_ns()
         result = core.step(now)
         t1 = time.perf_counter_ns()
-        deliver(streams, result)
+        deliver(streams, result, loop)
         hand_out_ns += time.perf_counter_ns() - t1
         step_ns += t1 - t0
         now = result.end

@@ -14,14 +14,14 @@ from mocker.mixing import GOLDEN, MASK64, splitmix64_array
 from mocker.request import TokenIds
 
 if TYPE_CHECKING:
-    from mocker.engine import _cadvance
+    from mocker.engine import _cpass
 else:
     try:
-        from mocker.engine import _cadvance
+        from mocker.engine import _cpass
     except ImportError:  # built without a C compiler: numpy draws
-        _cadvance = None
+        _cpass = None
 
-_COMPILED = "mocker.engine._cadvance"
+_COMPILED = "mocker.engine._cpass"
 
 __all__ = ["OutputTokenSampler"]
 
@@ -53,7 +53,7 @@ class OutputTokenSampler:
         *,
         compiled: bool | None = None,
     ) -> None:
-        """`compiled`: draw ahead with the compiled part (mocker/engine/_cadvance.c) or not;
+        """`compiled`: draw ahead with the compiled part (mocker/engine/_cpass.c) or not;
         None: when it was built, unless MOCKER_KV_POOL=python (mocker.kv.compiled_pool)."""
         self._palette = [t for t in palette if t != eos_token_id]
         if not self._palette:
@@ -65,8 +65,8 @@ class OutputTokenSampler:
         self._seed = seed
         # Compare 53-bit uniforms as integers: u < p  ⇔  bits < p·2^53.
         self._eos_threshold = int(eos_probability * (1 << 53))
-        built = _cadvance is not None
-        self._cdraws = _cadvance.draws if use_compiled(_COMPILED, built, compiled) else None
+        built = _cpass is not None
+        self._cdraws = _cpass.draws if use_compiled(_COMPILED, built, compiled) else None
 
     @property
     def can_end_early(self) -> bool:

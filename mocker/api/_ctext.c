@@ -12,6 +12,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -94,23 +95,10 @@ static PyObject *table_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     return (PyObject *)self;
 }
 
-/* framed(token_id, head, tail) -> bytes | None */
-static PyObject *table_framed(TextTable *self, PyObject *const *args, Py_ssize_t nargs)
+/* The chunk `head + text + tail` framed; Py_None (a new reference) when the id is not in the
+ * table. */
+static PyObject *frame(TextTable *self, Py_ssize_t id, PyObject *head, PyObject *tail)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "framed() takes token_id, head and tail");
-        return NULL;
-    }
-    PyObject *head = args[1], *tail = args[2];
-    if (!PyLong_Check(args[0]) || !PyBytes_Check(head) || !PyBytes_Check(tail)) {
-        PyErr_SetString(PyExc_TypeError, "framed() takes an int and two bytes");
-        return NULL;
-    }
-    Py_ssize_t id = PyLong_AsSsize_t(args[0]);
-    if (id == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        Py_RETURN_NONE;
-    }
     if (id < 0 || id >= self->num_ids)
         Py_RETURN_NONE;
     uint32_t slot = self->slots[id];
@@ -141,6 +129,26 @@ static PyObject *table_framed(TextTable *self, PyObject *const *args, Py_ssize_t
     *p++ = '\r';
     *p = '\n';
     return out;
+}
+
+/* framed(token_id, head, tail) -> bytes | None */
+static PyObject *table_framed(TextTable *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "framed() takes token_id, head and tail");
+        return NULL;
+    }
+    PyObject *head = args[1], *tail = args[2];
+    if (!PyLong_Check(args[0]) || !PyBytes_Check(head) || !PyBytes_Check(tail)) {
+        PyErr_SetString(PyExc_TypeError, "framed() takes an int and two bytes");
+        return NULL;
+    }
+    Py_ssize_t id = PyLong_AsSsize_t(args[0]);
+    if (id == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    return frame(self, id, head, tail);
 }
 
 /* text(token_id) -> bytes | None */
@@ -189,6 +197,189 @@ static PyTypeObject TextTableType = {
     .tp_as_sequence = &table_as_sequence,
 };
 
+/* Sink(table, head, tail, emitter, direct, cycle, choice): a streamed response's plain tokens
+ * written from the engine loop's hand-out (mocker.engine.stream's `deliver`) without a Python
+ * frame. `sink(token_id)` does what StreamRenderer.on_output does for a one-token output
+ * that ends nothing once the choice's first chunk is out: while `emitter.writer` is still
+ * `direct` and `direct`'s checks pass (the cycle not disconnected, its flow not paused, the
+ * response not complete), the token's chunk framed from the table is written to the cycle's
+ * transport and `choice.completion_tokens` counts it: True. False, having done nothing,
+ * when any of that does not hold (a token not in the table, a pause, a write that raises):
+ * the renderer's Python path then takes the output, as it takes every other one. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    TextTable *table;
+    PyObject *head, *tail, *emitter, *direct, *cycle, *flow, *write, *choice;
+} Sink;
+
+static PyObject *s_writer, *s_disconnected, *s_write_paused, *s_response_complete,
+    *s_completion_tokens, *s_flow, *s_transport, *s_write;
+
+static int sink_traverse(Sink *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->table);
+    Py_VISIT(self->head);
+    Py_VISIT(self->tail);
+    Py_VISIT(self->emitter);
+    Py_VISIT(self->direct);
+    Py_VISIT(self->cycle);
+    Py_VISIT(self->flow);
+    Py_VISIT(self->write);
+    Py_VISIT(self->choice);
+    return 0;
+}
+
+static int sink_clear(Sink *self)
+{
+    Py_CLEAR(self->table);
+    Py_CLEAR(self->head);
+    Py_CLEAR(self->tail);
+    Py_CLEAR(self->emitter);
+    Py_CLEAR(self->direct);
+    Py_CLEAR(self->cycle);
+    Py_CLEAR(self->flow);
+    Py_CLEAR(self->write);
+    Py_CLEAR(self->choice);
+    return 0;
+}
+
+static void sink_dealloc(Sink *self)
+{
+    PyObject_GC_UnTrack(self);
+    sink_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* An attribute's truth; 1 (as "not ours to write") when it cannot be read. */
+static int flag(PyObject *obj, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) {
+        PyErr_Clear();
+        return 1;
+    }
+    int truth = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    if (truth < 0) {
+        PyErr_Clear();
+        return 1;
+    }
+    return truth;
+}
+
+static PyObject *sink_push(Sink *self, PyObject *tok)
+{
+    if (!PyLong_Check(tok))
+        Py_RETURN_FALSE;
+    PyObject *writer = PyObject_GetAttr(self->emitter, s_writer);
+    if (writer == NULL) {
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    Py_DECREF(writer); /* (compared by identity only) */
+    if (writer != self->direct || flag(self->cycle, s_disconnected) ||
+        flag(self->flow, s_write_paused) || flag(self->cycle, s_response_complete))
+        Py_RETURN_FALSE;
+    Py_ssize_t id = PyLong_AsSsize_t(tok);
+    if (id == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    PyObject *count = PyObject_GetAttr(self->choice, s_completion_tokens);
+    if (count == NULL)
+        return NULL;
+    PyObject *one = PyLong_FromLong(1);
+    PyObject *counted = one == NULL ? NULL : PyNumber_Add(count, one);
+    Py_DECREF(count);
+    Py_XDECREF(one);
+    if (counted == NULL)
+        return NULL;
+    PyObject *chunk = frame(self->table, id, self->head, self->tail);
+    if (chunk == NULL || chunk == Py_None) {
+        Py_DECREF(counted);
+        if (chunk == NULL)
+            return NULL;
+        Py_DECREF(chunk);
+        Py_RETURN_FALSE; /* (not in the table: the Python path escapes it) */
+    }
+    PyObject *written = PyObject_Vectorcall(self->write, &chunk, 1, NULL);
+    Py_DECREF(chunk);
+    if (written == NULL) {
+        /* (the transport closed under us: the Python path writes again, and fails the
+         * emitter when that raises too) */
+        PyErr_Clear();
+        Py_DECREF(counted);
+        Py_RETURN_FALSE;
+    }
+    Py_DECREF(written);
+    int set = PyObject_SetAttr(self->choice, s_completion_tokens, counted);
+    Py_DECREF(counted);
+    if (set < 0)
+        return NULL;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *sink_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
+                                 PyObject *kwnames)
+{
+    if (PyVectorcall_NARGS(nargsf) != 1 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames))) {
+        PyErr_SetString(PyExc_TypeError, "a sink takes one token id");
+        return NULL;
+    }
+    return sink_push((Sink *)callable, args[0]);
+}
+
+static PyObject *sink_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"table", "head", "tail", "emitter", "direct", "cycle", "choice",
+                             NULL};
+    PyObject *table, *head, *tail, *emitter, *direct, *cycle, *choice;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!OOOO:Sink", kwlist, &TextTableType,
+                                     &table, &PyBytes_Type, &head, &PyBytes_Type, &tail,
+                                     &emitter, &direct, &cycle, &choice))
+        return NULL;
+    PyObject *flow = PyObject_GetAttr(cycle, s_flow);
+    PyObject *transport = flow == NULL ? NULL : PyObject_GetAttr(cycle, s_transport);
+    PyObject *write = transport == NULL ? NULL : PyObject_GetAttr(transport, s_write);
+    Py_XDECREF(transport);
+    if (write == NULL) {
+        Py_XDECREF(flow);
+        return NULL;
+    }
+    Sink *self = (Sink *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        Py_DECREF(flow);
+        Py_DECREF(write);
+        return NULL;
+    }
+    self->vectorcall = sink_vectorcall;
+    self->table = (TextTable *)Py_NewRef(table);
+    self->head = Py_NewRef(head);
+    self->tail = Py_NewRef(tail);
+    self->emitter = Py_NewRef(emitter);
+    self->direct = Py_NewRef(direct);
+    self->cycle = Py_NewRef(cycle);
+    self->flow = flow;
+    self->write = write;
+    self->choice = Py_NewRef(choice);
+    return (PyObject *)self;
+}
+
+static PyTypeObject SinkType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mocker.api._ctext.Sink",
+    .tp_doc = "A streamed response's plain tokens written from the engine loop's hand-out.",
+    .tp_basicsize = sizeof(Sink),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_new = sink_new,
+    .tp_dealloc = (destructor)sink_dealloc,
+    .tp_traverse = (traverseproc)sink_traverse,
+    .tp_clear = (inquiry)sink_clear,
+    .tp_vectorcall_offset = offsetof(Sink, vectorcall),
+    .tp_call = PyVectorcall_Call,
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "mocker.api._ctext",
     "Framed streaming chunks from a compact token-text table (mocker.api.text_table is the "
@@ -198,14 +389,27 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__ctext(void)
 {
-    if (PyType_Ready(&TextTableType) < 0)
+    if (PyType_Ready(&TextTableType) < 0 || PyType_Ready(&SinkType) < 0)
         return NULL;
+    struct {
+        PyObject **at;
+        const char *name;
+    } names[] = {
+        {&s_writer, "writer"}, {&s_disconnected, "disconnected"},
+        {&s_write_paused, "write_paused"}, {&s_response_complete, "response_complete"},
+        {&s_completion_tokens, "completion_tokens"}, {&s_flow, "flow"},
+        {&s_transport, "transport"}, {&s_write, "write"},
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        *names[i].at = PyUnicode_InternFromString(names[i].name);
+        if (*names[i].at == NULL)
+            return NULL;
+    }
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    Py_INCREF(&TextTableType);
-    if (PyModule_AddObject(m, "TextTable", (PyObject *)&TextTableType) < 0) {
-        Py_DECREF(&TextTableType);
+    if (PyModule_AddObjectRef(m, "TextTable", (PyObject *)&TextTableType) < 0 ||
+        PyModule_AddObjectRef(m, "Sink", (PyObject *)&SinkType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -49,6 +49,11 @@ class DirectBody:
     def __init__(self, cycle: Any) -> None:
         self._cycle = cycle
 
+    @property
+    def cycle(self) -> Any:
+        """uvicorn's cycle it writes for (a sink reads its state: mocker/api/_ctext.c)."""
+        return self._cycle
+
     def write(self, chunk: bytes) -> bool:
         """Frame and write a non-final chunk; False (nothing written) when `send` must take it:
         the client has gone, the transport asked to pause, or the response has ended."""

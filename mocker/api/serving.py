@@ -42,7 +42,7 @@ from mocker.api.responses_api import ResponsesStreamWriter
 from mocker.api.sampling_checks import check_sampling, check_token_params
 from mocker.api.stop_strings import StopMatcher
 from mocker.api.stream import StreamRenderer
-from mocker.api.text_table import text_table
+from mocker.api.text_table import sinks, text_table
 from mocker.config import EngineConfig
 from mocker.disagg.params import InvalidTransferParams, parse_transfer_params
 from mocker.engine.group import EngineGroup, RankError
@@ -156,6 +156,8 @@ class OpenAIServing:
         # The streamed chunks' texts in one compact table (None: joined in Python); what the
         # tokenizer has escaped by now, its whole word palette (later ids go the Python way).
         self._texts = text_table(tokenizer.escaped_pieces)
+        # ... and its sinks, which write a plain stream's tokens from the engine loop's hand-out.
+        self._sinks = sinks(self._texts)
         self.settings = settings
         self.config = config
 
@@ -643,6 +645,7 @@ class OpenAIServing:
             escaped=tokenizer.escaped_piece,
             known=tokenizer.escaped_pieces,
             framed=None if self._texts is None else self._texts.framed,
+            sinks=self._sinks,
             piece=tokenizer.piece,
             record_abort=faults.record_abort,
             # vLLM's clamp: a request may ask for a longer interval than the server's, not

@@ -17,6 +17,7 @@ from mocker.api.lifecycle import OpenResponse
 from mocker.api.logprobs import merged
 from mocker.api.responses import Emitter
 from mocker.api.responses_api import ResponsesStreamWriter
+from mocker.api.text_table import SinkFactory
 from mocker.engine.outputs import RequestOutput
 from mocker.engine.stream import OutputListener, StreamError
 from mocker.request import FinishReason
@@ -52,6 +53,7 @@ class StreamRenderer:
         "_record_abort",
         "_response",
         "_sent",
+        "_sinks",
         "_text",
         "_writer",
     )
@@ -67,10 +69,13 @@ class StreamRenderer:
         record_abort: Callable[[], None],
         stream_interval: int = 1,
         framed: Callable[[int, bytes, bytes], bytes | None] | None = None,
+        sinks: SinkFactory | None = None,
     ) -> None:
         """`stream_interval`: vLLM's --stream-interval, tokens a choice's chunk waits for
         (its first and last chunks go at once). `framed`: a text table's (text_table.py),
-        which frames a plain one-token chunk for the socket in one go; None: joined here."""
+        which frames a plain one-token chunk for the socket in one go; None: joined here.
+        `sinks`: the same table's sink maker (text_table.sinks), for a response whose plain
+        tokens may go from the engine loop's hand-out straight to the socket."""
         self._response = response
         self._writer = writer
         self._escaped = escaped
@@ -112,6 +117,7 @@ class StreamRenderer:
             self._open_tail = parts[0][1] if parts else b""
         # Framed whole only when each token is a chunk of its own (an interval holds texts).
         self._framed = framed if self._heads is not None and stream_interval == 1 else None
+        self._sinks = sinks if self._framed is not None and len(choices) == 1 else None
 
     def attach(self, emitter: Emitter | JitteredEmitter) -> None:
         self._emitter = emitter
@@ -176,6 +182,8 @@ class StreamRenderer:
                         if written:
                             if self._first[index]:
                                 self._first_sent(index)
+                            elif self._sinks is not None:
+                                self._sink_in()
                             return
                 # The tokenizer's table first: a call per token costs more than the lookup.
                 text = self._known.get(tok) or self._escaped(tok)
@@ -305,6 +313,29 @@ class StreamRenderer:
         writer = self._writer
         if self._heads is not None and isinstance(writer, ChunkWriter):
             self._heads[index] = writer.open_parts(index)[0]
+
+    def _sink_in(self) -> None:
+        """A plain chunk after the first went out by the framed path: from now on the only
+        choice's plain tokens (one token, ends nothing) may go from the engine loop's
+        hand-out straight to the socket, through a sink that writes what that path writes
+        and counts them as it does (the cached tokens it sets are the same for every output
+        after the first). Tried once. Not for a choice with stop strings, ids to keep or an
+        injected abort, nor when chunks do not go straight to the transport (jitter)."""
+        sinks, self._sinks = self._sinks, None
+        assert sinks is not None and self._heads is not None
+        choice, emitter = self._only, self._emitter
+        direct = None if emitter is None else emitter.writer
+        if (
+            direct is None
+            or choice.done
+            or choice.stops is not None
+            or choice.abort_at is not None
+            or choice.token_ids is not None
+        ):
+            return
+        choice.stream.sink = sinks(
+            self._heads[0], self._open_tail, emitter, direct, direct.cycle, choice
+        )
 
     def _cut(self, choice: Choice, text: bytes, emitter: Emitter | JitteredEmitter) -> None:
         """An injected abort: what came so far (no finish reason), then the error."""

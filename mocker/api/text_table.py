@@ -10,12 +10,13 @@ pieces. `TextTable` below is the reference: the same answers, entry for entry.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mocker.kv.compiled_pool import use_compiled
 
-__all__ = ["MAX_ID", "MAX_TEXT", "FramedTable", "TextTable", "text_table"]
+__all__ = ["MAX_ID", "MAX_TEXT", "FramedTable", "SinkFactory", "TextTable", "sinks", "text_table"]
 
 if TYPE_CHECKING:
     from mocker.api import _ctext
@@ -86,3 +87,17 @@ def text_table(pieces: Mapping[int, bytes], compiled: bool | None = None) -> Fra
     if not use_compiled("mocker.api._ctext", _ctext is not None, compiled):
         return None
     return _ctext.TextTable(dict(pieces))
+
+
+# sink(head, tail, emitter, direct, cycle, choice): a TokenSink (mocker.engine.stream) writing a
+# response's plain chunks from the engine loop's hand-out (StreamRenderer._sink_in).
+SinkFactory = Callable[[bytes, bytes, Any, Any, Any, Any], Callable[[int], bool]]
+
+
+def sinks(table: FramedTable | None) -> SinkFactory | None:
+    """The sink maker of the compiled table (mocker/api/_ctext.c's Sink, which writes what
+    the renderer's framed path writes, from C); None for any other table or none, whose
+    chunks the renderer writes itself (its Python path is the sink's reference)."""
+    if _ctext is None or not isinstance(table, _ctext.TextTable):
+        return None
+    return partial(_ctext.Sink, table)

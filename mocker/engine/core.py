@@ -43,12 +43,12 @@ from mocker.tiers.transfers import TransferRecord
 from mocker.timing import PassShape, TimingModel, load_timing_model, pass_duration_s
 
 if TYPE_CHECKING:
-    from mocker.engine import _cadvance
+    from mocker.engine import _cpass
 else:
     try:
-        from mocker.engine import _cadvance
+        from mocker.engine import _cpass
     except ImportError:  # built without a C compiler: `_advance_one` applies every request
-        _cadvance = None
+        _cpass = None
 
 __all__ = ["EngineCore", "RequestRejected"]
 
@@ -138,7 +138,7 @@ class EngineCore:
             self.kv if isinstance(self.kv, HybridKVCacheManager) else None
         )
         self.total_kv_tokens = config.num_gpu_blocks * config.block_size
-        self._advancer: _cadvance.Advancer | None = advancer(
+        self._advancer: _cpass.Advancer | None = advancer(
             config.block_size, self.sampler.eos_token_id
         )
 
@@ -519,7 +519,7 @@ class EngineCore:
     ) -> tuple[list[RequestOutput], list[FinishedRequestStats], int]:
         """Apply the pass: computed tokens, newly full blocks cached, one token per completion.
         Returns the outputs (none when `emit_outputs` is off), the finished requests' stats
-        and how many tokens were sampled. With the compiled part (mocker/engine/_cadvance.c)
+        and how many tokens were sampled. With the compiled part (mocker/engine/_cpass.c)
         the plain decode tokens are applied in C and the rest by `_advance_one`, which
         applies every request without it (the reference)."""
         outputs: list[RequestOutput] = []
@@ -720,13 +720,13 @@ class EngineCore:
 
 def advancer(
     block_size: int, eos_token_id: int | None, compiled: bool | None = None
-) -> _cadvance.Advancer | None:
-    """The compiled part that applies a pass's plain decode tokens (mocker/engine/_cadvance.c),
+) -> _cpass.Advancer | None:
+    """The compiled part that applies a pass's plain decode tokens (mocker/engine/_cpass.c),
     or None when `EngineCore._advance_one` applies every request (not built,
     MOCKER_KV_POOL=python, or `compiled=False`)."""
-    if not use_compiled("mocker.engine._cadvance", _cadvance is not None, compiled):
+    if not use_compiled("mocker.engine._cpass", _cpass is not None, compiled):
         return None
-    return _cadvance.Advancer(Request, SamplingParams, RequestOutput, block_size, eos_token_id)
+    return _cpass.Advancer(Request, SamplingParams, RequestOutput, block_size, eos_token_id)
 
 
 def _first_scheduled(admitted: list[Request], now: float) -> None:

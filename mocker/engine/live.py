@@ -27,7 +27,7 @@ from mocker.engine.inbox import (
 from mocker.engine.intake import request_id_in_use
 from mocker.engine.outputs import RequestOutput, StepResult
 from mocker.engine.stats import EngineSnapshot, FinishedRequestStats
-from mocker.engine.stream import EngineDeadError, RequestStream, deliver, merged
+from mocker.engine.stream import EngineDeadError, RequestStream, deliver, deliver_loop, merged
 from mocker.engine.transfer_timer import TransferTimer
 from mocker.request import EngineRequest, FinishReason, RequestStatus
 
@@ -96,6 +96,7 @@ class LiveEngine:
         # (its final output delivered, or its abort applied), so an id is never reused
         # while the loop could still deliver an old output under it.
         self._streams: dict[str, RequestStream] = {}
+        self._deliver_loop = deliver_loop()  # (None: `deliver`'s Python loop)
         self._task: asyncio.Task[None] | None = None
         self._timer = TransferTimer(self.core, self.clock, lambda: self._post(TransfersDue()))
         self.dead_error: BaseException | None = None
@@ -396,7 +397,7 @@ class LiveEngine:
                     if not behind or self._held_passes >= self.max_merged_passes:
                         self._flush()
                     continue
-            deliver(self._streams, result)
+            deliver(self._streams, result, self._deliver_loop)
             if self.on_step is not None:
                 self.on_step(result)
 

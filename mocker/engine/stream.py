@@ -5,8 +5,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from mocker.engine.outputs import RequestOutput, StepResult
+from mocker.kv.compiled_pool import use_compiled
+
+if TYPE_CHECKING:
+    from mocker.engine import _cpass
+else:
+    try:
+        from mocker.engine import _cpass
+    except ImportError:  # built without a C compiler: `deliver` hands out in Python
+        _cpass = None
 
 __all__ = [
     "ConsumerError",
@@ -14,7 +24,9 @@ __all__ = [
     "OutputListener",
     "RequestStream",
     "StreamError",
+    "TokenSink",
     "deliver",
+    "deliver_loop",
     "merged",
 ]
 
@@ -73,9 +85,16 @@ def merged(outputs: Sequence[RequestOutput]) -> RequestOutput:
     )
 
 
+# A consumer's taker of plain tokens (mocker.api._ctext's Sink): called by `deliver` with the
+# token of a one-token output that ends nothing, True when it took it (the listener is then
+# not called for that output), False having done nothing.
+TokenSink = Callable[[int], bool]
+
+
 class RequestStream:
     """One request's outputs: merged until its consumer reads them with `get()`, or pushed to a
-    listener the moment the engine loop produces them (no task wake-up per output)."""
+    listener the moment the engine loop produces them (no task wake-up per output). A
+    listener may also set `sink` (TokenSink) for the outputs it would only write out."""
 
     __slots__ = (
         "_error",
@@ -85,6 +104,7 @@ class RequestStream:
         "_pending",
         "finished",
         "request_id",
+        "sink",
     )
 
     def __init__(self, request_id: str, on_failure: FailureHook | None = None) -> None:
@@ -95,6 +115,7 @@ class RequestStream:
         self._event = asyncio.Event()
         self._error: BaseException | None = None
         self._listener: OutputListener | None = None
+        self.sink: TokenSink | None = None
         self.finished = False
 
     def listen(self, listener: OutputListener) -> None:
@@ -122,7 +143,7 @@ class RequestStream:
             except Exception:  # a consumer bug must not take the engine loop down with it
                 self._listener_failed(listener, out.finished)
             if self.finished:
-                self._listener = None  # nothing follows: let go of the consumer (a cycle)
+                self._listener = self.sink = None  # nothing follows: let go of the consumer
             return
         self._merge(out)
 
@@ -132,7 +153,7 @@ class RequestStream:
         and, unless that output was the request's last, the owner aborts the request."""
         logger.exception("output listener of request %s failed", self.request_id)
         self.finished = True
-        self._listener = None
+        self._listener = self.sink = None
         self._tell(listener, ConsumerError(f"output listener of {self.request_id} failed"))
         if not last and self._on_failure is not None:
             self._on_failure(self)
@@ -161,6 +182,7 @@ class RequestStream:
             return  # already fully delivered
         self._error = error
         self.finished = True
+        self.sink = None
         listener, self._listener = self._listener, None
         if listener is not None:
             self._tell(listener, EngineDeadError(str(error)))
@@ -180,35 +202,64 @@ class RequestStream:
         return out
 
 
-def deliver(streams: dict[str, RequestStream], result: StepResult) -> None:
+# The compiled hand-out loop: deliver(streams, outputs, hand) -> the kept outputs, or None
+# when every one was kept.
+DeliverLoop = Callable[
+    [dict[str, RequestStream], list[RequestOutput], Callable[..., None]], list[RequestOutput] | None
+]
+
+
+def deliver(
+    streams: dict[str, RequestStream], result: StepResult, loop: DeliverLoop | None = None
+) -> None:
     """Hand each stream its tokens from a pass; a stream's last output retires its id.
     Outputs of requests that ended during the pass (abort, stop string) are dropped from
     the result too, as vLLM's output processor drops them: no client saw those tokens, so
-    no observer counts them."""
+    no observer counts them. A one-token output that ends nothing goes to the stream's sink
+    when it has one (and the sink takes it), every other one to `_hand`. `loop`: the
+    compiled one (`deliver_loop`), which does the same in C; this one is the reference."""
     outputs = result.outputs
-    kept: list[RequestOutput] | None = None
-    for i, out in enumerate(outputs):
-        stream = streams.get(out.request_id)
-        if stream is None or stream.finished:
-            if kept is None:
-                kept = outputs[:i]
-            continue
-        # RequestStream.put, inlined: this runs once per token.
-        finished = stream.finished = out.finished
-        listener = stream._listener
-        if listener is None:
-            stream._merge(out)
-        else:
-            try:
-                listener(out)
-            except Exception:  # a consumer bug must not take the engine loop down with it
-                stream._listener_failed(listener, finished)
-        if finished:
-            # Its last output: the stream lets go of its consumer (the renderer holds the
-            # stream, the stream its listener: a reference cycle left to the cyclic GC).
-            stream._listener = None
-            del streams[out.request_id]
-        if kept is not None:
-            kept.append(out)
+    if loop is not None:
+        kept = loop(streams, outputs, _hand)
+    else:
+        kept = None
+        for i, out in enumerate(outputs):
+            stream = streams.get(out.request_id)
+            if stream is None or stream.finished:
+                if kept is None:
+                    kept = outputs[:i]
+                continue
+            sink = stream.sink
+            ids = out.new_token_ids
+            if sink is None or out.finished or len(ids) != 1 or not sink(ids[0]):
+                _hand(streams, stream, out)
+            if kept is not None:
+                kept.append(out)
     if kept is not None:
         result.outputs = kept
+
+
+def _hand(streams: dict[str, RequestStream], stream: RequestStream, out: RequestOutput) -> None:
+    """RequestStream.put, inlined, for an open stream (`deliver`)."""
+    finished = stream.finished = out.finished
+    listener = stream._listener
+    if listener is None:
+        stream._merge(out)
+    else:
+        try:
+            listener(out)
+        except Exception:  # a consumer bug must not take the engine loop down with it
+            stream._listener_failed(listener, finished)
+    if finished:
+        # Its last output: the stream lets go of its consumer (the renderer holds the
+        # stream, the stream its listener: a reference cycle left to the cyclic GC).
+        stream._listener = stream.sink = None
+        del streams[out.request_id]
+
+
+def deliver_loop(compiled: bool | None = None) -> DeliverLoop | None:
+    """The compiled hand-out loop (mocker/engine/_cpass.c), or None for `deliver`'s own (not
+    built, MOCKER_KV_POOL=python, or `compiled=False`)."""
+    if not use_compiled("mocker.engine._cpass", _cpass is not None, compiled):
+        return None
+    return _cpass.deliver

@@ -9,14 +9,17 @@ from typing import Any
 
 import pytest
 
+from mocker.api import text_table as text_table_module
 from mocker.api.choice import Choice
 from mocker.api.chunks import ChunkWriter
 from mocker.api.lifecycle import OpenResponse, OpenResponses
 from mocker.api.responses import Emitter
+from mocker.api.stop_strings import StopMatcher
 from mocker.api.stream import StreamRenderer
-from mocker.api.text_table import TextTable, text_table
-from mocker.engine.outputs import RequestOutput
-from mocker.engine.stream import RequestStream
+from mocker.api.text_table import TextTable, sinks, text_table
+from mocker.engine.outputs import RequestOutput, StepResult
+from mocker.engine.stats import SchedulerStats
+from mocker.engine.stream import RequestStream, deliver, deliver_loop
 from mocker.request import FinishReason
 from tests.api.test_direct_write import START, _cycle
 from tests.support.parsing import sse_events
@@ -173,15 +176,26 @@ async def test_the_generate_stream_honours_the_interval_too() -> None:
 
 _TEXTS = {7: b" seven", 8: b" eight", 9: b' \\"nine\\"', 10: b""}  # 10: an empty text
 _LATE = {11: b" eleven"}  # escaped later: not in the table
+_NO_STATS = SchedulerStats.of(0, 0, 0.0, None, 0)
 
 
 def _output(ids: list[int], end: bool = False) -> RequestOutput:
     return RequestOutput("r", ids, 1.0, end, FinishReason.LENGTH if end else None, 3)
 
 
-async def _render(framed: Any, chat: bool, outputs: list[RequestOutput]) -> bytes:
+async def _render(
+    framed: Any,
+    chat: bool,
+    outputs: list[RequestOutput],
+    sinks: Any = None,
+    loop: Any = None,
+    heard: list[list[int]] | None = None,
+) -> bytes:
     """The bytes a streamed response of `outputs` puts on uvicorn's transport, with the
-    transport paused for the outputs from the 4th to the 6th."""
+    transport paused for the outputs from the 4th to the 6th. With `sinks`, each output is
+    handed out as the engine loop does (`deliver`, `loop` its compiled loop or None), and
+    the ids of those the renderer's listener heard (not a sink) go to `heard`; the choice's
+    completion tokens must come out as the outputs' tokens either way."""
     cycle, transport = _cycle()
     writer = ChunkWriter(chat=chat, response_id="cmpl-x", created=1, model="m",
                          include_usage=True, continuous_usage=False)  # fmt: skip
@@ -191,20 +205,34 @@ async def _render(framed: Any, chat: bool, outputs: list[RequestOutput]) -> byte
     renderer = StreamRenderer(
         OpenResponse([choice], OpenResponses()), writer, escaped=texts.__getitem__,
         known=_TEXTS, piece=lambda t: texts[t].decode(), record_abort=lambda: None,
-        framed=framed,
+        framed=framed, sinks=sinks,
     )  # fmt: skip
     emitter = Emitter(cycle.send, lambda: None)
     await cycle.send(START)
     emitter.started()
     renderer.attach(emitter)
+    if heard is not None:
+        listener = stream._listener
+        assert listener is not None
+
+        def heard_by(out: Any) -> None:
+            heard.append(out.new_token_ids)
+            listener(out)
+
+        stream._listener = heard_by
+    streams = {"r": stream}
     for i, out in enumerate(outputs):
         if i == 3:
             cycle.flow.pause_writing()
         if i == 6:
             cycle.flow.resume_writing()
             await emitter.drain()
-        stream.put(out)
+        if sinks is None:
+            stream.put(out)
+        else:
+            deliver(streams, StepResult(0.0, 1.0, [out], _NO_STATS), loop)
     await asyncio.wait_for(emitter.closed, 5)
+    assert choice.completion_tokens == sum(len(o.new_token_ids) for o in outputs)
     return b"".join(transport.written)
 
 
@@ -232,3 +260,64 @@ async def test_framed_chunks_are_the_bytes_the_python_join_writes(chat: bool) ->
         # up to the first one the paused transport refused (then joined and queued), and
         # from the drain on; 11 is not in the table and 10's text is empty (framed too).
         assert calls == [7, 8, 11, 9, 10, 9, 9, 11]
+
+
+@pytest.mark.parametrize("compiled_loop", [False, True])
+@pytest.mark.parametrize("chat", [False, True])
+async def test_a_sink_writes_the_bytes_the_renderer_writes(chat: bool, compiled_loop: bool) -> None:
+    """With the compiled table's sink, the plain tokens after the first framed one go from
+    the hand-out straight to the transport: the same bytes and count as the renderer's own
+    path; the renderer hears the rest (the first, a token not in the table, a paused
+    transport and what queues behind it, a two-token output, the last)."""
+    if text_table_module._ctext is None:
+        pytest.skip("mocker.api._ctext was not built")
+    table = text_table(_TEXTS, compiled=True)
+    outputs = [_output([t]) for t in (7, 8, 11, 9, 7, 8, 10, 9)] + [_output([8, 7])]
+    outputs += [_output([9]), _output([11]), _output([7], end=True)]
+    expected = await _render(None, chat, outputs)
+    loop = deliver_loop(compiled=True) if compiled_loop else None
+    heard: list[list[int]] = []
+    written = await _render(table.framed, chat, outputs, sinks(table), loop, heard)
+    assert written == expected
+    # The sink took 8 (a chat's 8 went as its first chunk after the role's: the sink came
+    # after it), then 10, 9 and 9 once the drain let it write again.
+    first = [[7], [8]] if chat else [[7]]
+    assert heard == [*first, [11], [9], [7], [8], [8, 7], [11], [7]]
+
+
+async def test_no_sink_for_a_choice_the_renderer_must_watch() -> None:
+    """Stop strings (text is matched), a second choice: no sink."""
+    if text_table_module._ctext is None:
+        pytest.skip("mocker.api._ctext was not built")
+    table = text_table(_TEXTS, compiled=True)
+    maker = sinks(table)
+    cycle, _transport = _cycle()
+    writer = ChunkWriter(chat=False, response_id="cmpl-x", created=1, model="m",
+                         include_usage=True, continuous_usage=False)  # fmt: skip
+    texts = {**_TEXTS, **_LATE}
+    for stops, n in ((StopMatcher(("zzz",)), 1), (None, 2)):
+        choices = [
+            Choice(
+                index=i,
+                request_id=f"r{i}",
+                engine=None,  # type: ignore[arg-type]
+                stream=RequestStream(f"r{i}"),
+                num_prompt_tokens=3,
+                stops=stops,
+            )
+            for i in range(n)
+        ]
+        renderer = StreamRenderer(
+            OpenResponse(choices, OpenResponses()), writer, escaped=texts.__getitem__,
+            known=_TEXTS, piece=lambda t: texts[t].decode(), record_abort=lambda: None,
+            framed=table.framed, sinks=maker,
+        )  # fmt: skip
+        emitter = Emitter(cycle.send, lambda: None)
+        if not cycle.response_started:
+            await cycle.send(START)
+        emitter.started()
+        renderer.attach(emitter)
+        for _ in range(3):
+            for choice in choices:
+                choice.stream.put(_output([7]))
+        assert all(c.stream.sink is None for c in choices)

@@ -112,3 +112,114 @@ def test_text_table_without_the_build(monkeypatch: pytest.MonkeyPatch) -> None:
     assert text_table({1: b"x"}) is None
     with pytest.raises(RuntimeError, match="not built"):
         text_table({1: b"x"}, compiled=True)
+
+
+# -- the sink: a response's plain chunks written from the engine loop's hand-out ----------------
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.broken = False
+
+    def write(self, data: bytes) -> None:
+        if self.broken:
+            raise RuntimeError("the transport is closed")
+        self.written.append(data)
+
+
+class _Flow:
+    write_paused = False
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.transport = _Transport()
+        self.flow = _Flow()
+        self.disconnected = False
+        self.response_complete = False
+
+
+class _Emitter:
+    __slots__ = ("writer",)
+
+
+class _Choice:
+    completion_tokens = 5
+
+
+def _sink(table: Any) -> tuple[Any, _Cycle, _Emitter, _Choice]:
+    cycle, emitter, choice = _Cycle(), _Emitter(), _Choice()
+    direct = object()
+    emitter.writer = direct
+    maker = tt.sinks(table)
+    assert maker is not None
+    return maker(b"<", b">", emitter, direct, cycle, choice), cycle, emitter, choice
+
+
+@needs_c
+def test_a_sink_writes_the_framed_chunk_and_counts_it() -> None:
+    table = text_table({7: b" seven", 8: b""}, compiled=True)
+    sink, cycle, _emitter, choice = _sink(table)
+    assert sink(7) is True and sink(8) is True
+    assert cycle.transport.written == [table.framed(7, b"<", b">"), table.framed(8, b"<", b">")]
+    assert cycle.transport.written[0] == b"8\r\n< seven>\r\n"
+    assert choice.completion_tokens == 7
+
+
+def _refusals() -> list[tuple[str, Any]]:
+    def paused(c: _Cycle, e: _Emitter) -> None:
+        c.flow.write_paused = True
+
+    def disconnected(c: _Cycle, e: _Emitter) -> None:
+        c.disconnected = True
+
+    def complete(c: _Cycle, e: _Emitter) -> None:
+        c.response_complete = True
+
+    def queued(c: _Cycle, e: _Emitter) -> None:
+        e.writer = None  # a blocked send: later chunks queue behind it
+
+    def broken(c: _Cycle, e: _Emitter) -> None:
+        c.transport.broken = True
+
+    return [(f.__name__, f) for f in (paused, disconnected, complete, queued, broken)]
+
+
+@needs_c
+@pytest.mark.parametrize(("why", "change"), _refusals())
+def test_a_sink_refuses_what_the_renderer_must_take(why: str, change: Any) -> None:
+    """As DirectBody.write_framed declines (a pause, a disconnect, the response over), or the
+    emitter queues (a blocked send), or the write raises: nothing written, nothing counted."""
+    sink, cycle, emitter, choice = _sink(text_table({7: b" seven"}, compiled=True))
+    change(cycle, emitter)
+    assert sink(7) is False, why
+    assert cycle.transport.written == [] and choice.completion_tokens == 5
+
+
+@needs_c
+@pytest.mark.parametrize("token", [11, -1, 2**70, "7", 7.0])
+def test_a_sink_refuses_a_token_outside_the_table(token: Any) -> None:
+    sink, cycle, _emitter, choice = _sink(text_table({7: b" seven"}, compiled=True))
+    assert sink(token) is False
+    assert cycle.transport.written == [] and choice.completion_tokens == 5
+
+
+@needs_c
+def test_a_sink_takes_one_token_id_and_a_cycle_with_a_transport() -> None:
+    sink, *_ = _sink(text_table({7: b" seven"}, compiled=True))
+    with pytest.raises(TypeError, match="one token id"):
+        sink(7, 8)
+    with pytest.raises(TypeError, match="one token id"):
+        sink(token=7)
+    table = text_table({7: b" seven"}, compiled=True)
+    with pytest.raises(AttributeError):
+        tt._ctext.Sink(table, b"", b"", _Emitter(), None, object(), _Choice())  # type: ignore[union-attr]
+    with pytest.raises(TypeError):
+        tt._ctext.Sink(TextTable({}), b"", b"", _Emitter(), None, _Cycle(), _Choice())  # type: ignore[union-attr]
+
+
+def test_only_the_compiled_table_makes_sinks() -> None:
+    assert tt.sinks(None) is None and tt.sinks(TextTable({7: b" seven"})) is None
+    compiled = text_table({7: b" seven"})
+    assert (tt.sinks(compiled) is not None) == (compiled is not None)

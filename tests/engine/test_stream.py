@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
-from mocker.engine.outputs import RequestOutput
-from mocker.engine.stream import ConsumerError, EngineDeadError, RequestStream, StreamError
+from typing import Any
+
+import pytest
+
+from mocker.engine.outputs import RequestOutput, StepResult
+from mocker.engine.stats import SchedulerStats
+from mocker.engine.stream import (
+    ConsumerError,
+    DeliverLoop,
+    EngineDeadError,
+    RequestStream,
+    StreamError,
+    deliver,
+    deliver_loop,
+)
 from mocker.request import FinishReason
 
 
@@ -106,3 +119,107 @@ def test_the_engines_death_reaches_a_listener_as_a_503() -> None:
     stream.fail(RuntimeError("boom"))
     assert isinstance(seen[0], EngineDeadError) and isinstance(seen[0], StreamError)
     assert seen[0].status == 503 and "boom" in seen[0].client_message
+
+
+# -- deliver: the Python loop and the compiled one (mocker/engine/_cpass.c) ----------------------
+
+try:
+    from mocker.engine import _cpass
+except ImportError:  # not built: the Python loop only
+    _cpass = None  # type: ignore[assignment]
+_LOOPS: list[DeliverLoop | None] = [None] if _cpass is None else [None, _cpass.deliver]
+
+
+class _Sink:
+    """A sink taking the tokens in `takes`, recording what it was offered."""
+
+    def __init__(self, takes: set[int]) -> None:
+        self.takes = takes
+        self.offered: list[int] = []
+
+    def __call__(self, tok: int) -> bool:
+        self.offered.append(tok)
+        return tok in self.takes
+
+
+def _output(rid: str, ids: list[int], end: bool = False) -> RequestOutput:
+    return RequestOutput(rid, ids, 1.0, end, FinishReason.LENGTH if end else None, 3)
+
+
+def _result(outputs: list[RequestOutput]) -> StepResult:
+    return StepResult(0.0, 1.0, outputs, SchedulerStats.of(0, 0, 0.0, None, 0))
+
+
+@pytest.mark.parametrize("loop", _LOOPS, ids=lambda loop: "python" if loop is None else "compiled")
+def test_deliver_hands_plain_tokens_to_a_sink_and_the_rest_to_the_listener(
+    loop: DeliverLoop | None,
+) -> None:
+    streams = {rid: RequestStream(rid) for rid in ("a", "b", "c", "gone")}
+    heard: dict[str, list[list[int]]] = {rid: [] for rid in streams}
+    for rid, stream in streams.items():
+        stream.listen(lambda out, rid=rid: heard[rid].append(out.new_token_ids))  # type: ignore[misc]
+    sink = streams["a"].sink = _Sink(takes={1, 2, 3})
+    streams["b"].sink = _Sink(takes=set())  # refuses every token: the listener gets them
+    streams["gone"].finished = True  # (ended meanwhile: its outputs are dropped)
+    outputs = [
+        _output("a", [1]), _output("b", [5]), _output("gone", [6]), _output("a", [4]),
+        _output("a", [2, 3]), _output("c", [7]), _output("nobody", [8]), _output("a", [3]),
+        _output("a", [2], end=True),
+    ]  # fmt: skip
+    result = _result(outputs)
+    deliver(streams, result, loop)
+    # To the sink: one-token outputs that end nothing (4 refused: the listener's).
+    assert sink.offered == [1, 4, 3]
+    assert heard["a"] == [[4], [2, 3], [2]] and heard["b"] == [[5]] and heard["c"] == [[7]]
+    assert heard["gone"] == []
+    assert [(o.request_id, o.new_token_ids) for o in result.outputs] == [
+        (o.request_id, o.new_token_ids) for o in outputs if o.request_id not in ("gone", "nobody")
+    ]
+    assert "a" not in streams  # its last output retired it
+
+
+@pytest.mark.parametrize("loop", _LOOPS, ids=lambda loop: "python" if loop is None else "compiled")
+def test_a_finished_stream_drops_its_sink_and_every_output_is_kept(
+    loop: DeliverLoop | None,
+) -> None:
+    stream = RequestStream("a")
+    stream.listen(lambda out: None)
+    stream.sink = _Sink(takes={1})
+    result = _result([_output("a", [1]), _output("a", [1], end=True)])
+    outputs = result.outputs
+    deliver({"a": stream}, result, loop)
+    assert result.outputs is outputs  # nothing dropped: the same list
+    assert stream.finished and stream.sink is None and stream._listener is None
+
+
+@pytest.mark.parametrize("loop", _LOOPS, ids=lambda loop: "python" if loop is None else "compiled")
+def test_a_sink_that_raises_takes_the_loop_down_as_a_listener_bug_does_not(
+    loop: DeliverLoop | None,
+) -> None:
+    """A listener's exception is the consumer's (handled: its stream ends); a sink's is the
+    engine's own code failing, and propagates (the engine loop dies, every stream is told)."""
+
+    def broken(tok: int) -> bool:
+        raise RuntimeError("sink bug")
+
+    stream = RequestStream("a")
+    stream.listen(lambda out: None)
+    stream.sink = broken
+    with pytest.raises(RuntimeError, match="sink bug"):
+        deliver({"a": stream}, _result([_output("a", [1])]), loop)
+
+
+@pytest.mark.skipif(_cpass is None, reason="mocker/engine/_cpass.c not built")
+def test_the_compiled_loop_refuses_bad_arguments() -> None:
+    loop: Any = deliver_loop(compiled=True)
+    with pytest.raises(TypeError, match="deliver"):
+        loop({}, [])
+    with pytest.raises(TypeError, match="deliver\\(dict, list"):
+        loop([], [], None)
+
+
+def test_the_python_pool_setting_turns_the_compiled_loop_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("MOCKER_KV_POOL", "python")
+    assert deliver_loop() is None and deliver_loop(compiled=False) is None

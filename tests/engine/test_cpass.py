@@ -1,4 +1,4 @@
-"""The compiled pass applier and draws (mocker/engine/_cadvance.c) against their Python
+"""The compiled pass applier and draws (mocker/engine/_cpass.c) against their Python
 references: `EngineCore._advance_one` for every request, and numpy's `draws`."""
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from mocker.output_tokens import OutputTokenSampler
 from mocker.request import EngineRequest, Request, SamplingParams
 from tests.support.engines import req, small_config
 
-_cadvance = pytest.importorskip("mocker.engine._cadvance")
+_cpass = pytest.importorskip("mocker.engine._cpass")
 
 
 def _cores(changes: dict[str, Any]) -> tuple[EngineCore, EngineCore]:
     """The same engine twice: compiled applier and draws, and the Python references."""
     fast, slow = EngineCore(small_config(**changes)), EngineCore(small_config(**changes))
     fast._advancer = advancer(fast.config.block_size, fast.sampler.eos_token_id, compiled=True)
-    fast.sampler._cdraws = _cadvance.draws
+    fast.sampler._cdraws = _cpass.draws
     slow._advancer = None
     slow.sampler._cdraws = None
     return fast, slow
@@ -182,14 +182,14 @@ def test_advancer_needs_plain_slots() -> None:
         pass
 
     with pytest.raises(TypeError, match="has no slot num_computed_tokens"):
-        _cadvance.Advancer(NoSlots, SamplingParams, RequestOutput, 16, 2)
+        _cpass.Advancer(NoSlots, SamplingParams, RequestOutput, 16, 2)
     with pytest.raises(TypeError, match="time is not a plain slot"):
-        _cadvance.Advancer(Request, SamplingParams, _read_only_time(), 16, 2)
+        _cpass.Advancer(Request, SamplingParams, _read_only_time(), 16, 2)
     with pytest.raises(ValueError, match="block_size"):
-        _cadvance.Advancer(Request, SamplingParams, RequestOutput, 0, 2)
+        _cpass.Advancer(Request, SamplingParams, RequestOutput, 0, 2)
     with pytest.raises(TypeError, match="eos_token_id"):
-        _cadvance.Advancer(Request, SamplingParams, RequestOutput, 16, "2")
-    a = _cadvance.Advancer(Request, SamplingParams, RequestOutput, 16, None)
+        _cpass.Advancer(Request, SamplingParams, RequestOutput, 16, "2")
+    a = _cpass.Advancer(Request, SamplingParams, RequestOutput, 16, None)
     with pytest.raises(TypeError, match="takes 9 arguments"):
         a.run({}, 1.0)
     with pytest.raises(TypeError, match="run\\(dict"):
@@ -235,7 +235,7 @@ def test_draws_equal_numpy(threshold: int) -> None:
 
 
 def test_draws_refuses_bad_arguments() -> None:
-    draws = _cadvance.draws
+    draws = _cpass.draws
     assert draws(1, 0, -3, 0, [5], 2, 0) == []
     with pytest.raises(TypeError, match="palette"):
         draws(1, 0, 3, 0, [], 2, 0)

@@ -1,4 +1,4 @@
-"""Types of the compiled pass applier and draws (mocker/engine/_cadvance.c)."""
+"""Types of the compiled pass applier and draws (mocker/engine/_cpass.c)."""
 
 from collections.abc import Callable
 from typing import Any
@@ -34,3 +34,10 @@ class Advancer:
         outputs: list[Any],
         slow: Callable[[Any, int], int],
     ) -> int: ...
+
+def deliver(
+    streams: dict[str, Any],
+    outputs: list[Any],
+    hand: Callable[[dict[str, Any], Any, Any], None],
+    /,
+) -> list[Any] | None: ...

@@ -1,10 +1,10 @@
-/* A pass's plain decode tokens applied, and output tokens drawn ahead, in C.
+/* A pass's plain decode tokens in C: applied to their requests, drawn ahead, handed out.
  *
  * `Advancer`: `EngineCore._advance` (mocker/engine/core.py) hands a pass's scheduled requests
  * to `Advancer.run`, which applies those whose token ends nothing (below) and hands every
  * other one to the Python body (`EngineCore._advance_one`). That body stays the reference:
  * with MOCKER_KV_POOL=python, or when this was not built, it applies every request
- * (tests/engine/test_cadvance.py compares the two pass by pass).
+ * (tests/engine/test_cpass.py compares the two pass by pass).
  *
  * Why: in a live server's steady decode the per-token bookkeeping of `_advance` (about 30
  * attribute reads and writes, an output object) was ~460 ns of the ~3 us of user CPU a
@@ -19,6 +19,10 @@
  * before all of that is known: otherwise the Python body does it all. A block that fills on
  * the way is registered and hashed by the same calls the Python body makes
  * (`EngineCore._cache_computed`, `chain.extend`), in its order.
+ *
+ * `deliver`: mocker.engine.stream's `deliver` loop (a pass's outputs to their streams), whose
+ * plain tokens go to their streams' sinks (mocker/api/_ctext.c's Sink writes them to the
+ * socket) without a Python frame; everything else goes to the Python `_hand`.
  *
  * `draws`: OutputTokenSampler.draws (a request's next tokens drawn ahead) without numpy's
  * fixed cost (11.5 us a window of 256 against 1.0 here), its list holding the palette's ints.
@@ -64,7 +68,19 @@ typedef struct {
     PyObject *eos;  /* an int, or None */
 } Advancer;
 
-static PyObject *str_extend; /* "extend", interned */
+/* Interned names */
+static PyObject *str_extend, *str_request_id, *str_finished, *str_sink, *str_new_token_ids;
+
+/* An attribute's truth (-1: an error is set). */
+static int flag_of(PyObject *obj, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    int truth = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return truth;
+}
 
 #define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
 
@@ -489,9 +505,104 @@ static PyObject *draws(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
     return out;
 }
 
+/* deliver(streams, outputs, hand) -> the kept outputs, or None when every one was kept
+ *
+ * mocker.engine.stream's `deliver` loop (its Python loop is the reference): each output goes
+ * to its open stream (streams[out.request_id], not finished): a one-token output that ends
+ * nothing to the stream's `sink` when it has one and the sink takes it (returns True), every
+ * other one to hand(streams, stream, out). Outputs whose stream is gone or finished are not
+ * kept. */
+static PyObject *deliver(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "deliver(streams, outputs, hand)");
+        return NULL;
+    }
+    PyObject *streams = args[0], *outputs = args[1], *hand = args[2];
+    if (!PyDict_Check(streams) || !PyList_CheckExact(outputs)) {
+        PyErr_SetString(PyExc_TypeError, "deliver(dict, list, hand)");
+        return NULL;
+    }
+    PyObject *kept = NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(outputs); i++) {
+        PyObject *out = Py_NewRef(PyList_GET_ITEM(outputs, i));
+        PyObject *stream = NULL, *sink = NULL;
+        PyObject *rid = PyObject_GetAttr(out, str_request_id);
+        if (rid == NULL)
+            goto fail;
+        stream = Py_XNewRef(PyDict_GetItemWithError(streams, rid));
+        Py_DECREF(rid);
+        int open = 0;
+        if (stream != NULL) {
+            int ended = flag_of(stream, str_finished);
+            if (ended < 0)
+                goto fail;
+            open = !ended;
+        } else if (PyErr_Occurred()) {
+            goto fail;
+        }
+        if (!open) {
+            if (kept == NULL && (kept = PyList_GetSlice(outputs, 0, i)) == NULL)
+                goto fail;
+            Py_DECREF(out);
+            Py_XDECREF(stream);
+            continue;
+        }
+        int taken = 0;
+        sink = PyObject_GetAttr(stream, str_sink);
+        if (sink == NULL)
+            goto fail;
+        if (sink != Py_None) {
+            int finished = flag_of(out, str_finished);
+            if (finished < 0)
+                goto fail;
+            PyObject *ids = finished ? NULL : PyObject_GetAttr(out, str_new_token_ids);
+            if (!finished && ids == NULL)
+                goto fail;
+            if (ids != NULL && PyList_CheckExact(ids) && PyList_GET_SIZE(ids) == 1) {
+                PyObject *tok = PyList_GET_ITEM(ids, 0);
+                PyObject *took = PyObject_Vectorcall(sink, &tok, 1, NULL);
+                if (took == NULL) {
+                    Py_DECREF(ids);
+                    goto fail;
+                }
+                taken = PyObject_IsTrue(took);
+                Py_DECREF(took);
+            }
+            Py_XDECREF(ids);
+            if (taken < 0)
+                goto fail;
+        }
+        if (!taken) {
+            PyObject *argv[3] = {streams, stream, out};
+            PyObject *done = PyObject_Vectorcall(hand, argv, 3, NULL);
+            if (done == NULL)
+                goto fail;
+            Py_DECREF(done);
+        }
+        if (kept != NULL && PyList_Append(kept, out) < 0)
+            goto fail;
+        Py_DECREF(out);
+        Py_DECREF(stream);
+        Py_DECREF(sink);
+        continue;
+    fail:
+        Py_DECREF(out);
+        Py_XDECREF(stream);
+        Py_XDECREF(sink);
+        Py_XDECREF(kept);
+        return NULL;
+    }
+    if (kept == NULL)
+        Py_RETURN_NONE;
+    return kept;
+}
+
 static PyMethodDef module_methods[] = {
     {"draws", (PyCFunction)(void (*)(void))draws, METH_FASTCALL,
      "draws(seed, start, count, eos_from, palette, eos_token_id, eos_threshold) -> list"},
+    {"deliver", (PyCFunction)(void (*)(void))deliver, METH_FASTCALL,
+     "deliver(streams, outputs, hand) -> the kept outputs, or None when every one was kept"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -503,7 +614,7 @@ static PyMethodDef advancer_methods[] = {
 
 static PyTypeObject AdvancerType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "mocker.engine._cadvance.Advancer",
+    .tp_name = "mocker.engine._cpass.Advancer",
     .tp_basicsize = sizeof(Advancer),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "A pass's plain decode tokens applied in C (EngineCore._advance).",
@@ -513,17 +624,21 @@ static PyTypeObject AdvancerType = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "mocker.engine._cadvance",
+    PyModuleDef_HEAD_INIT, "mocker.engine._cpass",
     "A pass's plain decode tokens applied, and output tokens drawn ahead, in C.", -1,
     module_methods,
 };
 
-PyMODINIT_FUNC PyInit__cadvance(void)
+PyMODINIT_FUNC PyInit__cpass(void)
 {
     if (PyType_Ready(&AdvancerType) < 0)
         return NULL;
     str_extend = PyUnicode_InternFromString("extend");
-    if (str_extend == NULL)
+    str_request_id = PyUnicode_InternFromString("request_id");
+    str_finished = PyUnicode_InternFromString("finished");
+    str_sink = PyUnicode_InternFromString("sink");
+    str_new_token_ids = PyUnicode_InternFromString("new_token_ids");
+    if (!str_extend || !str_request_id || !str_finished || !str_sink || !str_new_token_ids)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
