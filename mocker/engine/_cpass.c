@@ -20,6 +20,9 @@
  * the way is registered and hashed by the same calls the Python body makes
  * (`EngineCore._cache_computed`, `chain.extend`), in its order.
  *
+ * `Advancer.decodes`: the head of the scheduler's pass over its running requests, those that
+ * decode one token, scheduled without bytecode (its Python loop goes on from where it stops).
+ *
  * `deliver`: mocker.engine.stream's `deliver` loop (a pass's outputs to their streams), whose
  * plain tokens go to their streams' sinks (mocker/api/_ctext.c's Sink writes them to the
  * socket) without a Python frame; everything else goes to the Python `_hand`.
@@ -37,13 +40,13 @@ enum {
     R_NUM_COMPUTED, R_TOKENS, R_NUM_CACHED_BLOCKS, R_FIRST_TOKEN_TIME, R_SAMPLING,
     R_NUM_PROMPT, R_MAX_TOKENS, R_DRAWN, R_DRAWN_FROM, R_TOKEN_SEED, R_HASH_CHAIN,
     R_HASH_BLOCK_SIZE, R_LAST_TOKEN_TIME, R_REQUEST_ID, R_NUM_CACHED_TOKENS, R_TIER_HITS,
-    R_BLOCK_HASHES, R_COUNT
+    R_BLOCK_HASHES, R_BLOCKS, R_KV_RECHECK, R_COUNT
 };
 static const char *request_slots[R_COUNT] = {
     "num_computed_tokens", "all_token_ids", "num_cached_blocks", "first_token_time",
     "sampling", "num_prompt_tokens", "max_tokens", "drawn", "drawn_from", "token_seed",
     "hash_chain", "hash_block_size", "last_token_time", "request_id", "num_cached_tokens",
-    "tier_hits", "block_hashes",
+    "tier_hits", "block_hashes", "blocks", "kv_recheck",
 };
 enum { S_STOP_IDS, S_IGNORE_EOS, S_MIN_TOKENS, S_COUNT };
 static const char *sampling_slots[S_COUNT] = {"stop_token_ids", "ignore_eos", "min_tokens"};
@@ -606,7 +609,84 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* decodes(running, start, budget, scheduled, allocate) -> (index, budget, decodes)
+ *
+ * The head of Scheduler._schedule_running (its Python loop is the reference, and goes on
+ * from the index returned): from running[start] on, while the budget lasts, each request
+ * that decodes one token (its computed tokens one short of its tokens, past its prompt) and
+ * has room for it in its blocks, or gets it from allocate(request, 1), is scheduled for 1
+ * token (scheduled[request] = 1). Stops, changing nothing for it, at the first request
+ * that does not (a prefill, a hybrid group's recheck) or whose allocation fails (the
+ * Python loop then preempts; only given an `allocate` that changes nothing when it fails). */
+static PyObject *advancer_decodes(Advancer *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "decodes() takes 5 arguments");
+        return NULL;
+    }
+    PyObject *running = args[0], *scheduled = args[3], *allocate = args[4];
+    Py_ssize_t i = PyLong_AsSsize_t(args[1]), budget = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (!PyList_CheckExact(running) || !PyDict_Check(scheduled) || i < 0) {
+        PyErr_SetString(PyExc_TypeError, "decodes(list, start >= 0, budget, dict, allocate)");
+        return NULL;
+    }
+    const Py_ssize_t *r = self->r;
+    Py_ssize_t bs = self->block_size, count = 0;
+    PyObject *one = PyLong_FromLong(1);
+    if (one == NULL)
+        return NULL;
+    while (i < PyList_GET_SIZE(running) && budget > 0) {
+        PyObject *req = PyList_GET_ITEM(running, i);
+        if (Py_TYPE(req) != self->request_type)
+            break;
+        int ok = 1;
+        PyObject *tokens = SLOT(req, r[R_TOKENS]), *blocks = SLOT(req, r[R_BLOCKS]);
+        if (tokens == NULL || blocks == NULL || !PyList_CheckExact(blocks))
+            break;
+        Py_ssize_t num_tokens = PyList_CheckExact(tokens) ? PyList_GET_SIZE(tokens)
+                                                            : PyObject_Size(tokens);
+        if (num_tokens < 0) {
+            PyErr_Clear();
+            break;
+        }
+        Py_ssize_t computed = int_slot(req, r[R_NUM_COMPUTED], &ok);
+        Py_ssize_t prompt = int_slot(req, r[R_NUM_PROMPT], &ok);
+        Py_ssize_t recheck = int_slot(req, r[R_KV_RECHECK], &ok);
+        if (!ok || computed != num_tokens - 1 || num_tokens <= prompt || computed >= recheck)
+            break;
+        if (computed + 1 > PyList_GET_SIZE(blocks) * bs) {
+            PyObject *argv[2] = {req, one};
+            PyObject *got = PyObject_Vectorcall(allocate, argv, 2, NULL);
+            if (got == NULL) {
+                Py_DECREF(one);
+                return NULL;
+            }
+            int room = PyObject_IsTrue(got);
+            Py_DECREF(got);
+            if (room < 0) {
+                Py_DECREF(one);
+                return NULL;
+            }
+            if (!room)
+                break;
+        }
+        if (PyDict_SetItem(scheduled, req, one) < 0) {
+            Py_DECREF(one);
+            return NULL;
+        }
+        budget--;
+        count++;
+        i++;
+    }
+    Py_DECREF(one);
+    return Py_BuildValue("(nnn)", i, budget, count);
+}
+
 static PyMethodDef advancer_methods[] = {
+    {"decodes", (PyCFunction)(void (*)(void))advancer_decodes, METH_FASTCALL,
+     "decodes(running, start, budget, scheduled, allocate) -> (index, budget, decodes)"},
     {"run", (PyCFunction)(void (*)(void))advancer_run, METH_FASTCALL,
      "run(scheduled, end, emit, column, registered, token, cache, outputs, slow) -> partial"},
     {NULL, NULL, 0, NULL},

@@ -22,6 +22,15 @@ class Advancer:
         block_size: int,
         eos_token_id: int | None,
     ) -> None: ...
+    def decodes(
+        self,
+        running: list[Any],
+        start: int,
+        budget: int,
+        scheduled: dict[Any, int],
+        allocate: Callable[[Any, int], bool],
+        /,
+    ) -> tuple[int, int, int]: ...
     def run(
         self,
         scheduled: dict[Any, int],

@@ -32,6 +32,7 @@ from mocker.kv.compiled_pool import use_compiled
 from mocker.kv.coordinator import HybridKVCacheManager
 from mocker.kv.events import KVEvent
 from mocker.kv.hashing import BlockHash, make_hasher
+from mocker.kv.manager import KVCacheManager
 from mocker.output_tokens import OutputTokenSampler
 from mocker.request import EngineRequest, Request, RequestId, RequestStatus, SamplingParams
 from mocker.scheduler.scheduler import Scheduler, SchedulerOutput
@@ -141,6 +142,10 @@ class EngineCore:
         self._advancer: _cpass.Advancer | None = advancer(
             config.block_size, self.sampler.eos_token_id
         )
+        # The scheduler's compiled head asks the manager again for what it was refused.
+        kv = self.kv
+        if self._advancer is not None and isinstance(kv, KVCacheManager) and kv.quiet_failures:
+            self.scheduler.decode_head = self._advancer.decodes
 
     # -- intake -------------------------------------------------------------------------------
 

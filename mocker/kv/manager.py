@@ -181,6 +181,12 @@ class KVCacheManager:
         return self.pool.num_reusable
 
     @property
+    def quiet_failures(self) -> bool:
+        """An allocation that fails changes nothing (no store policy is told to make room):
+        asking again gives the same answer with the same effects."""
+        return self._make_room is None
+
+    @property
     def num_used(self) -> int:
         return self.pool.num_used
 

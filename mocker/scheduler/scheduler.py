@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sized
+from collections.abc import Callable, Sized
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -15,7 +15,14 @@ if TYPE_CHECKING:
     from mocker.disagg.pulls import RemotePulls
     from mocker.tiers.connector import TierConnector
 
-__all__ = ["Scheduler", "SchedulerOutput", "decodes_next"]
+__all__ = ["DecodeHead", "Scheduler", "SchedulerOutput", "decodes_next"]
+
+# (running, start, budget, scheduled, allocate) -> (index, budget, decodes): see
+# Scheduler.decode_head.
+DecodeHead = Callable[
+    [list[Request], int, int, dict[Request, int], Callable[[Request, int], bool]],
+    tuple[int, int, int],
+]
 
 
 @dataclass(slots=True)
@@ -80,6 +87,7 @@ class Scheduler:
         "_unit",
         "_victim",
         "connector",
+        "decode_head",
         "kv",
         "loading",
         "num_preemptions",
@@ -133,6 +141,11 @@ class Scheduler:
         self._external = connector is not None or config.kv_role is not KVRole.NONE
         # vLLM's LoRA rule: at most this many distinct adapters in a batch (0: no LoRA).
         self._max_loras = config.max_loras if config.enable_lora else 0
+        # decode_head(running, start, budget, scheduled, allocate) -> (index, budget,
+        # decodes): the compiled head of `_schedule_running` (mocker/engine/_cpass.c), set by
+        # the engine when its KV manager's failed allocations change nothing; None: the
+        # loop below does it all.
+        self.decode_head: DecodeHead | None = None
 
     # -- queue changes ------------------------------------------------------------------------
 
@@ -293,6 +306,10 @@ class Scheduler:
         stalled = False
         chunks: list[tuple[Request, int]] | None = None  # prefill chunks that fill blocks
         i = start
+        if self.decode_head is not None and not self._mamba_split:
+            # The requests that decode one token, from the head on, in C: as this loop
+            # schedules them (it goes on from the first that does not, or finds no room).
+            i, budget, decodes = self.decode_head(running, i, budget, scheduled, allocate)
         while i < len(running) and budget > 0:
             request = running[i]
             num_tokens = len(request.all_token_ids)

@@ -1,5 +1,7 @@
-"""The compiled pass applier and draws (mocker/engine/_cpass.c) against their Python
-references: `EngineCore._advance_one` for every request, and numpy's `draws`."""
+"""The compiled pass parts (mocker/engine/_cpass.c) against their Python references: the
+applier against `EngineCore._advance_one` for every request, the scheduler head against
+`Scheduler._schedule_running`'s loop, and the draws against numpy's. (Its hand-out loop:
+tests/engine/test_stream.py.)"""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 from mocker.engine.core import EngineCore, advancer
 from mocker.engine.outputs import RequestOutput, StepResult
 from mocker.kv.block import block_ids
+from mocker.kv.manager import KVCacheManager
 from mocker.output_tokens import OutputTokenSampler
 from mocker.request import EngineRequest, Request, SamplingParams
 from tests.support.engines import req, small_config
@@ -21,13 +24,22 @@ _cpass = pytest.importorskip("mocker.engine._cpass")
 
 
 def _cores(changes: dict[str, Any]) -> tuple[EngineCore, EngineCore]:
-    """The same engine twice: compiled applier and draws, and the Python references."""
+    """The same engine twice: compiled applier, scheduler head and draws, and the Python
+    references."""
     fast, slow = EngineCore(small_config(**changes)), EngineCore(small_config(**changes))
-    fast._advancer = advancer(fast.config.block_size, fast.sampler.eos_token_id, compiled=True)
+    fast._advancer = _compiled_advancer(fast)
     fast.sampler._cdraws = _cpass.draws
+    kv = fast.kv
+    quiet = isinstance(kv, KVCacheManager) and kv.quiet_failures
+    fast.scheduler.decode_head = fast._advancer.decodes if quiet else None  # type: ignore[union-attr]
     slow._advancer = None
     slow.sampler._cdraws = None
+    slow.scheduler.decode_head = None
     return fast, slow
+
+
+def _compiled_advancer(core: EngineCore) -> Any:
+    return advancer(core.config.block_size, core.sampler.eos_token_id, compiled=True)
 
 
 def _state(request: Request) -> dict[str, Any]:
@@ -104,8 +116,9 @@ def test_passes_equal_the_python_body_pass_by_pass(seed: int) -> None:
         "enable_prefix_caching": rng.random() < 0.8,
         "enable_kv_cache_events": rng.random() < 0.3,
     }
-    if changes["enable_prefix_caching"] and rng.random() < 0.3:
-        changes.update(num_cpu_blocks=64, offload_policy="write-through")
+    if changes["enable_prefix_caching"] and rng.random() < 0.4:
+        policy = rng.choice(["write-through", "evict"])  # (evict: no compiled head)
+        changes.update(num_cpu_blocks=64, offload_policy=policy)
     fast, slow = _cores(changes)
     assert _step_both(fast, slow, _workload(rng, 30)) > 50
     assert not slow.requests and not fast.requests
@@ -161,6 +174,53 @@ def test_steady_decode_takes_the_compiled_path() -> None:
         _same_pass(fast.step(now), result := slow.step(now))
         now = result.end
     assert calls == {"fast": 0, "slow": 16 * 8}
+
+
+def test_the_scheduler_head_schedules_decodes_and_stops_where_the_loop_must_go_on() -> None:
+    """The compiled head schedules the running requests that decode one token (allocating a
+    block for those at a boundary) and stops at a prefill chunk or a refused allocation,
+    leaving it and what follows to the Python loop."""
+    core = EngineCore(small_config(num_gpu_blocks=16, max_num_seqs=4))
+    head = _compiled_advancer(core).decodes
+    for i in range(3):
+        core.add_request(req(f"r{i}", [i + 1] * 7, max_tokens=40, ignore_eos=True))
+    now = core.step(0.0).end  # prefill: each holds 2 blocks (8 slots for 8 tokens)
+    running = core.scheduler.running
+    calls: list[tuple[str, int]] = []
+
+    def allocate(request: Request, n: int) -> bool:
+        calls.append((request.request_id, n))
+        return bool(core.kv.allocate_slots(request, n))
+
+    scheduled: dict[Request, int] = {}
+    assert head(running, 0, 100, scheduled, allocate) == (3, 97, 3)
+    assert scheduled == dict.fromkeys(running, 1) and calls == []  # room in their blocks
+    now = core.step(now).end  # 8 tokens now: the next one needs a third block
+    scheduled.clear()
+    assert head(running, 1, 100, scheduled, allocate) == (3, 98, 2)  # from index 1
+    assert calls == [("r1", 1), ("r2", 1)] and len(running[1].blocks) == 3
+    scheduled.clear()
+    calls.clear()
+
+    def refuse(request: Request, n: int) -> bool:
+        calls.append((request.request_id, n))
+        return False
+
+    assert head(running, 0, 100, scheduled, refuse) == (0, 100, 0)  # r0 needs a block
+    assert calls == [("r0", 1)] and scheduled == {}
+    assert head(running, 1, 1, scheduled, refuse) == (2, 0, 1)  # the budget ends first
+    # A prompt longer than the budget (32) is still prefilling after its first pass.
+    core = EngineCore(small_config(max_num_seqs=4))
+    head = _compiled_advancer(core).decodes
+    core.add_request(req("d", [1] * 3, max_tokens=40, ignore_eos=True))
+    now = core.step(0.0).end
+    core.add_request(req("p", [2] * 60, max_tokens=4, ignore_eos=True))
+    core.step(now)  # (the budget is spent on "d" and p's first 31 tokens)
+    running = core.scheduler.running
+    assert [r.request_id for r in running] == ["d", "p"]
+    scheduled.clear()
+    assert head(running, 0, 100, scheduled, core.kv.allocate_slots) == (1, 99, 1)
+    assert list(scheduled) == [running[0]]
 
 
 def test_a_token_that_ends_the_request_goes_through_the_python_body() -> None:
