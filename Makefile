@@ -20,7 +20,7 @@ $(BIN)/python:
 # (mocker/engine/_cpass.c), built in place by the editable install when a C
 # compiler is there (mocker runs without them, on their Python code).
 C_SOURCES := mocker/kv/_cpool.c mocker/kv/_chash.c mocker/replay/_cprompts.c mocker/api/_ctext.c \
-	mocker/engine/_cpass.c
+	mocker/engine/_cpass.c mocker/_cslots.h
 $(RUN_STAMP): pyproject.toml setup.py $(C_SOURCES) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@

@@ -10,8 +10,7 @@
  * uint32 per token id, and the framed chunk (`<hex length>\r\n<head><text><tail>\r\n`, as
  * uvicorn frames a body chunk) is one allocation.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "../_cslots.h"
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -211,6 +210,7 @@ typedef struct {
     vectorcallfunc vectorcall;
     TextTable *table;
     PyObject *head, *tail, *emitter, *direct, *cycle, *flow, *write, *choice;
+    Py_ssize_t writer_at, count_at; /* emitter.writer's, choice.completion_tokens' slots */
 } Sink;
 
 static PyObject *s_writer, *s_disconnected, *s_write_paused, *s_response_complete,
@@ -272,7 +272,7 @@ static PyObject *sink_push(Sink *self, PyObject *tok)
 {
     if (!PyLong_Check(tok))
         Py_RETURN_FALSE;
-    PyObject *writer = PyObject_GetAttr(self->emitter, s_writer);
+    PyObject *writer = read_slot(self->emitter, self->writer_at, s_writer);
     if (writer == NULL) {
         PyErr_Clear();
         Py_RETURN_FALSE;
@@ -286,7 +286,7 @@ static PyObject *sink_push(Sink *self, PyObject *tok)
         PyErr_Clear();
         Py_RETURN_FALSE;
     }
-    PyObject *count = PyObject_GetAttr(self->choice, s_completion_tokens);
+    PyObject *count = read_slot(self->choice, self->count_at, s_completion_tokens);
     if (count == NULL)
         return NULL;
     PyObject *one = PyLong_FromLong(1);
@@ -313,7 +313,7 @@ static PyObject *sink_push(Sink *self, PyObject *tok)
         Py_RETURN_FALSE;
     }
     Py_DECREF(written);
-    int set = PyObject_SetAttr(self->choice, s_completion_tokens, counted);
+    int set = write_slot(self->choice, self->count_at, s_completion_tokens, counted);
     Py_DECREF(counted);
     if (set < 0)
         return NULL;
@@ -363,6 +363,8 @@ static PyObject *sink_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->flow = flow;
     self->write = write;
     self->choice = Py_NewRef(choice);
+    self->writer_at = slot_offset(Py_TYPE(emitter), "writer");
+    self->count_at = slot_offset(Py_TYPE(choice), "completion_tokens");
     return (PyObject *)self;
 }
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from mocker.api.chunks import ChunkWriter, GenerateChunkWriter
 from mocker.api.collect import ResponseCollector, ResponseHead
 from mocker.api.errors import OpenAIError
 from mocker.api.faults import FaultInjector, JitteredEmitter, failure_error
+from mocker.api.ids import random_hex
 from mocker.api.inputs import chat_prompt, check_model, completion_prompts
 from mocker.api.lifecycle import OpenResponse, OpenResponses
 from mocker.api.logprobs import (
@@ -173,7 +173,7 @@ class OpenAIServing:
         with self._refusal_releases(body):
             model, lora = self._check(body)
             prompts = completion_prompts(self.tokenizer, body.prompt)
-            rid = headers.request_id or uuid.uuid4().hex
+            rid = headers.request_id or random_hex()
             choices = self._start(body, prompts, body.max_tokens, rid, headers, "prompt",
                                   lora=lora)  # fmt: skip
             if body.echo:
@@ -212,7 +212,7 @@ class OpenAIServing:
             self._check_auto_tool_choice(body)
             prompt = chat_prompt(self.tokenizer, body)
             max_tokens = body.max_completion_tokens or body.max_tokens
-            rid = headers.request_id or uuid.uuid4().hex
+            rid = headers.request_id or random_hex()
             choices = self._start(body, [prompt], max_tokens, rid, headers, "messages",
                                   lora=lora)  # fmt: skip
         return self._respond(body, choices, model, f"chatcmpl-{rid}", rid)
@@ -226,7 +226,7 @@ class OpenAIServing:
             chat_body = ChatCompletionRequest.model_validate(responses_api.chat_fields(body))
             model, lora = self._check(chat_body)
             prompt = chat_prompt(self.tokenizer, chat_body)
-            rid = headers.request_id or uuid.uuid4().hex
+            rid = headers.request_id or random_hex()
             choices = self._start(chat_body, [prompt], chat_body.max_completion_tokens, rid,
                                   headers, "input", lora=lora)  # fmt: skip
         return self._respond(chat_body, choices, model, f"resp_{rid}", rid, responses=body)
@@ -255,7 +255,7 @@ class OpenAIServing:
         self._logprobs(body)
         self._prompt_logprobs(body)
         prompts = completion_prompts(self.tokenizer, body.prompt)
-        rid = "cmpl-" + (headers.request_id or uuid.uuid4().hex)
+        rid = "cmpl-" + (headers.request_id or random_hex())
         rendered = [
             generate_request(
                 body,
@@ -278,7 +278,7 @@ class OpenAIServing:
         prompt = chat_prompt(self.tokenizer, body)
         max_tokens = body.max_completion_tokens or body.max_tokens
         sampling = self._sampling(body, max_tokens, len(prompt), "messages")
-        rid = "chatcmpl-" + (headers.request_id or uuid.uuid4().hex)
+        rid = "chatcmpl-" + (headers.request_id or random_hex())
         return json_response(generate_request(body, rid, prompt, sampling))
 
     # -- token in, token out (vLLM's /inference/v1/generate) ---------------------------------
@@ -320,7 +320,7 @@ class OpenAIServing:
                                   "sampling_params") from None  # fmt: skip
             model, lora = self._check(completion)
             prompts = completion_prompts(self.tokenizer, completion.prompt)
-            rid = headers.request_id or body.request_id or uuid.uuid4().hex
+            rid = headers.request_id or body.request_id or random_hex()
             choices = self._start(
                 completion, prompts, sp.max_tokens, rid, headers, "token_ids", generate=True,
                 lora=lora,
@@ -610,7 +610,7 @@ class OpenAIServing:
         tokenizer, faults = self.tokenizer, self.faults
         ids = bool(body.return_token_ids)
         # (a /v1/responses message's id: drawn only for those, a syscall per request)
-        message_id = f"msg_{uuid.uuid4().hex}" if responses is not None else ""
+        message_id = f"msg_{random_hex()}" if responses is not None else ""
         if not body.stream:
             head = ResponseHead(response_id, created, model, chat, headers, generate, ids,
                                 responses, message_id)  # fmt: skip

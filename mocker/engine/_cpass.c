@@ -30,9 +30,7 @@
  * `draws`: OutputTokenSampler.draws (a request's next tokens drawn ahead) without numpy's
  * fixed cost (11.5 us a window of 256 against 1.0 here), its list holding the palette's ints.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <structmember.h>
+#include "../_cslots.h"
 #include <stdint.h>
 
 /* The slots read or written, by name (the classes' member descriptors give the offsets). */
@@ -42,19 +40,19 @@ enum {
     R_HASH_BLOCK_SIZE, R_LAST_TOKEN_TIME, R_REQUEST_ID, R_NUM_CACHED_TOKENS, R_TIER_HITS,
     R_BLOCK_HASHES, R_BLOCKS, R_KV_RECHECK, R_COUNT
 };
-static const char *request_slots[R_COUNT] = {
+static const char *const request_slots[R_COUNT] = {
     "num_computed_tokens", "all_token_ids", "num_cached_blocks", "first_token_time",
     "sampling", "num_prompt_tokens", "max_tokens", "drawn", "drawn_from", "token_seed",
     "hash_chain", "hash_block_size", "last_token_time", "request_id", "num_cached_tokens",
     "tier_hits", "block_hashes", "blocks", "kv_recheck",
 };
 enum { S_STOP_IDS, S_IGNORE_EOS, S_MIN_TOKENS, S_COUNT };
-static const char *sampling_slots[S_COUNT] = {"stop_token_ids", "ignore_eos", "min_tokens"};
+static const char *const sampling_slots[S_COUNT] = {"stop_token_ids", "ignore_eos", "min_tokens"};
 enum {
     O_REQUEST_ID, O_NEW_IDS, O_TIME, O_FINISHED, O_FINISH_REASON, O_NUM_PROMPT,
     O_NUM_CACHED, O_TIER_HITS, O_FIRST, O_LATENCY, O_KV_PARAMS, O_COUNT
 };
-static const char *output_slots[O_COUNT] = {
+static const char *const output_slots[O_COUNT] = {
     "request_id", "new_token_ids", "time", "finished", "finish_reason", "num_prompt_tokens",
     "num_cached_tokens", "tier_hits", "first_token", "latency", "kv_transfer_params",
 };
@@ -74,10 +72,10 @@ typedef struct {
 /* Interned names */
 static PyObject *str_extend, *str_request_id, *str_finished, *str_sink, *str_new_token_ids;
 
-/* An attribute's truth (-1: an error is set). */
-static int flag_of(PyObject *obj, PyObject *name)
+/* An attribute's truth, read at `off` if >= 0 (-1: an error is set). */
+static int flag_of(PyObject *obj, Py_ssize_t off, PyObject *name)
 {
-    PyObject *v = PyObject_GetAttr(obj, name);
+    PyObject *v = read_slot(obj, off, name);
     if (v == NULL)
         return -1;
     int truth = PyObject_IsTrue(v);
@@ -85,7 +83,25 @@ static int flag_of(PyObject *obj, PyObject *name)
     return truth;
 }
 
-#define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
+/* Where `deliver` reads the outputs' and streams' attributes: the slot offsets of the last
+ * type seen (held, so that its address is never another type's), -1 where it has no plain
+ * slot of that name (then looked up). */
+typedef struct {
+    PyTypeObject *type;
+    Py_ssize_t off[3];
+} Layout;
+
+static void layout_of(Layout *layout, PyTypeObject *type, PyObject *const *names, int n)
+{
+    if (layout->type == type)
+        return;
+    Py_INCREF(type);
+    Py_XSETREF(layout->type, type);
+    for (int i = 0; i < n; i++)
+        layout->off[i] = slot_offset(type, PyUnicode_AsUTF8(names[i]));
+}
+
+static Layout out_layout, stream_layout;
 
 /* Replace a slot's object (a new reference is stolen). */
 static inline void set_slot(PyObject *obj, Py_ssize_t off, PyObject *value)
@@ -95,24 +111,6 @@ static inline void set_slot(PyObject *obj, Py_ssize_t off, PyObject *value)
     Py_XDECREF(old);
 }
 
-static int offsets_of(PyTypeObject *type, const char **names, Py_ssize_t *out, int n)
-{
-    for (int i = 0; i < n; i++) {
-        PyObject *d = PyDict_GetItemString(type->tp_dict, names[i]); /* borrowed */
-        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type)) {
-            PyErr_Format(PyExc_TypeError, "Advancer: %s has no slot %s", type->tp_name, names[i]);
-            return -1;
-        }
-        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
-        if (m->type != T_OBJECT_EX || (m->flags & READONLY)) {
-            PyErr_Format(PyExc_TypeError, "Advancer: %s.%s is not a plain slot", type->tp_name,
-                         names[i]);
-            return -1;
-        }
-        out[i] = m->offset;
-    }
-    return 0;
-}
 
 static void advancer_dealloc(Advancer *self)
 {
@@ -145,9 +143,9 @@ static PyObject *advancer_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     Advancer *self = (Advancer *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
-    if (offsets_of(rt, request_slots, self->r, R_COUNT) < 0 ||
-        offsets_of(st, sampling_slots, self->s, S_COUNT) < 0 ||
-        offsets_of(ot, output_slots, self->o, O_COUNT) < 0) {
+    if (slot_offsets(rt, request_slots, self->r, R_COUNT, "Advancer") < 0 ||
+        slot_offsets(st, sampling_slots, self->s, S_COUNT, "Advancer") < 0 ||
+        slot_offsets(ot, output_slots, self->o, O_COUNT, "Advancer") < 0) {
         Py_DECREF(self);
         return NULL;
     }
@@ -527,17 +525,22 @@ static PyObject *deliver(PyObject *Py_UNUSED(module), PyObject *const *args, Py_
         return NULL;
     }
     PyObject *kept = NULL;
+    PyObject *const out_names[3] = {str_request_id, str_finished, str_new_token_ids};
+    PyObject *const stream_names[2] = {str_finished, str_sink};
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(outputs); i++) {
         PyObject *out = Py_NewRef(PyList_GET_ITEM(outputs, i));
         PyObject *stream = NULL, *sink = NULL;
-        PyObject *rid = PyObject_GetAttr(out, str_request_id);
+        layout_of(&out_layout, Py_TYPE(out), out_names, 3);
+        const Py_ssize_t *o = out_layout.off;
+        PyObject *rid = read_slot(out, o[0], str_request_id);
         if (rid == NULL)
             goto fail;
         stream = Py_XNewRef(PyDict_GetItemWithError(streams, rid));
         Py_DECREF(rid);
         int open = 0;
         if (stream != NULL) {
-            int ended = flag_of(stream, str_finished);
+            layout_of(&stream_layout, Py_TYPE(stream), stream_names, 2);
+            int ended = flag_of(stream, stream_layout.off[0], str_finished);
             if (ended < 0)
                 goto fail;
             open = !ended;
@@ -552,14 +555,14 @@ static PyObject *deliver(PyObject *Py_UNUSED(module), PyObject *const *args, Py_
             continue;
         }
         int taken = 0;
-        sink = PyObject_GetAttr(stream, str_sink);
+        sink = read_slot(stream, stream_layout.off[1], str_sink);
         if (sink == NULL)
             goto fail;
         if (sink != Py_None) {
-            int finished = flag_of(out, str_finished);
+            int finished = flag_of(out, o[1], str_finished);
             if (finished < 0)
                 goto fail;
-            PyObject *ids = finished ? NULL : PyObject_GetAttr(out, str_new_token_ids);
+            PyObject *ids = finished ? NULL : read_slot(out, o[2], str_new_token_ids);
             if (!finished && ids == NULL)
                 goto fail;
             if (ids != NULL && PyList_CheckExact(ids) && PyList_GET_SIZE(ids) == 1) {

@@ -241,7 +241,7 @@ def test_advancer_needs_plain_slots() -> None:
     class NoSlots:
         pass
 
-    with pytest.raises(TypeError, match="has no slot num_computed_tokens"):
+    with pytest.raises(TypeError, match="num_computed_tokens is not a plain slot"):
         _cpass.Advancer(NoSlots, SamplingParams, RequestOutput, 16, 2)
     with pytest.raises(TypeError, match="time is not a plain slot"):
         _cpass.Advancer(Request, SamplingParams, _read_only_time(), 16, 2)
