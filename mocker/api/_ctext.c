@@ -286,22 +286,22 @@ static PyObject *sink_push(Sink *self, PyObject *tok)
         PyErr_Clear();
         Py_RETURN_FALSE;
     }
-    PyObject *count = read_slot(self->choice, self->count_at, s_completion_tokens);
-    if (count == NULL)
-        return NULL;
-    PyObject *one = PyLong_FromLong(1);
-    PyObject *counted = one == NULL ? NULL : PyNumber_Add(count, one);
-    Py_DECREF(count);
-    Py_XDECREF(one);
-    if (counted == NULL)
-        return NULL;
     PyObject *chunk = frame(self->table, id, self->head, self->tail);
-    if (chunk == NULL || chunk == Py_None) {
-        Py_DECREF(counted);
-        if (chunk == NULL)
-            return NULL;
+    if (chunk == NULL)
+        return NULL;
+    if (chunk == Py_None) {
         Py_DECREF(chunk);
         Py_RETURN_FALSE; /* (not in the table: the Python path escapes it) */
+    }
+    /* The count is made before the write: nothing after the write may fail but the store. */
+    PyObject *count = read_slot(self->choice, self->count_at, s_completion_tokens);
+    PyObject *one = count == NULL ? NULL : PyLong_FromLong(1);
+    PyObject *counted = one == NULL ? NULL : PyNumber_Add(count, one);
+    Py_XDECREF(count);
+    Py_XDECREF(one);
+    if (counted == NULL) {
+        Py_DECREF(chunk);
+        return NULL;
     }
     PyObject *written = PyObject_Vectorcall(self->write, &chunk, 1, NULL);
     Py_DECREF(chunk);

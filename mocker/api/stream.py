@@ -319,23 +319,17 @@ class StreamRenderer:
         choice's plain tokens (one token, ends nothing) may go from the engine loop's
         hand-out straight to the socket, through a sink that writes what that path writes
         and counts them as it does (the cached tokens it sets are the same for every output
-        after the first). Tried once. Not for a choice with stop strings, ids to keep or an
-        injected abort, nor when chunks do not go straight to the transport (jitter)."""
+        after the first). Tried once. (The framed path that calls this ran only for a choice
+        without stop strings or an injected abort, through the emitter's direct writer: no
+        jitter.) Not for a choice that keeps its ids."""
         sinks, self._sinks = self._sinks, None
-        assert sinks is not None and self._heads is not None
         choice, emitter = self._only, self._emitter
         direct = None if emitter is None else emitter.writer
-        if (
-            direct is None
-            or choice.done
-            or choice.stops is not None
-            or choice.abort_at is not None
-            or choice.token_ids is not None
-        ):
-            return
-        choice.stream.sink = sinks(
-            self._heads[0], self._open_tail, emitter, direct, direct.cycle, choice
-        )
+        assert sinks is not None and self._heads is not None and direct is not None
+        if choice.token_ids is None:
+            choice.stream.sink = sinks(
+                self._heads[0], self._open_tail, emitter, direct, direct.cycle, choice
+            )
 
     def _cut(self, choice: Choice, text: bytes, emitter: Emitter | JitteredEmitter) -> None:
         """An injected abort: what came so far (no finish reason), then the error."""

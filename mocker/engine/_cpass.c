@@ -224,8 +224,7 @@ static int plain(Advancer *self, PyObject *req, Py_ssize_t n, PyObject *end, dou
     if (!ok || k + 1 >= max_tokens)
         return PLAIN_NO; /* its last token */
     PyObject *chain = SLOT(req, r[R_HASH_CHAIN]);
-    PyObject *hbs_obj = SLOT(req, r[R_HASH_BLOCK_SIZE]);
-    if (chain == NULL || hbs_obj == NULL)
+    if (chain == NULL)
         return PLAIN_NO;
     int hashes = 0; /* the token fills a block to hash */
     if (chain != Py_None) {
