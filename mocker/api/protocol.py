@@ -50,6 +50,11 @@ MARK_CHAT = "x-mocker-chat-messages"  # messages that must carry some text (see 
 # A token id: the server checks it against the vocabulary (a 400 that names the id).
 TokenId = Annotated[int, Field(json_schema_extra={"minimum": 0, MARK_TOKEN_ID: True})]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+# A prompt's list members stop at their first bad item: token ids tried as a list of texts
+# (or of id lists) fail at every item, and pydantic would build an error for each before it
+# tries the member that fits (58 ns an id: 0.5 ms for an 8k-token prompt).
+_PromptTexts = Annotated[list[str], Field(fail_fast=True)]
+_PromptIdLists = Annotated[list[TokenIds], Field(fail_fast=True)]
 # vLLM's data_parallel_rank; strict: true or "1" is no rank.
 Rank = Annotated[int, Field(ge=0, le=INT64_MAX, strict=True, json_schema_extra={MARK_RANK: True})]
 ModelName = Annotated[str, Field(json_schema_extra={MARK_MODEL: True})]
@@ -129,9 +134,12 @@ class _Open(BaseModel):
 
     @model_validator(mode="after")
     def _valid_values(self) -> _Open:
-        for name, value in self.__dict__.items():
-            # Most fields are unset, flags or numbers: nothing to check, and no call for
-            # them (this runs for every request). Nested models check themselves.
+        values = self.__dict__
+        # Only what the client sent (defaults are valid); most of that is flags or numbers:
+        # nothing to check, and no call for them (this runs for every request). Nested
+        # models check themselves.
+        for name in self.model_fields_set:
+            value = values.get(name)
             if type(value) not in _NOTHING_TO_CHECK and not isinstance(value, BaseModel):
                 _check_value(value, name)
         for name, value in (self.model_extra or {}).items():
@@ -280,7 +288,10 @@ class _Sampling(_Knobs):
 class CompletionRequest(_Sampling):
     """POST /v1/completions."""
 
-    prompt: Annotated[str | list[str] | TokenIds | list[TokenIds], WithJsonSchema(_PROMPT_SCHEMA)]
+    prompt: Annotated[
+        str | _PromptTexts | TokenIds | _PromptIdLists,
+        WithJsonSchema(_PROMPT_SCHEMA),
+    ]
     max_tokens: PositiveInt | None = 16  # the OpenAI and vLLM default for completions
     logprobs: Annotated[Int64 | None, WithJsonSchema(_logprobs_schema("logprobs"))] = None
     echo: bool = False
