@@ -229,11 +229,11 @@ def _serving_gc() -> None:
     """The collector as `mocker serve` runs it (mocker.api.gc_tuning)."""
     import gc
 
-    from mocker.api.gc_tuning import YOUNG_THRESHOLD
+    from mocker.api.gc_tuning import MIDDLE_THRESHOLD, YOUNG_THRESHOLD
 
     gc.collect()
     gc.freeze()
-    gc.set_threshold(YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+    gc.set_threshold(YOUNG_THRESHOLD, MIDDLE_THRESHOLD, *gc.get_threshold()[2:])
 
 
 def _cpu(before: os.times_result, after: os.times_result, tokens: int) -> dict[str, float]:
