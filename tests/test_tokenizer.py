@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -167,3 +169,17 @@ def test_export_keeps_an_own_template_or_takes_an_override(tmp_path: Path) -> No
     assert config["chat_template"].startswith("{{ bos_token }}") and config["bos_token"] == "<s>"
     with pytest.raises(TokenizerError, match="own folder"):
         export_tokenizer(source, source)
+
+
+def test_the_palettes_ints_lie_side_by_side() -> None:
+    # A drawn token's int is touched at every streamed token: ints spread over the heap (as
+    # the vocabulary made them) cost a cache and TLB miss each. In a fresh interpreter, as
+    # the server loads it: at least 32 ints a 4 KiB page (a page holds 128).
+    code = (
+        "from mocker.tokenizer import default_tokenizer_path, load_tokenizer\n"
+        "palette = load_tokenizer(default_tokenizer_path()).palette\n"
+        "print(len(palette), len({id(i) >> 12 for i in palette}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    ints, pages = map(int, done.stdout.split())
+    assert ints > 10000 and pages <= ints // 32
