@@ -15,14 +15,15 @@ __all__ = ["MIDDLE_THRESHOLD", "YOUNG_THRESHOLD", "serving_gc"]
 # moments ago and are still in the CPU's caches, so the walk is cheap. What survives it (the
 # objects of the requests in flight: ~100 a stream) goes to the middle generation, whose
 # collection walks all of it from memory, ~0.4 us an object: 20 ms at 500 streams. Measured
-# in-process (tests' fake transports, 500 streams of 2 and of 200 tokens, one core): young
-# collections every 50,000 allocations cost 36 us of collector a request, and every 700 with
-# the middle generation every 10 cost 97 (the middle and the full collections walking the
-# streams' objects); every 2,000 with the middle generation every 1,000 cost 9-11 us, and a
-# request's whole CPU time went 193 -> 145 us (2 tokens) and 318 -> 288 us (200 tokens).
-# (Instruction counts, which an earlier choice of 50,000 rested on, do not see cache misses.)
-# Streams leave no garbage cycles (tests/api/test_responses.py), so the middle collections
-# find little; they still run, for what errors and disconnects leave.
+# in-process (uvicorn's protocol and the app on stand-in transports, 500 streams of 2 and of
+# 200 tokens, one core, a gc.callbacks timer): young collections every 50,000 allocations
+# (each one such walk) cost 36 us of collector a request, and every 700 with the middle
+# generation every 10 cost 97 (the middle and the full collections); every 2,000 with the
+# middle generation every 1,000 cost 9-11 us, and a request's whole CPU time went 193 -> 145
+# us (2 tokens) and 318 -> 288 us (200 tokens). (Instruction counts, which an earlier choice
+# of 50,000 rested on, do not see cache misses.) Streams leave no garbage cycles
+# (tests/api/test_responses.py), so the middle collections find little; they still run, for
+# what errors and disconnects leave.
 YOUNG_THRESHOLD = 2_000
 MIDDLE_THRESHOLD = 1_000
 
