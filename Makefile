@@ -55,6 +55,7 @@ check-deploy: $(TEST_STAMP)
 bench: $(TEST_STAMP)
 	$(BIN)/python bench/engine_step.py
 	$(BIN)/python bench/serve_stream.py
+	$(BIN)/python bench/request_cost.py
 	$(BIN)/python bench/offload.py
 	$(BIN)/python bench/tiers.py
 	$(BIN)/python bench/replay_speed.py
