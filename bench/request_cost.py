@@ -106,8 +106,7 @@ def _mocker_app() -> Any:
 
 
 def _floor_app() -> Any:
-    sys.path.insert(0, str(ROOT / "bench"))
-    import sse_baseline
+    import sse_baseline  # (bench/, this script's folder, is on the path)
 
     return sse_baseline.app
 
