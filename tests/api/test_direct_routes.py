@@ -57,7 +57,13 @@ async def pair() -> AsyncIterator[tuple[AppClient, AppClient]]:
 
 
 def _comparable(body: bytes) -> Any:
-    """A response body without what differs from request to request (ids, times)."""
+    """A response body without what differs from request to request (ids, times).
+
+    A JSON body is compared as its document; an event stream event by event, each event's
+    document stripped alike (its `created` second may tick over between the two requests).
+    """
+    if body.startswith(b"data: "):
+        return [_comparable(event[len(b"data: ") :]) for event in body.split(b"\n\n") if event]
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
