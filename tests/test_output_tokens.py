@@ -4,8 +4,10 @@ from array import array
 
 import pytest
 
-from mocker.mixing import MASK64, splitmix64
-from mocker.output_tokens import OutputTokenSampler
+import numpy as np
+
+from mocker.mixing import MASK64, splitmix64, splitmix64_array
+from mocker.output_tokens import OutputTokenSampler, palette_rank, palette_ranks
 
 
 def test_deterministic_and_position_dependent() -> None:
@@ -43,8 +45,30 @@ def test_the_inlined_mixer_is_splitmix64() -> None:
     seed = s.request_seed("req-1")
     for k in range(200):
         x = splitmix64((seed + k) & MASK64)
-        assert s.token(seed, k, False) == palette[(x >> 7) % len(palette)]
+        assert s.token(seed, k, False) == palette[palette_rank(x, len(palette))]
     assert s.tokens(seed, 0, 200) == [s.token(seed, k, False) for k in range(200)]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 8, 9, 1000, 1024, 26_380])
+def test_a_rank_is_in_the_palette_and_the_array_form_agrees(n: int) -> None:
+    draws = [splitmix64(i) for i in range(3000)] + [0, MASK64, 1 << 32, (1 << 32) - 1]
+    ranks = [palette_rank(m, n) for m in draws]
+    assert all(0 <= r < n for r in ranks)
+    assert palette_ranks(np.asarray(draws, dtype=np.uint64), n).tolist() == ranks
+
+
+def test_ranks_follow_a_zipf_like_law() -> None:
+    """Each octave of ranks [2^e - 1, 2^(e+1) - 1) is drawn alike, so a word's frequency falls
+    as 1/rank: the palette's first words are the text's common ones, as in natural text."""
+    n, draws = 26_380, 150_000
+    ranks = palette_ranks(splitmix64_array(np.arange(draws, dtype=np.uint64)), n)
+    octaves = np.bincount(np.log2(ranks + 1).astype(np.int64), minlength=n.bit_length())
+    assert len(octaves) == 15
+    assert octaves.min() > 0.9 * draws / 15 and octaves.max() < 1.1 * draws / 15
+    assert (ranks < 1023).mean() > 0.6  # two thirds of the words from the first 1,023
+    inside = ranks[(ranks >= 1023) & (ranks < 2047)] - 1023  # uniform inside an octave
+    assert abs(inside.mean() - 511.5) < 15
+    assert len(np.unique(ranks)) > 18_000  # yet most of the palette appears
 
 
 def test_token_rows_are_each_requests_tokens() -> None:

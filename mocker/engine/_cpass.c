@@ -456,10 +456,19 @@ static inline uint64_t mix(uint64_t x)
     return x ^ (x >> 31);
 }
 
+/* mocker.output_tokens.palette_rank: an octave of the palette from the low 32 bits, then an
+ * entry inside it from the high 32 (a Zipf-like law; see there why). */
+static inline uint64_t rank(uint64_t m, uint64_t n, uint64_t octaves)
+{
+    uint64_t lo = (uint64_t)1 << ((m & 0xFFFFFFFFu) % octaves);
+    uint64_t hi = lo << 1 < n + 1 ? lo << 1 : n + 1;
+    return lo - 1 + (m >> 32) % (hi - lo);
+}
+
 /* draws(seed, start, count, eos_from, palette, eos_token_id, eos_threshold) -> list
  *
  * OutputTokenSampler.draws (its numpy code is the reference): token k for k in start ..
- * start+count-1 is palette[(m >> 7) % len(palette)] with m = splitmix64(seed + k mod 2**64),
+ * start+count-1 is palette[palette_rank(m, len(palette))] with m = splitmix64(seed + k mod 2**64),
  * or EOS where k >= eos_from and (splitmix64(m) >> 11) < eos_threshold. The list holds the
  * palette's own int objects (no int is made per token). */
 static PyObject *draws(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
@@ -490,6 +499,9 @@ static PyObject *draws(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
     if (count < 0)
         count = 0;
     uint64_t n = (uint64_t)PyList_GET_SIZE(palette);
+    uint64_t octaves = 0; /* n.bit_length() */
+    for (uint64_t v = n; v; v >>= 1)
+        octaves++;
     PyObject *out = PyList_New(count);
     if (out == NULL)
         return NULL;
@@ -498,7 +510,7 @@ static PyObject *draws(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
         uint64_t m = mix(seed + (uint64_t)k);
         PyObject *tok = (threshold && k >= eos_from && (mix(m) >> 11) < threshold)
                             ? eos
-                            : PyList_GET_ITEM(palette, (Py_ssize_t)((m >> 7) % n));
+                            : PyList_GET_ITEM(palette, (Py_ssize_t)rank(m, n, octaves));
         Py_INCREF(tok);
         PyList_SET_ITEM(out, i, tok);
     }
