@@ -272,14 +272,22 @@ static PyObject *sink_push(Sink *self, PyObject *tok)
 {
     if (!PyLong_Check(tok))
         Py_RETURN_FALSE;
-    PyObject *writer = read_slot(self->emitter, self->writer_at, s_writer);
-    if (writer == NULL) {
-        PyErr_Clear();
-        Py_RETURN_FALSE;
+    /* emitter.writer compared by identity: read without touching the object it names */
+    if (self->writer_at >= 0) {
+        if (SLOT(self->emitter, self->writer_at) != self->direct)
+            Py_RETURN_FALSE;
+    } else {
+        PyObject *writer = PyObject_GetAttr(self->emitter, s_writer);
+        if (writer == NULL) {
+            PyErr_Clear();
+            Py_RETURN_FALSE;
+        }
+        Py_DECREF(writer);
+        if (writer != self->direct)
+            Py_RETURN_FALSE;
     }
-    Py_DECREF(writer); /* (compared by identity only) */
-    if (writer != self->direct || flag(self->cycle, s_disconnected) ||
-        flag(self->flow, s_write_paused) || flag(self->cycle, s_response_complete))
+    if (flag(self->cycle, s_disconnected) || flag(self->flow, s_write_paused) ||
+        flag(self->cycle, s_response_complete))
         Py_RETURN_FALSE;
     Py_ssize_t id = PyLong_AsSsize_t(tok);
     if (id == -1 && PyErr_Occurred()) {

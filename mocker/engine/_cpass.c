@@ -396,6 +396,92 @@ fail:
  * where outputs go. Every other request goes to slow(request, n), which
  * answers 1 for a prefill chunk short of its prompt's end, else 0. Returns how many answered
  * 1. */
+/* Prefetching a pass's requests ahead of the one being advanced. With hundreds of streams,
+ * everything a request's token touches has left the caches since the last pass (the other
+ * requests' objects and the kernel's socket writes came between), and the token waited on
+ * each object in turn: the request's slots (on all five of its cache lines: CPython lays
+ * `__slots__` out by name), then its sampling parameters, its lists, their items. So the
+ * loop asks for the request FAR_AHEAD entries on and, once that has had time to arrive, for
+ * the objects its slots name NEAR_AHEAD entries on; the loads then overlap other requests'
+ * work. A prefetch never faults and changes nothing; a slot not of the expected type is
+ * simply not followed. */
+enum { FAR_AHEAD = 8, NEAR_AHEAD = 4, ITEM_AHEAD = 2, TOKEN_AHEAD = 1, REQUEST_LINES = 6 };
+
+static inline void prefetch_request(PyObject *req)
+{
+    const char *at = (const char *)req;
+    for (int line = 0; line < REQUEST_LINES; line++)
+        __builtin_prefetch(at + 64 * line);
+}
+
+static inline void prefetch_parts(Advancer *self, PyObject *req)
+{
+    const Py_ssize_t *r = self->r;
+    if (Py_TYPE(req) != self->request_type)
+        return;
+    PyObject *sp = SLOT(req, r[R_SAMPLING]);
+    if (sp != NULL) {
+        __builtin_prefetch(sp);
+        __builtin_prefetch((char *)sp + self->s[S_STOP_IDS]);
+    }
+    PyObject *v = SLOT(req, r[R_LAST_TOKEN_TIME]);
+    if (v != NULL)
+        __builtin_prefetch(v);
+    v = SLOT(req, r[R_NUM_COMPUTED]);
+    if (v != NULL)
+        __builtin_prefetch(v);
+    PyObject *tokens = SLOT(req, r[R_TOKENS]);
+    if (tokens != NULL && PyList_CheckExact(tokens)) /* (its header: size, items) */
+        __builtin_prefetch(tokens);
+    PyObject *drawn = SLOT(req, r[R_DRAWN]);
+    if (drawn != NULL && PyList_CheckExact(drawn))
+        __builtin_prefetch(drawn);
+}
+
+/* Where the request's next drawn token is (&drawn[j], as `plain` finds it), or NULL. */
+static inline PyObject **next_drawn(Advancer *self, PyObject *req)
+{
+    const Py_ssize_t *r = self->r;
+    if (Py_TYPE(req) != self->request_type)
+        return NULL;
+    PyObject *tokens = SLOT(req, r[R_TOKENS]), *drawn = SLOT(req, r[R_DRAWN]);
+    PyObject *prompt = SLOT(req, r[R_NUM_PROMPT]), *from = SLOT(req, r[R_DRAWN_FROM]);
+    if (tokens == NULL || drawn == NULL || prompt == NULL || from == NULL ||
+        !PyList_CheckExact(tokens) || !PyList_CheckExact(drawn) || !PyLong_CheckExact(prompt) ||
+        !PyLong_CheckExact(from))
+        return NULL;
+    Py_ssize_t j = PyList_GET_SIZE(tokens) - PyLong_AsSsize_t(prompt) - PyLong_AsSsize_t(from);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return NULL;
+    }
+    return j >= 0 && j < PyList_GET_SIZE(drawn) ? &PyList_GET_ITEM(drawn, j) : NULL;
+}
+
+/* A cursor `ahead` entries past the loop's in `scheduled` (0 once past the end). */
+typedef struct {
+    Py_ssize_t pos;
+    int live;
+} Cursor;
+
+static inline PyObject *cursor_start(Cursor *c, PyObject *scheduled, int ahead)
+{
+    PyObject *key = NULL, *value;
+    c->pos = 0;
+    c->live = 1;
+    for (int i = 0; i < ahead && c->live; i++)
+        c->live = PyDict_Next(scheduled, &c->pos, &key, &value);
+    return key;
+}
+
+static inline PyObject *cursor_next(Cursor *c, PyObject *scheduled)
+{
+    PyObject *key, *value;
+    if (c->live && (c->live = PyDict_Next(scheduled, &c->pos, &key, &value)))
+        return key;
+    return NULL;
+}
+
 static PyObject *advancer_run(Advancer *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 9) {
@@ -419,7 +505,27 @@ static PyObject *advancer_run(Advancer *self, PyObject *const *args, Py_ssize_t 
     double end_s = floats ? PyFloat_AS_DOUBLE(end) : 0.0;
     Py_ssize_t pos = 0, partial = 0;
     PyObject *req, *num;
+    /* Cursors ahead of this one, each fetching the next link of a request's chain (see
+     * `prefetch_request`); the first few requests are fetched as the cursors start. */
+    Cursor far, near, item, tok_at;
+    PyObject *ahead;
+    for (int i = 1; i <= FAR_AHEAD; i++)
+        if ((ahead = cursor_start(&far, scheduled, i)) != NULL)
+            prefetch_request(ahead);
+    cursor_start(&far, scheduled, FAR_AHEAD);
+    cursor_start(&near, scheduled, NEAR_AHEAD);
+    cursor_start(&item, scheduled, ITEM_AHEAD);
+    cursor_start(&tok_at, scheduled, TOKEN_AHEAD);
     while (PyDict_Next(scheduled, &pos, &req, &num)) {
+        if ((ahead = cursor_next(&far, scheduled)) != NULL)
+            prefetch_request(ahead);
+        if ((ahead = cursor_next(&near, scheduled)) != NULL)
+            prefetch_parts(self, ahead);
+        PyObject **next;
+        if ((ahead = cursor_next(&item, scheduled)) != NULL && (next = next_drawn(self, ahead)))
+            __builtin_prefetch(next);
+        if ((ahead = cursor_next(&tok_at, scheduled)) != NULL && (next = next_drawn(self, ahead)))
+            __builtin_prefetch(*next);
         int done = PLAIN_NO;
         if (floats && PyLong_CheckExact(num)) {
             Py_ssize_t n = PyLong_AsSsize_t(num);

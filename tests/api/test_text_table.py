@@ -197,6 +197,57 @@ def test_a_sink_refuses_what_the_renderer_must_take(why: str, change: Any) -> No
     assert cycle.transport.written == [] and choice.completion_tokens == 5
 
 
+class _PlainFlow:
+    def __init__(self) -> None:
+        self.write_paused = False  # an instance attribute, as uvicorn's FlowControl has
+
+
+class _PropertyCycle(_Cycle):
+    """A cycle whose flags are descriptors: the sink must ask them, not the instance dict."""
+
+    def __init__(self) -> None:
+        self.flags = {"disconnected": False, "response_complete": False}
+        super().__init__()
+
+    @property
+    def disconnected(self) -> bool:  # type: ignore[override]
+        return self.flags["disconnected"]
+
+    @disconnected.setter
+    def disconnected(self, value: bool) -> None:
+        self.flags["disconnected"] = value
+
+    @property
+    def response_complete(self) -> bool:  # type: ignore[override]
+        return self.flags["response_complete"]
+
+    @response_complete.setter
+    def response_complete(self, value: bool) -> None:
+        self.flags["response_complete"] = value
+
+
+@needs_c
+@pytest.mark.parametrize(("why", "change"), [r for r in _refusals() if r[0] != "broken"])
+@pytest.mark.parametrize("cycle_type", [_Cycle, _PropertyCycle])
+@pytest.mark.parametrize("flow_type", [_Flow, _PlainFlow])
+def test_a_sink_sees_a_flag_set_between_its_writes(
+    why: str, change: Any, cycle_type: type[_Cycle], flow_type: type[Any]
+) -> None:
+    """The flags are read at every token, whether from the instance's dict (uvicorn's plain
+    objects) or through their descriptors, and whenever they change."""
+    table = text_table({7: b" seven"}, compiled=True)
+    cycle, emitter, choice = cycle_type(), _Emitter(), _Choice()
+    cycle.flow = flow_type()
+    emitter.writer = direct = object()
+    maker = tt.sinks(table)
+    assert maker is not None
+    sink = maker(b"<", b">", emitter, direct, cycle, choice)
+    assert sink(7) is True and sink(7) is True
+    change(cycle, emitter)
+    assert sink(7) is False, why
+    assert len(cycle.transport.written) == 2 and choice.completion_tokens == 7
+
+
 @needs_c
 @pytest.mark.parametrize("token", [11, -1, 2**70, "7", 7.0])
 def test_a_sink_refuses_a_token_outside_the_table(token: Any) -> None:
