@@ -67,4 +67,18 @@ static inline int write_slot(PyObject *obj, Py_ssize_t off, PyObject *name, PyOb
     return 0;
 }
 
+/* A callable that can be asked, ahead of a call, to prefetch what the call will touch: its
+ * object starts with these fields, and its type's name is WARMABLE_TYPE. `warm(self, arg,
+ * stage)` only prefetches (never fails, never changes anything); stage 0 reads the object's
+ * own fields, stage 1 (a little later) what those point to. mocker.api._ctext's Sink is one;
+ * mocker.engine._cpass's `deliver` warms the sinks of the outputs ahead of the one it hands
+ * out (the two modules share no other symbol). */
+#define WARMABLE_TYPE "mocker.api._ctext.Sink"
+typedef void (*warmfunc)(PyObject *self, Py_ssize_t arg, int stage);
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    warmfunc warm;
+} Warmable;
+
 #endif

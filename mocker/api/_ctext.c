@@ -207,7 +207,8 @@ static PyTypeObject TextTableType = {
  * the renderer's Python path then takes the output, as it takes every other one. */
 typedef struct {
     PyObject_HEAD
-    vectorcallfunc vectorcall;
+    vectorcallfunc vectorcall; /* (these two first: a Warmable, mocker/_cslots.h) */
+    warmfunc warm;
     TextTable *table;
     PyObject *head, *tail, *emitter, *direct, *cycle, *flow, *write, *choice;
     Py_ssize_t writer_at, count_at; /* emitter.writer's, choice.completion_tokens' slots */
@@ -338,6 +339,47 @@ static PyObject *sink_vectorcall(PyObject *callable, PyObject *const *args, size
     return sink_push((Sink *)callable, args[0]);
 }
 
+/* Prefetch what pushing token `id` will touch (a Warmable's `warm`): stage 0 the objects the
+ * sink names and the token's slot in the table; stage 1 the token's text, and the inline
+ * attribute values of the cycle and flow control (behind the pointer before each object's
+ * header, as CPython 3.11 keeps them). */
+static void sink_warm(PyObject *obj, Py_ssize_t id, int stage)
+{
+    Sink *self = (Sink *)obj;
+    TextTable *table = self->table;
+    int known = id >= 0 && id < table->num_ids;
+    if (stage == 0) {
+        if (self->writer_at >= 0)
+            __builtin_prefetch((char *)self->emitter + self->writer_at);
+        __builtin_prefetch(self->cycle);
+        __builtin_prefetch((char *)self->cycle - 3 * sizeof(PyObject *));
+        __builtin_prefetch(self->flow);
+        __builtin_prefetch((char *)self->flow - 3 * sizeof(PyObject *));
+        __builtin_prefetch(self->choice);
+        if (self->count_at >= 0)
+            __builtin_prefetch((char *)self->choice + self->count_at);
+        __builtin_prefetch(self->write);
+        if (known)
+            __builtin_prefetch(&table->slots[id]);
+        return;
+    }
+    if (known && table->slots[id] != 0)
+        __builtin_prefetch(table->blob + (table->slots[id] >> 8));
+    PyTypeObject *types[2] = {Py_TYPE(self->cycle), Py_TYPE(self->flow)};
+    PyObject *objs[2] = {self->cycle, self->flow};
+    for (int i = 0; i < 2; i++)
+        if (types[i]->tp_flags & Py_TPFLAGS_MANAGED_DICT) {
+            void *values = ((void **)objs[i])[-4]; /* 3.11: the values, then the dict */
+            if (values != NULL)
+                __builtin_prefetch(values);
+        }
+    /* the transport (uvloop's write is a built-in method, asyncio's a bound one) */
+    if (PyCFunction_Check(self->write))
+        __builtin_prefetch(PyCFunction_GET_SELF(self->write));
+    else if (PyMethod_Check(self->write))
+        __builtin_prefetch(PyMethod_GET_SELF(self->write));
+}
+
 static PyObject *sink_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"table", "head", "tail", "emitter", "direct", "cycle", "choice",
@@ -362,6 +404,7 @@ static PyObject *sink_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return NULL;
     }
     self->vectorcall = sink_vectorcall;
+    self->warm = sink_warm;
     self->table = (TextTable *)Py_NewRef(table);
     self->head = Py_NewRef(head);
     self->tail = Py_NewRef(tail);

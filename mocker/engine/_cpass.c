@@ -630,6 +630,95 @@ static PyObject *draws(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
  * nothing to the stream's `sink` when it has one and the sink takes it (returns True), every
  * other one to hand(streams, stream, out). Outputs whose stream is gone or finished are not
  * kept. */
+/* Prefetching the outputs ahead of the one handed out, as `advancer_run` does its requests:
+ * each output's stream, its sink and what the sink touches have left the caches since the
+ * stream's last token (the other streams' writes came between). An output j entries ahead
+ * goes through the stages one step at a time (an entry of `ahead` holds what it found, with
+ * references, so that nothing it names can go away while it waits): its request id's string
+ * (whose hash the lookup reads), its stream, its sink, then the sink's own parts, then what
+ * those point to (the Warmable protocol, mocker/_cslots.h). Prefetching changes nothing:
+ * the hand-out below reads everything again as before. */
+enum { STAGES = 5, RING = STAGES + 1 };
+
+typedef struct {
+    PyObject *stream, *sink; /* new references, or NULL */
+    Py_ssize_t id;           /* the token id, -1 if none */
+} Ahead;
+
+static PyTypeObject *warmable; /* the last type found to be a Warmable (held) */
+
+static int is_warmable(PyTypeObject *type)
+{
+    if (type == warmable)
+        return 1;
+    if (strcmp(type->tp_name, WARMABLE_TYPE) != 0)
+        return 0;
+    Py_INCREF(type);
+    Py_XSETREF(warmable, type);
+    return 1;
+}
+
+/* Output `j` (of n) `stage` steps before it is handed out; stages STAGES .. 1. */
+static void look_ahead(PyObject *streams, PyObject *outputs, Py_ssize_t j, int stage,
+                       Ahead *ahead)
+{
+    if (j >= PyList_GET_SIZE(outputs))
+        return;
+    PyObject *out = PyList_GET_ITEM(outputs, j);
+    if (Py_TYPE(out) != out_layout.type || out_layout.off[0] < 0)
+        return;
+    PyObject *rid = SLOT(out, out_layout.off[0]);
+    if (rid == NULL || !PyUnicode_CheckExact(rid))
+        return;
+    Ahead *a = &ahead[j % RING];
+    switch (stage) {
+    case STAGES:
+        __builtin_prefetch(rid);
+        return;
+    case STAGES - 1: {
+        PyObject *stream = PyDict_GetItemWithError(streams, rid);
+        if (stream == NULL) {
+            PyErr_Clear();
+            return;
+        }
+        Py_XSETREF(a->stream, Py_NewRef(stream));
+        __builtin_prefetch(stream);
+        if (Py_TYPE(stream) == stream_layout.type && stream_layout.off[1] >= 0)
+            __builtin_prefetch((char *)stream + stream_layout.off[1]);
+        return;
+    }
+    case STAGES - 2: {
+        PyObject *stream = a->stream;
+        if (stream == NULL || Py_TYPE(stream) != stream_layout.type || stream_layout.off[1] < 0)
+            return;
+        PyObject *sink = SLOT(stream, stream_layout.off[1]);
+        if (sink == NULL || !is_warmable(Py_TYPE(sink)))
+            return;
+        Py_XSETREF(a->sink, Py_NewRef(sink));
+        __builtin_prefetch(sink);
+        __builtin_prefetch((char *)sink + 64);
+        a->id = -1;
+        PyObject *ids = out_layout.off[2] >= 0 ? SLOT(out, out_layout.off[2]) : NULL;
+        if (ids != NULL && PyList_CheckExact(ids) && PyList_GET_SIZE(ids) == 1 &&
+            PyLong_CheckExact(PyList_GET_ITEM(ids, 0))) {
+            a->id = PyLong_AsSsize_t(PyList_GET_ITEM(ids, 0));
+            if (a->id == -1 && PyErr_Occurred())
+                PyErr_Clear();
+        }
+        return;
+    }
+    default: /* stages 2 and 1: the sink's parts, then theirs */
+        if (a->sink != NULL)
+            ((Warmable *)a->sink)->warm(a->sink, a->id, stage == 2 ? 0 : 1);
+    }
+}
+
+static void release(Ahead *a)
+{
+    Py_CLEAR(a->stream);
+    Py_CLEAR(a->sink);
+}
+
 static PyObject *deliver(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 3) {
@@ -644,10 +733,18 @@ static PyObject *deliver(PyObject *Py_UNUSED(module), PyObject *const *args, Py_
     PyObject *kept = NULL;
     PyObject *const out_names[3] = {str_request_id, str_finished, str_new_token_ids};
     PyObject *const stream_names[2] = {str_finished, str_sink};
+    Ahead ahead[RING] = {{NULL, NULL, -1}};
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(outputs); i++) {
         PyObject *out = Py_NewRef(PyList_GET_ITEM(outputs, i));
         PyObject *stream = NULL, *sink = NULL;
         layout_of(&out_layout, Py_TYPE(out), out_names, 3);
+        if (i == 0) /* the first outputs: the stages they had no steps for, at once */
+            for (Py_ssize_t j = 0; j < STAGES; j++)
+                for (int stage = STAGES; stage > j; stage--)
+                    look_ahead(streams, outputs, j, stage, ahead);
+        for (int stage = STAGES; stage >= 1; stage--)
+            look_ahead(streams, outputs, i + stage, stage, ahead);
+        release(&ahead[i % RING]);
         const Py_ssize_t *o = out_layout.off;
         PyObject *rid = read_slot(out, o[0], str_request_id);
         if (rid == NULL)
@@ -714,8 +811,12 @@ static PyObject *deliver(PyObject *Py_UNUSED(module), PyObject *const *args, Py_
         Py_XDECREF(stream);
         Py_XDECREF(sink);
         Py_XDECREF(kept);
+        for (int k = 0; k < RING; k++)
+            release(&ahead[k]);
         return NULL;
     }
+    for (int k = 0; k < RING; k++)
+        release(&ahead[k]);
     if (kept == NULL)
         Py_RETURN_NONE;
     return kept;
