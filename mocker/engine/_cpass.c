@@ -405,7 +405,7 @@ fail:
  * the objects its slots name NEAR_AHEAD entries on; the loads then overlap other requests'
  * work. A prefetch never faults and changes nothing; a slot not of the expected type is
  * simply not followed. */
-enum { FAR_AHEAD = 8, NEAR_AHEAD = 4, ITEM_AHEAD = 2, TOKEN_AHEAD = 1, REQUEST_LINES = 6 };
+enum { FAR_AHEAD = 16, NEAR_AHEAD = 8, ITEM_AHEAD = 4, TOKEN_AHEAD = 2, REQUEST_LINES = 6 };
 
 static inline void prefetch_request(PyObject *req)
 {
@@ -632,17 +632,26 @@ static PyObject *draws(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
  * kept. */
 /* Prefetching the outputs ahead of the one handed out, as `advancer_run` does its requests:
  * each output's stream, its sink and what the sink touches have left the caches since the
- * stream's last token (the other streams' writes came between). An output j entries ahead
- * goes through the stages one step at a time (an entry of `ahead` holds what it found, with
- * references, so that nothing it names can go away while it waits): its request id's string
- * (whose hash the lookup reads), its stream, its sink, then the sink's own parts, then what
- * those point to (the Warmable protocol, mocker/_cslots.h). Prefetching changes nothing:
- * the hand-out below reads everything again as before. */
-enum { STAGES = 5, RING = STAGES + 1 };
+ * stream's last token (the other streams' writes came between). An output `stage` entries
+ * ahead goes through one stage a step, each reading what the one before fetched: the output
+ * and its request id's string (whose hash the lookup reads), its stream, its sink, the
+ * sink's own parts, then what those point to (the Warmable protocol, mocker/_cslots.h).
+ * Prefetching changes nothing: the hand-out below reads everything again as before.
+ *
+ * What a stage found is kept for the next in `Ahead`. Taking a reference to a stream or a
+ * sink the moment it is found would write to a line that is not there yet (the stall this
+ * is here to avoid), so each is first kept borrowed, with what proves it alive at the next
+ * step: the stream while the dict is unchanged (its version tag: any insertion or removal
+ * changes it), then held; the sink while the held stream still names it, then held. */
+enum { STAGES = 6, RING = STAGES + 1 };
 
 typedef struct {
-    PyObject *stream, *sink; /* new references, or NULL */
-    Py_ssize_t id;           /* the token id, -1 if none */
+    PyObject *found;  /* the stream found, borrowed (alive while the dict's version is) */
+    uint64_t version; /* the dict's version when it was found */
+    PyObject *stream; /* a new reference, or NULL */
+    PyObject *named;  /* the stream's sink, borrowed (alive while `stream` names it) */
+    PyObject *sink;   /* a new reference, or NULL */
+    Py_ssize_t id;    /* the token id, -1 if none */
 } Ahead;
 
 static PyTypeObject *warmable; /* the last type found to be a Warmable (held) */
@@ -658,65 +667,90 @@ static int is_warmable(PyTypeObject *type)
     return 1;
 }
 
-/* Output `j` (of n) `stage` steps before it is handed out; stages STAGES .. 1. */
+static void release(Ahead *a)
+{
+    Py_CLEAR(a->stream);
+    Py_CLEAR(a->sink);
+    a->found = a->named = NULL;
+    a->id = -1;
+}
+
+/* Output `j`, `stage` steps before it is handed out (stages STAGES .. 1). */
 static void look_ahead(PyObject *streams, PyObject *outputs, Py_ssize_t j, int stage,
                        Ahead *ahead)
 {
     if (j >= PyList_GET_SIZE(outputs))
         return;
     PyObject *out = PyList_GET_ITEM(outputs, j);
+    if (stage == STAGES) {
+        __builtin_prefetch(out);
+        return;
+    }
     if (Py_TYPE(out) != out_layout.type || out_layout.off[0] < 0)
         return;
     PyObject *rid = SLOT(out, out_layout.off[0]);
+    if (stage == STAGES - 1) {
+        __builtin_prefetch(rid); /* (a prefetch never faults: checked at the next stage) */
+        return;
+    }
     if (rid == NULL || !PyUnicode_CheckExact(rid))
         return;
     Ahead *a = &ahead[j % RING];
+    PyDictObject *dict = (PyDictObject *)streams;
     switch (stage) {
-    case STAGES:
-        __builtin_prefetch(rid);
-        return;
-    case STAGES - 1: {
+    case STAGES - 2: {
         PyObject *stream = PyDict_GetItemWithError(streams, rid);
         if (stream == NULL) {
             PyErr_Clear();
             return;
         }
-        Py_XSETREF(a->stream, Py_NewRef(stream));
-        __builtin_prefetch(stream);
+        a->found = stream;
+        a->version = dict->ma_version_tag;
+        __builtin_prefetch(stream, 1); /* (for the reference taken next) */
         if (Py_TYPE(stream) == stream_layout.type && stream_layout.off[1] >= 0)
             __builtin_prefetch((char *)stream + stream_layout.off[1]);
+        /* and the token's int, read two stages on */
+        PyObject *ids = out_layout.off[2] >= 0 ? SLOT(out, out_layout.off[2]) : NULL;
+        if (ids != NULL && PyList_CheckExact(ids) && PyList_GET_SIZE(ids) == 1)
+            __builtin_prefetch(PyList_GET_ITEM(ids, 0));
         return;
     }
-    case STAGES - 2: {
-        PyObject *stream = a->stream;
-        if (stream == NULL || Py_TYPE(stream) != stream_layout.type || stream_layout.off[1] < 0)
+    case STAGES - 3: {
+        PyObject *stream = a->found;
+        if (stream == NULL || dict->ma_version_tag != a->version)
+            return; /* (the dict changed: the stream may be gone) */
+        Py_XSETREF(a->stream, Py_NewRef(stream));
+        if (Py_TYPE(stream) != stream_layout.type || stream_layout.off[1] < 0)
             return;
         PyObject *sink = SLOT(stream, stream_layout.off[1]);
-        if (sink == NULL || !is_warmable(Py_TYPE(sink)))
+        if (sink != NULL) {
+            a->named = sink;
+            __builtin_prefetch(sink, 1);
+            __builtin_prefetch((char *)sink + 64);
+        }
+        return;
+    }
+    case STAGES - 4: {
+        PyObject *stream = a->stream;
+        if (stream == NULL || a->named == NULL || Py_TYPE(stream) != stream_layout.type ||
+            SLOT(stream, stream_layout.off[1]) != a->named || !is_warmable(Py_TYPE(a->named)))
             return;
-        Py_XSETREF(a->sink, Py_NewRef(sink));
-        __builtin_prefetch(sink);
-        __builtin_prefetch((char *)sink + 64);
-        a->id = -1;
+        Py_XSETREF(a->sink, Py_NewRef(a->named));
         PyObject *ids = out_layout.off[2] >= 0 ? SLOT(out, out_layout.off[2]) : NULL;
+        a->id = -1;
         if (ids != NULL && PyList_CheckExact(ids) && PyList_GET_SIZE(ids) == 1 &&
             PyLong_CheckExact(PyList_GET_ITEM(ids, 0))) {
             a->id = PyLong_AsSsize_t(PyList_GET_ITEM(ids, 0));
             if (a->id == -1 && PyErr_Occurred())
                 PyErr_Clear();
         }
+        ((Warmable *)a->sink)->warm(a->sink, a->id, 0);
         return;
     }
-    default: /* stages 2 and 1: the sink's parts, then theirs */
+    default: /* the last: what the sink's parts point to */
         if (a->sink != NULL)
-            ((Warmable *)a->sink)->warm(a->sink, a->id, stage == 2 ? 0 : 1);
+            ((Warmable *)a->sink)->warm(a->sink, a->id, 1);
     }
-}
-
-static void release(Ahead *a)
-{
-    Py_CLEAR(a->stream);
-    Py_CLEAR(a->sink);
 }
 
 static PyObject *deliver(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
@@ -733,7 +767,11 @@ static PyObject *deliver(PyObject *Py_UNUSED(module), PyObject *const *args, Py_
     PyObject *kept = NULL;
     PyObject *const out_names[3] = {str_request_id, str_finished, str_new_token_ids};
     PyObject *const stream_names[2] = {str_finished, str_sink};
-    Ahead ahead[RING] = {{NULL, NULL, -1}};
+    Ahead ahead[RING];
+    for (int k = 0; k < RING; k++) {
+        ahead[k].stream = ahead[k].sink = NULL;
+        release(&ahead[k]);
+    }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(outputs); i++) {
         PyObject *out = Py_NewRef(PyList_GET_ITEM(outputs, i));
         PyObject *stream = NULL, *sink = NULL;
