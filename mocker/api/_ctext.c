@@ -365,14 +365,15 @@ static void sink_warm(PyObject *obj, Py_ssize_t id, int stage)
     }
     if (known && table->slots[id] != 0)
         __builtin_prefetch(table->blob + (table->slots[id] >> 8));
-    PyTypeObject *types[2] = {Py_TYPE(self->cycle), Py_TYPE(self->flow)};
+#if PY_VERSION_HEX < 0x030C0000 /* (3.11's layout; later versions keep them elsewhere) */
     PyObject *objs[2] = {self->cycle, self->flow};
     for (int i = 0; i < 2; i++)
-        if (types[i]->tp_flags & Py_TPFLAGS_MANAGED_DICT) {
-            void *values = ((void **)objs[i])[-4]; /* 3.11: the values, then the dict */
+        if (Py_TYPE(objs[i])->tp_flags & Py_TPFLAGS_MANAGED_DICT) {
+            void *values = ((void **)objs[i])[-4]; /* the values, then the dict */
             if (values != NULL)
                 __builtin_prefetch(values);
         }
+#endif
     /* the transport (uvloop's write is a built-in method, asyncio's a bound one) */
     if (PyCFunction_Check(self->write))
         __builtin_prefetch(PyCFunction_GET_SELF(self->write));

@@ -645,6 +645,10 @@ static PyObject *draws(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
  * changes it), then held; the sink while the held stream still names it, then held. */
 enum { STAGES = 6, RING = STAGES + 1 };
 
+#if PY_VERSION_HEX < 0x030C0000
+#define DICT_VERSION(d) ((d)->ma_version_tag)
+#endif /* (3.12 deprecates the tag: there a stream is held from the stage that finds it) */
+
 typedef struct {
     PyObject *found;  /* the stream found, borrowed (alive while the dict's version is) */
     uint64_t version; /* the dict's version when it was found */
@@ -697,6 +701,7 @@ static void look_ahead(PyObject *streams, PyObject *outputs, Py_ssize_t j, int s
         return;
     Ahead *a = &ahead[j % RING];
     PyDictObject *dict = (PyDictObject *)streams;
+    (void)dict; /* (read only where the dict's version tag is) */
     switch (stage) {
     case STAGES - 2: {
         PyObject *stream = PyDict_GetItemWithError(streams, rid);
@@ -704,8 +709,12 @@ static void look_ahead(PyObject *streams, PyObject *outputs, Py_ssize_t j, int s
             PyErr_Clear();
             return;
         }
+#ifdef DICT_VERSION
         a->found = stream;
-        a->version = dict->ma_version_tag;
+        a->version = DICT_VERSION(dict);
+#else
+        Py_XSETREF(a->stream, Py_NewRef(stream));
+#endif
         __builtin_prefetch(stream, 1); /* (for the reference taken next) */
         if (Py_TYPE(stream) == stream_layout.type && stream_layout.off[1] >= 0)
             __builtin_prefetch((char *)stream + stream_layout.off[1]);
@@ -716,11 +725,13 @@ static void look_ahead(PyObject *streams, PyObject *outputs, Py_ssize_t j, int s
         return;
     }
     case STAGES - 3: {
-        PyObject *stream = a->found;
-        if (stream == NULL || dict->ma_version_tag != a->version)
+#ifdef DICT_VERSION
+        if (a->found == NULL || DICT_VERSION(dict) != a->version)
             return; /* (the dict changed: the stream may be gone) */
-        Py_XSETREF(a->stream, Py_NewRef(stream));
-        if (Py_TYPE(stream) != stream_layout.type || stream_layout.off[1] < 0)
+        Py_XSETREF(a->stream, Py_NewRef(a->found));
+#endif
+        PyObject *stream = a->stream;
+        if (stream == NULL || Py_TYPE(stream) != stream_layout.type || stream_layout.off[1] < 0)
             return;
         PyObject *sink = SLOT(stream, stream_layout.off[1]);
         if (sink != NULL) {
