@@ -5,9 +5,11 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections.abc import Collection, Sequence
+from functools import cache
 from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 
 from mocker.kv.compiled_pool import use_compiled
 from mocker.mixing import GOLDEN, MASK64, splitmix64_array
@@ -29,23 +31,32 @@ __all__ = ["OutputTokenSampler", "palette_rank", "palette_ranks"]
 # Which palette entry a mixed 64-bit draw picks: a Zipf-like law, as words in text. The
 # palette is in token-id order, and a BPE vocabulary numbers its tokens in merge order, so
 # its first entries are its most frequent words (" the", " and"...). Rank r is drawn with
-# probability ~ 1/r: one of the palette's B = n.bit_length() octaves [2^e, 2^(e+1)) from the
-# draw's low 32 bits, then uniformly inside it from the high 32. Integer arithmetic only, so
-# the numpy reference, the big-int path and the compiled draws agree bit for bit. Besides
-# reading like text, it keeps a streamed token's int, text-table slot and text in the caches
-# for most tokens (two thirds of draws fall on the first ~1,000 words), where a uniform draw
-# over 26k words missed them three times a token.
+# probability ~ 1/r: one of the palette's B = n.bit_length() octaves [2^e - 1, 2^(e+1) - 1)
+# from the draw's low 32 bits, then uniformly inside it from the high 32, each by a
+# multiply-shift (x * k >> 32 maps 32 bits onto [0, k) without a division). Integer
+# arithmetic only, so the numpy reference, the big-int path and the compiled draws agree bit
+# for bit. Besides reading like text, it keeps a streamed token's int, text-table slot and
+# text in the caches for most tokens (two thirds of draws fall on the first ~1,000 words),
+# where a uniform draw over 26k words missed them three times a token.
 def palette_rank(m: int, n: int) -> int:
-    """The palette index (< n) the mixed draw `m` picks."""
-    lo = 1 << ((m & 0xFFFFFFFF) % n.bit_length())
-    return lo - 1 + (m >> 32) % (min(lo << 1, n + 1) - lo)
+    """The palette index (< n) the mixed draw `m` (64 bits) picks."""
+    first = (1 << (((m & 0xFFFFFFFF) * n.bit_length()) >> 32)) - 1
+    size = min(2 * first + 1, n) - first
+    return first + (((m >> 32) * size) >> 32)
 
 
-def palette_ranks(m: np.ndarray, n: int) -> np.ndarray:
+@cache
+def _octaves(n: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+    """Each octave's first rank and its size, for a palette of n."""
+    first = (1 << np.arange(n.bit_length(), dtype=np.uint64)) - np.uint64(1)
+    return first, np.minimum(first * np.uint64(2) + np.uint64(1), np.uint64(n)) - first
+
+
+def palette_ranks(m: npt.NDArray[np.uint64], n: int) -> npt.NDArray[np.uint64]:
     """`palette_rank` over a uint64 array."""
-    lo = np.left_shift(np.uint64(1), (m & np.uint64(0xFFFFFFFF)) % np.uint64(n.bit_length()))
-    size = np.minimum(lo << np.uint64(1), np.uint64(n + 1)) - lo
-    return lo - np.uint64(1) + (m >> np.uint64(32)) % size
+    first, size = _octaves(n)
+    e = ((m & np.uint64(0xFFFFFFFF)) * np.uint64(len(first))) >> np.uint64(32)
+    return first[e] + (((m >> np.uint64(32)) * size[e]) >> np.uint64(32))
 
 
 class OutputTokenSampler:
@@ -58,7 +69,9 @@ class OutputTokenSampler:
     """
 
     __slots__ = (
+        "_ccolumn",
         "_cdraws",
+        "_crows",
         "_eos_threshold",
         "_palette",
         "_palette_array",
@@ -89,7 +102,10 @@ class OutputTokenSampler:
         # Compare 53-bit uniforms as integers: u < p  ⇔  bits < p·2^53.
         self._eos_threshold = int(eos_probability * (1 << 53))
         built = _cpass is not None
-        self._cdraws = _cpass.draws if use_compiled(_COMPILED, built, compiled) else None
+        on = use_compiled(_COMPILED, built, compiled)
+        self._cdraws = _cpass.draws if on else None
+        self._crows = _cpass.rows if on else None
+        self._ccolumn = _cpass.column if on else None
 
     @property
     def can_end_early(self) -> bool:
@@ -118,8 +134,11 @@ class OutputTokenSampler:
             e = ((e ^ (e >> 27)) * 0x94D049BB133111EB) & MASK64
             if ((e ^ (e >> 31)) >> 11) < threshold:
                 return self.eos_token_id
+        # palette_rank, inlined as the mixer is (tests/test_output_tokens.py checks it)
         palette = self._palette
-        return palette[palette_rank(x, len(palette))]
+        n = len(palette)
+        first = (1 << (((x & 0xFFFFFFFF) * n.bit_length()) >> 32)) - 1
+        return palette[first + (((x >> 32) * (min(2 * first + 1, n) - first)) >> 32)]
 
     def tokens(self, request_seed: int, start: int, count: int) -> list[int]:
         """Tokens at output positions start .. start+count-1 where EOS is not allowed: the
@@ -156,13 +175,17 @@ class OutputTokenSampler:
         for a whole batch (a run of decode passes) instead of one per request. Each row is an
         array('I'), not a list: no int object per token (a replay's requests append slices
         of it to their own array of ids as copies of bytes)."""
-        if count <= 0:
+        if count <= 0 or not request_seeds:
             return [array("I") for _ in request_seeds]
+        flat = array("I")
+        if self._crows is not None:  # the same in C (this numpy code is its reference)
+            flat.frombytes(self._crows(list(request_seeds), list(starts), count,
+                                       self._palette_ids))  # fmt: skip
+            return [flat[k : k + count] for k in range(0, len(flat), count)]
         x = np.asarray([s & MASK64 for s in request_seeds], dtype=np.uint64)
         x = x + np.asarray(starts, dtype=np.uint64)
         x = x[:, None] + np.arange(count, dtype=np.uint64)[None, :]
         index = palette_ranks(splitmix64_array(x), len(self._palette))
-        flat = array("I")
         flat.frombytes(memoryview(self._palette_ids[index]).cast("B"))
         return [flat[k : k + count] for k in range(0, len(flat), count)]
 
@@ -170,6 +193,9 @@ class OutputTokenSampler:
         """`token(seed, index, False)` for each (seed, index) pair, as one array computation:
         a pass's tokens for many requests at once (a replay's stepped passes, where no EOS
         can be drawn)."""
+        if self._ccolumn is not None:  # the same in C (this numpy code is its reference)
+            column_c: list[int] = self._ccolumn(list(request_seeds), list(indexes), self._palette)
+            return column_c
         x = np.asarray(request_seeds, dtype=np.uint64) + np.asarray(indexes, dtype=np.uint64)
         index = palette_ranks(splitmix64_array(x), len(self._palette))
         column: list[int] = self._palette_array[index].tolist()

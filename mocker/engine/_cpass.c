@@ -406,6 +406,9 @@ fail:
  * work. A prefetch never faults and changes nothing; a slot not of the expected type is
  * simply not followed. */
 enum { FAR_AHEAD = 16, NEAR_AHEAD = 8, ITEM_AHEAD = 4, TOKEN_AHEAD = 2, REQUEST_LINES = 6 };
+/* Smaller passes (a replay's engines run a few requests each) stay in the caches from one
+ * pass to the next, and the cursors' walk would cost them more than it could save. */
+enum { PREFETCH_FROM = 32 };
 
 static inline void prefetch_request(PyObject *req)
 {
@@ -507,15 +510,17 @@ static PyObject *advancer_run(Advancer *self, PyObject *const *args, Py_ssize_t 
     PyObject *req, *num;
     /* Cursors ahead of this one, each fetching the next link of a request's chain (see
      * `prefetch_request`); the first few requests are fetched as the cursors start. */
-    Cursor far, near, item, tok_at;
+    Cursor far = {0, 0}, near = {0, 0}, item = {0, 0}, tok_at = {0, 0};
     PyObject *ahead;
-    for (int i = 1; i <= FAR_AHEAD; i++)
-        if ((ahead = cursor_start(&far, scheduled, i)) != NULL)
-            prefetch_request(ahead);
-    cursor_start(&far, scheduled, FAR_AHEAD);
-    cursor_start(&near, scheduled, NEAR_AHEAD);
-    cursor_start(&item, scheduled, ITEM_AHEAD);
-    cursor_start(&tok_at, scheduled, TOKEN_AHEAD);
+    if (PyDict_GET_SIZE(scheduled) >= PREFETCH_FROM) {
+        cursor_start(&far, scheduled, 0);
+        for (int i = 0; i < FAR_AHEAD; i++)
+            if ((ahead = cursor_next(&far, scheduled)) != NULL)
+                prefetch_request(ahead);
+        cursor_start(&near, scheduled, NEAR_AHEAD);
+        cursor_start(&item, scheduled, ITEM_AHEAD);
+        cursor_start(&tok_at, scheduled, TOKEN_AHEAD);
+    }
     while (PyDict_Next(scheduled, &pos, &req, &num)) {
         if ((ahead = cursor_next(&far, scheduled)) != NULL)
             prefetch_request(ahead);
@@ -563,12 +568,20 @@ static inline uint64_t mix(uint64_t x)
 }
 
 /* mocker.output_tokens.palette_rank: an octave of the palette from the low 32 bits, then an
- * entry inside it from the high 32 (a Zipf-like law; see there why). */
+ * entry inside it from the high 32, each by a multiply-shift (a Zipf-like law; see there). */
 static inline uint64_t rank(uint64_t m, uint64_t n, uint64_t octaves)
 {
-    uint64_t lo = (uint64_t)1 << ((m & 0xFFFFFFFFu) % octaves);
-    uint64_t hi = lo << 1 < n + 1 ? lo << 1 : n + 1;
-    return lo - 1 + (m >> 32) % (hi - lo);
+    uint64_t first = ((uint64_t)1 << (((m & 0xFFFFFFFFu) * octaves) >> 32)) - 1;
+    uint64_t end = 2 * first + 1 < n ? 2 * first + 1 : n;
+    return first + (((m >> 32) * (end - first)) >> 32);
+}
+
+static uint64_t octaves_of(uint64_t n)
+{
+    uint64_t octaves = 0; /* n.bit_length() */
+    for (uint64_t v = n; v; v >>= 1)
+        octaves++;
+    return octaves;
 }
 
 /* draws(seed, start, count, eos_from, palette, eos_token_id, eos_threshold) -> list
@@ -604,10 +617,7 @@ static PyObject *draws(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
     }
     if (count < 0)
         count = 0;
-    uint64_t n = (uint64_t)PyList_GET_SIZE(palette);
-    uint64_t octaves = 0; /* n.bit_length() */
-    for (uint64_t v = n; v; v >>= 1)
-        octaves++;
+    uint64_t n = (uint64_t)PyList_GET_SIZE(palette), octaves = octaves_of(n);
     PyObject *out = PyList_New(count);
     if (out == NULL)
         return NULL;
@@ -620,6 +630,113 @@ static PyObject *draws(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
         Py_INCREF(tok);
         PyList_SET_ITEM(out, i, tok);
     }
+    return out;
+}
+
+/* A list of ints' values masked to 64 bits (seed + index wraps as numpy's uint64 does), in a
+ * new buffer of `n`; NULL with an error set. */
+static uint64_t *u64s(PyObject *list, Py_ssize_t n, const char *who)
+{
+    if (!PyList_CheckExact(list) || PyList_GET_SIZE(list) != n) {
+        PyErr_Format(PyExc_TypeError, "%s: lists of %zd ints", who, n);
+        return NULL;
+    }
+    uint64_t *out = PyMem_Malloc((n ? n : 1) * sizeof(uint64_t));
+    if (out == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyList_GET_ITEM(list, i);
+        if (!PyLong_Check(v)) {
+            PyMem_Free(out);
+            PyErr_Format(PyExc_TypeError, "%s: lists of %zd ints", who, n);
+            return NULL;
+        }
+        out[i] = PyLong_AsUnsignedLongLongMask(v);
+        if (out[i] == (uint64_t)-1 && PyErr_Occurred()) {
+            PyMem_Free(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+/* rows(seeds, starts, count, palette_ids) -> bytes
+ *
+ * OutputTokenSampler.token_rows (its numpy code is the reference): for each request i, the
+ * ids palette_ids[palette_rank(splitmix64(seeds[i] + starts[i] + k))] for k < count, row
+ * after row, as native uint32 (an array('I')'s bytes). `palette_ids`: a buffer of uint32. */
+static PyObject *rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyList_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "rows(seeds, starts, count, palette_ids)");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(args[0]), count = PyLong_AsSsize_t(args[2]);
+    if (count == -1 && PyErr_Occurred())
+        return NULL;
+    if (count < 0)
+        count = 0;
+    Py_buffer ids;
+    if (PyObject_GetBuffer(args[3], &ids, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return NULL;
+    PyObject *out = NULL;
+    uint64_t *seeds = NULL, *starts = NULL;
+    if (ids.itemsize != 4 || ids.len == 0) {
+        PyErr_SetString(PyExc_TypeError, "rows: palette_ids must be a non-empty uint32 buffer");
+        goto done;
+    }
+    if ((seeds = u64s(args[0], n, "rows")) == NULL || (starts = u64s(args[1], n, "rows")) == NULL)
+        goto done;
+    if (count > 0 && n > PY_SSIZE_T_MAX / 4 / count) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    out = PyBytes_FromStringAndSize(NULL, n * count * 4);
+    if (out == NULL)
+        goto done;
+    const uint32_t *palette = ids.buf;
+    uint64_t size = (uint64_t)(ids.len / 4), octaves = octaves_of(size);
+    uint32_t *to = (uint32_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t x = seeds[i] + starts[i];
+        for (Py_ssize_t k = 0; k < count; k++)
+            *to++ = palette[rank(mix(x + (uint64_t)k), size, octaves)];
+    }
+done:
+    PyMem_Free(seeds);
+    PyMem_Free(starts);
+    PyBuffer_Release(&ids);
+    return out;
+}
+
+/* column(seeds, indexes, palette) -> list
+ *
+ * OutputTokenSampler.token_column (its numpy code is the reference): for each pair,
+ * palette[palette_rank(splitmix64(seeds[i] + indexes[i]))], the palette's own ints. */
+static PyObject *column(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[2]) ||
+        PyList_GET_SIZE(args[2]) == 0) {
+        PyErr_SetString(PyExc_TypeError, "column(seeds, indexes, palette): lists");
+        return NULL;
+    }
+    PyObject *palette = args[2];
+    Py_ssize_t n = PyList_GET_SIZE(args[0]);
+    uint64_t *seeds = u64s(args[0], n, "column"), *indexes = NULL;
+    if (seeds == NULL || (indexes = u64s(args[1], n, "column")) == NULL) {
+        PyMem_Free(seeds);
+        return NULL;
+    }
+    uint64_t size = (uint64_t)PyList_GET_SIZE(palette), octaves = octaves_of(size);
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        PyObject *tok = PyList_GET_ITEM(palette, rank(mix(seeds[i] + indexes[i]), size, octaves));
+        PyList_SET_ITEM(out, i, Py_NewRef(tok));
+    }
+    PyMem_Free(seeds);
+    PyMem_Free(indexes);
     return out;
 }
 
@@ -779,6 +896,7 @@ static PyObject *deliver(PyObject *Py_UNUSED(module), PyObject *const *args, Py_
     PyObject *const out_names[3] = {str_request_id, str_finished, str_new_token_ids};
     PyObject *const stream_names[2] = {str_finished, str_sink};
     Ahead ahead[RING];
+    int warm = PyList_GET_SIZE(outputs) >= PREFETCH_FROM;
     for (int k = 0; k < RING; k++) {
         ahead[k].stream = ahead[k].sink = NULL;
         release(&ahead[k]);
@@ -787,13 +905,15 @@ static PyObject *deliver(PyObject *Py_UNUSED(module), PyObject *const *args, Py_
         PyObject *out = Py_NewRef(PyList_GET_ITEM(outputs, i));
         PyObject *stream = NULL, *sink = NULL;
         layout_of(&out_layout, Py_TYPE(out), out_names, 3);
-        if (i == 0) /* the first outputs: the stages they had no steps for, at once */
-            for (Py_ssize_t j = 0; j < STAGES; j++)
-                for (int stage = STAGES; stage > j; stage--)
-                    look_ahead(streams, outputs, j, stage, ahead);
-        for (int stage = STAGES; stage >= 1; stage--)
-            look_ahead(streams, outputs, i + stage, stage, ahead);
-        release(&ahead[i % RING]);
+        if (warm) {
+            if (i == 0) /* the first outputs: the stages they had no steps for, at once */
+                for (Py_ssize_t j = 0; j < STAGES; j++)
+                    for (int stage = STAGES; stage > j; stage--)
+                        look_ahead(streams, outputs, j, stage, ahead);
+            for (int stage = STAGES; stage >= 1; stage--)
+                look_ahead(streams, outputs, i + stage, stage, ahead);
+            release(&ahead[i % RING]);
+        }
         const Py_ssize_t *o = out_layout.off;
         PyObject *rid = read_slot(out, o[0], str_request_id);
         if (rid == NULL)
@@ -874,6 +994,10 @@ static PyObject *deliver(PyObject *Py_UNUSED(module), PyObject *const *args, Py_
 static PyMethodDef module_methods[] = {
     {"draws", (PyCFunction)(void (*)(void))draws, METH_FASTCALL,
      "draws(seed, start, count, eos_from, palette, eos_token_id, eos_threshold) -> list"},
+    {"rows", (PyCFunction)(void (*)(void))rows, METH_FASTCALL,
+     "rows(seeds, starts, count, palette_ids) -> bytes of uint32"},
+    {"column", (PyCFunction)(void (*)(void))column, METH_FASTCALL,
+     "column(seeds, indexes, palette) -> list"},
     {"deliver", (PyCFunction)(void (*)(void))deliver, METH_FASTCALL,
      "deliver(streams, outputs, hand) -> the kept outputs, or None when every one was kept"},
     {NULL, NULL, 0, NULL},

@@ -13,6 +13,9 @@ def draws(
     eos_threshold: int,
 ) -> list[int]: ...
 
+def rows(seeds: list[int], starts: list[int], count: int, palette_ids: Any) -> bytes: ...
+def column(seeds: list[int], indexes: list[int], palette: list[int]) -> list[int]: ...
+
 class Advancer:
     def __init__(
         self,

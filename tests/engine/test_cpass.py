@@ -294,6 +294,43 @@ def test_draws_equal_numpy(threshold: int) -> None:
         assert all(t in palette or t == eos for t in a)
 
 
+@pytest.mark.parametrize("size", [1, 2, 7, 500, 1024, 26_380])
+def test_rows_and_columns_equal_numpy(size: int) -> None:
+    """A replay's decode rows and stepped passes' columns, drawn in C, are the numpy code's."""
+    rng = random.Random(size)
+    palette = rng.sample(range(3, 60_000), size)
+    compiled = OutputTokenSampler(palette, 2, 0.0, 1, compiled=True)
+    reference = OutputTokenSampler(palette, 2, 0.0, 1, compiled=False)
+    assert compiled._crows is not None and reference._crows is None
+    for _ in range(40):
+        n = rng.choice([0, 1, rng.randrange(40)])
+        seeds = [rng.choice([0, (1 << 64) - 1, rng.getrandbits(64)]) for _ in range(n)]
+        starts = [rng.choice([0, rng.randrange(1 << 20), (1 << 62) - 300]) for _ in range(n)]
+        count = rng.choice([0, 1, rng.randrange(70)])
+        assert compiled.token_rows(seeds, starts, count) == reference.token_rows(seeds, starts, count)
+        assert compiled.token_column(seeds, starts) == reference.token_column(seeds, starts)
+    seeds = [rng.getrandbits(64) for _ in range(3)]
+    assert compiled.token_column(seeds, [5, 6, 7]) == [
+        compiled.token(seed, k, False) for seed, k in zip(seeds, [5, 6, 7], strict=True)
+    ]
+
+
+def test_rows_and_column_refuse_bad_arguments() -> None:
+    with pytest.raises(TypeError, match="rows"):
+        _cpass.rows([1], [0, 1], 3, array("I", [5]))
+    with pytest.raises(TypeError, match="uint32"):
+        _cpass.rows([1], [0], 3, array("Q", [5]))
+    with pytest.raises(TypeError, match="uint32"):
+        _cpass.rows([1], [0], 3, array("I"))
+    with pytest.raises(TypeError, match="ints"):
+        _cpass.rows(["1"], [0], 3, array("I", [5]))
+    assert _cpass.rows([1, 2], [0, 0], -1, array("I", [5])) == b""
+    with pytest.raises(TypeError, match="column"):
+        _cpass.column([1], [0], [])
+    with pytest.raises(TypeError, match="ints"):
+        _cpass.column([1], [0, 1], [5])
+
+
 def test_draws_refuses_bad_arguments() -> None:
     draws = _cpass.draws
     assert draws(1, 0, -3, 0, [5], 2, 0) == []
