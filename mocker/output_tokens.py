@@ -31,25 +31,31 @@ __all__ = ["OutputTokenSampler", "palette_rank", "palette_ranks"]
 # Which palette entry a mixed 64-bit draw picks: a Zipf-like law, as words in text. The
 # palette is in token-id order, and a BPE vocabulary numbers its tokens in merge order, so
 # its first entries are its most frequent words (" the", " and"...). Rank r is drawn with
-# probability ~ 1/r: one of the palette's B = n.bit_length() octaves [2^e - 1, 2^(e+1) - 1)
-# from the draw's low 32 bits, then uniformly inside it from the high 32, each by a
-# multiply-shift (x * k >> 32 maps 32 bits onto [0, k) without a division). Integer
-# arithmetic only, so the numpy reference, the big-int path and the compiled draws agree bit
-# for bit. Besides reading like text, it keeps a streamed token's int, text-table slot and
-# text in the caches for most tokens (two thirds of draws fall on the first ~1,000 words),
-# where a uniform draw over 26k words missed them three times a token.
+# probability ~ 1/r: one of the palette's B = (n + 1).bit_length() - 1 octaves
+# [2^e - 1, 2^(e+1) - 1) (the last one running on to n, so that no entry outweighs the
+# octaves before it) from the draw's low 32 bits, then uniformly inside it from the high 32,
+# each by a multiply-shift (x * k >> 32 maps 32 bits onto [0, k) without a division).
+# Integer arithmetic only, so the numpy reference, the big-int path and the compiled draws
+# agree bit for bit (a palette has fewer than 2**32 entries: the products fit 64 bits).
+# Besides reading like text, it keeps a streamed token's int, text-table slot and text in the
+# caches for most tokens (two thirds of draws fall on the first ~1,000 words), where a
+# uniform draw over 26k words missed them three times a token.
 def palette_rank(m: int, n: int) -> int:
     """The palette index (< n) the mixed draw `m` (64 bits) picks."""
-    first = (1 << (((m & 0xFFFFFFFF) * n.bit_length()) >> 32)) - 1
-    size = min(2 * first + 1, n) - first
-    return first + (((m >> 32) * size) >> 32)
+    octaves = (n + 1).bit_length() - 1
+    e = ((m & 0xFFFFFFFF) * octaves) >> 32
+    first = (1 << e) - 1
+    end = n if e + 1 == octaves else 2 * first + 1
+    return first + (((m >> 32) * (end - first)) >> 32)
 
 
 @cache
 def _octaves(n: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
     """Each octave's first rank and its size, for a palette of n."""
-    first = (1 << np.arange(n.bit_length(), dtype=np.uint64)) - np.uint64(1)
-    return first, np.minimum(first * np.uint64(2) + np.uint64(1), np.uint64(n)) - first
+    first = (1 << np.arange((n + 1).bit_length() - 1, dtype=np.uint64)) - np.uint64(1)
+    size = first + np.uint64(1)
+    size[-1] = np.uint64(n) - first[-1]
+    return first, size
 
 
 def palette_ranks(m: npt.NDArray[np.uint64], n: int) -> npt.NDArray[np.uint64]:
@@ -137,8 +143,11 @@ class OutputTokenSampler:
         # palette_rank, inlined as the mixer is (tests/test_output_tokens.py checks it)
         palette = self._palette
         n = len(palette)
-        first = (1 << (((x & 0xFFFFFFFF) * n.bit_length()) >> 32)) - 1
-        return palette[first + (((x >> 32) * (min(2 * first + 1, n) - first)) >> 32)]
+        octaves = (n + 1).bit_length() - 1
+        e = ((x & 0xFFFFFFFF) * octaves) >> 32
+        first = (1 << e) - 1
+        end = n if e + 1 == octaves else 2 * first + 1
+        return palette[first + (((x >> 32) * (end - first)) >> 32)]
 
     def tokens(self, request_seed: int, start: int, count: int) -> list[int]:
         """Tokens at output positions start .. start+count-1 where EOS is not allowed: the

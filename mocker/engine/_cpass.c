@@ -453,12 +453,17 @@ static inline PyObject **next_drawn(Advancer *self, PyObject *req)
         !PyList_CheckExact(tokens) || !PyList_CheckExact(drawn) || !PyLong_CheckExact(prompt) ||
         !PyLong_CheckExact(from))
         return NULL;
-    Py_ssize_t j = PyList_GET_SIZE(tokens) - PyLong_AsSsize_t(prompt) - PyLong_AsSsize_t(from);
-    if (PyErr_Occurred()) {
-        PyErr_Clear();
+    Py_ssize_t p = PyLong_AsSsize_t(prompt), f = p == -1 ? -1 : PyLong_AsSsize_t(from);
+    if (p < 0 || f < 0) { /* (what `plain` would refuse: nothing to fetch) */
+        if (PyErr_Occurred())
+            PyErr_Clear();
         return NULL;
     }
-    return j >= 0 && j < PyList_GET_SIZE(drawn) ? &PyList_GET_ITEM(drawn, j) : NULL;
+    Py_ssize_t j = PyList_GET_SIZE(tokens) - p; /* (a list's size is far from the bounds) */
+    if (j < f)
+        return NULL;
+    j -= f;
+    return j < PyList_GET_SIZE(drawn) ? &PyList_GET_ITEM(drawn, j) : NULL;
 }
 
 /* A cursor `ahead` entries past the loop's in `scheduled` (0 once past the end). */
@@ -568,18 +573,20 @@ static inline uint64_t mix(uint64_t x)
 }
 
 /* mocker.output_tokens.palette_rank: an octave of the palette from the low 32 bits, then an
- * entry inside it from the high 32, each by a multiply-shift (a Zipf-like law; see there). */
+ * entry inside it from the high 32, each by a multiply-shift (a Zipf-like law; see there).
+ * (A palette is below 2**32 entries, token ids being uint32: the products fit 64 bits.) */
 static inline uint64_t rank(uint64_t m, uint64_t n, uint64_t octaves)
 {
-    uint64_t first = ((uint64_t)1 << (((m & 0xFFFFFFFFu) * octaves) >> 32)) - 1;
-    uint64_t end = 2 * first + 1 < n ? 2 * first + 1 : n;
+    uint64_t e = ((m & 0xFFFFFFFFu) * octaves) >> 32;
+    uint64_t first = ((uint64_t)1 << e) - 1;
+    uint64_t end = e + 1 == octaves ? n : 2 * first + 1; /* the last octave runs to n */
     return first + (((m >> 32) * (end - first)) >> 32);
 }
 
 static uint64_t octaves_of(uint64_t n)
 {
-    uint64_t octaves = 0; /* n.bit_length() */
-    for (uint64_t v = n; v; v >>= 1)
+    uint64_t octaves = 0; /* (n + 1).bit_length() - 1 */
+    for (uint64_t v = n + 1; v > 1; v >>= 1)
         octaves++;
     return octaves;
 }
@@ -683,7 +690,10 @@ static PyObject *rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssi
         return NULL;
     PyObject *out = NULL;
     uint64_t *seeds = NULL, *starts = NULL;
-    if (ids.itemsize != 4 || ids.len == 0) {
+    const char *format = ids.format == NULL ? "B" : ids.format;
+    if (*format == '@' || *format == '=' || *format == '<')
+        format++; /* (native, standard or little-endian: this build's is little-endian) */
+    if (ids.itemsize != 4 || ids.len == 0 || strcmp(format, "I") != 0) {
         PyErr_SetString(PyExc_TypeError, "rows: palette_ids must be a non-empty uint32 buffer");
         goto done;
     }
@@ -777,11 +787,17 @@ typedef struct {
 
 static PyTypeObject *warmable; /* the last type found to be a Warmable (held) */
 
+static Py_ssize_t warm_calls; /* sinks warmed (`_warm_calls`: tests see the path run) */
+
+/* Whether `type` is the Warmable: its name, and what only a C extension's static type can
+ * have (a Python class can take any name, not this layout), checked once per type. */
 static int is_warmable(PyTypeObject *type)
 {
     if (type == warmable)
         return 1;
-    if (strcmp(type->tp_name, WARMABLE_TYPE) != 0)
+    if ((type->tp_flags & Py_TPFLAGS_HEAPTYPE) || strcmp(type->tp_name, WARMABLE_TYPE) != 0 ||
+        type->tp_basicsize < (Py_ssize_t)sizeof(Warmable) ||
+        type->tp_vectorcall_offset != offsetof(Warmable, vectorcall))
         return 0;
     Py_INCREF(type);
     Py_XSETREF(warmable, type);
@@ -873,6 +889,7 @@ static void look_ahead(PyObject *streams, PyObject *outputs, Py_ssize_t j, int s
                 PyErr_Clear();
         }
         ((Warmable *)a->sink)->warm(a->sink, a->id, 0);
+        warm_calls++;
         return;
     }
     default: /* the last: what the sink's parts point to */
@@ -991,6 +1008,11 @@ static PyObject *deliver(PyObject *Py_UNUSED(module), PyObject *const *args, Py_
     return kept;
 }
 
+static PyObject *warm_count(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
+{
+    return PyLong_FromSsize_t(warm_calls);
+}
+
 static PyMethodDef module_methods[] = {
     {"draws", (PyCFunction)(void (*)(void))draws, METH_FASTCALL,
      "draws(seed, start, count, eos_from, palette, eos_token_id, eos_threshold) -> list"},
@@ -998,6 +1020,8 @@ static PyMethodDef module_methods[] = {
      "rows(seeds, starts, count, palette_ids) -> bytes of uint32"},
     {"column", (PyCFunction)(void (*)(void))column, METH_FASTCALL,
      "column(seeds, indexes, palette) -> list"},
+    {"_warm_calls", (PyCFunction)warm_count, METH_NOARGS,
+     "How many sinks `deliver` has warmed ahead (for tests)."},
     {"deliver", (PyCFunction)(void (*)(void))deliver, METH_FASTCALL,
      "deliver(streams, outputs, hand) -> the kept outputs, or None when every one was kept"},
     {NULL, NULL, 0, NULL},

@@ -292,7 +292,10 @@ def test_the_compiled_loop_with_compiled_sinks_does_what_the_python_loop_does() 
             outputs.append(_output(rid, ids, end=k in (9, 23, 40)))
         held = {rid: (sys.getrefcount(s), sys.getrefcount(s.sink)) for rid, s in streams.items()}
         result = _result(outputs)
+        warmed = _cpass._warm_calls()
         deliver(streams, result, loop)
+        if loop is not None:  # the look-ahead ran (it only prefetches: nothing else shows it)
+            assert _cpass._warm_calls() > warmed
         kept = [(o.request_id, o.new_token_ids) for o in result.outputs]
         written = {rid: c.transport.written for rid, c in cycles.items()}
         runs.append((kept, written, heard, sorted(streams)))
@@ -302,3 +305,81 @@ def test_the_compiled_loop_with_compiled_sinks_does_what_the_python_loop_does() 
         assert after == {rid: held[rid] for rid in streams}
     assert runs[0] == runs[1]
     assert any(runs[0][1].values()) and any(runs[0][2].values())
+
+
+class _Impostor:
+    """A Python class named as the compiled sink: the look-ahead must not take it for one."""
+
+    __slots__ = ("offered",)
+
+    def __init__(self) -> None:
+        self.offered: list[int] = []
+
+    def __call__(self, tok: int) -> bool:
+        self.offered.append(tok)
+        return True
+
+
+_Impostor.__module__, _Impostor.__qualname__ = "mocker.api._ctext", "Sink"
+_Impostor.__name__ = "mocker.api._ctext.Sink"
+
+
+@pytest.mark.skipif(_cpass is None, reason="mocker/engine/_cpass.c not built")
+def test_the_look_ahead_warms_only_the_compiled_sink() -> None:
+    streams = {f"s{i}": RequestStream(f"s{i}") for i in range(40)}
+    for stream in streams.values():
+        stream.listen(lambda out: None)
+        stream.sink = _Impostor()
+    warmed = _cpass._warm_calls()
+    deliver(streams, _result([_output(f"s{i % 40}", [i + 1]) for i in range(80)]), _cpass.deliver)
+    assert _cpass._warm_calls() == warmed
+    assert [s.sink.offered for s in streams.values()] == [[i + 1, i + 41] for i in range(40)]
+
+
+@pytest.mark.skipif(_cpass is None, reason="mocker/engine/_cpass.c not built")
+@pytest.mark.parametrize("seed", range(6))
+def test_listeners_that_retire_streams_and_swap_sinks_meet_the_same_loop(seed: int) -> None:
+    """Listeners (Python code between the look-ahead's stages) retire other streams, replace
+    and drop sinks: what the compiled loop hands out and keeps is the Python loop's, with
+    every stream and sink found ahead still alive when it is read (run under a sanitizer
+    this is the test that catches a borrowed one kept too long)."""
+    import random
+
+    runs = []
+    for loop in (None, _cpass.deliver):
+        rng = random.Random(seed)
+        streams, cycles, table = _sinked_streams(24)
+        from mocker.api.text_table import sinks
+
+        maker = sinks(table)
+        assert maker is not None
+        heard: list[tuple[str, list[int]]] = []
+
+        def listener(out: Any, rid: str, rng: random.Random = rng) -> None:
+            heard.append((rid, out.new_token_ids))
+            victim = f"s{rng.randrange(30)}"
+            action = rng.random()
+            if action < 0.3:
+                streams.pop(victim, None)  # retired meanwhile: freed if nothing holds it
+            elif action < 0.5 and victim in streams:
+                streams[victim].sink = None
+            elif action < 0.7 and victim in streams:
+                emitter, choice = _Emitter(), _Choice()
+                emitter.writer = direct = object()
+                choice.completion_tokens = 0
+                streams[victim].sink = maker(b"[", b"]", emitter, direct, _Cycle(), choice)
+            elif action < 0.8:
+                streams[f"new{len(heard)}"] = RequestStream("x")  # the dict grows
+
+        for rid, stream in streams.items():
+            stream.listen(lambda out, rid=rid: listener(out, rid))  # type: ignore[misc]
+        outputs = []
+        for k in range(rng.randrange(30, 120)):
+            rid = f"s{rng.randrange(30)}"
+            ids = [rng.randrange(1, 60)] if rng.random() < 0.8 else [1, 2]
+            outputs.append(_output(rid, ids, end=rng.random() < 0.05))
+        result = _result(outputs)
+        deliver(streams, result, loop)
+        written = {rid: c.transport.written for rid, c in cycles.items()}
+        runs.append(([(o.request_id, o.new_token_ids) for o in result.outputs], written, heard))
+    assert runs[0] == runs[1]
