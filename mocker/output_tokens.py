@@ -52,7 +52,8 @@ def palette_rank(m: int, n: int) -> int:
 @cache
 def _octaves(n: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
     """Each octave's first rank and its size, for a palette of n."""
-    first = (1 << np.arange((n + 1).bit_length() - 1, dtype=np.uint64)) - np.uint64(1)
+    octaves = np.arange((n + 1).bit_length() - 1, dtype=np.uint64)
+    first = np.left_shift(np.uint64(1), octaves) - np.uint64(1)
     size = first + np.uint64(1)
     size[-1] = np.uint64(n) - first[-1]
     return first, size
@@ -62,7 +63,8 @@ def palette_ranks(m: npt.NDArray[np.uint64], n: int) -> npt.NDArray[np.uint64]:
     """`palette_rank` over a uint64 array."""
     first, size = _octaves(n)
     e = ((m & np.uint64(0xFFFFFFFF)) * np.uint64(len(first))) >> np.uint64(32)
-    return first[e] + (((m >> np.uint64(32)) * size[e]) >> np.uint64(32))
+    ranks: npt.NDArray[np.uint64] = first[e] + (((m >> np.uint64(32)) * size[e]) >> np.uint64(32))
+    return ranks
 
 
 class OutputTokenSampler:
@@ -195,7 +197,7 @@ class OutputTokenSampler:
         x = x + np.asarray(starts, dtype=np.uint64)
         x = x[:, None] + np.arange(count, dtype=np.uint64)[None, :]
         index = palette_ranks(splitmix64_array(x), len(self._palette))
-        flat.frombytes(memoryview(self._palette_ids[index]).cast("B"))
+        flat.frombytes(self._palette_ids[index].tobytes())
         return [flat[k : k + count] for k in range(0, len(flat), count)]
 
     def token_column(self, request_seeds: Sequence[int], indexes: Sequence[int]) -> list[int]:

@@ -2,9 +2,8 @@
 
 from array import array
 
-import pytest
-
 import numpy as np
+import pytest
 
 from mocker.mixing import MASK64, splitmix64, splitmix64_array
 from mocker.output_tokens import OutputTokenSampler, palette_rank, palette_ranks

@@ -202,28 +202,21 @@ class _PlainFlow:
         self.write_paused = False  # an instance attribute, as uvicorn's FlowControl has
 
 
+def _flag_property(name: str) -> Any:
+    return property(
+        lambda self: self.flags[name], lambda self, value: self.flags.__setitem__(name, value)
+    )
+
+
 class _PropertyCycle(_Cycle):
-    """A cycle whose flags are descriptors: the sink must ask them, not the instance dict."""
+    """A cycle whose flags are descriptors: the sink must ask them, not an instance dict."""
+
+    disconnected = _flag_property("disconnected")
+    response_complete = _flag_property("response_complete")
 
     def __init__(self) -> None:
         self.flags = {"disconnected": False, "response_complete": False}
         super().__init__()
-
-    @property
-    def disconnected(self) -> bool:  # type: ignore[override]
-        return self.flags["disconnected"]
-
-    @disconnected.setter
-    def disconnected(self, value: bool) -> None:
-        self.flags["disconnected"] = value
-
-    @property
-    def response_complete(self) -> bool:  # type: ignore[override]
-        return self.flags["response_complete"]
-
-    @response_complete.setter
-    def response_complete(self, value: bool) -> None:
-        self.flags["response_complete"] = value
 
 
 @needs_c
@@ -233,8 +226,8 @@ class _PropertyCycle(_Cycle):
 def test_a_sink_sees_a_flag_set_between_its_writes(
     why: str, change: Any, cycle_type: type[_Cycle], flow_type: type[Any]
 ) -> None:
-    """The flags are read at every token, whether from the instance's dict (uvicorn's plain
-    objects) or through their descriptors, and whenever they change."""
+    """The flags are read at every token, and whenever they change, whether they are plain
+    instance attributes (as uvicorn's) or descriptors."""
     table = text_table({7: b" seven"}, compiled=True)
     cycle, emitter, choice = cycle_type(), _Emitter(), _Choice()
     cycle.flow = flow_type()

@@ -271,40 +271,43 @@ def _sinked_streams(n: int) -> tuple[dict[str, RequestStream], dict[str, _Cycle]
     return streams, cycles, table
 
 
+def _sinked_run(loop: DeliverLoop | None) -> tuple[Any, ...]:
+    """60 outputs to 16 sinked streams (and two unknown ones) through `loop`: what was kept,
+    written and heard; and that every reference taken ahead was given back (the counts
+    taken outside an assert, whose rewriting holds its operands)."""
+    import sys
+
+    streams, cycles, _table = _sinked_streams(16)
+    heard: dict[str, list[list[int]]] = {rid: [] for rid in streams}
+    for rid, stream in streams.items():
+        stream.listen(lambda out, rid=rid: heard[rid].append(out.new_token_ids))  # type: ignore[misc]
+    outputs = []
+    for k in range(60):
+        rid = f"s{(k * 7) % 18}"  # s16, s17: no such stream
+        ids = [k % 60 + 1] if k % 11 else [k, k + 1]
+        outputs.append(_output(rid, ids, end=k in (9, 23, 40)))
+    held = {rid: (sys.getrefcount(s), sys.getrefcount(s.sink)) for rid, s in streams.items()}
+    result = _result(outputs)
+    warmed = _cpass._warm_calls()
+    deliver(streams, result, loop)
+    if loop is not None:  # the look-ahead ran (it only prefetches: nothing else shows it)
+        assert _cpass._warm_calls() > warmed
+    after = {rid: (sys.getrefcount(s), sys.getrefcount(s.sink)) for rid, s in streams.items()}
+    assert after == {rid: held[rid] for rid in streams}
+    kept = [(o.request_id, o.new_token_ids) for o in result.outputs]
+    written = {rid: c.transport.written for rid, c in cycles.items()}
+    return kept, written, heard, sorted(streams)
+
+
 @pytest.mark.skipif(_cpass is None, reason="mocker/engine/_cpass.c not built")
 def test_the_compiled_loop_with_compiled_sinks_does_what_the_python_loop_does() -> None:
     """Many streams (more than the loop looks ahead), some ending, retired by their last
     output while outputs behind it name them still, some unknown, tokens outside the table:
     what each transport got, what each listener heard and what is kept are the same, and the
     objects looked at ahead are all let go."""
-    import sys
-
-    runs = []
-    for loop in (None, _cpass.deliver):
-        streams, cycles, _table = _sinked_streams(16)
-        heard: dict[str, list[list[int]]] = {rid: [] for rid in streams}
-        for rid, stream in streams.items():
-            stream.listen(lambda out, rid=rid: heard[rid].append(out.new_token_ids))  # type: ignore[misc]
-        outputs = []
-        for k in range(60):
-            rid = f"s{(k * 7) % 18}"  # s16, s17: no such stream
-            ids = [k % 60 + 1] if k % 11 else [k, k + 1]
-            outputs.append(_output(rid, ids, end=k in (9, 23, 40)))
-        held = {rid: (sys.getrefcount(s), sys.getrefcount(s.sink)) for rid, s in streams.items()}
-        result = _result(outputs)
-        warmed = _cpass._warm_calls()
-        deliver(streams, result, loop)
-        if loop is not None:  # the look-ahead ran (it only prefetches: nothing else shows it)
-            assert _cpass._warm_calls() > warmed
-        kept = [(o.request_id, o.new_token_ids) for o in result.outputs]
-        written = {rid: c.transport.written for rid, c in cycles.items()}
-        runs.append((kept, written, heard, sorted(streams)))
-        # Every reference taken ahead was given back (counted as `held` was: outside an
-        # assert, whose rewriting holds its operands).
-        after = {rid: (sys.getrefcount(s), sys.getrefcount(s.sink)) for rid, s in streams.items()}
-        assert after == {rid: held[rid] for rid in streams}
-    assert runs[0] == runs[1]
-    assert any(runs[0][1].values()) and any(runs[0][2].values())
+    python, compiled = _sinked_run(None), _sinked_run(_cpass.deliver)
+    assert python == compiled
+    assert any(python[1].values()) and any(python[2].values())
 
 
 class _Impostor:
@@ -336,6 +339,47 @@ def test_the_look_ahead_warms_only_the_compiled_sink() -> None:
     assert [s.sink.offered for s in streams.values()] == [[i + 1, i + 41] for i in range(40)]
 
 
+def _churned_run(loop: DeliverLoop | None, seed: int) -> tuple[Any, ...]:
+    """Random outputs to 24 sinked streams whose listeners retire other streams, drop and
+    replace sinks and grow the dict: what was kept, written and heard."""
+    import random
+
+    from mocker.api.text_table import sinks
+
+    rng = random.Random(seed)
+    streams, cycles, table = _sinked_streams(24)
+    maker = sinks(table)
+    assert maker is not None
+    heard: list[tuple[str, list[int]]] = []
+
+    def listener(out: Any, rid: str) -> None:
+        heard.append((rid, out.new_token_ids))
+        victim = f"s{rng.randrange(30)}"
+        action = rng.random()
+        if action < 0.3:
+            streams.pop(victim, None)  # retired meanwhile: freed if nothing holds it
+        elif action < 0.5 and victim in streams:
+            streams[victim].sink = None
+        elif action < 0.7 and victim in streams:
+            emitter, choice = _Emitter(), _Choice()
+            emitter.writer = direct = object()
+            choice.completion_tokens = 0
+            streams[victim].sink = maker(b"[", b"]", emitter, direct, _Cycle(), choice)
+        elif action < 0.8:
+            streams[f"new{len(heard)}"] = RequestStream("x")  # the dict grows
+
+    for rid, stream in streams.items():
+        stream.listen(lambda out, rid=rid: listener(out, rid))  # type: ignore[misc]
+    outputs = []
+    for _ in range(rng.randrange(30, 120)):
+        ids = [rng.randrange(1, 60)] if rng.random() < 0.8 else [1, 2]
+        outputs.append(_output(f"s{rng.randrange(30)}", ids, end=rng.random() < 0.05))
+    result = _result(outputs)
+    deliver(streams, result, loop)
+    written = {rid: c.transport.written for rid, c in cycles.items()}
+    return [(o.request_id, o.new_token_ids) for o in result.outputs], written, heard
+
+
 @pytest.mark.skipif(_cpass is None, reason="mocker/engine/_cpass.c not built")
 @pytest.mark.parametrize("seed", range(6))
 def test_listeners_that_retire_streams_and_swap_sinks_meet_the_same_loop(seed: int) -> None:
@@ -343,43 +387,4 @@ def test_listeners_that_retire_streams_and_swap_sinks_meet_the_same_loop(seed: i
     and drop sinks: what the compiled loop hands out and keeps is the Python loop's, with
     every stream and sink found ahead still alive when it is read (run under a sanitizer
     this is the test that catches a borrowed one kept too long)."""
-    import random
-
-    runs = []
-    for loop in (None, _cpass.deliver):
-        rng = random.Random(seed)
-        streams, cycles, table = _sinked_streams(24)
-        from mocker.api.text_table import sinks
-
-        maker = sinks(table)
-        assert maker is not None
-        heard: list[tuple[str, list[int]]] = []
-
-        def listener(out: Any, rid: str, rng: random.Random = rng) -> None:
-            heard.append((rid, out.new_token_ids))
-            victim = f"s{rng.randrange(30)}"
-            action = rng.random()
-            if action < 0.3:
-                streams.pop(victim, None)  # retired meanwhile: freed if nothing holds it
-            elif action < 0.5 and victim in streams:
-                streams[victim].sink = None
-            elif action < 0.7 and victim in streams:
-                emitter, choice = _Emitter(), _Choice()
-                emitter.writer = direct = object()
-                choice.completion_tokens = 0
-                streams[victim].sink = maker(b"[", b"]", emitter, direct, _Cycle(), choice)
-            elif action < 0.8:
-                streams[f"new{len(heard)}"] = RequestStream("x")  # the dict grows
-
-        for rid, stream in streams.items():
-            stream.listen(lambda out, rid=rid: listener(out, rid))  # type: ignore[misc]
-        outputs = []
-        for k in range(rng.randrange(30, 120)):
-            rid = f"s{rng.randrange(30)}"
-            ids = [rng.randrange(1, 60)] if rng.random() < 0.8 else [1, 2]
-            outputs.append(_output(rid, ids, end=rng.random() < 0.05))
-        result = _result(outputs)
-        deliver(streams, result, loop)
-        written = {rid: c.transport.written for rid, c in cycles.items()}
-        runs.append(([(o.request_id, o.new_token_ids) for o in result.outputs], written, heard))
-    assert runs[0] == runs[1]
+    assert _churned_run(None, seed) == _churned_run(_cpass.deliver, seed)
