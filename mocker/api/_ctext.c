@@ -347,6 +347,8 @@ static void sink_warm(PyObject *obj, Py_ssize_t id, int stage)
 {
     Sink *self = (Sink *)obj;
     TextTable *table = self->table;
+    if (table == NULL || self->cycle == NULL || self->flow == NULL || self->write == NULL)
+        return; /* (cleared by the collector: nothing to fetch) */
     int known = id >= 0 && id < table->num_ids;
     if (stage == 0) {
         if (self->writer_at >= 0)

@@ -386,16 +386,6 @@ fail:
     return PLAIN_ERROR;
 }
 
-/* run(scheduled, end, emit, column, registered, token, cache, outputs, slow) -> partial
- *
- * scheduled: {request: tokens scheduled} in pass order; end: the pass's end (a float);
- * emit: build outputs; column: a replay pass's tokens listed last first, or None; registered:
- * the requests whose blocks were registered as scheduled (the store policy hears of them),
- * or None; token: the sampler's `token(seed, k, eos_allowed)` (a replay pass without a
- * column); cache: `EngineCore._cache_computed`, for a request whose block is full; outputs:
- * where outputs go. Every other request goes to slow(request, n), which
- * answers 1 for a prefill chunk short of its prompt's end, else 0. Returns how many answered
- * 1. */
 /* Prefetching a pass's requests ahead of the one being advanced. With hundreds of streams,
  * everything a request's token touches has left the caches since the last pass (the other
  * requests' objects and the kernel's socket writes came between), and the token waited on
@@ -490,6 +480,16 @@ static inline PyObject *cursor_next(Cursor *c, PyObject *scheduled)
     return NULL;
 }
 
+/* run(scheduled, end, emit, column, registered, token, cache, outputs, slow) -> partial
+ *
+ * scheduled: {request: tokens scheduled} in pass order; end: the pass's end (a float);
+ * emit: build outputs; column: a replay pass's tokens listed last first, or None; registered:
+ * the requests whose blocks were registered as scheduled (the store policy hears of them),
+ * or None; token: the sampler's `token(seed, k, eos_allowed)` (a replay pass without a
+ * column); cache: `EngineCore._cache_computed`, for a request whose block is full; outputs:
+ * where outputs go. Every other request goes to slow(request, n), which
+ * answers 1 for a prefill chunk short of its prompt's end, else 0. Returns how many answered
+ * 1. */
 static PyObject *advancer_run(Advancer *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 9) {
@@ -691,8 +691,8 @@ static PyObject *rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssi
     PyObject *out = NULL;
     uint64_t *seeds = NULL, *starts = NULL;
     const char *format = ids.format == NULL ? "B" : ids.format;
-    if (*format == '@' || *format == '=' || *format == '<')
-        format++; /* (native, standard or little-endian: this build's is little-endian) */
+    if (*format == '@' || *format == '=' || (*format == '<' && PY_LITTLE_ENDIAN))
+        format++; /* (native or standard order: this machine's) */
     if (ids.itemsize != 4 || ids.len == 0 || strcmp(format, "I") != 0) {
         PyErr_SetString(PyExc_TypeError, "rows: palette_ids must be a non-empty uint32 buffer");
         goto done;
