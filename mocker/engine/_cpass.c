@@ -462,14 +462,13 @@ typedef struct {
     int live;
 } Cursor;
 
-static inline PyObject *cursor_start(Cursor *c, PyObject *scheduled, int ahead)
+static inline void cursor_start(Cursor *c, PyObject *scheduled, int ahead)
 {
-    PyObject *key = NULL, *value;
+    PyObject *key, *value;
     c->pos = 0;
     c->live = 1;
     for (int i = 0; i < ahead && c->live; i++)
         c->live = PyDict_Next(scheduled, &c->pos, &key, &value);
-    return key;
 }
 
 static inline PyObject *cursor_next(Cursor *c, PyObject *scheduled)
@@ -912,12 +911,10 @@ static PyObject *deliver(PyObject *Py_UNUSED(module), PyObject *const *args, Py_
     PyObject *kept = NULL;
     PyObject *const out_names[3] = {str_request_id, str_finished, str_new_token_ids};
     PyObject *const stream_names[2] = {str_finished, str_sink};
-    Ahead ahead[RING];
+    Ahead ahead[RING] = {{NULL, 0, NULL, NULL, NULL, -1}};
+    for (int k = 1; k < RING; k++)
+        ahead[k] = ahead[0];
     int warm = PyList_GET_SIZE(outputs) >= PREFETCH_FROM;
-    for (int k = 0; k < RING; k++) {
-        ahead[k].stream = ahead[k].sink = NULL;
-        release(&ahead[k]);
-    }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(outputs); i++) {
         PyObject *out = Py_NewRef(PyList_GET_ITEM(outputs, i));
         PyObject *stream = NULL, *sink = NULL;
