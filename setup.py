@@ -2,8 +2,8 @@
 not, so `pip install .` works either way. The pool (mocker.kv.compiled_pool falls back to the
 Python pool), the fast hash chain (mocker.kv.hashing), replay prompts' mixing
 (mocker.replay.prompts), the streamed chunks' text table (mocker.api.text_table) and a pass's
-plain decode tokens with the draws ahead (mocker.engine.core, mocker.output_tokens) each fall
-back to their Python code."""
+plain decode tokens with the draws ahead (mocker.engine.core, mocker.output_tokens) and a
+tier's LRU order (mocker.tiers.lru_order) each fall back to their Python code."""
 
 from setuptools import Extension, setup
 
@@ -32,6 +32,12 @@ setup(
             "mocker.engine._cpass",
             ["mocker/engine/_cpass.c"],
             depends=["mocker/_cslots.h"],
+            optional=True,
+            extra_compile_args=["-O2"],
+        ),
+        Extension(
+            "mocker.tiers._clru",
+            ["mocker/tiers/_clru.c"],
             optional=True,
             extra_compile_args=["-O2"],
         ),

@@ -25,11 +25,15 @@ Two parts, each comparing configurations in the same run:
     inside `EngineCore.step()` (a deterministic count of work; cache misses are not in it,
     so time ratios run above it; counts do not depend on the load, so these runs are not
     pinned and use both cores). Skipped, saying so, without valgrind.
+  All of the above on the Python code (MOCKER_KV_POOL=python: the device pool, the tiers'
+  LRU order and every other compiled part off, tiered and tier-free engines alike), then
+  co-stepped and instructions again on the default build (every compiled part that was
+  built: what `mocker serve` and `mocker replay` run).
 - mooncake: `mocker replay` of ../shared/traces/mooncake_conversation.jsonl on 8 engines,
   round robin (a conversation's turns land on different engines), each run in a child
-  pinned to the other core: no tiers; a CPU tier per engine; the CPU tiers plus ONE obj tier
-  (25 GB/s) shared by the eight engines. Hit rate per tier, TTFT p50/p99, bytes per link, wall time
-  and peak RSS of the child.
+  pinned to the other core, on the default build: no tiers; a CPU tier per engine; the CPU
+  tiers plus ONE obj tier (25 GB/s) shared by the eight engines. Hit rate per tier, TTFT
+  p50/p99, bytes per link, wall time and peak RSS of the child.
 
 The machine has two shared, noisy cores: compare ratios within one run, not absolute
 figures across runs.
@@ -48,6 +52,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +75,7 @@ from mocker.config import StorageTierSpec
 from mocker.engine.core import EngineCore
 from mocker.engine.outputs import StepResult
 from mocker.engine.virtual import VirtualDriver, VirtualRun
+from mocker.kv.compiled_pool import POOL_ENV
 from mocker.request import EngineRequest
 
 # (Importing offload set MOCKER_KV_POOL=python, unless set: the tier-free baselines run on
@@ -140,7 +146,29 @@ def step_cost() -> dict[str, Any]:
             for name, first in timed["firsts"].items()
         }  # fmt: skip
         out[label]["costepped"] = costepped(label, requests, CPU_FS, NONE)
+        with build(DEFAULT_BUILD):
+            out[label]["costepped_default_build"] = costepped(
+                f"{label} (default build)", replay_requests(prompts, rate), CPU_FS, NONE
+            )
     return out
+
+
+# The builds compared: the Python code alone (what the ratios above have always measured) and
+# the default (the compiled parts that were built: the device pool, the hash chain, the
+# pass's decode tokens, the tiers' LRU order).
+PYTHON_BUILD, DEFAULT_BUILD = "python", "auto"
+
+
+@contextmanager
+def build(pool: str) -> Iterator[None]:
+    """Engines (and their requests' hashes) made inside run on this build: MOCKER_KV_POOL is
+    read when each part is built."""
+    before = os.environ[POOL_ENV]
+    os.environ[POOL_ENV] = pool
+    try:
+        yield
+    finally:
+        os.environ[POOL_ENV] = before
 
 
 # -- co-stepped timing ------------------------------------------------------------------------
@@ -242,13 +270,14 @@ print("passes", passes[0])
 """
 
 
-def count_instructions(name: str, label: str) -> dict[str, int]:
+def count_instructions(name: str, label: str, pool: str = PYTHON_BUILD) -> dict[str, int]:
     out = Path(tempfile.mkdtemp(prefix="tiers-cg-")) / "callgrind.out"
     argv = ["valgrind", "--tool=callgrind", "--toggle-collect=functools_reduce",
             f"--callgrind-out-file={out}", sys.executable, "-c",
             _COUNTED.format(bench=str(ROOT / "bench")), name, label]  # fmt: skip
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=True,
-                          timeout=CALLGRIND_TIMEOUT_S)  # fmt: skip
+                          timeout=CALLGRIND_TIMEOUT_S,
+                          env={**os.environ, POOL_ENV: pool})  # fmt: skip
     passes = int(done.stdout.split()[-1])
     collected = next(line for line in done.stderr.splitlines() if "Collected" in line)
     instructions = int(collected.rsplit(":", 1)[1].strip())
@@ -264,13 +293,21 @@ def instructions() -> dict[str, Any]:
         log("  instructions: SKIPPED, valgrind is not installed (apt-get install valgrind)")
         return {"skipped": "valgrind is not installed"}
     names = [c.name for c in (CPU_FS, CPU_FS_EVICT, SMALL_CPU_FS, NONE)]
+    # The Python build's four configs, then the default build's cpu_fs and none.
+    runs = [(n, PYTHON_BUILD) for n in names] + [(CPU_FS.name, DEFAULT_BUILD),
+                                                 (NONE.name, DEFAULT_BUILD)]  # fmt: skip
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        counted = pool.map(lambda n: count_instructions(n, "scenario"), names)
-        counts = dict(zip(names, counted, strict=True))
+        counted = list(pool.map(lambda r: count_instructions(r[0], "scenario", r[1]), runs))
+    counts = dict(zip(names, counted, strict=False))
     base = counts[NONE.name]["per_pass"]
     ratios = {n: round(counts[n]["per_pass"] / base, 3) for n in names if n != NONE.name}
     log(f"  instructions per pass: {ratios} ({base:,} without tiers)")
-    return {"per_config": counts, "ratio_per_pass": ratios}
+    tiered, tier_free = counted[len(names) :]
+    default = round(tiered["per_pass"] / tier_free["per_pass"], 3)
+    log(f"  default build: cpu_fs {default} ({tier_free['per_pass']:,} without tiers)")
+    return {"per_config": counts, "ratio_per_pass": ratios,
+            "default_build": {CPU_FS.name: tiered, NONE.name: tier_free,
+                              "ratio_per_pass": default}}  # fmt: skip
 
 
 def mooncake_once(name: str, flags: list[str]) -> dict[str, Any]:
@@ -280,7 +317,9 @@ def mooncake_once(name: str, flags: list[str]) -> dict[str, Any]:
         "--quiet", "--no-plots", "--num-engines", str(ENGINES), "--router", ROUTER, *flags,
     ], SERVER_CPU)  # fmt: skip
     started = time.perf_counter()
-    done = subprocess.run(argv, check=True, timeout=TIMEOUT_S, cwd=ROOT, capture_output=True)
+    # On the default build, as `mocker replay` runs for its users.
+    done = subprocess.run(argv, check=True, timeout=TIMEOUT_S, cwd=ROOT, capture_output=True,
+                          env={**os.environ, POOL_ENV: DEFAULT_BUILD})  # fmt: skip
     wall = time.perf_counter() - started
     child = json.loads(done.stdout.decode().strip().splitlines()[-1])
     if child["code"] != 0:
@@ -326,6 +365,12 @@ def main() -> int:
         .get("ratio_per_pass", {})
         .get(CPU_FS.name),
         "step_instructions_ratio_cpu_fs": counted.get("ratio_per_pass", {}).get(CPU_FS.name),
+        "step_cost_ratio_cpu_fs_default_build": cost.get("scenario", {})
+        .get("costepped_default_build", {})
+        .get("ratio_per_pass_median"),
+        "step_instructions_ratio_cpu_fs_default_build": counted.get("default_build", {}).get(
+            "ratio_per_pass"
+        ),
         "step_cost_ratio_cpu_fs_saturated": cost.get("saturated", {})
         .get("ratio_per_pass", {})
         .get(CPU_FS.name),

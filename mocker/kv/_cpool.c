@@ -1108,6 +1108,49 @@ static PyObject *Pool_parent_hash(Pool *p, PyObject *arg)
     return PyLong_FromUnsignedLongLong(p->blk[b].parent);
 }
 
+/* Each block's hash (parents: its parent's), None where it has none: the tiers name a store's
+ * copies by them (one call for a batch, not one per block). */
+static PyObject *hashes_of(Pool *p, PyObject *arg, int parents)
+{
+    REQUIRE_READY(p);
+    PyObject *seq = PySequence_Fast(arg, "blocks must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        goto fail;
+    uint32_t flag = parents ? F_PARENT : F_HASHED;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t b;
+        if (block_of(p, items[i], &b))
+            goto fail;
+        const Block *x = &p->blk[b];
+        PyObject *h = !(x->flags & flag) ? Py_NewRef(Py_None)
+                      : PyLong_FromUnsignedLongLong(parents ? x->parent : x->hash);
+        if (h == NULL)
+            goto fail;
+        PyList_SET_ITEM(out, i, h);
+    }
+    Py_DECREF(seq);
+    return out;
+fail:
+    Py_XDECREF(out);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+static PyObject *Pool_block_hashes(Pool *p, PyObject *arg)
+{
+    return hashes_of(p, arg, 0);
+}
+
+static PyObject *Pool_parent_hashes(Pool *p, PyObject *arg)
+{
+    return hashes_of(p, arg, 1);
+}
+
 static PyObject *Pool_get_num_blocks(Pool *p, void *Py_UNUSED(c))
 {
     return PyLong_FromSsize_t(p->n);
@@ -1171,6 +1214,9 @@ static PyMethodDef Pool_methods[] = {
     {"ref_cnt", (PyCFunction)Pool_ref_cnt, METH_O, "A block's reference count."},
     {"block_hash", (PyCFunction)Pool_block_hash, METH_O, "A block's hash, or None."},
     {"parent_hash", (PyCFunction)Pool_parent_hash, METH_O, "A cached block's parent hash."},
+    {"block_hashes", (PyCFunction)Pool_block_hashes, METH_O,
+     "Each block's hash (None: not cached); the tiers name copies by them."},
+    {"parent_hashes", (PyCFunction)Pool_parent_hashes, METH_O, "Each block's parent hash."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -116,12 +116,8 @@ class CompiledBlockPool(_Pool):
     def take_events(self) -> list[KVEvent]:
         return []
 
-    def block_hashes(self, blocks: Iterable[int]) -> list[BlockHash | None]:
-        """Each block's hash (None: not cached); the tiers name copies by them."""
-        return list(map(self.block_hash, blocks))
-
-    def parent_hashes(self, blocks: Iterable[int]) -> list[BlockHash | None]:
-        return list(map(self.parent_hash, blocks))
+    # (`block_hashes` and `parent_hashes`, each block's hash and its parent's for a store's
+    # batch, are the compiled pool's own.)
 
     def token_meta(
         self, blocks: Iterable[int], block_size: int

@@ -53,7 +53,7 @@ class _Load:
 
     request: Request
     tid: TransferId
-    hashes: list[BlockHash]
+    hashes: Sequence[BlockHash]  # (a slice of the request's: a list, or a replay's array)
     start: float
     deadline: float  # the load timeout
 
@@ -68,7 +68,7 @@ class _Promotion:
     tier: StorageTier
     tid: TransferId
     keys: list[BlockKey]
-    hold: list[BlockKey]
+    hold: Sequence[BlockKey]
     start: float
     deadline: float
 
@@ -145,9 +145,9 @@ class TierConnector:
         self._promoting: dict[BlockKey, _Promotion] = {}  # keys on their way to the CPU tier
         # Promoted runs kept for a retry (each pinned as itself: a pin is released with the
         # sequence that took it), and holds to unpin after this pass's loads.
-        self._holds: dict[Request, list[list[BlockKey]]] = {}
-        self._released: list[list[BlockKey]] = []
-        self._looked_up: list[list[BlockKey]] = []  # CPU runs found this pass, to spare
+        self._holds: dict[Request, list[Sequence[BlockKey]]] = {}
+        self._released: list[Sequence[BlockKey]] = []
+        self._looked_up: list[Sequence[BlockKey]] = []  # CPU runs found this pass, to spare
         # Copies in flight, by the id of their block list: device → CPU (the device blocks)
         # and CPU → secondary tiers (the CPU keys they pin).
         self._storing: dict[int, list[KVBlock]] = {}
@@ -275,7 +275,7 @@ class TierConnector:
     def num_promoting(self) -> int:
         return len(self._promotions)
 
-    def loading_blocks(self) -> list[tuple[Request, list[BlockHash]]]:
+    def loading_blocks(self) -> list[tuple[Request, Sequence[BlockHash]]]:
         """Requests whose KV is loading and the CPU-tier keys they read (for checks)."""
         return [(ld.request, ld.hashes) for ld in self._loads.values()]
 
@@ -360,6 +360,11 @@ class TierConnector:
         """Reserve CPU slots for copies of these cached blocks; returns the blocks to copy
         (not held there yet, and room found). The policy hears of the keys the CPU tier
         evicted to make room."""
+        return self.plan_store_keyed(blocks)[0]
+
+    def plan_store_keyed(self, blocks: Sequence[KVBlock]) -> tuple[list[KVBlock], list[BlockHash]]:
+        """`plan_store`, and the keys of the blocks to copy, in their order (so that the
+        copy's start need not look them up again)."""
         cpu, pool = self.cpu, self.pool
         keys = self.hashes_of(blocks)
         parents = pool.parent_hashes(blocks)
@@ -371,10 +376,10 @@ class TierConnector:
         self.stores_skipped += plan.skipped
         if plan.evicted:
             self.policy.cpu_evicted(plan.evicted)
-        if len(plan.keys) == len(blocks):
-            return blocks if isinstance(blocks, list) else list(blocks)
-        chosen = set(plan.keys)
-        return list(compress(blocks, map(chosen.__contains__, keys)))
+        if len(plan.keys) == len(blocks):  # (then the batch's keys, in its order)
+            return (blocks if isinstance(blocks, list) else list(blocks)), plan.keys
+        chosen = set(plan.keys)  # (a batch's keys are distinct: the plan keeps their order)
+        return list(compress(blocks, map(chosen.__contains__, keys))), plan.keys
 
     def request_finished(self, request: Request) -> bool:
         """A request finished: True if its blocks must wait for copies in flight (vLLM's
@@ -454,7 +459,7 @@ class TierConnector:
     # -- promotions (secondary tier → CPU) ----------------------------------------------------
 
     def _promote(
-        self, request: Request, hashes: list[BlockHash], dev: int, pos: int, stop: int
+        self, request: Request, hashes: Sequence[BlockHash], dev: int, pos: int, stop: int
     ) -> bool:
         """Start promoting the request's continuation from the first secondary tier that
         holds it, if loading all of it then pays off. True: started (retry later)."""
@@ -577,7 +582,7 @@ class TierConnector:
         self.version += 1
 
     def _tier_hits(
-        self, promoted: dict[BlockHash, str] | None, hashes: list[BlockHash]
+        self, promoted: dict[BlockHash, str] | None, hashes: Sequence[BlockHash]
     ) -> tuple[tuple[str, int], ...]:
         """Tokens of a load per tier they came from: a block the request's own promotion
         brought counts for that tier (even if promoted twice, after an eviction), any other

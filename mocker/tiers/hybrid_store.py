@@ -119,9 +119,10 @@ class HybridWriteThrough(WriteThrough):
         return True
 
 
-def chunk_keys(hashes: Sequence[BlockHash], unit: int) -> list[BlockHash]:
-    """The keys of a request's chunks: the hash of each chunk's last block (a list, also of
-    a replay's array of hashes)."""
+def chunk_keys(hashes: Sequence[BlockHash], unit: int) -> Sequence[BlockHash]:
+    """The keys of a request's chunks: the hash of each chunk's last block. With one block a
+    chunk, the hashes themselves (a list, or a replay's array: the tiers read either, and a
+    lookup does not copy a whole prompt's)."""
     if unit == 1:
-        return hashes if isinstance(hashes, list) else list(hashes)
+        return hashes
     return list(hashes[unit - 1 :: unit])

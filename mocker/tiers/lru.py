@@ -3,21 +3,21 @@ every tier below it that evicts by recency)."""
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterable, Sequence
-from itertools import compress, islice, repeat, takewhile
-from operator import ne
+from itertools import islice, repeat
 
 from mocker.kv.events import BlockRemoved, BlockStored, KVEvent, parents_first
+from mocker.tiers.lru_order import LruOrder, chains_children_first, lru_order
 from mocker.tiers.pins import Pins
 from mocker.tiers.tier import BlockBatch, BlockKey, BlockMeta, Medium, StorePlan
 
 __all__ = ["LruTier"]
 
 # Every block any tier stores, loads or pins passes through this class: its per-block work on
-# the common paths (reserve, land, copy out, look up, load) is C-level (dict and set
-# operations, `map` consumed by `_drain`); Python loops per block are left to events and to
-# eviction scans that meet pinned blocks (bench/tiers.py).
+# the common paths (reserve, land, copy out, look up, load) is C-level (the recency order's
+# batch verbs, dict and set operations, `map` consumed by `_drain`); Python loops per block
+# are left to events (bench/tiers.py).
 
 
 def _drain(calls: Iterable[object]) -> None:
@@ -36,8 +36,8 @@ class LruTier:
     when an eviction scan meets them.
     """
 
-    __slots__ = ("_events", "_incoming", "_meta", "_pins", "_resident", "block_size",
-                 "capacity", "medium", "name", "record_events")  # fmt: skip
+    __slots__ = ("_events", "_meta", "_order", "_pins", "block_size", "capacity", "medium",
+                 "name", "record_events")  # fmt: skip
 
     def __init__(
         self,
@@ -47,6 +47,7 @@ class LruTier:
         name: str = "cpu",
         medium: Medium = Medium.CPU,
         record_events: bool = False,
+        compiled: bool | None = None,
     ) -> None:
         self.name = name
         self.medium = medium
@@ -54,11 +55,9 @@ class LruTier:
         self.block_size = block_size
         self.record_events = record_events
         # key -> parent key: resident blocks in LRU order (least recently used first), and
-        # blocks whose copy has not landed yet. An OrderedDict, not a plain dict: a dict
-        # leaves a hole where a key was taken out, and an eviction scan from the LRU end
-        # would walk over all of them (hundreds of thousands in a large shared tier).
-        self._resident: OrderedDict[BlockKey, BlockKey | None] = OrderedDict()
-        self._incoming: dict[BlockKey, BlockKey | None] = {}
+        # incoming ones, whose copy has not landed yet (compiled unless `compiled` is False or
+        # MOCKER_KV_POOL=python: mocker.tiers.lru_order).
+        self._order: LruOrder = lru_order(compiled)
         self._meta: dict[BlockKey, BlockMeta] = {}  # resident or incoming; events only
         self._pins = Pins()  # reads in flight: never evicted
         self._events: list[KVEvent] = []
@@ -67,15 +66,15 @@ class LruTier:
 
     @property
     def num_resident(self) -> int:
-        return len(self._resident)
+        return len(self._order)
 
     @property
     def num_incoming(self) -> int:
-        return len(self._incoming)
+        return self._order.num_incoming
 
     @property
     def num_used(self) -> int:
-        return len(self._resident) + len(self._incoming)
+        return len(self._order) + self._order.num_incoming
 
     @property
     def usage(self) -> float:
@@ -83,13 +82,13 @@ class LruTier:
 
     def __contains__(self, key: BlockKey) -> bool:
         """Resident: visible to lookups."""
-        return key in self._resident
+        return key in self._order
 
     def holds(self, key: BlockKey) -> bool:
-        return key in self._resident or key in self._incoming
+        return self._order.holds(key)
 
     def resident_keys(self) -> set[BlockKey]:
-        return set(self._resident)
+        return set(self._order)
 
     def pins(self) -> dict[BlockKey, int]:
         """Pin count of each pinned resident block (for checks)."""
@@ -99,12 +98,7 @@ class LruTier:
         return len(self._pins.counts())
 
     def lookup(self, keys: Sequence[BlockKey], start: int, stop: int) -> int:
-        if stop > len(keys):
-            raise IndexError(f"lookup up to {stop} of {len(keys)} keys")
-        contains = self._resident.__contains__
-        if all(map(contains, islice(keys, start, stop))):
-            return max(0, stop - start)  # (the common answer, without building the run)
-        return len(list(takewhile(contains, islice(keys, start, stop))))
+        return self._order.count_run(keys, start, stop)
 
     # -- stores -------------------------------------------------------------------------------
 
@@ -113,16 +107,14 @@ class LruTier:
         blocks evicted to make room (never a block of this batch); when every resident
         block is pinned, the blocks past the room are skipped (no room will appear before a
         load ends)."""
-        resident, incoming = self._resident, self._incoming
+        order = self._order
         keys = blocks.keys
         if (
             blocks.unique
-            and len(keys) <= self.capacity - len(resident) - len(incoming)
-            and resident.keys().isdisjoint(keys)
-            and incoming.keys().isdisjoint(keys)
+            and len(keys) <= self.capacity - len(order) - order.num_incoming
+            and order.reserve_new(keys, blocks.parents)
         ):
-            # All new and room for all (most batches): no dict of them is built.
-            incoming.update(zip(keys, blocks.parents, strict=True))
+            # All new and room for all (most batches): reserved in one call, no dict built.
             plan = StorePlan(keys=list(keys))
             self._keep_meta(plan.keys, blocks)
             return plan
@@ -130,15 +122,16 @@ class LruTier:
         # (Bound `pop`, not `__delitem__`: a slot wrapper builds an argument tuple per call;
         # and `isdisjoint` first: most batches are all new, or all held.)
         held: set[BlockKey] | tuple[()] = ()
-        if not resident.keys().isdisjoint(fresh):
-            held = resident.keys() & fresh.keys()
+        fresh_keys = list(fresh)
+        if not order.isdisjoint(fresh_keys):
+            held = set(order.present(fresh_keys))
             _drain(map(fresh.pop, held))
-        if incoming and not incoming.keys().isdisjoint(fresh):
-            _drain(map(fresh.pop, incoming.keys() & fresh.keys()))
+        if order.num_incoming and fresh:
+            _drain(map(fresh.pop, order.incoming_present(list(fresh))))
         plan = StorePlan()
         if not fresh:
             return plan
-        need = len(fresh) - (self.capacity - len(resident) - len(incoming))
+        need = len(fresh) - (self.capacity - len(order) - order.num_incoming)
         if need > 0:
             victims = self._take_victims(need, held)
             plan.evicted = victims
@@ -146,8 +139,8 @@ class LruTier:
                 plan.skipped = need - len(victims)
                 keep = len(fresh) - plan.skipped
                 fresh = dict(islice(fresh.items(), keep))
-        incoming.update(fresh)
         plan.keys = list(fresh)
+        order.reserve(plan.keys, list(fresh.values()))
         self._keep_meta(plan.keys, blocks)
         return plan
 
@@ -168,40 +161,22 @@ class LruTier:
         in one scan from the LRU end; returns them. A pinned block the scan passes is in use
         (a read in flight): it moves to the most recently used end, so no later scan passes
         it again (a copy to a slow shared tier can keep thousands pinned)."""
-        resident, pins = self._resident, self._pins
+        resident, pins = self._order, self._pins
         if not pins and not spared:
-            # Taken from the LRU end directly: an OrderedDict's iterator finds each node by
-            # its key again, and a pop would once more, each a few cache misses in a large
-            # tier (the Mooncake trace on 8 engines, 16k-block CPU tiers: a scan and pops
-            # cost 410 ns a key, this 270).
-            pop = resident.popitem
-            taken = [pop(False)[0] for _ in repeat(None, min(n, len(resident)))]
+            taken = resident.pop_lru(n)  # (from the LRU end directly, no scan)
             self._evicted(taken)
             return taken
-        victims: list[BlockKey] = []
-        in_use: list[BlockKey] = []
         pinned = pins.counts()
         # No more than the unpinned blocks can go: once they are found, stop (a tier whose
         # every block is pinned answers at once).
         n = min(n, len(resident) - len(pinned))
         if n <= 0:
-            return victims
-        for key in resident:
-            if key in pinned:
-                in_use.append(key)
-                continue
-            if key in spared:
-                continue
-            victims.append(key)
-            if len(victims) == n:
-                break
-        self._to_end(in_use)
-        self._evict(victims)
+            return []
+        victims, in_use = resident.scan(n, pinned, spared)
+        resident.move_to_end(in_use)
+        resident.pop_many(victims)
+        self._evicted(victims)
         return victims
-
-    def _evict(self, keys: list[BlockKey]) -> None:
-        _drain(map(self._resident.pop, keys))
-        self._evicted(keys)
 
     def _evicted(self, keys: list[BlockKey]) -> None:
         """These keys left the residency (eviction): their records and events."""
@@ -212,20 +187,21 @@ class LruTier:
 
     def complete_store(self, keys: Sequence[BlockKey], success: bool = True) -> None:
         """Within a batch a parent becomes more recent than its children, as vLLM's LRU
-        touches a chain in reverse, so a chain is evicted leaf first."""
-        parents = list(map(self._incoming.pop, keys))
-        if not parents:
+        touches a chain in reverse, so a chain is evicted leaf first (the order lands a
+        batch that is one chain by itself; `_children_first` orders any other)."""
+        if not keys:
             return
+        order = self._order
         if not success:
+            order.drop(keys)
             if self.record_events:
                 _drain(map(self._meta.pop, keys, repeat(None)))
             return
-        ordered_keys, ordered_parents = _children_first(
-            keys if isinstance(keys, list) else list(keys), parents
-        )
-        self._resident.update(zip(ordered_keys, ordered_parents, strict=True))
+        parents = order.land(keys)
+        if parents is not None:
+            order.land_in_order(_children_first(list(keys), parents)[0])
         if self.record_events:
-            self._record_stored(keys, parents)
+            self._record_stored(keys, order.parents(keys) if parents is None else parents)
 
     def _record_stored(self, keys: Sequence[BlockKey], parents: list[BlockKey | None]) -> None:
         """One BlockStored per run of blocks that chain parent to child."""
@@ -256,18 +232,14 @@ class LruTier:
 
     def touch(self, keys: Sequence[BlockKey]) -> None:
         # The chain's root ends most recently used.
-        self._to_end(list(filter(self._resident.__contains__, reversed(keys))))
+        order = self._order
+        order.move_to_end(order.present(keys[::-1]))
 
     def prepare_load(self, keys: Sequence[BlockKey]) -> None:
         """A read starts (keys in chain order): pinned, and most recently used (the chain's
         root most of all). `complete_load` takes the same sequence."""
-        self._to_end(keys[::-1])  # a KeyError: not resident
+        self._order.move_to_end(keys[::-1])  # a KeyError: not resident
         self._pins.add(keys)
-
-    def _to_end(self, keys: Sequence[BlockKey]) -> None:
-        """Make these resident keys the most recently used, the last one most of all."""
-        resident = self._resident
-        _drain(map(resident.move_to_end, keys))
 
     def complete_load(self, keys: Sequence[BlockKey]) -> None:
         self.unpin(keys)
@@ -276,9 +248,9 @@ class LruTier:
         """Keep resident keys from eviction while they are read (a cascade), without
         touching their recency (unless an eviction scan passes one: see `_victims`).
         `unpin` takes the same sequence."""
-        resident = self._resident
-        if not all(map(resident.__contains__, keys)):
-            raise KeyError(next(k for k in keys if k not in resident))
+        order = self._order
+        if not order.contains_all(keys):
+            raise KeyError(next(k for k in keys if k not in order))
         self._pins.add(keys)
 
     def unpin(self, keys: Sequence[BlockKey]) -> None:
@@ -287,7 +259,7 @@ class LruTier:
     def copies(self, keys: Sequence[BlockKey]) -> BlockBatch:
         """These resident blocks, to store in another tier (pins and recency are each
         tier's own; the event records are shared)."""
-        parents = list(map(self._resident.__getitem__, keys))
+        parents = self._order.parents(keys)
         meta = list(map(self._meta.__getitem__, keys)) if self.record_events else None
         return BlockBatch(list(keys), parents, meta, unique=True)  # (a tier's keys are)
 
@@ -296,10 +268,10 @@ class LruTier:
     def announce(self) -> None:
         """Record a BlockStored for every resident block, parents first (after a consumer
         was told AllBlocksCleared while this tier kept its blocks)."""
-        if self.record_events and self._resident:
-            resident = self._resident
-            for key in parents_first(resident, lambda k: k, resident.__getitem__):
-                self._emit_run((key,), resident[key])
+        if self.record_events and len(self._order):
+            parent_of = dict(self._order.items())
+            for key in parents_first(parent_of, lambda k: k, parent_of.__getitem__):
+                self._emit_run((key,), parent_of[key])
 
     def take_events(self) -> list[KVEvent]:
         if not self._events:
@@ -311,33 +283,14 @@ class LruTier:
 def _children_first(
     keys: list[BlockKey], parents: list[BlockKey | None]
 ) -> tuple[list[BlockKey], list[BlockKey | None]]:
-    """The keys and their parents reordered so that every block comes after its descendants.
-
-    A batch is one chain or several, root first (a write-through batch, a promotion) or leaf
-    first (an evict batch): those orders are found and applied with C-level comparisons and
-    slices; anything else (a chain that branches within the batch) takes a post-order walk.
-    Every path gives the walk's order: the chains in the order of their roots, each leaf
-    first."""
-    if parents[:-1] == keys[1:]:
-        return keys, parents  # one chain, leaf first (an evict batch)
-    if parents[1:] == keys[:-1]:
-        return keys[::-1], parents[::-1]  # one chain, root first (a write-through batch)
-    n = len(keys)
-    # Root-first chains: a run continues while each block's parent is the key before it.
-    starts = [0, *compress(range(1, n), map(ne, parents[1:], keys[:-1]))]
-    in_batch = set(keys)
-    if not any(map(in_batch.__contains__, map(parents.__getitem__, starts))):
-        out_keys: list[BlockKey] = []
-        out_parents: list[BlockKey | None] = []
-        for lo, hi in zip(starts, [*starts[1:], n], strict=True):
-            out_keys += keys[hi - 1 : lo - 1 if lo else None : -1]
-            out_parents += parents[hi - 1 : lo - 1 if lo else None : -1]
-        return out_keys, out_parents
-    # Leaf-first chains: a run continues while each block's parent is the key after it.
-    ends = [*compress(range(1, n), map(ne, parents[:-1], keys[1:])), n]
-    if not any(map(in_batch.__contains__, map(parents.__getitem__, [e - 1 for e in ends]))):
-        return keys, parents
-    walked = _post_order(list(zip(keys, parents, strict=True)), in_batch)
+    """The keys and their parents reordered so that every block comes after its descendants:
+    a batch of chains as `chains_children_first` orders it (C-level comparisons and slices),
+    anything else (a chain that branches within the batch) by a post-order walk. Every path
+    gives the walk's order: the chains in the order of their roots, each leaf first."""
+    ordered = chains_children_first(keys, parents)
+    if ordered is not None:
+        return ordered
+    walked = _post_order(list(zip(keys, parents, strict=True)), set(keys))
     return [k for k, _ in walked], [p for _, p in walked]
 
 

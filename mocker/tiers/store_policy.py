@@ -74,14 +74,16 @@ class WriteThrough:
     finished request's whole block table waits for those copies (vLLM's delay_free), then
     is freed tail first. Eviction from the device is then free."""
 
-    __slots__ = ("_connector", "_held", "_owners", "_prompt_only", "_staged", "_storing")
+    __slots__ = ("_connector", "_held", "_owners", "_prompt_only", "_staged", "_staged_keys",
+                 "_storing")  # fmt: skip
 
     def __init__(self, connector: TierConnector, *, prompt_only: bool = True) -> None:
         self._connector = connector
         self._prompt_only = prompt_only
-        # Pinned, copied at the pass's end; each block's request beside it (lists built at C
-        # level: every stored block passes here).
+        # Pinned, copied at the pass's end; each block's key and request beside it (lists
+        # built at C level: every stored block passes here).
         self._staged: list[KVBlock] = []
+        self._staged_keys: list[BlockHash] = []
         self._owners: list[Request] = []
         # A request's copies in flight, and the block tables of finished requests held until
         # their last copy ends.
@@ -113,13 +115,17 @@ class WriteThrough:
             return  # nothing is cached, so nothing can be stored
         # Blocks counted as cached hold their hashes (a duplicate was swapped for the block
         # already cached under its hash).
-        pinned = connector.plan_store(request.blocks[before:stop])
+        pinned, keys = connector.plan_store_keyed(request.blocks[before:stop])
         if pinned:
             connector.pool.touch(pinned)
-            self._stage(request, pinned)
+            self._stage(request, pinned, keys)
 
-    def _stage(self, request: Request, pinned: list[KVBlock]) -> None:
+    def _stage(
+        self, request: Request, pinned: list[KVBlock], keys: list[BlockHash] | None = None
+    ) -> None:
+        """Copy these pinned blocks (their keys, if the caller has them) at the pass's end."""
         self._staged += pinned
+        self._staged_keys += self._connector.hashes_of(pinned) if keys is None else keys
         self._owners += repeat(request, len(pinned))
         self._storing[request] = self._storing.get(request, 0) + len(pinned)
 
@@ -128,10 +134,9 @@ class WriteThrough:
 
     def end_pass(self, end: float) -> None:
         if self._staged:
-            blocks, owners = self._staged, self._owners
-            self._staged, self._owners = [], []
-            connector = self._connector
-            connector.start_stores(end, blocks, connector.hashes_of(blocks), owners)
+            blocks, keys, owners = self._staged, self._staged_keys, self._owners
+            self._staged, self._staged_keys, self._owners = [], [], []
+            self._connector.start_stores(end, blocks, keys, owners)
 
     def make_room(self, num_blocks: int) -> None:
         """Nothing to do: every free device block is reusable."""

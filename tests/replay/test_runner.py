@@ -301,7 +301,7 @@ def test_decode_runs_change_nothing(
             pairs = zip(a.connector.storage, b.connector.storage, strict=True)
             tiers += [(x.tier, y.tier) for x, y in pairs]
             for x, y in tiers:
-                assert list(x._resident.items()) == list(y._resident.items())  # (LRU order)
+                assert x._order.items() == y._order.items()  # (LRU order)
             assert a.snapshot() == b.snapshot()
     if "num_cpu_blocks" in changes:  # loads from each tier, between the runs
         hits = [r.cached_tokens_by_tier for r in fast.records]

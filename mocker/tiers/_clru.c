@@ -1,0 +1,1286 @@
+/* mocker's compiled LRU order for a tier's resident blocks: mocker.tiers.lru_order.LruOrder's
+ * verbs over flat arrays (the Python class, on an OrderedDict, is the reference and serves
+ * when this was not built or MOCKER_KV_POOL=python; tests/tiers/test_lru_order.py compares the
+ * two).
+ *
+ * Why: a tier key is a 64-bit block hash, but in an OrderedDict each one is an int object of
+ * its own somewhere on the heap (its hash reads it), inside a node that is another allocation
+ * linked to two more; landing a copy cost ~200 ns a key, mostly cache misses (bench/tiers.py).
+ * Here a key is 8 bytes (and a sign bit) in a node array, found through one open-addressing
+ * table of node indexes (linear probing, backward-shift deletion: no tombstones), and the
+ * recency order is a doubly linked list of node indexes. Keys and parents are read from lists, tuples or
+ * 8-byte unsigned buffers (a replay's array of hashes) without making int objects.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define NIL (-1)
+#define GOLDEN 0x9E3779B97F4A7C15ull
+#define MAX_NODES 0x3FFFFFFF /* node indexes are int32 */
+
+/* A key: an int in -2**63..2**64-1 (block hashes are 0..2**64-1; tests use negative ones too),
+ * as its low 64 bits and whether it is negative. */
+typedef struct {
+    uint64_t v;
+    uint32_t neg;
+} Key;
+
+static inline int same(Key a, Key b)
+{
+    return a.v == b.v && a.neg == b.neg;
+}
+
+enum { HAS_PARENT = 1, MARK = 2 };           /* flags */
+enum { FREE = 0, RESIDENT = 1, INCOMING = 2 }; /* states: only resident nodes are listed */
+
+typedef struct {
+    uint64_t key;     /* Key.v */
+    uint64_t parent;  /* Key.v, meaningful when flags has HAS_PARENT */
+    int32_t prev;     /* towards the least recently used end */
+    int32_t next;     /* towards the most recently used end; the free list's link */
+    int32_t slot;     /* where the table names this node */
+    uint8_t flags;    /* HAS_PARENT, MARK (a batch's validation) */
+    uint8_t key_neg;  /* Key.neg */
+    uint8_t parent_neg;
+    uint8_t state;
+} Node;
+
+static inline Key node_key(const Node *x)
+{
+    return (Key){x->key, x->key_neg};
+}
+
+typedef struct {
+    PyObject_HEAD
+    Node *nodes;
+    int32_t nodes_cap;
+    int32_t free_list;  /* unused nodes, linked by next */
+    int32_t used;       /* nodes handed out at least once (the rest are past the free list) */
+    int32_t *table;     /* node index or NIL */
+    uint32_t mask;      /* table size - 1 (a power of two, at least twice the nodes) */
+    int bits;           /* log2 of the table size */
+    Py_ssize_t len;       /* resident nodes */
+    Py_ssize_t incoming;  /* reserved nodes, not listed (a copy on its way) */
+    int32_t lru, mru;     /* the list's ends, NIL when empty */
+} LruMap;
+
+/* -- keys in: ints, from a list/tuple or an 8-byte unsigned buffer ---------------------------- */
+
+typedef struct {
+    PyObject *fast;      /* a list/tuple (owned), or NULL */
+    PyObject **items;
+    const uint64_t *words;
+    Py_buffer view;
+    int has_view;
+    Py_ssize_t n;
+} Keys;
+
+static int long_key(PyObject *obj, Key *out)
+{
+    uint64_t v = PyLong_AsUnsignedLongLong(obj);
+    if (v == (uint64_t)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            return -1;
+        }
+        PyErr_Clear();
+        long long s = PyLong_AsLongLong(obj); /* a negative key, or out of range */
+        if (s == -1 && PyErr_Occurred()) {
+            PyErr_SetString(PyExc_OverflowError, "a tier key is an int in -2**63..2**64-1");
+            return -1;
+        }
+        *out = (Key){(uint64_t)s, 1};
+        return 0;
+    }
+    *out = (Key){v, 0};
+    return 0;
+}
+
+static int key_of(PyObject *obj, Key *out)
+{
+    if (PyLong_Check(obj)) {
+        return long_key(obj, out);
+    }
+    /* An integer of another type (numpy's): its index, as a dict would hash it. */
+    PyObject *index = PyNumber_Index(obj);
+    if (index == NULL) {
+        return -1;
+    }
+    int r = long_key(index, out);
+    Py_DECREF(index);
+    return r;
+}
+
+static PyObject *key_obj(Key key)
+{
+    return key.neg ? PyLong_FromLongLong((long long)key.v) : PyLong_FromUnsignedLongLong(key.v);
+}
+
+static int keys_open(PyObject *seq, Keys *k)
+{
+    memset(k, 0, sizeof(*k));
+    if (!PyList_Check(seq) && !PyTuple_Check(seq) && PyObject_CheckBuffer(seq)) {
+        if (PyObject_GetBuffer(seq, &k->view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+            return -1;
+        }
+        k->has_view = 1;
+        const char *f = k->view.format ? k->view.format : "B";
+        if (*f == '<' || *f == '=' || *f == '@') {
+            f++;
+        }
+        if (k->view.itemsize != 8 || (strcmp(f, "Q") != 0 && strcmp(f, "L") != 0 &&
+                                      strcmp(f, "K") != 0)) {
+            PyErr_Format(PyExc_TypeError, "keys from a buffer must be 8-byte unsigned ints, not "
+                         "format %.20s", k->view.format ? k->view.format : "B");
+            PyBuffer_Release(&k->view);
+            k->has_view = 0;
+            return -1;
+        }
+        k->words = (const uint64_t *)k->view.buf;
+        k->n = k->view.len / 8;
+        return 0;
+    }
+    k->fast = PySequence_Fast(seq, "keys must be a sequence");
+    if (k->fast == NULL) {
+        return -1;
+    }
+    k->items = PySequence_Fast_ITEMS(k->fast);
+    k->n = PySequence_Fast_GET_SIZE(k->fast);
+    return 0;
+}
+
+static inline int keys_get(Keys *k, Py_ssize_t i, Key *out)
+{
+    if (k->words != NULL) {
+        *out = (Key){k->words[i], 0};
+        return 0;
+    }
+    return key_of(k->items[i], out);
+}
+
+static void keys_close(Keys *k)
+{
+    Py_XDECREF(k->fast);
+    if (k->has_view) {
+        PyBuffer_Release(&k->view);
+    }
+}
+
+/* -- the table ---------------------------------------------------------------------------------- */
+
+static inline uint32_t home(const LruMap *m, Key key)
+{
+    return (uint32_t)(((key.v ^ key.neg) * GOLDEN) >> (64 - m->bits));
+}
+
+/* The node holding `key`, or NIL. */
+static inline int32_t find(const LruMap *m, Key key)
+{
+    uint32_t i = home(m, key);
+    for (;;) {
+        int32_t n = m->table[i];
+        if (n == NIL || same(node_key(&m->nodes[n]), key)) {
+            return n;
+        }
+        i = (i + 1) & m->mask;
+    }
+}
+
+static void place(LruMap *m, int32_t n)
+{
+    uint32_t i = home(m, node_key(&m->nodes[n]));
+    while (m->table[i] != NIL) {
+        i = (i + 1) & m->mask;
+    }
+    m->table[i] = n;
+    m->nodes[n].slot = (int32_t)i;
+}
+
+static int resize_table(LruMap *m, int bits)
+{
+    size_t size = (size_t)1 << bits;
+    int32_t *table = PyMem_Malloc(size * sizeof(int32_t));
+    if (table == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(table, 0xff, size * sizeof(int32_t)); /* NIL everywhere */
+    PyMem_Free(m->table);
+    m->table = table;
+    m->bits = bits;
+    m->mask = (uint32_t)(size - 1);
+    for (int32_t n = 0; n < m->used; n++) {
+        if (m->nodes[n].state != FREE) {
+            place(m, n);
+        }
+    }
+    return 0;
+}
+
+/* Backward-shift deletion: the entries after the hole that may move into it do. */
+static void unplace(LruMap *m, int32_t n)
+{
+    uint32_t hole = (uint32_t)m->nodes[n].slot;
+    uint32_t j = hole;
+    m->table[hole] = NIL;
+    for (;;) {
+        j = (j + 1) & m->mask;
+        int32_t other = m->table[j];
+        if (other == NIL) {
+            return;
+        }
+        uint32_t h = home(m, node_key(&m->nodes[other]));
+        /* `other` may fill the hole unless its home lies cyclically in (hole, j]. */
+        if (((j - h) & m->mask) >= ((j - hole) & m->mask)) {
+            m->table[hole] = other;
+            m->nodes[other].slot = (int32_t)hole;
+            m->table[j] = NIL;
+            hole = j;
+        }
+    }
+}
+
+/* -- the recency list --------------------------------------------------------------------------- */
+
+static inline void unlink_node(LruMap *m, int32_t n)
+{
+    Node *x = &m->nodes[n];
+    if (x->prev != NIL) {
+        m->nodes[x->prev].next = x->next;
+    } else {
+        m->lru = x->next;
+    }
+    if (x->next != NIL) {
+        m->nodes[x->next].prev = x->prev;
+    } else {
+        m->mru = x->prev;
+    }
+}
+
+static inline void link_mru(LruMap *m, int32_t n)
+{
+    Node *x = &m->nodes[n];
+    x->prev = m->mru;
+    x->next = NIL;
+    if (m->mru != NIL) {
+        m->nodes[m->mru].next = n;
+    } else {
+        m->lru = n;
+    }
+    m->mru = n;
+}
+
+static inline void to_mru(LruMap *m, int32_t n)
+{
+    if (m->mru != n) {
+        unlink_node(m, n);
+        link_mru(m, n);
+    }
+}
+
+/* Room for `more` keys: nodes and a table at most half full. */
+static int reserve(LruMap *m, Py_ssize_t more)
+{
+    Py_ssize_t want = m->len + m->incoming + more;
+    if (want > MAX_NODES) {
+        PyErr_SetString(PyExc_OverflowError, "too many keys for a compiled LRU order");
+        return -1;
+    }
+    if (want > m->nodes_cap) { /* (the free nodes are nodes_cap - len - incoming) */
+        int32_t cap = m->nodes_cap ? m->nodes_cap : 64;
+        while (cap < want) {
+            cap *= 2;
+        }
+        Node *nodes = PyMem_Realloc(m->nodes, (size_t)cap * sizeof(Node));
+        if (nodes == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        m->nodes = nodes;
+        m->nodes_cap = cap;
+    }
+    int bits = m->bits;
+    while (((Py_ssize_t)1 << bits) < 2 * want) {
+        bits++;
+    }
+    if (bits != m->bits) {
+        return resize_table(m, bits);
+    }
+    return 0;
+}
+
+/* A new node for `key` (room reserved): resident at the most recently used end, or
+ * incoming. */
+static int32_t insert(LruMap *m, Key key, Key parent, int has_parent, uint8_t state)
+{
+    int32_t n;
+    if (m->free_list != NIL) {
+        n = m->free_list;
+        m->free_list = m->nodes[n].next;
+    } else if (m->used < m->nodes_cap) {
+        n = m->used++;
+    } else { /* (reserve() grows the array when the free list is empty) */
+        return NIL;
+    }
+    Node *x = &m->nodes[n];
+    x->key = key.v;
+    x->key_neg = (uint8_t)key.neg;
+    x->parent = parent.v;
+    x->parent_neg = (uint8_t)parent.neg;
+    x->flags = has_parent ? HAS_PARENT : 0;
+    x->state = state;
+    place(m, n);
+    if (state == RESIDENT) {
+        link_mru(m, n);
+        m->len++;
+    } else {
+        m->incoming++;
+    }
+    return n;
+}
+
+static void release(LruMap *m, int32_t n)
+{
+    unplace(m, n);
+    if (m->nodes[n].state == RESIDENT) {
+        unlink_node(m, n);
+        m->len--;
+    } else {
+        m->incoming--;
+    }
+    m->nodes[n].state = FREE;
+    m->nodes[n].next = m->free_list;
+    m->free_list = n;
+}
+
+/* The resident node holding `key`, or NIL. */
+static inline int32_t find_resident(const LruMap *m, Key key)
+{
+    int32_t n = find(m, key);
+    return n != NIL && m->nodes[n].state == RESIDENT ? n : NIL;
+}
+
+static PyObject *key_error(Key key)
+{
+    PyObject *k = key_obj(key);
+    if (k != NULL) {
+        PyErr_SetObject(PyExc_KeyError, k);
+        Py_DECREF(k);
+    }
+    return NULL;
+}
+
+static PyObject *incoming_error(Key key)
+{
+    PyObject *k = key_obj(key);
+    if (k != NULL) {
+        PyErr_Format(PyExc_ValueError, "key %R is incoming (reserved, not landed)", k);
+        Py_DECREF(k);
+    }
+    return NULL;
+}
+
+static PyObject *parent_of(const Node *x)
+{
+    if (!(x->flags & HAS_PARENT)) {
+        Py_RETURN_NONE;
+    }
+    return key_obj((Key){x->parent, x->parent_neg});
+}
+
+/* -- the type ----------------------------------------------------------------------------------- */
+
+static PyObject *LruMap_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    if (PyTuple_GET_SIZE(args) || (kwds && PyDict_GET_SIZE(kwds))) {
+        PyErr_SetString(PyExc_TypeError, "LruMap() takes no arguments");
+        return NULL;
+    }
+    LruMap *m = (LruMap *)type->tp_alloc(type, 0);
+    if (m == NULL) {
+        return NULL;
+    }
+    m->free_list = NIL;
+    m->lru = m->mru = NIL;
+    if (resize_table(m, 4) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return (PyObject *)m;
+}
+
+static void LruMap_dealloc(LruMap *m)
+{
+    PyMem_Free(m->nodes);
+    PyMem_Free(m->table);
+    Py_TYPE(m)->tp_free((PyObject *)m);
+}
+
+static Py_ssize_t LruMap_len(LruMap *m)
+{
+    return m->len;
+}
+
+static int LruMap_contains(LruMap *m, PyObject *obj)
+{
+    Key key;
+    if (key_of(obj, &key) < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError) &&
+            !PyErr_ExceptionMatches(PyExc_TypeError)) {
+            return -1;
+        }
+        PyErr_Clear(); /* not an int in 0..2**64-1: no key of ours (as a dict would answer) */
+        return 0;
+    }
+    return find_resident(m, key) != NIL;
+}
+
+static PyObject *LruMap_getitem(LruMap *m, PyObject *obj)
+{
+    Key key;
+    if (key_of(obj, &key) < 0) {
+        return NULL;
+    }
+    int32_t n = find_resident(m, key);
+    if (n == NIL) {
+        return key_error(key);
+    }
+    return parent_of(&m->nodes[n]);
+}
+
+/* add(keys, parents): each key at the most recently used end with its parent (int or None),
+ * in order; a key already there keeps its place and takes the new parent (as
+ * OrderedDict.update). ValueError, nothing changed: a key is incoming. */
+static PyObject *LruMap_add(LruMap *m, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "add(keys, parents)");
+        return NULL;
+    }
+    Keys k;
+    if (keys_open(args[0], &k) < 0) {
+        return NULL;
+    }
+    PyObject *ps = PySequence_Fast(args[1], "parents must be a sequence");
+    if (ps == NULL) {
+        keys_close(&k);
+        return NULL;
+    }
+    if (PySequence_Fast_GET_SIZE(ps) != k.n) {
+        PyErr_Format(PyExc_ValueError, "%zd keys but %zd parents", k.n,
+                     PySequence_Fast_GET_SIZE(ps));
+        goto fail;
+    }
+    PyObject **parents = PySequence_Fast_ITEMS(ps);
+    /* Checked first (every key and parent converts, none is incoming), then applied. */
+    for (int apply = 0; apply < 2; apply++) {
+        if (apply && reserve(m, k.n) < 0) {
+            goto fail;
+        }
+        for (Py_ssize_t i = 0; i < k.n; i++) {
+            Key key, parent = {0, 0};
+            int has_parent = parents[i] != Py_None;
+            if (keys_get(&k, i, &key) < 0 ||
+                (has_parent && key_of(parents[i], &parent) < 0)) {
+                goto fail;
+            }
+            int32_t n = find(m, key);
+            if (!apply) {
+                if (n != NIL && m->nodes[n].state == INCOMING) {
+                    incoming_error(key);
+                    goto fail;
+                }
+            } else if (n == NIL) {
+                insert(m, key, parent, has_parent, RESIDENT);
+            } else {
+                m->nodes[n].parent = parent.v;
+                m->nodes[n].parent_neg = (uint8_t)parent.neg;
+                m->nodes[n].flags = has_parent ? HAS_PARENT : 0;
+            }
+        }
+    }
+    Py_DECREF(ps);
+    keys_close(&k);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(ps);
+    keys_close(&k);
+    return NULL;
+}
+
+/* move_to_end(keys): each becomes the most recently used in turn (the last one most of all);
+ * KeyError at the first key not here (the ones before it moved). */
+static PyObject *LruMap_move_to_end(LruMap *m, PyObject *seq)
+{
+    Keys k;
+    if (keys_open(seq, &k) < 0) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < k.n; i++) {
+        Key key;
+        if (keys_get(&k, i, &key) < 0) {
+            keys_close(&k);
+            return NULL;
+        }
+        int32_t n = find_resident(m, key);
+        if (n == NIL) {
+            keys_close(&k);
+            return key_error(key);
+        }
+        to_mru(m, n);
+    }
+    keys_close(&k);
+    Py_RETURN_NONE;
+}
+
+/* pop_many(keys): take each out; KeyError at the first key not here. */
+static PyObject *LruMap_pop_many(LruMap *m, PyObject *seq)
+{
+    Keys k;
+    if (keys_open(seq, &k) < 0) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < k.n; i++) {
+        Key key;
+        if (keys_get(&k, i, &key) < 0) {
+            keys_close(&k);
+            return NULL;
+        }
+        int32_t n = find_resident(m, key);
+        if (n == NIL) {
+            keys_close(&k);
+            return key_error(key);
+        }
+        release(m, n);
+    }
+    keys_close(&k);
+    Py_RETURN_NONE;
+}
+
+/* pop_lru(n): up to n keys taken from the least recently used end, in that order. */
+static PyObject *LruMap_pop_lru(LruMap *m, PyObject *arg)
+{
+    Py_ssize_t want = PyLong_AsSsize_t(arg);
+    if (want == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (want > m->len) {
+        want = m->len;
+    }
+    if (want < 0) {
+        want = 0;
+    }
+    PyObject *out = PyList_New(want);
+    if (out == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < want; i++) {
+        PyObject *key = key_obj(node_key(&m->nodes[m->lru]));
+        if (key == NULL) {
+            Py_DECREF(out); /* (the keys taken so far are gone: only on a failed allocation) */
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, key);
+        release(m, m->lru);
+    }
+    return out;
+}
+
+static int check_range(Py_ssize_t n, Py_ssize_t *start, Py_ssize_t *stop)
+{
+    if (*stop > n) {
+        PyErr_Format(PyExc_IndexError, "lookup up to %zd of %zd keys", *stop, n);
+        return -1;
+    }
+    if (*start < 0) {
+        *start = 0;
+    }
+    return 0;
+}
+
+/* count_run(keys, start, stop): how many of keys[start:stop] are here, contiguously from
+ * start (IndexError: stop past the keys). */
+static PyObject *LruMap_count_run(LruMap *m, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t start, stop;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "count_run(keys, start, stop)");
+        return NULL;
+    }
+    start = PyLong_AsSsize_t(args[1]);
+    if (start == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    stop = PyLong_AsSsize_t(args[2]);
+    if (stop == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Keys k;
+    if (keys_open(args[0], &k) < 0) {
+        return NULL;
+    }
+    if (check_range(k.n, &start, &stop) < 0) {
+        keys_close(&k);
+        return NULL;
+    }
+    Py_ssize_t i = start;
+    for (; i < stop; i++) {
+        Key key;
+        if (keys_get(&k, i, &key) < 0) {
+            keys_close(&k);
+            return NULL;
+        }
+        if (find_resident(m, key) == NIL) {
+            break;
+        }
+    }
+    keys_close(&k);
+    return PyLong_FromSsize_t(i > start ? i - start : 0);
+}
+
+/* How many keys of `seq` are here (stopping at the first absent one if `until_absent`, or at
+ * the first present one if `until_present`); -1 on error. */
+static Py_ssize_t count_here(LruMap *m, PyObject *seq, int until_absent, int until_present)
+{
+    Keys k;
+    if (keys_open(seq, &k) < 0) {
+        return -1;
+    }
+    Py_ssize_t here = 0;
+    for (Py_ssize_t i = 0; i < k.n; i++) {
+        Key key;
+        if (keys_get(&k, i, &key) < 0) {
+            keys_close(&k);
+            return -1;
+        }
+        if (find_resident(m, key) != NIL) {
+            here++;
+            if (until_present) {
+                break;
+            }
+        } else if (until_absent) {
+            break;
+        }
+    }
+    keys_close(&k);
+    return here;
+}
+
+/* contains_all(keys): every key is here. */
+static PyObject *LruMap_contains_all(LruMap *m, PyObject *seq)
+{
+    Py_ssize_t n = PyObject_Length(seq);
+    if (n < 0) {
+        return NULL;
+    }
+    Py_ssize_t here = count_here(m, seq, 1, 0);
+    if (here < 0) {
+        return NULL;
+    }
+    return PyBool_FromLong(here == n);
+}
+
+/* isdisjoint(keys): no key is here. */
+static PyObject *LruMap_isdisjoint(LruMap *m, PyObject *seq)
+{
+    Py_ssize_t here = count_here(m, seq, 0, 1);
+    if (here < 0) {
+        return NULL;
+    }
+    return PyBool_FromLong(here == 0);
+}
+
+/* present(keys): the keys that are here, in the order given. */
+static PyObject *LruMap_present(LruMap *m, PyObject *seq)
+{
+    Keys k;
+    if (keys_open(seq, &k) < 0) {
+        return NULL;
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        keys_close(&k);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < k.n; i++) {
+        Key key;
+        if (keys_get(&k, i, &key) < 0) {
+            goto fail;
+        }
+        if (find_resident(m, key) == NIL) {
+            continue;
+        }
+        PyObject *obj = k.items != NULL ? Py_NewRef(k.items[i]) : key_obj(key);
+        if (obj == NULL) {
+            goto fail;
+        }
+        int err = PyList_Append(out, obj);
+        Py_DECREF(obj);
+        if (err < 0) {
+            goto fail;
+        }
+    }
+    keys_close(&k);
+    return out;
+fail:
+    keys_close(&k);
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* parents(keys): each key's parent (int or None); KeyError at a key not here. */
+static PyObject *LruMap_parents(LruMap *m, PyObject *seq)
+{
+    Keys k;
+    if (keys_open(seq, &k) < 0) {
+        return NULL;
+    }
+    PyObject *out = PyList_New(k.n);
+    if (out == NULL) {
+        keys_close(&k);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < k.n; i++) {
+        Key key;
+        if (keys_get(&k, i, &key) < 0) {
+            goto fail;
+        }
+        int32_t n = find_resident(m, key);
+        if (n == NIL) {
+            key_error(key);
+            goto fail;
+        }
+        PyObject *p = parent_of(&m->nodes[n]);
+        if (p == NULL) {
+            goto fail;
+        }
+        PyList_SET_ITEM(out, i, p);
+    }
+    keys_close(&k);
+    return out;
+fail:
+    keys_close(&k);
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* scan(n, pinned, spared): from the least recently used end, up to n keys in neither
+ * `pinned` nor `spared` (containers of ints), and the pinned keys passed on the way:
+ * (victims, passed). Nothing moves or leaves. */
+static PyObject *LruMap_scan(LruMap *m, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "scan(n, pinned, spared)");
+        return NULL;
+    }
+    Py_ssize_t want = PyLong_AsSsize_t(args[0]);
+    if (want == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *pinned = args[1], *spared = args[2];
+    /* (Nothing is spared, most often: an empty tuple or set is not asked.) */
+    Py_ssize_t spared_len = PyObject_Length(spared);
+    if (spared_len < 0) {
+        PyErr_Clear(); /* a container without a length: asked every time */
+    }
+    int check_spared = spared_len != 0;
+    PyObject *victims = PyList_New(0), *passed = PyList_New(0);
+    if (victims == NULL || passed == NULL) {
+        goto fail;
+    }
+    /* The next node is read before any container is asked: asking runs no code of ours, but
+     * an object's __eq__ could; the list is re-read from the map each step regardless. */
+    for (int32_t n = m->lru; n != NIL && PyList_GET_SIZE(victims) < want; n = m->nodes[n].next) {
+        PyObject *key = key_obj(node_key(&m->nodes[n]));
+        if (key == NULL) {
+            goto fail;
+        }
+        int r = PySequence_Contains(pinned, key);
+        PyObject *into = NULL;
+        if (r > 0) {
+            into = passed;
+        } else if (r == 0) {
+            r = check_spared ? PySequence_Contains(spared, key) : 0;
+            into = r == 0 ? victims : NULL;
+        }
+        if (r < 0 || (into != NULL && PyList_Append(into, key) < 0)) {
+            Py_DECREF(key);
+            goto fail;
+        }
+        Py_DECREF(key);
+    }
+    return Py_BuildValue("(NN)", victims, passed);
+fail:
+    Py_XDECREF(victims);
+    Py_XDECREF(passed);
+    return NULL;
+}
+
+/* -- incoming: reserved slots whose copies have not landed -------------------------------------- */
+
+static PyObject *LruMap_get_num_incoming(LruMap *m, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSsize_t(m->incoming);
+}
+
+/* holds(key): resident or incoming. */
+static PyObject *LruMap_holds(LruMap *m, PyObject *obj)
+{
+    Key key;
+    if (key_of(obj, &key) < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError) &&
+            !PyErr_ExceptionMatches(PyExc_TypeError)) {
+            return NULL;
+        }
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    return PyBool_FromLong(find(m, key) != NIL);
+}
+
+/* The keys inserted as incoming, in order; if one is held already (or comes twice) or fails to
+ * convert, what this call inserted is taken out again. 1: inserted, 0: a key was held (nothing
+ * changed), -1: an error (nothing changed). */
+static int reserve_keys(LruMap *m, PyObject *keys, PyObject *parents_seq)
+{
+    Keys k;
+    if (keys_open(keys, &k) < 0) {
+        return -1;
+    }
+    PyObject *ps = PySequence_Fast(parents_seq, "parents must be a sequence");
+    if (ps == NULL) {
+        keys_close(&k);
+        return -1;
+    }
+    int result = -1;
+    int32_t *made = NULL;
+    Py_ssize_t done = 0;
+    if (PySequence_Fast_GET_SIZE(ps) != k.n) {
+        PyErr_Format(PyExc_ValueError, "%zd keys but %zd parents", k.n,
+                     PySequence_Fast_GET_SIZE(ps));
+        goto out;
+    }
+    if (reserve(m, k.n) < 0) {
+        goto out;
+    }
+    made = PyMem_Malloc((size_t)(k.n ? k.n : 1) * sizeof(int32_t));
+    if (made == NULL) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    PyObject **parents = PySequence_Fast_ITEMS(ps);
+    result = 1;
+    for (Py_ssize_t i = 0; i < k.n; i++) {
+        Key key, parent = {0, 0};
+        int has_parent = parents[i] != Py_None;
+        if (keys_get(&k, i, &key) < 0 || (has_parent && key_of(parents[i], &parent) < 0)) {
+            result = -1;
+            break;
+        }
+        if (find(m, key) != NIL) {
+            result = 0;
+            break;
+        }
+        made[done++] = insert(m, key, parent, has_parent, INCOMING);
+    }
+    if (result != 1) {
+        while (done > 0) {
+            release(m, made[--done]);
+        }
+    }
+out:
+    PyMem_Free(made);
+    Py_DECREF(ps);
+    keys_close(&k);
+    return result;
+}
+
+/* reserve_new(keys, parents): if no key is held (resident or incoming), all become incoming:
+ * True; else nothing changes: False. */
+static PyObject *LruMap_reserve_new(LruMap *m, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "reserve_new(keys, parents)");
+        return NULL;
+    }
+    int r = reserve_keys(m, args[0], args[1]);
+    return r < 0 ? NULL : PyBool_FromLong(r);
+}
+
+/* reserve(keys, parents): every key becomes incoming (ValueError, nothing changed: one is held
+ * already, or comes twice). */
+static PyObject *LruMap_reserve(LruMap *m, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "reserve(keys, parents)");
+        return NULL;
+    }
+    int r = reserve_keys(m, args[0], args[1]);
+    if (r == 0) {
+        PyErr_SetString(PyExc_ValueError, "reserve: a key is held already (or comes twice)");
+    }
+    if (r <= 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* incoming_present(keys): the keys that are incoming, in the order given. */
+static PyObject *LruMap_incoming_present(LruMap *m, PyObject *seq)
+{
+    Keys k;
+    if (keys_open(seq, &k) < 0) {
+        return NULL;
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        keys_close(&k);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < k.n; i++) {
+        Key key;
+        if (keys_get(&k, i, &key) < 0) {
+            goto fail;
+        }
+        int32_t n = find(m, key);
+        if (n == NIL || m->nodes[n].state != INCOMING) {
+            continue;
+        }
+        PyObject *obj = key_obj(key);
+        if (obj == NULL) {
+            goto fail;
+        }
+        int err = PyList_Append(out, obj);
+        Py_DECREF(obj);
+        if (err < 0) {
+            goto fail;
+        }
+    }
+    keys_close(&k);
+    return out;
+fail:
+    keys_close(&k);
+    Py_DECREF(out);
+    return NULL;
+}
+
+static void unmark(LruMap *m, const int32_t *nodes, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        m->nodes[nodes[i]].flags &= (uint8_t)~MARK;
+    }
+}
+
+/* A batch's nodes into `out`, each marked: every key incoming and none twice, else KeyError
+ * (the first key that is not, nothing changed, no mark left). */
+static int incoming_nodes(LruMap *m, Keys *k, int32_t *out)
+{
+    Py_ssize_t i;
+    for (i = 0; i < k->n; i++) {
+        Key key;
+        if (keys_get(k, i, &key) < 0) {
+            goto fail;
+        }
+        int32_t n = find(m, key);
+        if (n == NIL || m->nodes[n].state != INCOMING || (m->nodes[n].flags & MARK)) {
+            key_error(key);
+            goto fail;
+        }
+        m->nodes[n].flags |= MARK;
+        out[i] = n;
+    }
+    return 0;
+fail:
+    unmark(m, out, i);
+    return -1;
+}
+
+static void list_landed(LruMap *m, int32_t n)
+{
+    m->nodes[n].state = RESIDENT;
+    m->incoming--;
+    m->len++;
+    link_mru(m, n);
+}
+
+static inline int is_parent(const Node *child, const Node *parent)
+{
+    return (child->flags & HAS_PARENT) && child->parent == parent->key &&
+           child->parent_neg == parent->key_neg;
+}
+
+/* Whether a node's parent is in the batch being landed (marked). */
+static inline int parent_in_batch(const LruMap *m, const Node *x)
+{
+    if (!(x->flags & HAS_PARENT)) {
+        return 0;
+    }
+    int32_t p = find(m, (Key){x->parent, x->parent_neg});
+    return p != NIL && (m->nodes[p].flags & MARK);
+}
+
+/* Land a batch of chains children first, as chains_children_first (mocker/tiers/lru_order.py)
+ * orders it: chains root first each reversed, chains leaf first kept, the chains in the order
+ * of their roots. 0 if a chain branches within the batch (nothing landed). */
+static int land_chains(LruMap *m, const int32_t *nodes, Py_ssize_t n)
+{
+    const Node *x = m->nodes;
+    /* One chain (the common batch), whatever its ends' parents: leaf first, or root first. */
+    int leaf_first = 1, root_first = 1;
+    for (Py_ssize_t i = 1; i < n && (leaf_first || root_first); i++) {
+        leaf_first = leaf_first && is_parent(&x[nodes[i - 1]], &x[nodes[i]]);
+        root_first = root_first && is_parent(&x[nodes[i]], &x[nodes[i - 1]]);
+    }
+    if (leaf_first || root_first) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            list_landed(m, nodes[leaf_first ? i : n - 1 - i]);
+        }
+        return 1;
+    }
+    /* Root-first runs: a run continues while each node's parent is the node before it; the
+     * runs are chains when no run's first node has its parent in the batch. */
+    int ok = 1;
+    for (Py_ssize_t i = 0; i < n && ok; i++) {
+        if (i == 0 || !is_parent(&x[nodes[i]], &x[nodes[i - 1]])) {
+            ok = !parent_in_batch(m, &x[nodes[i]]);
+        }
+    }
+    if (ok) {
+        for (Py_ssize_t lo = 0, hi; lo < n; lo = hi) { /* the runs in order, each reversed */
+            hi = lo + 1;
+            while (hi < n && is_parent(&x[nodes[hi]], &x[nodes[hi - 1]])) {
+                hi++;
+            }
+            for (Py_ssize_t j = hi - 1; j >= lo; j--) {
+                list_landed(m, nodes[j]);
+            }
+        }
+        return 1;
+    }
+    /* Leaf-first runs: a run continues while each node's parent is the node after it; the
+     * runs are chains when no run's last node has its parent in the batch. */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if ((i == n - 1 || !is_parent(&x[nodes[i]], &x[nodes[i + 1]])) &&
+            parent_in_batch(m, &x[nodes[i]])) {
+            return 0;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        list_landed(m, nodes[i]);
+    }
+    return 1;
+}
+
+enum { LAND_ORDERED, LAND_IN_ORDER, DROP };
+
+/* The verbs on a batch of incoming keys (validated first: KeyError, nothing changed). */
+static PyObject *incoming_batch(LruMap *m, PyObject *seq, int verb)
+{
+    Keys k;
+    if (keys_open(seq, &k) < 0) {
+        return NULL;
+    }
+    int32_t *nodes = PyMem_Malloc((size_t)(k.n ? k.n : 1) * sizeof(int32_t));
+    if (nodes == NULL) {
+        keys_close(&k);
+        return PyErr_NoMemory();
+    }
+    PyObject *result = NULL;
+    Py_ssize_t n = k.n;
+    if (incoming_nodes(m, &k, nodes) < 0) {
+        goto out;
+    }
+    if (verb == LAND_ORDERED && land_chains(m, nodes, n)) {
+        unmark(m, nodes, n);
+        result = Py_NewRef(Py_None);
+        goto out;
+    }
+    unmark(m, nodes, n);
+    if (verb == DROP) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            release(m, nodes[i]);
+        }
+        result = Py_NewRef(Py_None);
+        goto out;
+    }
+    if (verb == LAND_IN_ORDER) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            list_landed(m, nodes[i]);
+        }
+        result = Py_NewRef(Py_None);
+        goto out;
+    }
+    /* A chain branches within the batch: its parents, for the caller's ordering. */
+    result = PyList_New(n);
+    for (Py_ssize_t i = 0; result != NULL && i < n; i++) {
+        PyObject *p = parent_of(&m->nodes[nodes[i]]);
+        if (p == NULL) {
+            Py_CLEAR(result);
+            break;
+        }
+        PyList_SET_ITEM(result, i, p);
+    }
+out:
+    PyMem_Free(nodes);
+    keys_close(&k);
+    return result;
+}
+
+/* land(keys): these incoming keys become resident, children before parents (so a parent is
+ * more recently used than its children) when the batch is chains: None; otherwise nothing
+ * changes and their parents are returned, for `land_in_order` after the caller's ordering. */
+static PyObject *LruMap_land(LruMap *m, PyObject *seq)
+{
+    return incoming_batch(m, seq, LAND_ORDERED);
+}
+
+static PyObject *LruMap_land_in_order(LruMap *m, PyObject *seq)
+{
+    return incoming_batch(m, seq, LAND_IN_ORDER);
+}
+
+static PyObject *LruMap_drop(LruMap *m, PyObject *seq)
+{
+    return incoming_batch(m, seq, DROP);
+}
+
+/* keys(): every key, least recently used first. */
+static PyObject *LruMap_keys(LruMap *m, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *out = PyList_New(m->len);
+    if (out == NULL) {
+        return NULL;
+    }
+    Py_ssize_t i = 0;
+    for (int32_t n = m->lru; n != NIL; n = m->nodes[n].next, i++) {
+        PyObject *key = key_obj(node_key(&m->nodes[n]));
+        if (key == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, key);
+    }
+    return out;
+}
+
+/* items(): (key, parent) pairs, least recently used first. */
+static PyObject *LruMap_items(LruMap *m, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *out = PyList_New(m->len);
+    if (out == NULL) {
+        return NULL;
+    }
+    Py_ssize_t i = 0;
+    for (int32_t n = m->lru; n != NIL; n = m->nodes[n].next, i++) {
+        PyObject *key = key_obj(node_key(&m->nodes[n]));
+        PyObject *parent = key != NULL ? parent_of(&m->nodes[n]) : NULL;
+        PyObject *pair = parent != NULL ? PyTuple_Pack(2, key, parent) : NULL;
+        Py_XDECREF(key);
+        Py_XDECREF(parent);
+        if (pair == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, pair);
+    }
+    return out;
+}
+
+static PyObject *LruMap_iter(LruMap *m)
+{
+    PyObject *keys = LruMap_keys(m, NULL);
+    if (keys == NULL) {
+        return NULL;
+    }
+    PyObject *it = PyObject_GetIter(keys);
+    Py_DECREF(keys);
+    return it;
+}
+
+static PyMethodDef LruMap_methods[] = {
+    {"add", (PyCFunction)(void (*)(void))LruMap_add, METH_FASTCALL,
+     "add(keys, parents): at the most recently used end, in order (a key here keeps its place)."},
+    {"move_to_end", (PyCFunction)LruMap_move_to_end, METH_O,
+     "move_to_end(keys): each the most recently used in turn."},
+    {"pop_many", (PyCFunction)LruMap_pop_many, METH_O, "pop_many(keys): take them out."},
+    {"pop_lru", (PyCFunction)LruMap_pop_lru, METH_O,
+     "pop_lru(n): up to n keys taken from the least recently used end."},
+    {"count_run", (PyCFunction)(void (*)(void))LruMap_count_run, METH_FASTCALL,
+     "count_run(keys, start, stop): keys[start:stop] here, contiguously from start."},
+    {"contains_all", (PyCFunction)LruMap_contains_all, METH_O, "Every key is here."},
+    {"isdisjoint", (PyCFunction)LruMap_isdisjoint, METH_O, "No key is here."},
+    {"present", (PyCFunction)LruMap_present, METH_O, "The keys that are here, in order."},
+    {"parents", (PyCFunction)LruMap_parents, METH_O, "Each key's parent (int or None)."},
+    {"scan", (PyCFunction)(void (*)(void))LruMap_scan, METH_FASTCALL,
+     "scan(n, pinned, spared): (victims, pinned keys passed) from the least recently used end."},
+    {"holds", (PyCFunction)LruMap_holds, METH_O, "Resident or incoming."},
+    {"reserve_new", (PyCFunction)(void (*)(void))LruMap_reserve_new, METH_FASTCALL,
+     "reserve_new(keys, parents): all incoming if none is held (True), else nothing (False)."},
+    {"reserve", (PyCFunction)(void (*)(void))LruMap_reserve, METH_FASTCALL,
+     "reserve(keys, parents): all incoming (ValueError: one is held, or comes twice)."},
+    {"incoming_present", (PyCFunction)LruMap_incoming_present, METH_O,
+     "The keys that are incoming, in order."},
+    {"land", (PyCFunction)LruMap_land, METH_O,
+     "land(keys): incoming -> resident when the batch is chains (None), else its parents."},
+    {"land_in_order", (PyCFunction)LruMap_land_in_order, METH_O,
+     "land_in_order(keys): incoming -> resident, in this order."},
+    {"drop", (PyCFunction)LruMap_drop, METH_O, "drop(keys): incoming keys given up."},
+    {"keys", (PyCFunction)LruMap_keys, METH_NOARGS, "Every key, least recently used first."},
+    {"items", (PyCFunction)LruMap_items, METH_NOARGS, "(key, parent), least recently used first."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef LruMap_getset[] = {
+    {"num_incoming", (getter)LruMap_get_num_incoming, NULL, "Keys reserved, not landed.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PySequenceMethods LruMap_as_sequence = {
+    .sq_length = (lenfunc)LruMap_len,
+    .sq_contains = (objobjproc)LruMap_contains,
+};
+
+static PyMappingMethods LruMap_as_mapping = {
+    .mp_length = (lenfunc)LruMap_len,
+    .mp_subscript = (binaryfunc)LruMap_getitem,
+};
+
+static PyTypeObject LruMapType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mocker.tiers._clru.LruMap",
+    .tp_doc = PyDoc_STR("A tier's keys (64-bit) -> parent: resident ones in recency order, "
+                        "and incoming ones."),
+    .tp_basicsize = sizeof(LruMap),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = LruMap_new,
+    .tp_dealloc = (destructor)LruMap_dealloc,
+    .tp_as_sequence = &LruMap_as_sequence,
+    .tp_as_mapping = &LruMap_as_mapping,
+    .tp_iter = (getiterfunc)LruMap_iter,
+    .tp_methods = LruMap_methods,
+    .tp_getset = LruMap_getset,
+};
+
+static struct PyModuleDef clru_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "mocker.tiers._clru",
+    .m_doc = "A tier's LRU order over flat arrays (mocker.tiers.lru_order is the reference).",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC PyInit__clru(void)
+{
+    if (PyType_Ready(&LruMapType) < 0) {
+        return NULL;
+    }
+    PyObject *mod = PyModule_Create(&clru_module);
+    if (mod == NULL) {
+        return NULL;
+    }
+    if (PyModule_AddObjectRef(mod, "LruMap", (PyObject *)&LruMapType) < 0) {
+        Py_DECREF(mod);
+        return NULL;
+    }
+    return mod;
+}
