@@ -81,6 +81,11 @@ def _same_state(py: BlockPool, c: CompiledBlockPool) -> None:
         assert c.block_hash(block.block_id) == block.block_hash
         if block.block_hash is not None:
             assert c.parent_hash(block.block_id) == block.parent_hash
+    # The batch forms (a store's keys and parents) answer as the Python pool's.
+    ids = [b.block_id for b in py.blocks]
+    assert c.block_hashes(ids) == py.block_hashes(py.blocks)
+    cached = [b for b in py.blocks if b.block_hash is not None]
+    assert c.parent_hashes([b.block_id for b in cached]) == py.parent_hashes(cached)
 
 
 def _ids(blocks: list[KVBlock]) -> list[int]:
@@ -270,6 +275,10 @@ def test_errors_name_the_block_as_the_python_pool_does() -> None:
         c.cache_full_blocks([0], 0, 2, [1, 2], [])
     with pytest.raises(TypeError):
         c.cache_full_blocks((0,), 0, 1, [1], [])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not in this pool"):
+        c.block_hashes([0, 4])
+    with pytest.raises(TypeError):
+        c.parent_hashes(7)  # type: ignore[arg-type]
 
 
 def test_hashes_are_read_from_a_vector_of_uint64_or_as_ints() -> None:
