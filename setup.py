@@ -12,6 +12,7 @@ setup(
         Extension(
             "mocker.kv._cpool",
             ["mocker/kv/_cpool.c"],
+            depends=["mocker/_cuint64.h"],
             optional=True,
             extra_compile_args=["-O2"],
         ),
@@ -38,6 +39,7 @@ setup(
         Extension(
             "mocker.tiers._clru",
             ["mocker/tiers/_clru.c"],
+            depends=["mocker/_cuint64.h"],
             optional=True,
             extra_compile_args=["-O2"],
         ),

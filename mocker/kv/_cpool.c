@@ -20,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../_cuint64.h"
+
 #define F_HASHED 1u
 #define F_PARENT 2u
 #define F_FREE 4u
@@ -75,28 +77,12 @@ typedef struct {
 
 /* -- hashes -------------------------------------------------------------------------------- */
 
-/* A hash (an int in [0, 2**64)) as a uint64. On 3.11 an exact int's digits are read directly:
- * PyLong_AsUnsignedLongLong converts an int of three digits (every hash above 2**60) through
- * a generic byte-array routine, several times the work. */
+/* A hash (an int in [0, 2**64)) as a uint64 (mocker/_cuint64.h: an exact int's digits read
+ * directly on 3.11). */
 static inline int hash_of(PyObject *obj, uint64_t *out)
 {
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
-    if (PyLong_CheckExact(obj)) {
-        Py_ssize_t size = Py_SIZE(obj);
-        const digit *d = ((PyLongObject *)obj)->ob_digit;
-        if (size >= 0 && size * PyLong_SHIFT < 64 + PyLong_SHIFT) {
-            /* The bits the top digit may use: a larger one is an int of 65 bits or more. */
-            int room = 64 - (int)(size - 1) * PyLong_SHIFT;
-            if (size == 0 || room >= PyLong_SHIFT || (d[size - 1] >> room) == 0) {
-                uint64_t x = 0;
-                for (Py_ssize_t i = size - 1; i >= 0; i--)
-                    x = (x << PyLong_SHIFT) | d[i];
-                *out = x;
-                return 0;
-            }
-        }
-    }
-#endif
+    if (uint64_digits(obj, out))
+        return 0;
     unsigned long long h = PyLong_AsUnsignedLongLong(obj);
     if (h == (unsigned long long)-1 && PyErr_Occurred())
         return -1;

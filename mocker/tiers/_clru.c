@@ -16,6 +16,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../_cuint64.h"
+
 #define NIL (-1)
 #define GOLDEN 0x9E3779B97F4A7C15ull
 #define MAX_NODES 0x3FFFFFFF /* node indexes are int32 */
@@ -79,7 +81,12 @@ typedef struct {
 
 static int long_key(PyObject *obj, Key *out)
 {
-    uint64_t v = PyLong_AsUnsignedLongLong(obj);
+    uint64_t v;
+    if (uint64_digits(obj, &v)) { /* (the common key: a hash, read from its digits) */
+        *out = (Key){v, 0};
+        return 0;
+    }
+    v = PyLong_AsUnsignedLongLong(obj);
     if (v == (uint64_t)-1 && PyErr_Occurred()) {
         if (!PyErr_ExceptionMatches(PyExc_OverflowError)) {
             return -1;
@@ -839,6 +846,26 @@ static PyObject *LruMap_holds(LruMap *m, PyObject *obj)
     return PyBool_FromLong(find(m, key) != NIL);
 }
 
+/* holds_all(keys): every key is resident or incoming. */
+static PyObject *LruMap_holds_all(LruMap *m, PyObject *seq)
+{
+    Keys k;
+    if (keys_open(seq, &k) < 0) {
+        return NULL;
+    }
+    int all = 1;
+    for (Py_ssize_t i = 0; i < k.n && all; i++) {
+        Key key;
+        if (keys_get(&k, i, &key) < 0) {
+            keys_close(&k);
+            return NULL;
+        }
+        all = find(m, key) != NIL;
+    }
+    keys_close(&k);
+    return PyBool_FromLong(all);
+}
+
 /* The keys inserted as incoming, in order; if one is held already (or comes twice) or fails to
  * convert, what this call inserted is taken out again. 1: inserted, 0: a key was held (nothing
  * changed), -1: an error (nothing changed). */
@@ -1215,6 +1242,7 @@ static PyMethodDef LruMap_methods[] = {
     {"scan", (PyCFunction)(void (*)(void))LruMap_scan, METH_FASTCALL,
      "scan(n, pinned, spared): (victims, pinned keys passed) from the least recently used end."},
     {"holds", (PyCFunction)LruMap_holds, METH_O, "Resident or incoming."},
+    {"holds_all", (PyCFunction)LruMap_holds_all, METH_O, "Every key resident or incoming."},
     {"reserve_new", (PyCFunction)(void (*)(void))LruMap_reserve_new, METH_FASTCALL,
      "reserve_new(keys, parents): all incoming if none is held (True), else nothing (False)."},
     {"reserve", (PyCFunction)(void (*)(void))LruMap_reserve, METH_FASTCALL,

@@ -118,6 +118,8 @@ class LruTier:
             plan = StorePlan(keys=list(keys))
             self._keep_meta(plan.keys, blocks)
             return plan
+        if order.holds_all(keys):
+            return StorePlan()  # all held already (a batch that was loaded): nothing to do
         fresh = dict(zip(keys, blocks.parents, strict=True))  # a key once, batch order
         # (Bound `pop`, not `__delitem__`: a slot wrapper builds an argument tuple per call;
         # and `isdisjoint` first: most batches are all new, or all held.)

@@ -90,6 +90,10 @@ class LruOrder(Protocol):
         """Resident or incoming."""
         ...
 
+    def holds_all(self, keys: Sequence[BlockKey], /) -> bool:
+        """Every key resident or incoming."""
+        ...
+
     def reserve_new(self, keys: Sequence[BlockKey], parents: Sequence[BlockKey | None], /) -> bool:
         """If no key is held (resident or incoming) and none comes twice, all become incoming:
         True; else nothing changes: False."""
@@ -251,6 +255,12 @@ class PyLruOrder:
 
     def holds(self, key: BlockKey) -> bool:
         return key in self._d or key in self._incoming
+
+    def holds_all(self, keys: Sequence[BlockKey]) -> bool:
+        if all(map(self._d.__contains__, keys)):
+            return True
+        incoming = self._incoming
+        return all(key in incoming or key in self._d for key in keys)
 
     def reserve_new(self, keys: Sequence[BlockKey], parents: Sequence[BlockKey | None]) -> bool:
         if len(keys) != len(parents):

@@ -205,7 +205,12 @@ def _step(order: LruOrder, rng: random.Random, shape: str) -> Callable[[], Any]:
     if verb == 4:
         return lambda: order.count_run(keys, rng.randrange(0, 3), rng.randrange(0, n + 2))
     if verb == 5:
-        return lambda: (order.contains_all(keys), order.isdisjoint(keys), order.present(keys))
+        return lambda: (
+            order.contains_all(keys),
+            order.isdisjoint(keys),
+            order.present(keys),
+            order.holds_all(keys),
+        )
     if verb == 6:
         return lambda: order.parents(keys)
     if verb == 7:
