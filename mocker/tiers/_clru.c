@@ -66,12 +66,13 @@ typedef struct {
     Py_ssize_t len;       /* resident nodes */
     Py_ssize_t incoming;  /* reserved nodes, not listed (a copy on its way) */
     int32_t lru, mru;     /* the list's ends, NIL when empty */
+    uint64_t version;     /* bumped by every change of a node's place (scan's guard) */
 } LruMap;
 
 /* -- keys in: ints, from a list/tuple or an 8-byte unsigned buffer ---------------------------- */
 
 typedef struct {
-    PyObject *fast;      /* a list/tuple (owned), or NULL */
+    PyObject *fast;      /* a list/tuple of ints and Nones only (owned), or NULL */
     PyObject **items;
     const uint64_t *words;
     Py_buffer view;
@@ -79,6 +80,7 @@ typedef struct {
     Py_ssize_t n;
 } Keys;
 
+/* An int's key (no Python code runs: the int's value is read, never its __index__). */
 static int long_key(PyObject *obj, Key *out)
 {
     uint64_t v;
@@ -104,12 +106,13 @@ static int long_key(PyObject *obj, Key *out)
     return 0;
 }
 
+/* A single key given as an object: an int, or an integer of another type (numpy's) by its
+ * index, as a dict would hash it. (Only where nothing of the map is held across the call.) */
 static int key_of(PyObject *obj, Key *out)
 {
     if (PyLong_Check(obj)) {
         return long_key(obj, out);
     }
-    /* An integer of another type (numpy's): its index, as a dict would hash it. */
     PyObject *index = PyNumber_Index(obj);
     if (index == NULL) {
         return -1;
@@ -124,22 +127,69 @@ static PyObject *key_obj(Key key)
     return key.neg ? PyLong_FromLongLong((long long)key.v) : PyLong_FromUnsignedLongLong(key.v);
 }
 
-static int keys_open(PyObject *seq, Keys *k)
+/* `seq` as a list or tuple whose items are all ints (or None, if `none_ok`): itself when they
+ * are (the common case: a check per item) and `copy` is 0, else a new tuple of their indexes
+ * made from a copy of the sequence (*slow set: Python code may have run). Once this returns,
+ * reading the items runs no Python code, so a key's __index__ cannot change them or the map
+ * under a verb. */
+static PyObject *int_items(PyObject *seq, int none_ok, const char *what, int copy, int *slow)
+{
+    PyObject *fast = PySequence_Fast(seq, what);
+    if (fast == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    Py_ssize_t i = 0;
+    while (!copy && i < n && (PyLong_Check(items[i]) || (none_ok && items[i] == Py_None))) {
+        i++;
+    }
+    if (!copy && i == n) {
+        return fast;
+    }
+    *slow = 1;
+    PyObject *own = PySequence_Tuple(fast); /* (its own references: the list may change) */
+    Py_DECREF(fast);
+    if (own == NULL) {
+        return NULL;
+    }
+    n = PyTuple_GET_SIZE(own);
+    PyObject *ints = PyTuple_New(n);
+    for (i = 0; ints != NULL && i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(own, i);
+        PyObject *v = PyLong_CheckExact(item) || (none_ok && item == Py_None)
+                          ? Py_NewRef(item) : PyNumber_Index(item);
+        if (v == NULL) {
+            Py_CLEAR(ints);
+            break;
+        }
+        PyTuple_SET_ITEM(ints, i, v);
+    }
+    Py_DECREF(own);
+    return ints;
+}
+
+static int keys_open_as(PyObject *seq, Keys *k, int copy, int *slow)
 {
     memset(k, 0, sizeof(*k));
     if (!PyList_Check(seq) && !PyTuple_Check(seq) && PyObject_CheckBuffer(seq)) {
         if (PyObject_GetBuffer(seq, &k->view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
             return -1;
         }
-        k->has_view = 1;
+        k->has_view = 1; /* (while it is held, the exporter cannot resize the buffer) */
         const char *f = k->view.format ? k->view.format : "B";
+#if PY_LITTLE_ENDIAN
         if (*f == '<' || *f == '=' || *f == '@') {
+#else
+        if (*f == '>' || *f == '!' || *f == '=' || *f == '@') {
+#endif
             f++;
         }
         if (k->view.itemsize != 8 || (strcmp(f, "Q") != 0 && strcmp(f, "L") != 0 &&
                                       strcmp(f, "K") != 0)) {
-            PyErr_Format(PyExc_TypeError, "keys from a buffer must be 8-byte unsigned ints, not "
-                         "format %.20s", k->view.format ? k->view.format : "B");
+            PyErr_Format(PyExc_TypeError, "keys from a buffer must be 8-byte unsigned ints in "
+                         "this machine's order, not format %.20s",
+                         k->view.format ? k->view.format : "B");
             PyBuffer_Release(&k->view);
             k->has_view = 0;
             return -1;
@@ -148,12 +198,54 @@ static int keys_open(PyObject *seq, Keys *k)
         k->n = k->view.len / 8;
         return 0;
     }
-    k->fast = PySequence_Fast(seq, "keys must be a sequence");
+    k->fast = int_items(seq, 0, "keys must be a sequence", copy, slow);
     if (k->fast == NULL) {
         return -1;
     }
     k->items = PySequence_Fast_ITEMS(k->fast);
     k->n = PySequence_Fast_GET_SIZE(k->fast);
+    return 0;
+}
+
+static int keys_open(PyObject *seq, Keys *k)
+{
+    int slow = 0;
+    return keys_open_as(seq, k, 0, &slow);
+}
+
+static void keys_close(Keys *k);
+
+/* Keys and their parents (ints or None), both readable without running Python code: if
+ * reading one ran any (an __index__), the other may have changed meanwhile, so both are
+ * taken again as copies. *ps: the parents' list or tuple (owned). */
+static int pair_open(PyObject *keys, PyObject *parents, Keys *k, PyObject **ps)
+{
+    const char *what = "parents must be a sequence";
+    int slow = 0;
+    if (keys_open_as(keys, k, 0, &slow) < 0) {
+        return -1;
+    }
+    *ps = int_items(parents, 1, what, 0, &slow);
+    if (*ps != NULL && slow) {
+        keys_close(k);
+        Py_DECREF(*ps);
+        *ps = NULL;
+        if (keys_open_as(keys, k, 1, &slow) < 0) {
+            return -1;
+        }
+        *ps = int_items(parents, 1, what, 1, &slow);
+    }
+    if (*ps == NULL) {
+        keys_close(k);
+        return -1;
+    }
+    if (PySequence_Fast_GET_SIZE(*ps) != k->n) {
+        PyErr_Format(PyExc_ValueError, "%zd keys but %zd parents", k->n,
+                     PySequence_Fast_GET_SIZE(*ps));
+        Py_CLEAR(*ps);
+        keys_close(k);
+        return -1;
+    }
     return 0;
 }
 
@@ -163,7 +255,7 @@ static inline int keys_get(Keys *k, Py_ssize_t i, Key *out)
         *out = (Key){k->words[i], 0};
         return 0;
     }
-    return key_of(k->items[i], out);
+    return long_key(k->items[i], out);
 }
 
 static void keys_close(Keys *k)
@@ -280,6 +372,7 @@ static inline void link_mru(LruMap *m, int32_t n)
 
 static inline void to_mru(LruMap *m, int32_t n)
 {
+    m->version++;
     if (m->mru != n) {
         unlink_node(m, n);
         link_mru(m, n);
@@ -327,7 +420,8 @@ static int32_t insert(LruMap *m, Key key, Key parent, int has_parent, uint8_t st
         m->free_list = m->nodes[n].next;
     } else if (m->used < m->nodes_cap) {
         n = m->used++;
-    } else { /* (reserve() grows the array when the free list is empty) */
+    } else { /* (reserve() made room: only a change of the map during a call gets here) */
+        PyErr_SetString(PyExc_RuntimeError, "LruMap changed during a call");
         return NIL;
     }
     Node *x = &m->nodes[n];
@@ -337,6 +431,7 @@ static int32_t insert(LruMap *m, Key key, Key parent, int has_parent, uint8_t st
     x->parent_neg = (uint8_t)parent.neg;
     x->flags = has_parent ? HAS_PARENT : 0;
     x->state = state;
+    m->version++;
     place(m, n);
     if (state == RESIDENT) {
         link_mru(m, n);
@@ -349,6 +444,7 @@ static int32_t insert(LruMap *m, Key key, Key parent, int has_parent, uint8_t st
 
 static void release(LruMap *m, int32_t n)
 {
+    m->version++;
     unplace(m, n);
     if (m->nodes[n].state == RESIDENT) {
         unlink_node(m, n);
@@ -466,18 +562,9 @@ static PyObject *LruMap_add(LruMap *m, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     Keys k;
-    if (keys_open(args[0], &k) < 0) {
+    PyObject *ps;
+    if (pair_open(args[0], args[1], &k, &ps) < 0) {
         return NULL;
-    }
-    PyObject *ps = PySequence_Fast(args[1], "parents must be a sequence");
-    if (ps == NULL) {
-        keys_close(&k);
-        return NULL;
-    }
-    if (PySequence_Fast_GET_SIZE(ps) != k.n) {
-        PyErr_Format(PyExc_ValueError, "%zd keys but %zd parents", k.n,
-                     PySequence_Fast_GET_SIZE(ps));
-        goto fail;
     }
     PyObject **parents = PySequence_Fast_ITEMS(ps);
     /* Checked first (every key and parent converts, none is incoming), then applied. */
@@ -489,7 +576,7 @@ static PyObject *LruMap_add(LruMap *m, PyObject *const *args, Py_ssize_t nargs)
             Key key, parent = {0, 0};
             int has_parent = parents[i] != Py_None;
             if (keys_get(&k, i, &key) < 0 ||
-                (has_parent && key_of(parents[i], &parent) < 0)) {
+                (has_parent && long_key(parents[i], &parent) < 0)) {
                 goto fail;
             }
             int32_t n = find(m, key);
@@ -499,7 +586,9 @@ static PyObject *LruMap_add(LruMap *m, PyObject *const *args, Py_ssize_t nargs)
                     goto fail;
                 }
             } else if (n == NIL) {
-                insert(m, key, parent, has_parent, RESIDENT);
+                if (insert(m, key, parent, has_parent, RESIDENT) == NIL) {
+                    goto fail; /* (cannot happen: room was reserved, and no Python code ran) */
+                }
             } else {
                 m->nodes[n].parent = parent.v;
                 m->nodes[n].parent_neg = (uint8_t)parent.neg;
@@ -516,52 +605,143 @@ fail:
     return NULL;
 }
 
+/* -- batch verbs: one walk over the keys ------------------------------------------------------ */
+
+/* Called for each key of a batch in order, with the node holding it (NIL: none); returns 0 to
+ * go on, 1 to stop there, -1 on an error (set). */
+typedef int (*Visit)(LruMap *m, Keys *k, Py_ssize_t i, Key key, int32_t node, void *ctx);
+
+/* Walk the keys of `seq`: 0, or -1 on an error. */
+static int each_key(LruMap *m, PyObject *seq, Visit visit, void *ctx)
+{
+    Keys k;
+    if (keys_open(seq, &k) < 0) {
+        return -1;
+    }
+    int r = 0;
+    for (Py_ssize_t i = 0; i < k.n && r == 0; i++) {
+        Key key;
+        r = keys_get(&k, i, &key) < 0 ? -1 : visit(m, &k, i, key, find(m, key), ctx);
+    }
+    keys_close(&k);
+    return r < 0 ? -1 : 0;
+}
+
+static inline int is_resident(const LruMap *m, int32_t node)
+{
+    return node != NIL && m->nodes[node].state == RESIDENT;
+}
+
+/* Appends the key to the list `ctx` (a list's own item, or a new int for a buffer's word). */
+static int append_key(Keys *k, Py_ssize_t i, Key key, PyObject *out)
+{
+    PyObject *obj = k->items != NULL ? Py_NewRef(k->items[i]) : key_obj(key);
+    if (obj == NULL) {
+        return -1;
+    }
+    int err = PyList_Append(out, obj);
+    Py_DECREF(obj);
+    return err;
+}
+
+/* ctx: an Act, done to each key's resident node; KeyError at a key not resident. */
+typedef struct {
+    void (*on)(LruMap *m, int32_t n);
+} Act;
+
+static int visit_resident(LruMap *m, Keys *k, Py_ssize_t i, Key key, int32_t n, void *ctx)
+{
+    (void)k, (void)i;
+    if (!is_resident(m, n)) {
+        key_error(key);
+        return -1;
+    }
+    ((Act *)ctx)->on(m, n);
+    return 0;
+}
+
+/* ctx: a Py_ssize_t count of resident keys; stops at the first absent one. */
+static int visit_until_absent(LruMap *m, Keys *k, Py_ssize_t i, Key key, int32_t n, void *ctx)
+{
+    (void)k, (void)i, (void)key;
+    if (!is_resident(m, n)) {
+        return 1;
+    }
+    ++*(Py_ssize_t *)ctx;
+    return 0;
+}
+
+/* ctx: an int set to 1 at the first resident key, where it stops. */
+static int visit_until_present(LruMap *m, Keys *k, Py_ssize_t i, Key key, int32_t n, void *ctx)
+{
+    (void)k, (void)i, (void)key;
+    *(int *)ctx = is_resident(m, n);
+    return *(int *)ctx;
+}
+
+/* ctx: an int set to 0 at the first key neither resident nor incoming, where it stops. */
+static int visit_until_unheld(LruMap *m, Keys *k, Py_ssize_t i, Key key, int32_t n, void *ctx)
+{
+    (void)m, (void)k, (void)i, (void)key;
+    *(int *)ctx = n != NIL;
+    return n == NIL;
+}
+
+static int visit_present(LruMap *m, Keys *k, Py_ssize_t i, Key key, int32_t n, void *ctx)
+{
+    return is_resident(m, n) ? append_key(k, i, key, (PyObject *)ctx) : 0;
+}
+
+static int visit_incoming(LruMap *m, Keys *k, Py_ssize_t i, Key key, int32_t n, void *ctx)
+{
+    return n != NIL && m->nodes[n].state == INCOMING ? append_key(k, i, key, (PyObject *)ctx)
+                                                     : 0;
+}
+
+static int visit_parent(LruMap *m, Keys *k, Py_ssize_t i, Key key, int32_t n, void *ctx)
+{
+    (void)k, (void)i;
+    if (!is_resident(m, n)) {
+        key_error(key);
+        return -1;
+    }
+    PyObject *p = parent_of(&m->nodes[n]);
+    if (p == NULL) {
+        return -1;
+    }
+    int err = PyList_Append((PyObject *)ctx, p);
+    Py_DECREF(p);
+    return err;
+}
+
+/* A list filled by a walk, or NULL. */
+static PyObject *collect(LruMap *m, PyObject *seq, Visit visit)
+{
+    PyObject *out = PyList_New(0);
+    if (out != NULL && each_key(m, seq, visit, out) < 0) {
+        Py_CLEAR(out);
+    }
+    return out;
+}
+
 /* move_to_end(keys): each becomes the most recently used in turn (the last one most of all);
  * KeyError at the first key not here (the ones before it moved). */
 static PyObject *LruMap_move_to_end(LruMap *m, PyObject *seq)
 {
-    Keys k;
-    if (keys_open(seq, &k) < 0) {
+    Act act = {to_mru};
+    if (each_key(m, seq, visit_resident, &act) < 0) {
         return NULL;
     }
-    for (Py_ssize_t i = 0; i < k.n; i++) {
-        Key key;
-        if (keys_get(&k, i, &key) < 0) {
-            keys_close(&k);
-            return NULL;
-        }
-        int32_t n = find_resident(m, key);
-        if (n == NIL) {
-            keys_close(&k);
-            return key_error(key);
-        }
-        to_mru(m, n);
-    }
-    keys_close(&k);
     Py_RETURN_NONE;
 }
 
 /* pop_many(keys): take each out; KeyError at the first key not here. */
 static PyObject *LruMap_pop_many(LruMap *m, PyObject *seq)
 {
-    Keys k;
-    if (keys_open(seq, &k) < 0) {
+    Act act = {release};
+    if (each_key(m, seq, visit_resident, &act) < 0) {
         return NULL;
     }
-    for (Py_ssize_t i = 0; i < k.n; i++) {
-        Key key;
-        if (keys_get(&k, i, &key) < 0) {
-            keys_close(&k);
-            return NULL;
-        }
-        int32_t n = find_resident(m, key);
-        if (n == NIL) {
-            keys_close(&k);
-            return key_error(key);
-        }
-        release(m, n);
-    }
-    keys_close(&k);
     Py_RETURN_NONE;
 }
 
@@ -646,43 +826,11 @@ static PyObject *LruMap_count_run(LruMap *m, PyObject *const *args, Py_ssize_t n
     return PyLong_FromSsize_t(i > start ? i - start : 0);
 }
 
-/* How many keys of `seq` are here (stopping at the first absent one if `until_absent`, or at
- * the first present one if `until_present`); -1 on error. */
-static Py_ssize_t count_here(LruMap *m, PyObject *seq, int until_absent, int until_present)
-{
-    Keys k;
-    if (keys_open(seq, &k) < 0) {
-        return -1;
-    }
-    Py_ssize_t here = 0;
-    for (Py_ssize_t i = 0; i < k.n; i++) {
-        Key key;
-        if (keys_get(&k, i, &key) < 0) {
-            keys_close(&k);
-            return -1;
-        }
-        if (find_resident(m, key) != NIL) {
-            here++;
-            if (until_present) {
-                break;
-            }
-        } else if (until_absent) {
-            break;
-        }
-    }
-    keys_close(&k);
-    return here;
-}
-
 /* contains_all(keys): every key is here. */
 static PyObject *LruMap_contains_all(LruMap *m, PyObject *seq)
 {
-    Py_ssize_t n = PyObject_Length(seq);
-    if (n < 0) {
-        return NULL;
-    }
-    Py_ssize_t here = count_here(m, seq, 1, 0);
-    if (here < 0) {
+    Py_ssize_t n = PyObject_Length(seq), here = 0;
+    if (n < 0 || each_key(m, seq, visit_until_absent, &here) < 0) {
         return NULL;
     }
     return PyBool_FromLong(here == n);
@@ -691,85 +839,23 @@ static PyObject *LruMap_contains_all(LruMap *m, PyObject *seq)
 /* isdisjoint(keys): no key is here. */
 static PyObject *LruMap_isdisjoint(LruMap *m, PyObject *seq)
 {
-    Py_ssize_t here = count_here(m, seq, 0, 1);
-    if (here < 0) {
+    int met = 0;
+    if (each_key(m, seq, visit_until_present, &met) < 0) {
         return NULL;
     }
-    return PyBool_FromLong(here == 0);
+    return PyBool_FromLong(!met);
 }
 
 /* present(keys): the keys that are here, in the order given. */
 static PyObject *LruMap_present(LruMap *m, PyObject *seq)
 {
-    Keys k;
-    if (keys_open(seq, &k) < 0) {
-        return NULL;
-    }
-    PyObject *out = PyList_New(0);
-    if (out == NULL) {
-        keys_close(&k);
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < k.n; i++) {
-        Key key;
-        if (keys_get(&k, i, &key) < 0) {
-            goto fail;
-        }
-        if (find_resident(m, key) == NIL) {
-            continue;
-        }
-        PyObject *obj = k.items != NULL ? Py_NewRef(k.items[i]) : key_obj(key);
-        if (obj == NULL) {
-            goto fail;
-        }
-        int err = PyList_Append(out, obj);
-        Py_DECREF(obj);
-        if (err < 0) {
-            goto fail;
-        }
-    }
-    keys_close(&k);
-    return out;
-fail:
-    keys_close(&k);
-    Py_DECREF(out);
-    return NULL;
+    return collect(m, seq, visit_present);
 }
 
 /* parents(keys): each key's parent (int or None); KeyError at a key not here. */
 static PyObject *LruMap_parents(LruMap *m, PyObject *seq)
 {
-    Keys k;
-    if (keys_open(seq, &k) < 0) {
-        return NULL;
-    }
-    PyObject *out = PyList_New(k.n);
-    if (out == NULL) {
-        keys_close(&k);
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < k.n; i++) {
-        Key key;
-        if (keys_get(&k, i, &key) < 0) {
-            goto fail;
-        }
-        int32_t n = find_resident(m, key);
-        if (n == NIL) {
-            key_error(key);
-            goto fail;
-        }
-        PyObject *p = parent_of(&m->nodes[n]);
-        if (p == NULL) {
-            goto fail;
-        }
-        PyList_SET_ITEM(out, i, p);
-    }
-    keys_close(&k);
-    return out;
-fail:
-    keys_close(&k);
-    Py_DECREF(out);
-    return NULL;
+    return collect(m, seq, visit_parent);
 }
 
 /* scan(n, pinned, spared): from the least recently used end, up to n keys in neither
@@ -796,8 +882,9 @@ static PyObject *LruMap_scan(LruMap *m, PyObject *const *args, Py_ssize_t nargs)
     if (victims == NULL || passed == NULL) {
         goto fail;
     }
-    /* The next node is read before any container is asked: asking runs no code of ours, but
-     * an object's __eq__ could; the list is re-read from the map each step regardless. */
+    /* Asking a container may run Python code (a __contains__, an __eq__) that changes the
+     * map: then the walk stops with RuntimeError, as an OrderedDict's iterator does. */
+    const uint64_t version = m->version;
     for (int32_t n = m->lru; n != NIL && PyList_GET_SIZE(victims) < want; n = m->nodes[n].next) {
         PyObject *key = key_obj(node_key(&m->nodes[n]));
         if (key == NULL) {
@@ -816,6 +903,10 @@ static PyObject *LruMap_scan(LruMap *m, PyObject *const *args, Py_ssize_t nargs)
             goto fail;
         }
         Py_DECREF(key);
+        if (m->version != version) { /* (before `n` is followed to its next) */
+            PyErr_SetString(PyExc_RuntimeError, "LruMap changed during scan");
+            goto fail;
+        }
     }
     return Py_BuildValue("(NN)", victims, passed);
 fail:
@@ -849,20 +940,10 @@ static PyObject *LruMap_holds(LruMap *m, PyObject *obj)
 /* holds_all(keys): every key is resident or incoming. */
 static PyObject *LruMap_holds_all(LruMap *m, PyObject *seq)
 {
-    Keys k;
-    if (keys_open(seq, &k) < 0) {
+    int all = 1;
+    if (each_key(m, seq, visit_until_unheld, &all) < 0) {
         return NULL;
     }
-    int all = 1;
-    for (Py_ssize_t i = 0; i < k.n && all; i++) {
-        Key key;
-        if (keys_get(&k, i, &key) < 0) {
-            keys_close(&k);
-            return NULL;
-        }
-        all = find(m, key) != NIL;
-    }
-    keys_close(&k);
     return PyBool_FromLong(all);
 }
 
@@ -872,22 +953,13 @@ static PyObject *LruMap_holds_all(LruMap *m, PyObject *seq)
 static int reserve_keys(LruMap *m, PyObject *keys, PyObject *parents_seq)
 {
     Keys k;
-    if (keys_open(keys, &k) < 0) {
-        return -1;
-    }
-    PyObject *ps = PySequence_Fast(parents_seq, "parents must be a sequence");
-    if (ps == NULL) {
-        keys_close(&k);
+    PyObject *ps;
+    if (pair_open(keys, parents_seq, &k, &ps) < 0) {
         return -1;
     }
     int result = -1;
     int32_t *made = NULL;
     Py_ssize_t done = 0;
-    if (PySequence_Fast_GET_SIZE(ps) != k.n) {
-        PyErr_Format(PyExc_ValueError, "%zd keys but %zd parents", k.n,
-                     PySequence_Fast_GET_SIZE(ps));
-        goto out;
-    }
     if (reserve(m, k.n) < 0) {
         goto out;
     }
@@ -901,7 +973,7 @@ static int reserve_keys(LruMap *m, PyObject *keys, PyObject *parents_seq)
     for (Py_ssize_t i = 0; i < k.n; i++) {
         Key key, parent = {0, 0};
         int has_parent = parents[i] != Py_None;
-        if (keys_get(&k, i, &key) < 0 || (has_parent && key_of(parents[i], &parent) < 0)) {
+        if (keys_get(&k, i, &key) < 0 || (has_parent && long_key(parents[i], &parent) < 0)) {
             result = -1;
             break;
         }
@@ -909,7 +981,12 @@ static int reserve_keys(LruMap *m, PyObject *keys, PyObject *parents_seq)
             result = 0;
             break;
         }
-        made[done++] = insert(m, key, parent, has_parent, INCOMING);
+        int32_t n = insert(m, key, parent, has_parent, INCOMING);
+        if (n == NIL) { /* (cannot happen: room was reserved, and no Python code ran) */
+            result = -1;
+            break;
+        }
+        made[done++] = n;
     }
     if (result != 1) {
         while (done > 0) {
@@ -956,40 +1033,7 @@ static PyObject *LruMap_reserve(LruMap *m, PyObject *const *args, Py_ssize_t nar
 /* incoming_present(keys): the keys that are incoming, in the order given. */
 static PyObject *LruMap_incoming_present(LruMap *m, PyObject *seq)
 {
-    Keys k;
-    if (keys_open(seq, &k) < 0) {
-        return NULL;
-    }
-    PyObject *out = PyList_New(0);
-    if (out == NULL) {
-        keys_close(&k);
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < k.n; i++) {
-        Key key;
-        if (keys_get(&k, i, &key) < 0) {
-            goto fail;
-        }
-        int32_t n = find(m, key);
-        if (n == NIL || m->nodes[n].state != INCOMING) {
-            continue;
-        }
-        PyObject *obj = key_obj(key);
-        if (obj == NULL) {
-            goto fail;
-        }
-        int err = PyList_Append(out, obj);
-        Py_DECREF(obj);
-        if (err < 0) {
-            goto fail;
-        }
-    }
-    keys_close(&k);
-    return out;
-fail:
-    keys_close(&k);
-    Py_DECREF(out);
-    return NULL;
+    return collect(m, seq, visit_incoming);
 }
 
 static void unmark(LruMap *m, const int32_t *nodes, Py_ssize_t n)
@@ -1025,6 +1069,7 @@ fail:
 
 static void list_landed(LruMap *m, int32_t n)
 {
+    m->version++;
     m->nodes[n].state = RESIDENT;
     m->incoming--;
     m->len++;
@@ -1172,46 +1217,38 @@ static PyObject *LruMap_drop(LruMap *m, PyObject *seq)
     return incoming_batch(m, seq, DROP);
 }
 
+/* Every resident key (with_parents: a (key, parent) pair), least recently used first. */
+static PyObject *listed(LruMap *m, int with_parents)
+{
+    PyObject *out = PyList_New(m->len);
+    Py_ssize_t i = 0;
+    for (int32_t n = m->lru; out != NULL && n != NIL; n = m->nodes[n].next, i++) {
+        PyObject *item = key_obj(node_key(&m->nodes[n]));
+        if (item != NULL && with_parents) {
+            PyObject *parent = parent_of(&m->nodes[n]);
+            PyObject *pair = parent != NULL ? PyTuple_Pack(2, item, parent) : NULL;
+            Py_XDECREF(parent);
+            Py_SETREF(item, pair);
+        }
+        if (item == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, item);
+    }
+    return out;
+}
+
 /* keys(): every key, least recently used first. */
 static PyObject *LruMap_keys(LruMap *m, PyObject *Py_UNUSED(ignored))
 {
-    PyObject *out = PyList_New(m->len);
-    if (out == NULL) {
-        return NULL;
-    }
-    Py_ssize_t i = 0;
-    for (int32_t n = m->lru; n != NIL; n = m->nodes[n].next, i++) {
-        PyObject *key = key_obj(node_key(&m->nodes[n]));
-        if (key == NULL) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        PyList_SET_ITEM(out, i, key);
-    }
-    return out;
+    return listed(m, 0);
 }
 
 /* items(): (key, parent) pairs, least recently used first. */
 static PyObject *LruMap_items(LruMap *m, PyObject *Py_UNUSED(ignored))
 {
-    PyObject *out = PyList_New(m->len);
-    if (out == NULL) {
-        return NULL;
-    }
-    Py_ssize_t i = 0;
-    for (int32_t n = m->lru; n != NIL; n = m->nodes[n].next, i++) {
-        PyObject *key = key_obj(node_key(&m->nodes[n]));
-        PyObject *parent = key != NULL ? parent_of(&m->nodes[n]) : NULL;
-        PyObject *pair = parent != NULL ? PyTuple_Pack(2, key, parent) : NULL;
-        Py_XDECREF(key);
-        Py_XDECREF(parent);
-        if (pair == NULL) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        PyList_SET_ITEM(out, i, pair);
-    }
-    return out;
+    return listed(m, 1);
 }
 
 static PyObject *LruMap_iter(LruMap *m)

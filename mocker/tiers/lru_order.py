@@ -32,7 +32,8 @@ class LruOrder(Protocol):
 
     Batch verbs take a list, a tuple or (the compiled one) a buffer of 8-byte unsigned ints.
     A verb on resident keys that meets one not there raises KeyError there, the keys before
-    it applied; the verbs on incoming batches check the whole batch first."""
+    it applied; the verbs on incoming batches check the whole batch first. (The compiled one
+    raises OverflowError for an int outside the range, where the reference may answer.)"""
 
     def __len__(self) -> int: ...
 
@@ -212,6 +213,8 @@ class PyLruOrder:
         if stop > len(keys):
             raise IndexError(f"lookup up to {stop} of {len(keys)} keys")
         start = max(start, 0)
+        if stop <= start:
+            return 0
         contains = self._d.__contains__
         if all(map(contains, islice(keys, start, stop))):
             return max(0, stop - start)  # (the common answer, without building the run)

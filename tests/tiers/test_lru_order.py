@@ -145,6 +145,52 @@ def test_the_compiled_order_reads_8_byte_buffers_and_refuses_other_ones() -> Non
         order.add(["five"], [None])  # type: ignore[list-item]
 
 
+@needs_c
+def test_a_key_whose_index_changes_things_meets_a_consistent_order() -> None:
+    """A key given as another integer type is converted before the order is touched: what
+    its __index__ does to the key list or the order cannot be met half way (these crashed,
+    or corrupted the node array, before)."""
+    order = lru_order(compiled=True)
+    order.add([BlockHash(1)], [None])
+    keys: list[Any] = []
+
+    class ClearsTheList:
+        def __index__(self) -> int:
+            keys.clear()  # frees the list's items while a verb would walk them
+            return 1
+
+    keys += [ClearsTheList(), *range(2, 50_000)]
+    assert order.present(keys) == [1]  # the keys as they were when the verb was called
+
+    class FillsTheOrder:
+        def __index__(self) -> int:
+            order.add([BlockHash(k) for k in range(1000, 1063)], [None] * 63)
+            return 5
+
+    assert not order.reserve_new([BlockHash(1), FillsTheOrder()], [None, None])  # type: ignore[list-item]
+    assert order.num_incoming == 0 and len(order) == 64 and 5 not in order
+
+    class DropsAKey:
+        def __index__(self) -> int:
+            order.drop([BlockHash(100)])
+            return 101
+
+    order.reserve([BlockHash(100)], [None])
+    with pytest.raises(KeyError):
+        order.land([BlockHash(100), DropsAKey()])  # type: ignore[list-item]
+    assert order.num_incoming == 0 and not order.holds(BlockHash(100))
+
+    class PopsWhileAsked:
+        def __contains__(self, key: object) -> bool:
+            if key == 1:
+                order.pop_many([BlockHash(1)])
+            return False
+
+    with pytest.raises(RuntimeError, match="changed during scan"):
+        order.scan(5, PopsWhileAsked(), ())
+    assert 1 not in order and len(order) == 63
+
+
 def test_lru_order_serves_the_compiled_one_unless_switched_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
