@@ -1,15 +1,16 @@
-/* mocker's compiled LRU order for a tier's resident blocks: mocker.tiers.lru_order.LruOrder's
- * verbs over flat arrays (the Python class, on an OrderedDict, is the reference and serves
- * when this was not built or MOCKER_KV_POOL=python; tests/tiers/test_lru_order.py compares the
- * two).
+/* mocker's compiled LRU order for a tier's blocks (resident ones in recency order, incoming
+ * ones beside them): mocker.tiers.lru_order.LruOrder's verbs over flat arrays (PyLruOrder, on
+ * an OrderedDict and a dict, is the reference and serves when this was not built or
+ * MOCKER_KV_POOL=python; tests/tiers/test_lru_order.py compares the two).
  *
  * Why: a tier key is a 64-bit block hash, but in an OrderedDict each one is an int object of
  * its own somewhere on the heap (its hash reads it), inside a node that is another allocation
  * linked to two more; landing a copy cost ~200 ns a key, mostly cache misses (bench/tiers.py).
  * Here a key is 8 bytes (and a sign bit) in a node array, found through one open-addressing
  * table of node indexes (linear probing, backward-shift deletion: no tombstones), and the
- * recency order is a doubly linked list of node indexes. Keys and parents are read from lists, tuples or
- * 8-byte unsigned buffers (a replay's array of hashes) without making int objects.
+ * recency order is a doubly linked list of node indexes. Keys and parents are read from
+ * lists, tuples or 8-byte unsigned buffers (a replay's array of hashes) without making int
+ * objects.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -266,7 +267,7 @@ static void keys_close(Keys *k)
     }
 }
 
-/* -- the table ---------------------------------------------------------------------------------- */
+/* -- the table --------------------------------------------------------------------------------- */
 
 static inline uint32_t home(const LruMap *m, Key key)
 {
@@ -340,7 +341,7 @@ static void unplace(LruMap *m, int32_t n)
     }
 }
 
-/* -- the recency list --------------------------------------------------------------------------- */
+/* -- the recency list -------------------------------------------------------------------------- */
 
 static inline void unlink_node(LruMap *m, int32_t n)
 {
@@ -492,7 +493,7 @@ static PyObject *parent_of(const Node *x)
     return key_obj((Key){x->parent, x->parent_neg});
 }
 
-/* -- the type ----------------------------------------------------------------------------------- */
+/* -- the type ---------------------------------------------------------------------------------- */
 
 static PyObject *LruMap_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
@@ -533,7 +534,7 @@ static int LruMap_contains(LruMap *m, PyObject *obj)
             !PyErr_ExceptionMatches(PyExc_TypeError)) {
             return -1;
         }
-        PyErr_Clear(); /* not an int in 0..2**64-1: no key of ours (as a dict would answer) */
+        PyErr_Clear(); /* no int in -2**63..2**64-1: no key of ours (a dict would say so) */
         return 0;
     }
     return find_resident(m, key) != NIL;
@@ -915,7 +916,7 @@ fail:
     return NULL;
 }
 
-/* -- incoming: reserved slots whose copies have not landed -------------------------------------- */
+/* -- incoming: reserved slots whose copies have not landed ------------------------------------- */
 
 static PyObject *LruMap_get_num_incoming(LruMap *m, void *Py_UNUSED(closure))
 {
