@@ -153,10 +153,10 @@ def step_cost() -> dict[str, Any]:
     return out
 
 
-# The builds compared: the Python code alone (what the ratios above have always measured) and
-# the default (the compiled parts that were built: the device pool, the hash chain, the
+# The build compared with the Python code alone (what the ratios above have always measured):
+# the default, every compiled part that was built (the device pool, the hash chain, the
 # pass's decode tokens, the tiers' LRU order).
-PYTHON_BUILD, DEFAULT_BUILD = "python", "auto"
+DEFAULT_BUILD = "auto"
 
 
 @contextmanager
@@ -270,14 +270,16 @@ print("passes", passes[0])
 """
 
 
-def count_instructions(name: str, label: str, pool: str = PYTHON_BUILD) -> dict[str, int]:
+def count_instructions(name: str, label: str, pool: str | None = None) -> dict[str, int]:
+    """Instructions inside step() of one replay; `pool`: the build (None: this process's, as
+    the co-stepped runs take it)."""
     out = Path(tempfile.mkdtemp(prefix="tiers-cg-")) / "callgrind.out"
     argv = ["valgrind", "--tool=callgrind", "--toggle-collect=functools_reduce",
             f"--callgrind-out-file={out}", sys.executable, "-c",
             _COUNTED.format(bench=str(ROOT / "bench")), name, label]  # fmt: skip
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=True,
                           timeout=CALLGRIND_TIMEOUT_S,
-                          env={**os.environ, POOL_ENV: pool})  # fmt: skip
+                          env={**os.environ, POOL_ENV: pool or os.environ[POOL_ENV]})  # fmt: skip
     passes = int(done.stdout.split()[-1])
     collected = next(line for line in done.stderr.splitlines() if "Collected" in line)
     instructions = int(collected.rsplit(":", 1)[1].strip())
@@ -293,9 +295,10 @@ def instructions() -> dict[str, Any]:
         log("  instructions: SKIPPED, valgrind is not installed (apt-get install valgrind)")
         return {"skipped": "valgrind is not installed"}
     names = [c.name for c in (CPU_FS, CPU_FS_EVICT, SMALL_CPU_FS, NONE)]
-    # The Python build's four configs, then the default build's cpu_fs and none.
-    runs = [(n, PYTHON_BUILD) for n in names] + [(CPU_FS.name, DEFAULT_BUILD),
-                                                 (NONE.name, DEFAULT_BUILD)]  # fmt: skip
+    # The four configs on this process's build (the Python code unless MOCKER_KV_POOL was
+    # set), then the default build's cpu_fs and none.
+    runs = [(n, None) for n in names] + [(CPU_FS.name, DEFAULT_BUILD),
+                                         (NONE.name, DEFAULT_BUILD)]  # fmt: skip
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         counted = list(pool.map(lambda r: count_instructions(r[0], "scenario", r[1]), runs))
     counts = dict(zip(names, counted, strict=False))

@@ -163,20 +163,20 @@ class LruTier:
         in one scan from the LRU end; returns them. A pinned block the scan passes is in use
         (a read in flight): it moves to the most recently used end, so no later scan passes
         it again (a copy to a slow shared tier can keep thousands pinned)."""
-        resident, pins = self._order, self._pins
+        order, pins = self._order, self._pins
         if not pins and not spared:
-            taken = resident.pop_lru(n)  # (from the LRU end directly, no scan)
+            taken = order.pop_lru(n)  # (from the LRU end directly, no scan)
             self._evicted(taken)
             return taken
         pinned = pins.counts()
         # No more than the unpinned blocks can go: once they are found, stop (a tier whose
         # every block is pinned answers at once).
-        n = min(n, len(resident) - len(pinned))
+        n = min(n, len(order) - len(pinned))
         if n <= 0:
             return []
-        victims, in_use = resident.scan(n, pinned, spared)
-        resident.move_to_end(in_use)
-        resident.pop_many(victims)
+        victims, in_use = order.scan(n, pinned, spared)
+        order.move_to_end(in_use)
+        order.pop_many(victims)
         self._evicted(victims)
         return victims
 
