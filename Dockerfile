@@ -10,8 +10,8 @@ FROM python:3.11-slim AS build
 # packed arrays; mocker/kv/_chash.c: the fast hash chain; mocker/replay/_cprompts.c: replay
 # prompts' mixing; mocker/api/_ctext.c: streamed chunks' text table; mocker/engine/_cpass.c:
 # a pass's plain decode tokens and the draws ahead; mocker/tiers/_clru.c: a tier's LRU
-# order); the runtime stage has none. (Its wheel builds without one too, on the
-# Python code alone.)
+# order; mocker/tiers/_clink.c: the channels between tiers); the runtime stage has none.
+# (Its wheel builds without one too, on the Python code alone.)
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \

@@ -17,10 +17,12 @@ $(BIN)/python:
 # setup.py and the C sources: the compiled pool (mocker/kv/_cpool.c), the fast hash chain
 # (mocker/kv/_chash.c), replay prompts' mixing (mocker/replay/_cprompts.c), the streamed
 # chunks' text table (mocker/api/_ctext.c), a pass's plain decode tokens
-# (mocker/engine/_cpass.c) and a tier's LRU order (mocker/tiers/_clru.c), built in place by the editable install when a C
-# compiler is there (mocker runs without them, on their Python code).
+# (mocker/engine/_cpass.c), a tier's LRU order (mocker/tiers/_clru.c) and the channels between
+# tiers (mocker/tiers/_clink.c), built in place by the editable install when a C compiler is
+# there (mocker runs without them, on their Python code).
 C_SOURCES := mocker/kv/_cpool.c mocker/kv/_chash.c mocker/replay/_cprompts.c mocker/api/_ctext.c \
-	mocker/engine/_cpass.c mocker/tiers/_clru.c mocker/_cslots.h mocker/_cuint64.h
+	mocker/engine/_cpass.c mocker/tiers/_clru.c mocker/tiers/_clink.c mocker/_cslots.h \
+	mocker/_cuint64.h
 $(RUN_STAMP): pyproject.toml setup.py $(C_SOURCES) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@

@@ -3,7 +3,8 @@ not, so `pip install .` works either way. The pool (mocker.kv.compiled_pool fall
 Python pool), the fast hash chain (mocker.kv.hashing), replay prompts' mixing
 (mocker.replay.prompts), the streamed chunks' text table (mocker.api.text_table) and a pass's
 plain decode tokens with the draws ahead (mocker.engine.core, mocker.output_tokens) and a
-tier's LRU order (mocker.tiers.lru_order) each fall back to their Python code."""
+tier's LRU order (mocker.tiers.lru_order) and the channels between tiers (mocker.tiers.channel)
+each fall back to their Python code."""
 
 from setuptools import Extension, setup
 
@@ -40,6 +41,12 @@ setup(
             "mocker.tiers._clru",
             ["mocker/tiers/_clru.c"],
             depends=["mocker/_cuint64.h"],
+            optional=True,
+            extra_compile_args=["-O2"],
+        ),
+        Extension(
+            "mocker.tiers._clink",
+            ["mocker/tiers/_clink.c"],
             optional=True,
             extra_compile_args=["-O2"],
         ),

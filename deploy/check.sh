@@ -183,8 +183,8 @@ smoke_test() {
 	echo "image build: $((SECONDS - t0)) s"
 	# The build stage has a C compiler: the image must carry the compiled parts.
 	podman run --rm --no-healthcheck --entrypoint python localhost/mocker:smoke \
-		-c 'import mocker.kv._cpool, mocker.kv._chash, mocker.replay._cprompts, mocker.api._ctext, mocker.engine._cpass, mocker.tiers._clru' ||
-		fail "the image lacks a compiled part (mocker/kv/_cpool.c, _chash.c, mocker/replay/_cprompts.c, mocker/api/_ctext.c, mocker/engine/_cpass.c or mocker/tiers/_clru.c did not build in it)"
+		-c 'import mocker.kv._cpool, mocker.kv._chash, mocker.replay._cprompts, mocker.api._ctext, mocker.engine._cpass, mocker.tiers._clru, mocker.tiers._clink' ||
+		fail "the image lacks a compiled part (mocker/kv/_cpool.c, _chash.c, mocker/replay/_cprompts.c, mocker/api/_ctext.c, mocker/engine/_cpass.c, mocker/tiers/_clru.c or _clink.c did not build in it)"
 	echo "compiled pool, hash chain, prompt mixing, text table and pass parts: in the image"
 
 	step "podman run, /health, HEALTHCHECK, a streamed completion, SIGTERM"

@@ -11,7 +11,7 @@ from typing import Protocol
 
 from mocker.disagg.params import RemotePrefill
 from mocker.request import Request
-from mocker.tiers.channel import Channel
+from mocker.tiers.channel import open_channel
 from mocker.tiers.link import Link, TransferId
 
 __all__ = [
@@ -112,7 +112,7 @@ class RemotePulls:
     def __init__(
         self, link: Link, block_bytes: int, timeout_s: float, peers: PrefillPeers | None = None
     ) -> None:
-        self.channel = Channel(link, PULL_SOURCE, "gpu")
+        self.channel = open_channel(link, PULL_SOURCE, "gpu")
         self.block_bytes = block_bytes
         self.timeout = timeout_s
         self.peers: PrefillPeers = peers if peers is not None else Unreachable()

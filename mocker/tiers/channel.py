@@ -4,13 +4,46 @@ called back when it ends, so a link shared by several engines hands each its own
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
+from mocker.kv.compiled_pool import use_compiled
 from mocker.tiers.link import Link, TransferId
 
-__all__ = ["Channel", "Done"]
+try:
+    from mocker.tiers import _clink
+except ImportError:  # built without a C compiler: the Python channel serves
+    _clink = None  # type: ignore[assignment]
+
+__all__ = ["Channel", "Done", "TransferChannel", "open_channel"]
 
 # Called with the transfer's end time, when a poll reaches it.
 Done = Callable[[float], None]
+
+
+class TransferChannel(Protocol):
+    """What the tiers' users ask of a channel (this module's `Channel`, or the compiled one
+    in mocker/tiers/_clink.c, which computes every time by the same expressions)."""
+
+    @property
+    def src(self) -> str: ...
+    @property
+    def dst(self) -> str: ...
+    @property
+    def key(self) -> tuple[str, str]: ...
+    def __len__(self) -> int: ...
+    def start(self, now: float, nbytes: int, done: Done, /) -> TransferId: ...
+    def cancel(self, now: float, tid: TransferId, /) -> None: ...
+    def next_deadline(self) -> float | None: ...
+    def finish(self, now: float, /) -> int: ...
+
+
+def open_channel(link: Link, src: str, dst: str, compiled: bool | None = None) -> TransferChannel:
+    """A channel over a fresh `link`: compiled unless `compiled` is False or
+    MOCKER_KV_POOL=python (mocker.kv.compiled_pool.use_compiled); the compiled one keeps the
+    link's state itself and takes only its bandwidth and latency."""
+    if use_compiled("mocker.tiers._clink", _clink is not None, compiled):
+        return _clink.Channel(link.bandwidth, link.latency, src, dst)
+    return Channel(link, src, dst)
 
 
 class Channel:
@@ -37,6 +70,7 @@ class Channel:
         return tid
 
     def cancel(self, now: float, tid: TransferId) -> None:
+        """Stop a transfer at `now`; its callback is never called. Nothing if it ended."""
         if self._done.pop(tid, None) is not None:
             self.link.cancel(now, tid)
 
@@ -44,11 +78,14 @@ class Channel:
         return self.link.next_deadline() if self._done else None
 
     def finish(self, now: float) -> int:
-        """Call back, in finish order, every transfer done by `now`; how many ended."""
+        """Call back, in finish order, every transfer done by `now`; how many ended. (The
+        callbacks run once the link is at `now`; each may start or cancel transfers, and a
+        transfer that ended by `now` is called back even if an earlier callback cancels it.)"""
         if not self._done:
             return 0
         finished = self.link.advance_to(now)
         done = self._done
-        for tid, end in finished:
-            done.pop(tid)(end)
-        return len(finished)
+        calls = [(done.pop(tid), end) for tid, end in finished]
+        for call, end in calls:
+            call(end)
+        return len(calls)

@@ -30,7 +30,7 @@ from mocker.kv.events import KVEvent
 from mocker.kv.hashing import BlockHash
 from mocker.kv.manager import DevicePool
 from mocker.request import Request
-from mocker.tiers.channel import Channel, Done
+from mocker.tiers.channel import Done, TransferChannel, open_channel
 from mocker.tiers.hybrid_store import chunk_keys
 from mocker.tiers.link import Link, TransferId
 from mocker.tiers.lru import LruTier
@@ -123,9 +123,9 @@ class TierConnector:
         self._h2d_model = Link(config.cpu_read_gbps * 1e9, latency_s)
         d2h_link = Link(config.cpu_write_gbps * 1e9 * speedup, latency_s / speedup)
         h2d_link = Link(config.cpu_read_gbps * 1e9 * speedup, latency_s / speedup)
-        self.d2h = Channel(d2h_link, DEVICE, cpu.name)
-        self.h2d = Channel(h2d_link, cpu.name, DEVICE)
-        self.channels: list[Channel] = [self.d2h, self.h2d]
+        self.d2h = open_channel(d2h_link, DEVICE, cpu.name)
+        self.h2d = open_channel(h2d_link, cpu.name, DEVICE)
+        self.channels: list[TransferChannel] = [self.d2h, self.h2d]
         for tier in self.storage:
             if tier.tier.record_events != cpu.record_events:
                 # A cascade copies the CPU tier's event records: all tiers publish, or none.
@@ -164,10 +164,6 @@ class TierConnector:
         # Cumulative totals, for checks (metrics and reports read the records).
         self.stored_blocks = 0
         self.loaded_blocks = 0
-
-    @property
-    def links(self) -> dict[tuple[str, str], Link]:
-        return {ch.key: ch.link for ch in self.channels}
 
     # -- planning -----------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from mocker.config import StorageKind, StorageTierSpec
 from mocker.kv.events import BlockRemoved, BlockStored, KVEvent
-from mocker.tiers.channel import Channel
+from mocker.tiers.channel import open_channel
 from mocker.tiers.link import Link
 from mocker.tiers.lru import LruTier
 from mocker.tiers.tier import BlockBatch, BlockKey, Locality, Medium, StorePlan
@@ -52,10 +52,10 @@ class StorageTier:
         latency = spec.latency_ms / 1000.0
         # An unscaled model answers "does a promotion pay off"; the channels carry transfers.
         self.read_model = Link(spec.read_gbps * 1e9, latency)
-        self.write = Channel(Link(spec.write_gbps * 1e9 * speedup, latency / speedup), "cpu",
-                             spec.name)  # fmt: skip
-        self.read = Channel(Link(spec.read_gbps * 1e9 * speedup, latency / speedup), spec.name,
-                            "cpu")  # fmt: skip
+        write = Link(spec.write_gbps * 1e9 * speedup, latency / speedup)
+        read = Link(spec.read_gbps * 1e9 * speedup, latency / speedup)
+        self.write = open_channel(write, "cpu", spec.name)
+        self.read = open_channel(read, spec.name, "cpu")
         self._rng = random.Random(f"{seed}:{spec.name}")  # str seeds are deterministic
         # Who stored each resident or incoming key (kept only when the tier publishes events).
         self._storer: dict[BlockKey, int] = {}

@@ -4,7 +4,7 @@ points."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import compress, repeat
 from operator import is_not
 from typing import TYPE_CHECKING, Protocol
@@ -35,8 +35,11 @@ class StorePolicy(Protocol):
         """The pass that ends at `end` was applied: stores that follow it are due then."""
         ...
 
-    def make_room(self, num_blocks: int) -> None:
-        """An allocation of `num_blocks` found too few reusable device blocks."""
+    @property
+    def make_room(self) -> Callable[[int], None] | None:
+        """Told when an allocation of n blocks found too few reusable device blocks; None
+        when the policy has nothing to do then (the manager's failed allocations then change
+        nothing, so the scheduler's compiled decode head may ask again: mocker.kv.manager)."""
         ...
 
     def cpu_evicted(self, keys: Sequence[BlockHash]) -> None:
@@ -138,8 +141,8 @@ class WriteThrough:
             self._staged, self._staged_keys, self._owners = [], [], []
             self._connector.start_stores(end, blocks, keys, owners)
 
-    def make_room(self, num_blocks: int) -> None:
-        """Nothing to do: every free device block is reusable."""
+    # Nothing to do when an allocation finds no room: every free device block is reusable.
+    make_room = None
 
     def cpu_evicted(self, keys: Sequence[BlockHash]) -> None:
         """Nothing: device blocks are not retained under write-through."""

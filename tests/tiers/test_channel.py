@@ -1,0 +1,180 @@
+"""Channels between tiers: the compiled channel (mocker/tiers/_clink.c) against the Python one
+over a Link (the reference), verb for verb and bit for bit, and the callbacks' rules on both."""
+
+from __future__ import annotations
+
+import gc
+import random
+import weakref
+from collections.abc import Callable
+
+import pytest
+
+from mocker.tiers.channel import Channel, TransferChannel, open_channel
+from mocker.tiers.link import Link
+
+clink = pytest.importorskip("mocker.tiers._clink", reason="built without a C compiler")
+
+GB = 1e9
+MB = 1_000_000
+
+
+def both(bandwidth: float, latency: float = 0.0) -> tuple[TransferChannel, TransferChannel]:
+    link = Link(bandwidth, latency)
+    return Channel(link, "cpu", "gpu"), clink.Channel(bandwidth, latency, "cpu", "gpu")
+
+
+def recorder(log: list[tuple[int, float]], tid: list[int]) -> Callable[[float], None]:
+    def done(end: float) -> None:
+        log.append((tid[0], end))
+
+    return done
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_verbs_give_the_same_answers_bit_for_bit(seed: int) -> None:
+    rng = random.Random(seed)
+    bandwidth = rng.choice([0.0, 1 * GB, 3.7 * GB, 25 * GB]) if seed % 6 else 0.0
+    latency = rng.choice([0.0, 1e-4, 2.5e-3])
+    tick = MB / (bandwidth or GB)  # a MB's time alone: many transfers overlap
+    py, c = both(bandwidth, latency)
+    logs: tuple[list[tuple[int, float]], list[tuple[int, float]]] = ([], [])
+    live: list[int] = []
+    now = 0.0
+    for _ in range(400):
+        verb = rng.random()
+        # Mostly forward, sometimes a time the link has passed (it never goes back).
+        step = rng.choice([0.0, rng.uniform(0, tick), rng.uniform(0, tick / 100), -tick / 10])
+        now = max(0.0, now + step)
+        if verb < 0.4:
+            nbytes = rng.choice([0, MB, 2 * MB, rng.randrange(1, 64 * MB)])
+            tids = []
+            for channel, log in zip((py, c), logs, strict=True):
+                box = [0]
+                box[0] = channel.start(now, nbytes, recorder(log, box))
+                tids.append(box[0])
+            assert tids[0] == tids[1]
+            live.append(tids[0])
+        elif verb < 0.5 and live:
+            tid = rng.choice(live)
+            py.cancel(now, tid)
+            c.cancel(now, tid)
+        elif verb < 0.8:
+            assert py.finish(now) == c.finish(now)
+        else:
+            deadline = py.next_deadline()
+            assert deadline == c.next_deadline()
+            if deadline is not None and rng.random() < 0.7:
+                now = max(now, deadline)
+                assert py.finish(now) == c.finish(now)
+        assert len(py) == len(c)
+        assert logs[0] == logs[1]  # the same transfers called back at the same times
+    while (deadline := py.next_deadline()) is not None:
+        assert deadline == c.next_deadline()
+        assert py.finish(deadline) == c.finish(deadline) > 0
+    assert c.next_deadline() is None and len(c) == 0
+    assert logs[0] == logs[1]
+
+
+def test_processor_sharing_figures() -> None:
+    """1 GB/s: 1 MB alone takes 1 ms; a second 1 MB from 0.5 ms: done at 1.5 and 2 ms."""
+    _, c = both(1 * GB, 1e-4)
+    ends: list[float] = []
+    c.start(0.0, MB, ends.append)
+    assert c.next_deadline() == pytest.approx(1.1e-3)
+    c.start(0.5e-3, MB, ends.append)
+    assert c.next_deadline() == pytest.approx(1.6e-3)
+    assert c.finish(1.6e-3) == 1
+    assert c.finish(2.1e-3) == 1
+    assert ends == [pytest.approx(1.6e-3), pytest.approx(2.1e-3)]
+    assert c.duration(2 * MB) == pytest.approx(2.1e-3)
+    assert c.key == ("cpu", "gpu") and not c.instant
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_callbacks_may_start_and_cancel_transfers(compiled: bool) -> None:
+    """A callback runs once the link is at `now`: what it starts shares the link from its
+    end; a transfer that ended by `now` is called back even if an earlier callback cancels
+    it; one that had not ended is not."""
+    channel = open_channel(Link(1 * GB), "cpu", "fs", compiled=compiled)
+    ended: list[str] = []
+    tids: dict[str, int] = {}
+
+    def first(end: float) -> None:
+        ended.append("a")
+        channel.cancel(end, tids["b"])  # ended too: still called back
+        channel.cancel(end, tids["c"])  # not ended: never called back
+        tids["d"] = channel.start(end, MB, lambda t: ended.append(f"d@{t * 1e3:.3f}"))
+
+    tids["a"] = channel.start(0.0, MB, first)
+    tids["b"] = channel.start(0.0, MB, lambda t: ended.append("b"))
+    tids["c"] = channel.start(0.0, 4 * MB, lambda t: ended.append("c"))
+    assert channel.finish(3e-3) == 2  # a and b: 1 MB each at a third of 1 GB/s
+    assert ended == ["a", "b"]
+    assert len(channel) == 1  # d
+    while (deadline := channel.next_deadline()) is not None:
+        channel.finish(deadline)
+    assert ended == ["a", "b", "d@4.000"]  # d alone from 3 ms
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_callback_that_raises_stops_the_rest_and_leaves_the_channel_whole(
+    compiled: bool,
+) -> None:
+    channel = open_channel(Link(1 * GB), "cpu", "fs", compiled=compiled)
+    ended: list[int] = []
+
+    def boom(end: float) -> None:
+        raise RuntimeError("boom")
+
+    channel.start(0.0, MB, boom)
+    channel.start(0.0, MB, ended.append)
+    channel.start(0.0, 8 * MB, ended.append)
+    with pytest.raises(RuntimeError, match="boom"):
+        channel.finish(3e-3)
+    assert ended == [] and len(channel) == 1  # the second is lost with the first
+    channel.start(3e-3, MB, ended.append)
+    while (deadline := channel.next_deadline()) is not None:
+        channel.finish(deadline)
+    assert len(ended) == 2 and len(channel) == 0
+
+
+def test_a_cycle_through_a_callback_is_collected() -> None:
+    """The callbacks hold the engine that holds the channel: the collector frees both."""
+
+    class Owner:
+        def __init__(self) -> None:
+            self.channel = clink.Channel(1 * GB, 0.0, "gpu", "cpu")
+            self.channel.start(0.0, MB, self.done)
+
+        def done(self, end: float) -> None:
+            pass
+
+    owner = Owner()
+    gone = weakref.ref(owner)
+    del owner
+    gc.collect()
+    assert gone() is None
+
+
+def test_bad_arguments_are_errors() -> None:
+    with pytest.raises(ValueError, match="latency must be >= 0"):
+        clink.Channel(1 * GB, -1.0, "cpu", "fs")
+    c = clink.Channel(0.0, 0.0, "cpu", "fs")
+    assert c.instant
+    with pytest.raises(TypeError):
+        c.start(0.0, MB)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        c.start("now", MB, print)  # type: ignore[arg-type]
+    assert len(c) == 0  # nothing half-started
+    tid = c.start(0.0, MB, print)
+    c.cancel(0.0, tid + 1)  # no such transfer: nothing happens
+    assert len(c) == 1
+
+
+def test_open_channel_follows_the_pool_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MOCKER_KV_POOL", "python")
+    assert isinstance(open_channel(Link(GB), "cpu", "fs"), Channel)
+    monkeypatch.setenv("MOCKER_KV_POOL", "auto")
+    assert isinstance(open_channel(Link(GB), "cpu", "fs"), clink.Channel)
+    assert isinstance(open_channel(Link(GB), "cpu", "fs", compiled=False), Channel)
