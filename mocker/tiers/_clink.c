@@ -464,6 +464,74 @@ static PyObject *Channel_get_instant(Channel *self, void *Py_UNUSED(closure))
     return PyBool_FromLong(self->bandwidth <= 0);
 }
 
+static PyTypeObject ChannelType;
+
+/* earliest(channels): (the earliest next deadline, its channel), the first of equals; (inf,
+ * None) when every channel is idle. Compiled channels are read directly, others asked. */
+static PyObject *earliest(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    if (!PyList_CheckExact(arg)) {
+        PyErr_SetString(PyExc_TypeError, "earliest() takes a list of channels");
+        return NULL;
+    }
+    double best = Py_HUGE_VAL;
+    PyObject *which = Py_NewRef(Py_None); /* owned: another channel's call may drop it */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(arg); i++) {
+        PyObject *ch = Py_NewRef(PyList_GET_ITEM(arg, i));
+        double d;
+        if (Py_IS_TYPE(ch, &ChannelType)) {
+            Channel *c = (Channel *)ch;
+            if (!(c->n_sharing + c->n_delayed)) {
+                Py_DECREF(ch);
+                continue;
+            }
+            if (!c->fresh) {
+                compute_deadline(c, &c->deadline);
+                c->fresh = 1;
+            }
+            d = c->deadline;
+        }
+        else {
+            PyObject *res = PyObject_CallMethod(ch, "next_deadline", NULL);
+            if (res == NULL) {
+                Py_DECREF(ch);
+                Py_DECREF(which);
+                return NULL;
+            }
+            if (res == Py_None) {
+                Py_DECREF(res);
+                Py_DECREF(ch);
+                continue;
+            }
+            d = PyFloat_AsDouble(res);
+            Py_DECREF(res);
+            if (d == -1.0 && PyErr_Occurred()) {
+                Py_DECREF(ch);
+                Py_DECREF(which);
+                return NULL;
+            }
+        }
+        if (d < best) {
+            best = d;
+            Py_SETREF(which, ch);
+        }
+        else {
+            Py_DECREF(ch);
+        }
+    }
+    PyObject *t = PyFloat_FromDouble(best);
+    PyObject *out = t == NULL ? NULL : PyTuple_Pack(2, t, which);
+    Py_XDECREF(t);
+    Py_DECREF(which);
+    return out;
+}
+
+static PyMethodDef module_methods[] = {
+    {"earliest", (PyCFunction)earliest, METH_O,
+     "earliest(channels): (the earliest next deadline, its channel); (inf, None) if idle."},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyMethodDef Channel_methods[] = {
     {"start", (PyCFunction)(void (*)(void))Channel_start, METH_FASTCALL,
      "start(now, nbytes, done): a transfer from `now`; `done(end)` is called when it ends."},
@@ -518,6 +586,7 @@ static struct PyModuleDef clink_module = {
     .m_name = "mocker.tiers._clink",
     .m_doc = "A channel between tiers in C (mocker.tiers.channel is the reference).",
     .m_size = -1,
+    .m_methods = module_methods,
 };
 
 PyMODINIT_FUNC PyInit__clink(void)

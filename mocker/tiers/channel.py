@@ -3,6 +3,7 @@ called back when it ends, so a link shared by several engines hands each its own
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Protocol
 
@@ -14,7 +15,7 @@ try:
 except ImportError:  # built without a C compiler: the Python channel serves
     _clink = None  # type: ignore[assignment]
 
-__all__ = ["Channel", "Done", "TransferChannel", "open_channel"]
+__all__ = ["Channel", "Done", "TransferChannel", "earliest", "earliest_of", "open_channel"]
 
 # Called with the transfer's end time, when a poll reaches it.
 Done = Callable[[float], None]
@@ -44,6 +45,27 @@ def open_channel(link: Link, src: str, dst: str, compiled: bool | None = None) -
     if use_compiled("mocker.tiers._clink", _clink is not None, compiled):
         return _clink.Channel(link.bandwidth, link.latency, src, dst)
     return Channel(link, src, dst)
+
+
+def earliest(channels: list[TransferChannel]) -> tuple[float, TransferChannel | None]:
+    """(The earliest next deadline of the channels, its channel), the first of equals; (inf,
+    None) when all are idle. The compiled module's `earliest` (the same answer) reads its own
+    channels without a call each: a poll asks at every event."""
+    best, which = math.inf, None
+    for channel in channels:
+        d = channel.next_deadline()
+        if d is not None and d < best:
+            best, which = d, channel
+    return best, which
+
+
+def earliest_of(
+    compiled: bool | None = None,
+) -> Callable[[list[TransferChannel]], tuple[float, TransferChannel | None]]:
+    """`earliest`, compiled unless `compiled` is False or MOCKER_KV_POOL=python."""
+    if use_compiled("mocker.tiers._clink", _clink is not None, compiled):
+        return _clink.earliest
+    return earliest
 
 
 class Channel:

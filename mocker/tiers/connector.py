@@ -30,7 +30,7 @@ from mocker.kv.events import KVEvent
 from mocker.kv.hashing import BlockHash
 from mocker.kv.manager import DevicePool
 from mocker.request import Request
-from mocker.tiers.channel import Done, TransferChannel, open_channel
+from mocker.tiers.channel import Done, TransferChannel, earliest_of, open_channel
 from mocker.tiers.hybrid_store import chunk_keys
 from mocker.tiers.link import Link, TransferId
 from mocker.tiers.lru import LruTier
@@ -126,6 +126,7 @@ class TierConnector:
         self.d2h = open_channel(d2h_link, DEVICE, cpu.name)
         self.h2d = open_channel(h2d_link, cpu.name, DEVICE)
         self.channels: list[TransferChannel] = [self.d2h, self.h2d]
+        self._earliest = earliest_of()  # (the channels' next deadline: compiled with them)
         for tier in self.storage:
             if tier.tier.record_events != cpu.record_events:
                 # A cascade copies the CPU tier's event records: all tiers publish, or none.
@@ -303,13 +304,13 @@ class TierConnector:
         # shared tier's channels are in the list: another engine's transfers move them.
         if self._deadline_version == self.version and not self._shared:
             return self._deadline
-        times = [t for ch in self.channels if (t := ch.next_deadline()) is not None]
-        t = self._next_timeout()
-        if t is not None:
-            times.append(t)
-        if self._posted:
-            times.append(self._posted[0][0])
-        self._deadline = min(times) if times else None
+        t = self._earliest(self.channels)[0]
+        timeout = self._next_timeout()
+        if timeout is not None and timeout < t:
+            t = timeout
+        if self._posted and self._posted[0][0] < t:
+            t = self._posted[0][0]
+        self._deadline = None if t == math.inf else t
         self._deadline_version = self.version
         return self._deadline
 
@@ -328,6 +329,8 @@ class TierConnector:
 
     def take_events(self) -> list[KVEvent]:
         """The CPU tier's and the secondary tiers' events since the last call."""
+        if not self.cpu.record_events:
+            return []  # (all tiers publish, or none: __init__)
         events = self.cpu.take_events()
         for tier in self.storage:
             more = tier.take_events(self.engine_id)
@@ -631,22 +634,26 @@ class TierConnector:
         next lookup answers 0."""
         timed_out: list[Request] = []
         if not self._shared:  # (cached: most polls find nothing due and return here)
-            due = self.next_deadline()
+            kept = self._deadline_version == self.version  # (`next_deadline`, inline)
+            due = self._deadline if kept else self.next_deadline()
             if due is None or due > now:
-                self._time = max(self._time, now)
+                if now > self._time:
+                    self._time = now
                 return [], timed_out
-        channels, posted = self.channels, self._posted
+        earliest, channels = self._earliest, self.channels
+        posted, timeouts = self._posted, self._timeouts
         while True:
-            t, channel = math.inf, None
-            for ch in channels:
-                d = ch.next_deadline()
-                if d is not None and d < t:
-                    t, channel = d, ch
-            first_post = posted[0][0] if posted else math.inf
-            timeout = self._next_timeout()
+            t, channel = earliest(channels)
+            t_next = posted[0][0] if posted and posted[0][0] < t else t
+            # A timeout matters only if it is due and comes first (the heap's head may be a
+            # job that ended: `_next_timeout` prunes those).
+            timeout = None
+            if timeouts and timeouts[0][0] <= min(t_next, now):
+                timeout = self._next_timeout()
+                if timeout is not None and timeout < t_next:
+                    t_next = timeout
             # At one instant: copies end first (a timeout then loses: the copy made it),
             # then posted stores start.
-            t_next = min(t, first_post, math.inf if timeout is None else timeout)
             if t_next > now:
                 break
             self._time = max(self._time, t_next)

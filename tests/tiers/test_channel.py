@@ -4,13 +4,14 @@ over a Link (the reference), verb for verb and bit for bit, and the callbacks' r
 from __future__ import annotations
 
 import gc
+import math
 import random
 import weakref
 from collections.abc import Callable
 
 import pytest
 
-from mocker.tiers.channel import Channel, TransferChannel, open_channel
+from mocker.tiers.channel import Channel, TransferChannel, earliest, open_channel
 from mocker.tiers.link import Link
 
 clink = pytest.importorskip("mocker.tiers._clink", reason="built without a C compiler")
@@ -178,3 +179,40 @@ def test_open_channel_follows_the_pool_choice(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("MOCKER_KV_POOL", "auto")
     assert isinstance(open_channel(Link(GB), "cpu", "fs"), clink.Channel)
     assert isinstance(open_channel(Link(GB), "cpu", "fs", compiled=False), Channel)
+
+
+def test_earliest_matches_the_reference_over_mixed_channels() -> None:
+    """The first channel with the earliest deadline wins; idle ones are skipped; Python
+    channels are asked, compiled ones read."""
+    rng = random.Random(7)
+    for _ in range(200):
+        channels: list[TransferChannel] = []
+        for _ in range(rng.randrange(0, 6)):
+            bandwidth = rng.choice([1 * GB, 2 * GB])
+            channel = open_channel(Link(bandwidth), "cpu", "fs", compiled=rng.random() < 0.5)
+            for _ in range(rng.randrange(0, 3)):
+                channel.start(0.0, rng.choice([MB, 2 * MB]), print)
+            channels.append(channel)
+        want = earliest(channels)
+        got = clink.earliest(channels)
+        assert got[0] == want[0] and got[1] is want[1]
+    assert clink.earliest([]) == (math.inf, None)
+    with pytest.raises(TypeError):
+        clink.earliest(tuple(channels))  # type: ignore[arg-type]
+
+
+def test_earliest_survives_a_channel_that_changes_the_list() -> None:
+    channels: list[TransferChannel] = []
+
+    class Shrinking(Channel):
+        def next_deadline(self) -> float | None:
+            channels.clear()  # drops the compiled channel found first
+            return 5.0
+
+    first = clink.Channel(1 * GB, 0.0, "cpu", "fs")
+    first.start(0.0, MB, print)
+    channels += [first, Shrinking(Link(GB), "cpu", "obj")]
+    del first
+    t, which = clink.earliest(channels)
+    assert t == pytest.approx(1e-3) and isinstance(which, clink.Channel)
+    assert which.key == ("cpu", "fs")
