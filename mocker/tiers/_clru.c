@@ -61,7 +61,7 @@ typedef struct {
     int32_t nodes_cap;
     int32_t free_list;  /* unused nodes, linked by next */
     int32_t used;       /* nodes handed out at least once (the rest are past the free list) */
-    int32_t *table;     /* node index or NIL */
+    uint64_t *table;    /* a key's tag (high half) and its node (low half, NIL: empty) */
     uint32_t mask;      /* table size - 1 (a power of two, at least twice the nodes) */
     int bits;           /* log2 of the table size */
     Py_ssize_t len;       /* resident nodes */
@@ -269,52 +269,81 @@ static void keys_close(Keys *k)
 
 /* -- the table --------------------------------------------------------------------------------- */
 
-static inline uint32_t home(const LruMap *m, Key key)
+/* A key's tag: the high half of its hash. The table keeps it beside the node's index, so a
+ * probe that passes other keys, a miss, an insertion and a deletion's shifts read the table
+ * alone (the nodes are scattered: each one read is likely a cache miss). A key's home slot is
+ * the tag's top `bits` bits (the table never has more than 2^31 slots). */
+static inline uint32_t tag_of(Key key)
 {
-    return (uint32_t)(((key.v ^ key.neg) * GOLDEN) >> (64 - m->bits));
+    return (uint32_t)(((key.v ^ key.neg) * GOLDEN) >> 32);
+}
+
+static inline uint32_t home_of_tag(const LruMap *m, uint32_t tag)
+{
+    return tag >> (32 - m->bits);
+}
+
+static inline int32_t entry_node(uint64_t e)
+{
+    return (int32_t)(uint32_t)e;
+}
+
+static inline uint64_t entry(uint32_t tag, int32_t n)
+{
+    return ((uint64_t)tag << 32) | (uint32_t)n;
 }
 
 /* The node holding `key`, or NIL. */
 static inline int32_t find(const LruMap *m, Key key)
 {
-    uint32_t i = home(m, key);
+    uint32_t tag = tag_of(key);
+    uint32_t i = home_of_tag(m, tag);
     for (;;) {
-        int32_t n = m->table[i];
-        if (n == NIL || same(node_key(&m->nodes[n]), key)) {
+        uint64_t e = m->table[i];
+        int32_t n = entry_node(e);
+        if (n == NIL || ((uint32_t)(e >> 32) == tag && same(node_key(&m->nodes[n]), key))) {
             return n;
         }
         i = (i + 1) & m->mask;
     }
 }
 
-static void place(LruMap *m, int32_t n)
+static void place_tagged(LruMap *m, int32_t n, uint32_t tag)
 {
-    uint32_t i = home(m, node_key(&m->nodes[n]));
-    while (m->table[i] != NIL) {
+    uint32_t i = home_of_tag(m, tag);
+    while (entry_node(m->table[i]) != NIL) {
         i = (i + 1) & m->mask;
     }
-    m->table[i] = n;
+    m->table[i] = entry(tag, n);
     m->nodes[n].slot = (int32_t)i;
+}
+
+static void place(LruMap *m, int32_t n)
+{
+    place_tagged(m, n, tag_of(node_key(&m->nodes[n])));
 }
 
 static int resize_table(LruMap *m, int bits)
 {
     size_t size = (size_t)1 << bits;
-    int32_t *table = PyMem_Malloc(size * sizeof(int32_t));
+    uint64_t *table = PyMem_Malloc(size * sizeof(uint64_t));
     if (table == NULL) {
         PyErr_NoMemory();
         return -1;
     }
-    memset(table, 0xff, size * sizeof(int32_t)); /* NIL everywhere */
-    PyMem_Free(m->table);
+    memset(table, 0xff, size * sizeof(uint64_t)); /* NIL everywhere */
+    uint64_t *old = m->table;
+    size_t old_size = old == NULL ? 0 : (size_t)m->mask + 1;
     m->table = table;
     m->bits = bits;
     m->mask = (uint32_t)(size - 1);
-    for (int32_t n = 0; n < m->used; n++) {
-        if (m->nodes[n].state != FREE) {
-            place(m, n);
+    for (size_t i = 0; i < old_size; i++) { /* (the tags are there: no node is read for them) */
+        int32_t n = entry_node(old[i]);
+        if (n != NIL) {
+            place_tagged(m, n, (uint32_t)(old[i] >> 32));
         }
     }
+    PyMem_Free(old);
     return 0;
 }
 
@@ -323,19 +352,20 @@ static void unplace(LruMap *m, int32_t n)
 {
     uint32_t hole = (uint32_t)m->nodes[n].slot;
     uint32_t j = hole;
-    m->table[hole] = NIL;
+    m->table[hole] = entry(0, NIL);
     for (;;) {
         j = (j + 1) & m->mask;
-        int32_t other = m->table[j];
+        uint64_t e = m->table[j];
+        int32_t other = entry_node(e);
         if (other == NIL) {
             return;
         }
-        uint32_t h = home(m, node_key(&m->nodes[other]));
+        uint32_t h = home_of_tag(m, (uint32_t)(e >> 32));
         /* `other` may fill the hole unless its home lies cyclically in (hole, j]. */
         if (((j - h) & m->mask) >= ((j - hole) & m->mask)) {
-            m->table[hole] = other;
+            m->table[hole] = e;
             m->nodes[other].slot = (int32_t)hole;
-            m->table[j] = NIL;
+            m->table[j] = entry(0, NIL);
             hole = j;
         }
     }

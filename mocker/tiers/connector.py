@@ -35,7 +35,7 @@ from mocker.tiers.hybrid_store import chunk_keys
 from mocker.tiers.link import Link, TransferId
 from mocker.tiers.lru import LruTier
 from mocker.tiers.storage import StorageTier
-from mocker.tiers.store_policy import StorePolicy, WriteBack, WriteThrough
+from mocker.tiers.store_policy import Owners, StorePolicy, WriteBack, WriteThrough
 from mocker.tiers.tier import BlockBatch, BlockKey
 from mocker.tiers.transfers import TierCounters, TransferKind, TransferRecord
 
@@ -44,7 +44,8 @@ __all__ = ["DEVICE", "TierConnector"]
 DEVICE = "gpu"  # the device's name in channel keys
 
 # A store posted for a pass's end: (time, order, blocks, keys, owners).
-_Posted: TypeAlias = tuple[float, int, list[KVBlock], list[BlockHash], "list[Request] | None"]
+_Posted: TypeAlias = tuple[float, int, list[KVBlock], list[BlockHash], "Owners | None"]
+_NO_TRANSFER = TransferId(-1)  # (a job's id until its transfer starts)
 
 
 @dataclass(slots=True, eq=False)
@@ -370,8 +371,9 @@ class TierConnector:
         meta = pool.token_meta(blocks, self.block_size) if cpu.record_events else None
         # (The tokens are needed only for the Stored events when the copy lands, here and in
         # the tiers the block cascades to: all tiers publish, or none.)
-        batch = BlockBatch(keys, parents, meta, unique=True)  # device hashes
-        plan = cpu.prepare_store(batch)
+        if cpu.reserve_all_new(keys, parents, meta):  # (device hashes are distinct)
+            return (blocks if isinstance(blocks, list) else list(blocks)), keys
+        plan = cpu.prepare_store(BlockBatch(keys, parents, meta, unique=True))
         self.stores_skipped += plan.skipped
         if plan.evicted:
             self.policy.cpu_evicted(plan.evicted)
@@ -390,11 +392,12 @@ class TierConnector:
         at: float,
         blocks: list[KVBlock],
         hashes: list[BlockHash] | None = None,
-        owners: list[Request] | None = None,
+        owners: Owners | None = None,
     ) -> None:
         """Copy the blocks (CPU slots reserved by `plan_store`) from `at`: now if the
         connector has been driven that far, else posted until a poll reaches it. `owners`:
-        the policy's tag of each block, handed back to it when the copy ends."""
+        the policy's tag of the blocks (runs of them), handed back to it when a copy ends.
+        The lists are the connector's from now on (copies in flight keep them)."""
         if not blocks:
             return
         if hashes is None:
@@ -405,16 +408,24 @@ class TierConnector:
             self._order += 1
             return
         size = self.batch_size
-        for lo in range(0, len(blocks), size):
-            chunk = blocks[lo : lo + size]
-            chunk_owners = owners[lo : lo + size] if owners is not None else None
-            done = self._store_done(chunk, hashes[lo : lo + size], at, chunk_owners)
-            self.d2h.start(at, len(chunk) * self.block_bytes, done)
-            self._storing[id(chunk)] = chunk
+        if len(blocks) <= size:  # one copy (most passes)
+            self._start_store(at, blocks, hashes, owners)
+            return
+        pieces = _cut_runs(owners, size) if owners is not None else None
+        for i, lo in enumerate(range(0, len(blocks), size)):
+            self._start_store(at, blocks[lo : lo + size], hashes[lo : lo + size],
+                              None if pieces is None else pieces[i])  # fmt: skip
+
+    def _start_store(
+        self, at: float, blocks: list[KVBlock], hashes: list[BlockHash], owners: Owners | None
+    ) -> None:
+        self.d2h.start(at, len(blocks) * self.block_bytes,
+                       self._store_done(blocks, hashes, at, owners))  # fmt: skip
+        self._storing[id(blocks)] = blocks
 
     def _store_done(
         self, blocks: list[KVBlock], hashes: list[BlockHash], start: float,
-        owners: list[Request] | None,
+        owners: Owners | None,
     ) -> Done:  # fmt: skip
         def done(end: float) -> None:
             self.version += 1
@@ -495,7 +506,7 @@ class TierConnector:
         self.policy.cpu_gained(keys)  # (undone by `_unwind` if the promotion fails)
         tier.tier.prepare_load(keys)
         now = self._time
-        promotion = _Promotion(request, tier, TransferId(-1), keys, hold, now,
+        promotion = _Promotion(request, tier, _NO_TRANSFER, keys, hold, now,
                                now + self._load_timeout)  # fmt: skip
         promotion.tid = tier.read.start(now, len(keys) * self.block_bytes,
                                         self._promotion_done(promotion))  # fmt: skip
@@ -573,8 +584,12 @@ class TierConnector:
         self.cpu.prepare_load(hashes)
         promoted, request.promoted = request.promoted, None
         if request.num_cached_tokens < 0:  # its hits are counted once, at its first admission
-            request.tier_hits = self._tier_hits(promoted, hashes)
-        load = _Load(request, TransferId(-1), hashes, now, now + self._load_timeout)
+            if promoted:
+                request.tier_hits = self._tier_hits(promoted, hashes)
+            else:  # (all found in the CPU tier: `_tier_hits` without a promotion)
+                n = len(hashes)
+                request.tier_hits = ((self.cpu.name, n * self.block_size),) if n else ()
+        load = _Load(request, _NO_TRANSFER, hashes, now, now + self._load_timeout)
         load.tid = self.h2d.start(now, num_blocks * self.block_bytes, self._load_done(load))
         self._loads[request] = load
         self._push_timeout(load.deadline, load)
@@ -696,4 +711,24 @@ class TierConnector:
     def _record(
         self, kind: TransferKind, src: str, dst: str, n: int, start: float, end: float
     ) -> None:
-        self._records.append(TransferRecord(kind, n, n * self.block_bytes, start, end, src, dst))
+        # (tuple.__new__ directly: a named tuple's own __new__ is a Python function)
+        record = (kind, n, n * self.block_bytes, start, end, src, dst)
+        self._records.append(tuple.__new__(TransferRecord, record))
+
+
+def _cut_runs(runs: Owners, size: int) -> list[Owners]:
+    """Runs of owners cut into pieces of `size` blocks (the last may be shorter)."""
+    pieces: list[Owners] = []
+    piece: Owners = []
+    room = size
+    for owner, n in runs:
+        while n >= room:
+            piece.append((owner, room))
+            pieces.append(piece)
+            piece, n, room = [], n - room, size
+        if n:
+            piece.append((owner, n))
+            room -= n
+    if piece:
+        pieces.append(piece)
+    return pieces

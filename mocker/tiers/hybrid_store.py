@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from mocker.kv.block import BlockId, KVBlock
 from mocker.kv.hashing import BlockHash
 from mocker.request import Request
-from mocker.tiers.store_policy import WriteThrough
+from mocker.tiers.store_policy import Owners, WriteThrough
 
 if TYPE_CHECKING:
     from mocker.kv.coordinator import HybridKVCacheManager
@@ -98,7 +98,7 @@ class HybridWriteThrough(WriteThrough):
         if chosen:
             self._stage(request, chosen)
 
-    def stored(self, blocks: list[KVBlock], owners: list[Request] | None) -> None:
+    def stored(self, blocks: list[KVBlock], owners: Owners | None) -> None:
         release = self._kv.release_blocks
         for unit in reversed(blocks):  # tail first, as a request frees its blocks
             assert isinstance(unit, ChunkUnit)

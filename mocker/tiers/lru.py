@@ -109,15 +109,8 @@ class LruTier:
         load ends)."""
         order = self._order
         keys = blocks.keys
-        if (
-            blocks.unique
-            and len(keys) <= self.capacity - len(order) - order.num_incoming
-            and order.reserve_new(keys, blocks.parents)
-        ):
-            # All new and room for all (most batches): reserved in one call, no dict built.
-            plan = StorePlan(keys=list(keys))
-            self._keep_meta(plan.keys, blocks)
-            return plan
+        if blocks.unique and self.reserve_all_new(keys, blocks.parents, blocks.meta):
+            return StorePlan(keys=list(keys))
         if order.holds_all(keys):
             return StorePlan()  # all held already (a batch that was loaded): nothing to do
         fresh = dict(zip(keys, blocks.parents, strict=True))  # a key once, batch order
@@ -145,6 +138,22 @@ class LruTier:
         order.reserve(plan.keys, list(fresh.values()))
         self._keep_meta(plan.keys, blocks)
         return plan
+
+    def reserve_all_new(
+        self, keys: list[BlockKey], parents: list[BlockKey | None], meta: list[BlockMeta] | None
+    ) -> bool:
+        """`prepare_store` of a batch of distinct keys (their parents and event records
+        beside them) in its common case, without building a plan: if none is held and there
+        is room for all, all are reserved (True); else nothing changes (False)."""
+        order = self._order
+        if len(keys) > self.capacity - len(order) - order.num_incoming:
+            return False
+        if not order.reserve_new(keys, parents):  # (one call, no dict built)
+            return False
+        if self.record_events:
+            self._meta.update(zip(keys, meta, strict=True) if meta is not None
+                              else dict.fromkeys(keys, ((), None)))  # fmt: skip
+        return True
 
     def _keep_meta(self, keys: list[BlockKey], blocks: BlockBatch) -> None:
         """What the events of these reserved keys will name (events only)."""

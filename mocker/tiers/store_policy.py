@@ -5,9 +5,7 @@ points."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from itertools import compress, repeat
-from operator import is_not
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from mocker.kv.block import KVBlock
 from mocker.kv.block_pool import BlockPool
@@ -17,7 +15,11 @@ from mocker.request import Request
 if TYPE_CHECKING:
     from mocker.tiers.connector import TierConnector
 
-__all__ = ["StorePolicy", "WriteBack", "WriteThrough"]
+__all__ = ["Owners", "StorePolicy", "WriteBack", "WriteThrough"]
+
+# The requests a store's blocks are copied for, as runs: (request, its next n blocks), in the
+# batch's order (a request's blocks are contiguous in a batch).
+Owners: TypeAlias = list[tuple[Request, int]]
 
 
 class StorePolicy(Protocol):
@@ -52,7 +54,7 @@ class StorePolicy(Protocol):
         of the device's."""
         ...
 
-    def stored(self, blocks: list[KVBlock], owners: list[Request] | None) -> None:
+    def stored(self, blocks: list[KVBlock], owners: Owners | None) -> None:
         """A copy of these device blocks ended (they are in the CPU tier now)."""
         ...
 
@@ -83,11 +85,11 @@ class WriteThrough:
     def __init__(self, connector: TierConnector, *, prompt_only: bool = True) -> None:
         self._connector = connector
         self._prompt_only = prompt_only
-        # Pinned, copied at the pass's end; each block's key and request beside it (lists
-        # built at C level: every stored block passes here).
+        # Pinned, copied at the pass's end; each block's key beside it (lists built at C
+        # level: every stored block passes here), and whose blocks they are, as runs.
         self._staged: list[KVBlock] = []
         self._staged_keys: list[BlockHash] = []
-        self._owners: list[Request] = []
+        self._owners: Owners = []
         # A request's copies in flight, and the block tables of finished requests held until
         # their last copy ends.
         self._storing: dict[Request, int] = {}
@@ -129,7 +131,7 @@ class WriteThrough:
         """Copy these pinned blocks (their keys, if the caller has them) at the pass's end."""
         self._staged += pinned
         self._staged_keys += self._connector.hashes_of(pinned) if keys is None else keys
-        self._owners += repeat(request, len(pinned))
+        self._owners.append((request, len(pinned)))
         self._storing[request] = self._storing.get(request, 0) + len(pinned)
 
     def after_schedule(self, now: float) -> None:
@@ -150,23 +152,19 @@ class WriteThrough:
     def cpu_gained(self, keys: Sequence[BlockHash]) -> None:
         """Nothing: device blocks are not retained under write-through."""
 
-    def stored(self, blocks: list[KVBlock], owners: list[Request] | None) -> None:
+    def stored(self, blocks: list[KVBlock], owners: Owners | None) -> None:
         # Unpin tail first, as a request frees its blocks, so a chain is evicted leaf first.
         self._connector.pool.free_blocks_reversed(blocks)
         self._copies_ended(owners)
 
-    def _copies_ended(self, owners: list[Request] | None) -> None:
+    def _copies_ended(self, owners: Owners | None) -> None:
         """Count the ended copies against their requests; a finished request whose last
-        copy ended is freed (in the order the batch reaches each one's last block: a
-        request's blocks are contiguous in a batch)."""
+        copy ended is freed (in the order the batch reaches each one's last block)."""
         if not owners:
             return
         storing = self._storing
-        # Where each request's run of blocks starts (C-level: a batch is a few runs).
-        starts = [0, *compress(range(1, len(owners)), map(is_not, owners[1:], owners[:-1]))]
-        for lo, hi in zip(starts, [*starts[1:], len(owners)], strict=True):
-            owner = owners[lo]
-            left = storing[owner] - (hi - lo)
+        for owner, n in owners:
+            left = storing[owner] - n
             if left:
                 storing[owner] = left
                 continue
@@ -251,7 +249,7 @@ class WriteBack:
         for key in keys:
             set_retained(key, False)
 
-    def stored(self, blocks: list[KVBlock], owners: list[Request] | None) -> None:
+    def stored(self, blocks: list[KVBlock], owners: Owners | None) -> None:
         self._pool.return_displaced(blocks)
 
     def request_finished(self, request: Request) -> bool:

@@ -17,6 +17,7 @@ from mocker.engine.virtual import Abort, VirtualDriver, VirtualRun
 from mocker.kv.compiled_pool import CompiledBlockPool
 from mocker.kv.events import BlockRemoved, BlockStored
 from mocker.request import EngineRequest, RequestStatus, SamplingParams
+from mocker.tiers.connector import _cut_runs
 from mocker.tiers.transfers import TransferKind
 from tests.support.engines import small_config
 from tests.support.pools import all_blocks, free_order
@@ -321,3 +322,22 @@ def test_a_block_without_a_hash_is_never_planned_for_a_store() -> None:
     with pytest.raises(RuntimeError, match="holds no hash"):
         core.connector.plan_store([block])  # type: ignore[list-item]
     assert core.connector.cpu.num_incoming == 0
+
+
+@pytest.mark.parametrize(
+    ("runs", "size", "pieces"),
+    [
+        ([("a", 40)], 32, [[("a", 32)], [("a", 8)]]),
+        ([("a", 32)], 32, [[("a", 32)]]),
+        ([("a", 10), ("b", 30)], 32, [[("a", 10), ("b", 22)], [("b", 8)]]),
+        ([("a", 1), ("b", 1), ("c", 1)], 1, [[("a", 1)], [("b", 1)], [("c", 1)]]),
+        ([("a", 3), ("b", 4)], 3, [[("a", 3)], [("b", 3)], [("b", 1)]]),
+        ([], 32, []),
+    ],
+)
+def test_a_stores_owners_are_cut_with_its_blocks(
+    runs: list[Any], size: int, pieces: list[Any]
+) -> None:
+    """A store larger than offload_batch_size is copied in pieces: each piece's owners are
+    the runs of its blocks, every block counted once."""
+    assert _cut_runs(runs, size) == pieces

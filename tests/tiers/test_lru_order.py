@@ -316,3 +316,29 @@ def test_the_compiled_order_grows_and_shrinks_through_many_keys() -> None:
         for o in (ref, fast):
             o.move_to_end(sample)
         assert ref.items() == fast.items()
+
+
+@needs_c
+def test_keys_that_share_a_tag_and_a_home_are_told_apart() -> None:
+    """The compiled table keeps each key's tag (the high half of its hash) beside its node:
+    keys whose hashes differ by one share their tag and home slot, so every probe among them
+    must compare the keys themselves (and deletions shift long clusters)."""
+    golden = 0x9E3779B97F4A7C15  # the table's multiplier (mocker/tiers/_clru.c)
+    step = pow(golden, -1, 2**64)  # key + step: the hash + 1
+    keys = [BlockHash((2**63 + i * step) % 2**64) for i in range(3_000)]
+    ref, fast = PyLruOrder(), lru_order(compiled=True)
+    rng = random.Random(3)
+    for o in (ref, fast):
+        assert o.reserve_new(keys[:2_000], [None] * 2_000)
+        assert o.land(keys[:2_000]) is None  # (roots: chains of one)
+    gone = rng.sample(keys[:2_000], 700)
+    back = rng.sample(keys[:2_000], 300)
+    for o in (ref, fast):
+        o.pop_many([k for k in gone if k not in back])
+        o.move_to_end([k for k in back if k not in gone])
+        o.add(keys[2_000:], [None] * 1_000)
+    assert ref.items() == fast.items()
+    assert [k in fast for k in keys] == [k in ref for k in keys]
+    assert fast.count_run(keys, 2_000, 3_000) == 1_000
+    assert ref.pop_lru(1_500) == fast.pop_lru(1_500)
+    assert ref.items() == fast.items()
