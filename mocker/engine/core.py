@@ -467,10 +467,7 @@ class EngineCore:
         sched = self.scheduler.schedule()
         connector = self.connector
         if connector is not None:
-            for request, start, num_blocks in sched.loads:
-                connector.start_load(now, request, start, num_blocks)
-            connector.end_schedule()
-            connector.policy.after_schedule(now)
+            connector.scheduled(now, sched.loads)
         if sched.pulls:
             self._start_pulls(now, sched.pulls)
         end = now + self.pass_duration(

@@ -21,6 +21,7 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from itertools import compress
 from typing import TypeAlias, cast
 
@@ -30,7 +31,7 @@ from mocker.kv.events import KVEvent
 from mocker.kv.hashing import BlockHash
 from mocker.kv.manager import DevicePool
 from mocker.request import Request
-from mocker.tiers.channel import Done, TransferChannel, earliest_of, open_channel
+from mocker.tiers.channel import TransferChannel, earliest_of, open_channel
 from mocker.tiers.hybrid_store import chunk_keys
 from mocker.tiers.link import Link, TransferId
 from mocker.tiers.lru import LruTier
@@ -142,6 +143,7 @@ class TierConnector:
         self._posted: list[_Posted] = []
         self._order = 0
         self._load_timeout = config.load_timeout / speedup
+        self._pays_off: dict[int, bool] = {}  # load_pays_off(n) of a CPU-tier hit of n
         self._loads: dict[Request, _Load] = {}
         self._promotions: dict[Request, _Promotion] = {}
         self._promoting: dict[BlockKey, _Promotion] = {}  # keys on their way to the CPU tier
@@ -183,8 +185,9 @@ class TierConnector:
         if request.skip_tier_load:
             request.promoted = None
             return 0
-        hashes = chunk_keys(request.block_hashes, self.unit)
-        stop = min((request.num_tokens - 1) // self.block_size, len(hashes))
+        hashes = request.block_hashes if self.unit == 1 else chunk_keys(request.block_hashes,
+                                                                        self.unit)  # fmt: skip
+        stop = min((len(request.all_token_ids) - 1) // self.block_size, len(hashes))
         n = self.cpu.lookup(hashes, num_device_blocks, stop)
         pos = num_device_blocks + n
         if self.storage and pos < stop:
@@ -192,7 +195,10 @@ class TierConnector:
                 return None  # another request's promotion brings it: wait for that
             if self._promote(request, hashes, num_device_blocks, pos, stop):
                 return None
-        if not (n and self.load_pays_off(n)):
+        pays = self._pays_off.get(n)
+        if pays is None:  # (a pure function of n: kept)
+            pays = self._pays_off[n] = bool(n) and self.load_pays_off(n)
+        if not pays:
             request.promoted = None  # what was promoted for it is not loaded (now)
             return 0
         if self.storage:
@@ -419,52 +425,60 @@ class TierConnector:
     def _start_store(
         self, at: float, blocks: list[KVBlock], hashes: list[BlockHash], owners: Owners | None
     ) -> None:
-        self.d2h.start(at, len(blocks) * self.block_bytes,
-                       self._store_done(blocks, hashes, at, owners))  # fmt: skip
+        # (A transfer's callback is a partial of a method: made in C, no closure factory.)
+        done = partial(self._store_ended, blocks, hashes, at, owners)
+        self.d2h.start(at, len(blocks) * self.block_bytes, done)
         self._storing[id(blocks)] = blocks
 
-    def _store_done(
+    def _store_ended(
         self, blocks: list[KVBlock], hashes: list[BlockHash], start: float,
-        owners: Owners | None,
-    ) -> Done:  # fmt: skip
-        def done(end: float) -> None:
-            self.version += 1
-            del self._storing[id(blocks)]
-            self.cpu.complete_store(hashes)
-            self.policy.stored(blocks, owners)
-            n = len(blocks)
-            self.stored_blocks += n
-            self._record(TransferKind.STORE, DEVICE, self.cpu.name, n, start, end)
-            self._cascade(hashes, end)
-
-        return done
+        owners: Owners | None, end: float,
+    ) -> None:  # fmt: skip
+        self.version += 1
+        del self._storing[id(blocks)]
+        self.cpu.complete_store(hashes)
+        self.policy.stored(blocks, owners)
+        n = len(blocks)
+        self.stored_blocks += n
+        self._record(TransferKind.STORE, DEVICE, self.cpu.name, n, start, end)
+        self._cascade(hashes, end)
 
     def _cascade(self, keys: list[BlockKey], now: float) -> None:
         """Write-through from the CPU tier to every secondary tier, in parallel; the CPU
         copies are pinned until each copy ends."""
         cpu = self.cpu
+        parents: list[BlockKey | None] | None = None
         for tier in self.storage:
-            plan = tier.prepare_store(cpu.copies(keys), self.engine_id)
-            if not plan.keys:
+            if tier.tier.record_events:
+                run = tier.prepare_store(cpu.copies(keys), self.engine_id).keys
+            else:
+                # Without events whose copy it is matters to no one: the tier's residency
+                # reserves the batch (all new and room for all, most batches) in one call.
+                if parents is None:
+                    parents = cpu.parents(keys)
+                run = list(keys)  # (each cascade's own list: its pin and copy are named by it)
+                if not tier.tier.reserve_all_new(run, parents, None):
+                    batch = BlockBatch(run, parents, None, unique=True)
+                    run = tier.prepare_store(batch, self.engine_id).keys
+            if not run:
                 continue
-            run = plan.keys
             cpu.pin(run)
             self._cascading[id(run)] = run
-            tier.write.start(now, len(run) * self.block_bytes, self._cascade_done(tier, run, now))
+            done = partial(self._cascade_ended, tier, run, now)
+            tier.write.start(now, len(run) * self.block_bytes, done)
 
-    def _cascade_done(self, tier: StorageTier, keys: list[BlockKey], start: float) -> Done:
-        def done(end: float) -> None:
-            del self._cascading[id(keys)]
-            ok = not tier.fails()
-            tier.complete_store(keys, ok)
-            self.cpu.unpin(keys)
-            if ok:
-                self._record(TransferKind.STORE, self.cpu.name, tier.name, len(keys), start, end)
-            else:
-                self.counters[tier.name].cascade_failures += 1
-            self.version += 1
-
-        return done
+    def _cascade_ended(
+        self, tier: StorageTier, keys: list[BlockKey], start: float, end: float
+    ) -> None:
+        del self._cascading[id(keys)]
+        ok = not tier.fails()
+        tier.complete_store(keys, ok)
+        self.cpu.unpin(keys)
+        if ok:
+            self._record(TransferKind.STORE, self.cpu.name, tier.name, len(keys), start, end)
+        else:
+            self.counters[tier.name].cascade_failures += 1
+        self.version += 1
 
     # -- promotions (secondary tier → CPU) ----------------------------------------------------
 
@@ -509,7 +523,7 @@ class TierConnector:
         promotion = _Promotion(request, tier, _NO_TRANSFER, keys, hold, now,
                                now + self._load_timeout)  # fmt: skip
         promotion.tid = tier.read.start(now, len(keys) * self.block_bytes,
-                                        self._promotion_done(promotion))  # fmt: skip
+                                        partial(self._promotion_ended, promotion))  # fmt: skip
         self._promotions[request] = promotion
         for key in keys:
             self._promoting[key] = promotion
@@ -517,27 +531,24 @@ class TierConnector:
         self.version += 1
         return True
 
-    def _promotion_done(self, promotion: _Promotion) -> Done:
-        def done(end: float) -> None:
-            tier = promotion.tier
-            if tier.fails():
-                self.counters[tier.name].promotion_failures += 1
-                self._unwind(promotion)
-                return
-            self._end_promotion(promotion)  # bumps the version
-            tier.tier.complete_load(promotion.keys)
-            self.cpu.complete_store(promotion.keys)
-            # The landed blocks join the hold: pinned until the request's retry.
-            self.cpu.prepare_load(promotion.keys)
-            self._holds[promotion.request] = [promotion.hold, promotion.keys]
-            request = promotion.request
-            if request.promoted is None:
-                request.promoted = {}
-            request.promoted.update(dict.fromkeys(promotion.keys, tier.name))
-            n = len(promotion.keys)
-            self._record(TransferKind.LOAD, tier.name, self.cpu.name, n, promotion.start, end)
-
-        return done
+    def _promotion_ended(self, promotion: _Promotion, end: float) -> None:
+        tier = promotion.tier
+        if tier.fails():
+            self.counters[tier.name].promotion_failures += 1
+            self._unwind(promotion)
+            return
+        self._end_promotion(promotion)  # bumps the version
+        tier.tier.complete_load(promotion.keys)
+        self.cpu.complete_store(promotion.keys)
+        # The landed blocks join the hold: pinned until the request's retry.
+        self.cpu.prepare_load(promotion.keys)
+        self._holds[promotion.request] = [promotion.hold, promotion.keys]
+        request = promotion.request
+        if request.promoted is None:
+            request.promoted = {}
+        request.promoted.update(dict.fromkeys(promotion.keys, tier.name))
+        n = len(promotion.keys)
+        self._record(TransferKind.LOAD, tier.name, self.cpu.name, n, promotion.start, end)
 
     def _end_promotion(self, promotion: _Promotion) -> None:
         del self._promotions[promotion.request]
@@ -568,6 +579,16 @@ class TierConnector:
         for run in self._holds.pop(request, ()):
             self.cpu.complete_load(run)
 
+    def scheduled(self, now: float, loads: Sequence[tuple[Request, int, int]]) -> None:
+        """The pass at `now` was scheduled: its loads start (`start_load`: request, first
+        block, number of blocks), the holds they replace go (`end_schedule`), and the store
+        policy hears of it. (One call a pass: every pass makes it.)"""
+        for request, start, num_blocks in loads:
+            self.start_load(now, request, start, num_blocks)
+        if self._looked_up or self._released:
+            self.end_schedule()
+        self.policy.after_schedule(now)
+
     def end_schedule(self) -> None:
         """The pass's loads have pinned their CPU blocks: the holds they replace go."""
         self._looked_up = []
@@ -580,7 +601,9 @@ class TierConnector:
     def start_load(self, now: float, request: Request, start: int, num_blocks: int) -> None:
         """Copy blocks [start, start + num_blocks) of the request from the CPU tier into the
         device slots the scheduler reserved for them."""
-        hashes = chunk_keys(request.block_hashes, self.unit)[start : start + num_blocks]
+        hashes = request.block_hashes if self.unit == 1 else chunk_keys(request.block_hashes,
+                                                                        self.unit)  # fmt: skip
+        hashes = hashes[start : start + num_blocks]
         self.cpu.prepare_load(hashes)
         promoted, request.promoted = request.promoted, None
         if request.num_cached_tokens < 0:  # its hits are counted once, at its first admission
@@ -590,9 +613,11 @@ class TierConnector:
                 n = len(hashes)
                 request.tier_hits = ((self.cpu.name, n * self.block_size),) if n else ()
         load = _Load(request, _NO_TRANSFER, hashes, now, now + self._load_timeout)
-        load.tid = self.h2d.start(now, num_blocks * self.block_bytes, self._load_done(load))
+        load.tid = self.h2d.start(now, num_blocks * self.block_bytes,
+                                  partial(self._load_ended, load))  # fmt: skip
         self._loads[request] = load
-        self._push_timeout(load.deadline, load)
+        heapq.heappush(self._timeouts, (load.deadline, self._order, load))  # (`_push_timeout`)
+        self._order += 1
         self.version += 1
 
     def _tier_hits(
@@ -611,17 +636,14 @@ class TierConnector:
             hits[cpu] = len(hashes)
         return tuple((name, n * self.block_size) for name, n in hits.items() if n)
 
-    def _load_done(self, load: _Load) -> Done:
-        def done(end: float) -> None:
-            del self._loads[load.request]
-            self.cpu.complete_load(load.hashes)
-            n = len(load.hashes)
-            self.loaded_blocks += n
-            self._record(TransferKind.LOAD, self.cpu.name, DEVICE, n, load.start, end)
-            self._loaded.append(load.request)
-            self.version += 1
-
-        return done
+    def _load_ended(self, load: _Load, end: float) -> None:
+        del self._loads[load.request]
+        self.cpu.complete_load(load.hashes)
+        n = len(load.hashes)
+        self.loaded_blocks += n
+        self._record(TransferKind.LOAD, self.cpu.name, DEVICE, n, load.start, end)
+        self._loaded.append(load.request)
+        self.version += 1
 
     def cancel_load(self, now: float, request: Request) -> bool:
         """Drop a request's load (abort, timeout); its CPU blocks are unpinned. The

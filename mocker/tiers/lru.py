@@ -267,6 +267,10 @@ class LruTier:
     def unpin(self, keys: Sequence[BlockKey]) -> None:
         self._pins.remove(keys, self.name)
 
+    def parents(self, keys: Sequence[BlockKey]) -> list[BlockKey | None]:
+        """Each resident key's parent (a KeyError: one is not resident)."""
+        return self._order.parents(keys)
+
     def copies(self, keys: Sequence[BlockKey]) -> BlockBatch:
         """These resident blocks, to store in another tier (pins and recency are each
         tier's own; the event records are shared)."""
