@@ -93,6 +93,8 @@ class EngineCore:
         self.pool, self.kv = stack.pool, stack.kv
         self.cpu: LruTier | None = stack.cpu
         self.connector: TierConnector | None = stack.connector
+        # The tiers record KV events (all of them, or none: TierConnector): asked every pass.
+        self._tier_events = stack.connector is not None and stack.connector.cpu.record_events
         # P/D (NixlConnector): a prefill engine holds finished requests' KV for pulls; a
         # decode engine pulls prompts' KV over its link.
         scale = config.speedup_ratio
@@ -412,8 +414,8 @@ class EngineCore:
 
     def _take_events(self) -> list[KVEvent]:
         events = self.pool.take_events()
-        if self.connector is not None:
-            tier_events = self.connector.take_events()
+        if self._tier_events:
+            tier_events = self.connector.take_events()  # type: ignore[union-attr]
             if tier_events:
                 events = events + tier_events
         return events

@@ -587,7 +587,9 @@ class TierConnector:
             self.start_load(now, request, start, num_blocks)
         if self._looked_up or self._released:
             self.end_schedule()
-        self.policy.after_schedule(now)
+        after = self.policy.after_schedule
+        if after is not None:
+            after(now)
 
     def end_schedule(self) -> None:
         """The pass's loads have pinned their CPU blocks: the holds they replace go."""

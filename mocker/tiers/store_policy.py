@@ -29,8 +29,10 @@ class StorePolicy(Protocol):
         """The request's blocks [before, num_cached_blocks) became findable on the device."""
         ...
 
-    def after_schedule(self, now: float) -> None:
-        """The scheduling pass at `now` allocated its blocks."""
+    @property
+    def after_schedule(self) -> Callable[[float], None] | None:
+        """Told that the scheduling pass at `now` allocated its blocks; None when the policy
+        has nothing to do then (the connector then calls nothing)."""
         ...
 
     def end_pass(self, end: float) -> None:
@@ -134,8 +136,8 @@ class WriteThrough:
         self._owners.append((request, len(pinned)))
         self._storing[request] = self._storing.get(request, 0) + len(pinned)
 
-    def after_schedule(self, now: float) -> None:
-        """Nothing: allocation displaces nothing under write-through."""
+    # Nothing to do after scheduling: allocation displaces nothing under write-through.
+    after_schedule = None
 
     def end_pass(self, end: float) -> None:
         if self._staged:
