@@ -312,11 +312,13 @@ class TierConnector:
         if self._deadline_version == self.version and not self._shared:
             return self._deadline
         t = self._earliest(self.channels)[0]
-        timeout = self._next_timeout()
-        if timeout is not None and timeout < t:
-            t = timeout
         if self._posted and self._posted[0][0] < t:
             t = self._posted[0][0]
+        timeouts = self._timeouts
+        if timeouts and timeouts[0][0] < t:  # (the live head is no earlier than the head)
+            timeout = self._next_timeout()
+            if timeout is not None and timeout < t:
+                t = timeout
         self._deadline = None if t == math.inf else t
         self._deadline_version = self.version
         return self._deadline
@@ -687,7 +689,7 @@ class TierConnector:
             # A timeout matters only if it is due and comes first (the heap's head may be a
             # job that ended: `_next_timeout` prunes those).
             timeout = None
-            if timeouts and timeouts[0][0] <= min(t_next, now):
+            if timeouts and timeouts[0][0] <= t_next and timeouts[0][0] <= now:
                 timeout = self._next_timeout()
                 if timeout is not None and timeout < t_next:
                     t_next = timeout
@@ -695,7 +697,8 @@ class TierConnector:
             # then posted stores start.
             if t_next > now:
                 break
-            self._time = max(self._time, t_next)
+            if t_next > self._time:
+                self._time = t_next
             if channel is not None and t == t_next:
                 channel.finish(t)
             elif timeout is not None and timeout == t_next:
