@@ -485,6 +485,8 @@ class Scheduler:
     def _schedule_ready(self, budget: int, out: SchedulerOutput) -> int:
         """Resume requests whose KV loaded, in the order their loads ended."""
         ready = self.ready
+        if not ready:
+            return budget
         loras = self._batch_loras()
         i = 0
         while i < len(ready) and budget > 0 and len(self.running) < self._max_seqs:
