@@ -241,8 +241,11 @@ static PyObject *Channel_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return NULL;
     }
     if (latency < 0) {
-        PyErr_Format(PyExc_ValueError, "latency must be >= 0, got %R",
-                     PyTuple_GET_ITEM(args, 1));
+        PyObject *given = PyFloat_FromDouble(latency); /* (it may have come by keyword) */
+        if (given != NULL) {
+            PyErr_Format(PyExc_ValueError, "latency must be >= 0, got %R", given);
+            Py_DECREF(given);
+        }
         return NULL;
     }
     Channel *self = (Channel *)type->tp_alloc(type, 0);

@@ -161,6 +161,8 @@ def test_a_cycle_through_a_callback_is_collected() -> None:
 def test_bad_arguments_are_errors() -> None:
     with pytest.raises(ValueError, match="latency must be >= 0"):
         clink.Channel(1 * GB, -1.0, "cpu", "fs")
+    with pytest.raises(ValueError, match=r"latency must be >= 0, got -1\.0"):
+        clink.Channel(1 * GB, latency=-1.0, src="cpu", dst="fs")  # (by keyword: a review's crash)
     c = clink.Channel(0.0, 0.0, "cpu", "fs")
     assert c.instant
     with pytest.raises(TypeError):
