@@ -185,7 +185,7 @@ smoke_test() {
 	podman run --rm --no-healthcheck --entrypoint python localhost/mocker:smoke \
 		-c 'import mocker.kv._cpool, mocker.kv._chash, mocker.replay._cprompts, mocker.api._ctext, mocker.engine._cpass, mocker.tiers._clru, mocker.tiers._clink' ||
 		fail "the image lacks a compiled part (mocker/kv/_cpool.c, _chash.c, mocker/replay/_cprompts.c, mocker/api/_ctext.c, mocker/engine/_cpass.c, mocker/tiers/_clru.c or _clink.c did not build in it)"
-	echo "compiled pool, hash chain, prompt mixing, text table and pass parts: in the image"
+	echo "compiled pool, hash chain, prompt mixing, text table, pass parts, LRU order and channels: in the image"
 
 	step "podman run, /health, HEALTHCHECK, a streamed completion, SIGTERM"
 	local port url attempt up=0
