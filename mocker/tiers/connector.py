@@ -613,7 +613,7 @@ class TierConnector:
         if request.num_cached_tokens < 0:  # its hits are counted once, at its first admission
             if promoted:
                 request.tier_hits = self._tier_hits(promoted, hashes)
-            else:  # (all found in the CPU tier: `_tier_hits` without a promotion)
+            else:  # (all found in the CPU tier)
                 n = len(hashes)
                 request.tier_hits = ((self.cpu.name, n * self.block_size),) if n else ()
         load = _Load(request, _NO_TRANSFER, hashes, now, now + self._load_timeout)
@@ -625,19 +625,16 @@ class TierConnector:
         self.version += 1
 
     def _tier_hits(
-        self, promoted: dict[BlockHash, str] | None, hashes: Sequence[BlockHash]
+        self, promoted: dict[BlockHash, str], hashes: Sequence[BlockHash]
     ) -> tuple[tuple[str, int], ...]:
-        """Tokens of a load per tier they came from: a block the request's own promotion
-        brought counts for that tier (even if promoted twice, after an eviction), any other
-        one was found in the CPU tier."""
+        """Tokens of a load per tier they came from, when the request's own promotion
+        brought some: a block it brought counts for that tier (even if promoted twice, after
+        an eviction), any other one was found in the CPU tier."""
         cpu = self.cpu.name
         hits = {cpu: 0}
-        if promoted:
-            for key in hashes:
-                name = promoted.get(key, cpu)
-                hits[name] = hits.get(name, 0) + 1
-        else:
-            hits[cpu] = len(hashes)
+        for key in hashes:
+            name = promoted.get(key, cpu)
+            hits[name] = hits.get(name, 0) + 1
         return tuple((name, n * self.block_size) for name, n in hits.items() if n)
 
     def _load_ended(self, load: _Load, end: float) -> None:
