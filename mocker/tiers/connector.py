@@ -185,8 +185,7 @@ class TierConnector:
         if request.skip_tier_load:
             request.promoted = None
             return 0
-        hashes = request.block_hashes if self.unit == 1 else chunk_keys(request.block_hashes,
-                                                                        self.unit)  # fmt: skip
+        hashes = chunk_keys(request.block_hashes, self.unit)
         stop = min((len(request.all_token_ids) - 1) // self.block_size, len(hashes))
         n = self.cpu.lookup(hashes, num_device_blocks, stop)
         pos = num_device_blocks + n
@@ -605,9 +604,7 @@ class TierConnector:
     def start_load(self, now: float, request: Request, start: int, num_blocks: int) -> None:
         """Copy blocks [start, start + num_blocks) of the request from the CPU tier into the
         device slots the scheduler reserved for them."""
-        hashes = request.block_hashes if self.unit == 1 else chunk_keys(request.block_hashes,
-                                                                        self.unit)  # fmt: skip
-        hashes = hashes[start : start + num_blocks]
+        hashes = chunk_keys(request.block_hashes, self.unit)[start : start + num_blocks]
         self.cpu.prepare_load(hashes)
         promoted, request.promoted = request.promoted, None
         if request.num_cached_tokens < 0:  # its hits are counted once, at its first admission
@@ -620,8 +617,7 @@ class TierConnector:
         load.tid = self.h2d.start(now, num_blocks * self.block_bytes,
                                   partial(self._load_ended, load))  # fmt: skip
         self._loads[request] = load
-        heapq.heappush(self._timeouts, (load.deadline, self._order, load))  # (`_push_timeout`)
-        self._order += 1
+        self._push_timeout(load.deadline, load)
         self.version += 1
 
     def _tier_hits(
