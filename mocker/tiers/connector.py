@@ -44,8 +44,10 @@ __all__ = ["DEVICE", "TierConnector"]
 
 DEVICE = "gpu"  # the device's name in channel keys
 
-# A store posted for a pass's end: (time, order, blocks, keys, owners).
-_Posted: TypeAlias = tuple[float, int, list[KVBlock], list[BlockHash], "Owners | None"]
+# A store posted for a pass's end: (time, order, blocks, keys, owners, parent keys).
+_Posted: TypeAlias = tuple[
+    float, int, list[KVBlock], list[BlockHash], "Owners | None", "list[BlockHash | None] | None"
+]
 _NO_TRANSFER = TransferId(-1)  # (a job's id until its transfer starts)
 
 
@@ -139,7 +141,7 @@ class TierConnector:
         self.counters: dict[str, TierCounters] = {t.name: TierCounters() for t in self.storage}
         self.stores_skipped = 0  # blocks the CPU tier had no room for (all pinned)
         self._time = -math.inf  # the latest time the connector was driven to
-        # Stores posted for a pass's end: (time, order, blocks, keys, owners), a heap.
+        # Stores posted for a pass's end (`_Posted`), a heap.
         self._posted: list[_Posted] = []
         self._order = 0
         self._load_timeout = config.load_timeout / speedup
@@ -369,9 +371,11 @@ class TierConnector:
         evicted to make room."""
         return self.plan_store_keyed(blocks)[0]
 
-    def plan_store_keyed(self, blocks: Sequence[KVBlock]) -> tuple[list[KVBlock], list[BlockHash]]:
-        """`plan_store`, and the keys of the blocks to copy, in their order (so that the
-        copy's start need not look them up again)."""
+    def plan_store_keyed(
+        self, blocks: Sequence[KVBlock]
+    ) -> tuple[list[KVBlock], list[BlockHash], list[BlockHash | None]]:
+        """`plan_store`, and the keys of the blocks to copy and their parents' keys, in their
+        order (so that neither the copy's start nor its cascade looks them up again)."""
         cpu, pool = self.cpu, self.pool
         keys = self.hashes_of(blocks)
         parents = pool.parent_hashes(blocks)
@@ -379,15 +383,16 @@ class TierConnector:
         # (The tokens are needed only for the Stored events when the copy lands, here and in
         # the tiers the block cascades to: all tiers publish, or none.)
         if cpu.reserve_all_new(keys, parents, meta):  # (device hashes are distinct)
-            return (blocks if isinstance(blocks, list) else list(blocks)), keys
+            return (blocks if isinstance(blocks, list) else list(blocks)), keys, parents
         plan = cpu.prepare_store(BlockBatch(keys, parents, meta, unique=True))
         self.stores_skipped += plan.skipped
         if plan.evicted:
             self.policy.cpu_evicted(plan.evicted)
         if len(plan.keys) == len(blocks):  # (then the batch's keys, in its order)
-            return (blocks if isinstance(blocks, list) else list(blocks)), plan.keys
+            return (blocks if isinstance(blocks, list) else list(blocks)), plan.keys, parents
         chosen = set(plan.keys)  # (a batch's keys are distinct: the plan keeps their order)
-        return list(compress(blocks, map(chosen.__contains__, keys))), plan.keys
+        kept = list(map(chosen.__contains__, keys))
+        return list(compress(blocks, kept)), plan.keys, list(compress(parents, kept))
 
     def request_finished(self, request: Request) -> bool:
         """A request finished: True if its blocks must wait for copies in flight (vLLM's
@@ -400,10 +405,12 @@ class TierConnector:
         blocks: list[KVBlock],
         hashes: list[BlockHash] | None = None,
         owners: Owners | None = None,
+        parents: list[BlockHash | None] | None = None,
     ) -> None:
         """Copy the blocks (CPU slots reserved by `plan_store`) from `at`: now if the
         connector has been driven that far, else posted until a poll reaches it. `owners`:
-        the policy's tag of the blocks (runs of them), handed back to it when a copy ends.
+        the policy's tag of the blocks (runs of them), handed back to it when a copy ends;
+        `parents`: their parents' keys, if the caller has them (their cascades name them).
         The lists are the connector's from now on (copies in flight keep them)."""
         if not blocks:
             return
@@ -411,29 +418,31 @@ class TierConnector:
             hashes = self.hashes_of(blocks)
         self.version += 1
         if at > self._time:
-            heapq.heappush(self._posted, (at, self._order, blocks, hashes, owners))
+            heapq.heappush(self._posted, (at, self._order, blocks, hashes, owners, parents))
             self._order += 1
             return
         size = self.batch_size
         if len(blocks) <= size:  # one copy (most passes)
-            self._start_store(at, blocks, hashes, owners)
+            self._start_store(at, blocks, hashes, owners, parents)
             return
         pieces = _cut_runs(owners, size) if owners is not None else None
         for i, lo in enumerate(range(0, len(blocks), size)):
             self._start_store(at, blocks[lo : lo + size], hashes[lo : lo + size],
-                              None if pieces is None else pieces[i])  # fmt: skip
+                              None if pieces is None else pieces[i],
+                              None if parents is None else parents[lo : lo + size])  # fmt: skip
 
     def _start_store(
-        self, at: float, blocks: list[KVBlock], hashes: list[BlockHash], owners: Owners | None
-    ) -> None:
+        self, at: float, blocks: list[KVBlock], hashes: list[BlockHash], owners: Owners | None,
+        parents: list[BlockHash | None] | None,
+    ) -> None:  # fmt: skip
         # (A transfer's callback is a partial of a method: made in C, no closure factory.)
-        done = partial(self._store_ended, blocks, hashes, at, owners)
+        done = partial(self._store_ended, blocks, hashes, parents, at, owners)
         self.d2h.start(at, len(blocks) * self.block_bytes, done)
         self._storing[id(blocks)] = blocks
 
     def _store_ended(
-        self, blocks: list[KVBlock], hashes: list[BlockHash], start: float,
-        owners: Owners | None, end: float,
+        self, blocks: list[KVBlock], hashes: list[BlockHash],
+        parents: list[BlockHash | None] | None, start: float, owners: Owners | None, end: float,
     ) -> None:  # fmt: skip
         self.version += 1
         del self._storing[id(blocks)]
@@ -442,13 +451,16 @@ class TierConnector:
         n = len(blocks)
         self.stored_blocks += n
         self._record(TransferKind.STORE, DEVICE, self.cpu.name, n, start, end)
-        self._cascade(hashes, end)
+        if self.storage:
+            self._cascade(hashes, end, parents)
 
-    def _cascade(self, keys: list[BlockKey], now: float) -> None:
+    def _cascade(
+        self, keys: list[BlockKey], now: float, parents: list[BlockKey | None] | None = None
+    ) -> None:
         """Write-through from the CPU tier to every secondary tier, in parallel; the CPU
-        copies are pinned until each copy ends."""
+        copies (just landed: `parents`, their parent keys, if known) are pinned until each
+        copy ends."""
         cpu = self.cpu
-        parents: list[BlockKey | None] | None = None
         for tier in self.storage:
             if tier.tier.record_events:
                 run = tier.prepare_store(cpu.copies(keys), self.engine_id).keys
@@ -463,7 +475,7 @@ class TierConnector:
                     run = tier.prepare_store(batch, self.engine_id).keys
             if not run:
                 continue
-            cpu.pin(run)
+            cpu.pin_landed(run)
             self._cascading[id(run)] = run
             done = partial(self._cascade_ended, tier, run, now)
             tier.write.start(now, len(run) * self.block_bytes, done)
@@ -472,7 +484,7 @@ class TierConnector:
         self, tier: StorageTier, keys: list[BlockKey], start: float, end: float
     ) -> None:
         del self._cascading[id(keys)]
-        ok = not tier.fails()
+        ok = not (tier.failure_rate and tier.fails())
         tier.complete_store(keys, ok)
         self.cpu.unpin(keys)
         if ok:
@@ -697,8 +709,8 @@ class TierConnector:
             elif timeout is not None and timeout == t_next:
                 self._time_out(timeout, timed_out)
             else:
-                at, _, blocks, hashes, owners = heapq.heappop(posted)
-                self.start_stores(at, blocks, hashes, owners)
+                at, _, blocks, hashes, owners, parents = heapq.heappop(posted)
+                self.start_stores(at, blocks, hashes, owners, parents)
         self._time = max(self._time, now)
         loaded, self._loaded = self._loaded, []
         return loaded, timed_out

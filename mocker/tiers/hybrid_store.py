@@ -90,13 +90,13 @@ class HybridWriteThrough(WriteThrough):
         units = [u for c in range(before // m, stop // m) if (u := self._unit(request, c))]
         if not units:
             return
-        chosen = connector.plan_store(units)
+        chosen, keys, parents = connector.plan_store_keyed(units)
         pool = connector.pool
         for unit in chosen:
             assert isinstance(unit, ChunkUnit)
             pool.touch(unit.members)  # referenced already: pinned, not newly used
         if chosen:
-            self._stage(request, chosen)
+            self._stage(request, chosen, keys, parents)
 
     def stored(self, blocks: list[KVBlock], owners: Owners | None) -> None:
         release = self._kv.release_blocks

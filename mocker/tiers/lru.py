@@ -264,6 +264,11 @@ class LruTier:
             raise KeyError(next(k for k in keys if k not in order))
         self._pins.add(keys)
 
+    def pin_landed(self, keys: Sequence[BlockKey]) -> None:
+        """`pin` of keys the caller has just landed (`complete_store`), so resident: not
+        checked again (a cascade pins every block the CPU tier stores)."""
+        self._pins.add(keys)
+
     def unpin(self, keys: Sequence[BlockKey]) -> None:
         self._pins.remove(keys, self.name)
 

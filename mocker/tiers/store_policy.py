@@ -82,15 +82,17 @@ class WriteThrough:
     is freed tail first. Eviction from the device is then free."""
 
     __slots__ = ("_connector", "_held", "_owners", "_prompt_only", "_staged", "_staged_keys",
-                 "_storing")  # fmt: skip
+                 "_staged_parents", "_storing")  # fmt: skip
 
     def __init__(self, connector: TierConnector, *, prompt_only: bool = True) -> None:
         self._connector = connector
         self._prompt_only = prompt_only
-        # Pinned, copied at the pass's end; each block's key beside it (lists built at C
-        # level: every stored block passes here), and whose blocks they are, as runs.
+        # Pinned, copied at the pass's end; each block's key and parent key beside it (lists
+        # built at C level: every stored block passes here), and whose blocks they are, as
+        # runs. (The parents name the copies' chains in the tiers they cascade to.)
         self._staged: list[KVBlock] = []
         self._staged_keys: list[BlockHash] = []
+        self._staged_parents: list[BlockHash | None] = []
         self._owners: Owners = []
         # A request's copies in flight, and the block tables of finished requests held until
         # their last copy ends.
@@ -122,17 +124,23 @@ class WriteThrough:
             return  # nothing is cached, so nothing can be stored
         # Blocks counted as cached hold their hashes (a duplicate was swapped for the block
         # already cached under its hash).
-        pinned, keys = connector.plan_store_keyed(request.blocks[before:stop])
+        pinned, keys, parents = connector.plan_store_keyed(request.blocks[before:stop])
         if pinned:
             connector.pool.touch(pinned)
-            self._stage(request, pinned, keys)
+            self._stage(request, pinned, keys, parents)
 
     def _stage(
-        self, request: Request, pinned: list[KVBlock], keys: list[BlockHash] | None = None
+        self,
+        request: Request,
+        pinned: list[KVBlock],
+        keys: list[BlockHash],
+        parents: list[BlockHash | None],
     ) -> None:
-        """Copy these pinned blocks (their keys, if the caller has them) at the pass's end."""
+        """Copy these pinned blocks (their keys and parents' keys beside them, as
+        `plan_store_keyed` gives them) at the pass's end."""
         self._staged += pinned
-        self._staged_keys += self._connector.hashes_of(pinned) if keys is None else keys
+        self._staged_keys += keys
+        self._staged_parents += parents
         self._owners.append((request, len(pinned)))
         self._storing[request] = self._storing.get(request, 0) + len(pinned)
 
@@ -142,8 +150,10 @@ class WriteThrough:
     def end_pass(self, end: float) -> None:
         if self._staged:
             blocks, keys, owners = self._staged, self._staged_keys, self._owners
-            self._staged, self._staged_keys, self._owners = [], [], []
-            self._connector.start_stores(end, blocks, keys, owners)
+            parents = self._staged_parents
+            self._staged, self._staged_keys, self._staged_parents = [], [], []
+            self._owners = []
+            self._connector.start_stores(end, blocks, keys, owners, parents)
 
     # Nothing to do when an allocation finds no room: every free device block is reusable.
     make_room = None

@@ -7,6 +7,7 @@ bytes, never by calling the code under test.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -341,3 +342,32 @@ def test_a_stores_owners_are_cut_with_its_blocks(
     """A store larger than offload_batch_size is copied in pieces: each piece's owners are
     the runs of its blocks, every block counted once."""
     assert _cut_runs(runs, size) == pieces
+
+
+@pytest.mark.parametrize("batch", [2, 32])
+def test_a_cascade_names_each_blocks_parent_as_the_cpu_tier_does(batch: int) -> None:
+    """A store's parent keys travel with it to its cascades (nothing looks them up again):
+    every block in fs has the parent it has in the CPU tier, its chain's previous block,
+    also for a store copied in pieces and one of which the CPU tier held a part already."""
+    from mocker.config import StorageTierSpec
+
+    fs = StorageTierSpec("fs", 64, read_gbps=8.0, write_gbps=4.0)  # type: ignore[arg-type]
+    config = host_config(offload_policy="write-through", storage_tiers=(fs,),
+                         enable_kv_cache_events=False, offload_batch_size=batch)  # fmt: skip
+    core = EngineCore(config)
+    # b shares a's first 4 blocks (already in the CPU tier when b's are stored): its store
+    # reserves only the rest, whose first block's parent is one of a's.
+    a, b = prompt(0, 30), prompt(0, 16) + prompt(1, 14)
+    run(core, [one("a", a, 0.0), one("b", b, 1.0)])
+    assert core.connector is not None
+    [tier] = core.connector.storage
+    stored = sorted(tier.tier.resident_keys())
+    assert len(stored) == 7 + 3  # a's 7 full prompt blocks, b's 3 after the shared 4
+    parents = tier.tier.parents(stored)
+    assert parents == core.connector.cpu.parents(stored)
+    # One tree: a's root, and a's 4th block the parent of a's 5th and b's 5th.
+    counts = Counter(parents)
+    assert counts.pop(None) == 1
+    assert sorted(counts.values()) == [1] * 7 + [2]
+    assert set(counts) <= set(stored)
+    assert_quiescent(core)
