@@ -207,7 +207,9 @@ class Scheduler:
         if carry.prefix_queries:
             out.prefix_queries, out.prefix_hits = carry.prefix_queries, carry.prefix_hits
             out.external_queries, out.external_hits = carry.external_queries, carry.external_hits
-            self._carry = SchedulerOutput()
+            # (Zeroed in place: only these counts of the carry are ever set.)
+            carry.prefix_queries = carry.prefix_hits = 0
+            carry.external_queries = carry.external_hits = 0
         budget, stalled = self._schedule_running(self._token_budget, out)
         # As vLLM: a pass that had to preempt admits nobody new (unless nothing is left to
         # run). Nor does one in which a running request waits for blocks being offloaded:

@@ -384,6 +384,8 @@ class TierConnector:
         # the tiers the block cascades to: all tiers publish, or none.)
         if cpu.reserve_all_new(keys, parents, meta):  # (device hashes are distinct)
             return (blocks if isinstance(blocks, list) else list(blocks)), keys, parents
+        if cpu.holds_all(keys):  # (a prompt's last block recomputed after its load, most)
+            return [], [], []
         plan = cpu.prepare_store(BlockBatch(keys, parents, meta, unique=True))
         self.stores_skipped += plan.skipped
         if plan.evicted:

@@ -87,6 +87,10 @@ class LruTier:
     def holds(self, key: BlockKey) -> bool:
         return self._order.holds(key)
 
+    def holds_all(self, keys: Sequence[BlockKey]) -> bool:
+        """Every key resident or incoming: a store of them copies nothing."""
+        return self._order.holds_all(keys)
+
     def resident_keys(self) -> set[BlockKey]:
         return set(self._order)
 
