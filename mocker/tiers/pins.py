@@ -24,21 +24,23 @@ class Pins:
     (a content-equal sequence is found too, more slowly), and do not change it meanwhile.
     """
 
-    __slots__ = ("_counts", "_runs")
+    __slots__ = ("_counts", "_more", "_runs")
 
     def __init__(self) -> None:
-        self._runs: dict[int, list[Sequence[BlockKey]]] = {}  # id(run) -> that run, per pin
+        self._runs: dict[int, Sequence[BlockKey]] = {}  # id(run) -> that run, pinned
+        self._more: dict[int, int] = {}  # id(run) -> its pins beyond the first (rare)
         self._counts: dict[BlockKey, int] | None = None  # pinned keys only, when built
 
     def __bool__(self) -> bool:
         return bool(self._runs)
 
     def add(self, keys: Sequence[BlockKey]) -> None:
-        entry = self._runs.get(id(keys))
-        if entry is None:
-            self._runs[id(keys)] = [keys]
+        runs = self._runs
+        rid = id(keys)
+        if rid in runs:
+            self._more[rid] = self._more.get(rid, 0) + 1
         else:
-            entry.append(keys)
+            runs[rid] = keys
         counts = self._counts
         if counts is not None:
             for key in keys:
@@ -56,13 +58,18 @@ class Pins:
                     f"{len(keys)} keys that no pin took: a pin is released whole)"
                 )
             rid = found
-        entry = runs[rid]
-        entry.pop()
-        if not entry:
+        more = self._more
+        if more and rid in more:
+            n = more[rid]
+            if n == 1:
+                del more[rid]
+            else:
+                more[rid] = n - 1
+        else:
             del runs[rid]
-        if not runs:
-            self._counts = None
-            return
+            if not runs:
+                self._counts = None
+                return
         counts = self._counts
         if counts is not None:
             for key in keys:
@@ -75,8 +82,8 @@ class Pins:
     def _find(self, keys: Sequence[BlockKey]) -> int | None:
         """A pinned run with these keys, pinned as another sequence object."""
         wanted = list(keys)
-        for rid, entry in self._runs.items():
-            if list(entry[0]) == wanted:
+        for rid, run in self._runs.items():
+            if list(run) == wanted:
                 return rid
         return None
 
@@ -86,10 +93,11 @@ class Pins:
             return {}
         if self._counts is None:
             counts: dict[BlockKey, int] = {}
-            for entry in self._runs.values():
-                for run in entry:
-                    for key in run:
-                        counts[key] = counts.get(key, 0) + 1
+            more = self._more
+            for rid, run in self._runs.items():
+                times = 1 + more.get(rid, 0)
+                for key in run:
+                    counts[key] = counts.get(key, 0) + times
             self._counts = counts
         return self._counts
 
