@@ -384,12 +384,9 @@ typedef struct {
     PyObject *done;
 } Ended;
 
-static PyObject *Channel_finish(Channel *self, PyObject *arg)
+/* finish(now), `now` read: call back every transfer done by then; how many (NULL: raised). */
+static PyObject *finish_at(Channel *self, double now)
 {
-    double now;
-    if (as_time(arg, &now) < 0) {
-        return NULL;
-    }
     if (!(self->n_sharing + self->n_delayed)) {
         return PyLong_FromLong(0);
     }
@@ -447,6 +444,15 @@ static PyObject *Channel_finish(Channel *self, PyObject *arg)
     return i < n ? NULL : PyLong_FromSsize_t(n);
 }
 
+static PyObject *Channel_finish(Channel *self, PyObject *arg)
+{
+    double now;
+    if (as_time(arg, &now) < 0) {
+        return NULL;
+    }
+    return finish_at(self, now);
+}
+
 static PyObject *Channel_duration(Channel *self, PyObject *arg)
 {
     double nbytes;
@@ -469,14 +475,11 @@ static PyObject *Channel_get_instant(Channel *self, void *Py_UNUSED(closure))
 
 static PyTypeObject ChannelType;
 
-/* earliest(channels): (the earliest next deadline, its channel), the first of equals; (inf,
- * None) when every channel is idle. Compiled channels are read directly, others asked. */
-static PyObject *earliest(PyObject *Py_UNUSED(module), PyObject *arg)
+/* The earliest next deadline of a list of channels and its channel (a new reference; None
+ * when all are idle), the first of equals. Compiled channels are read directly, others asked.
+ * -1: raised. */
+static int find_earliest(PyObject *arg, double *out, PyObject **out_which)
 {
-    if (!PyList_CheckExact(arg)) {
-        PyErr_SetString(PyExc_TypeError, "earliest() takes a list of channels");
-        return NULL;
-    }
     double best = Py_HUGE_VAL;
     PyObject *which = Py_NewRef(Py_None); /* owned: another channel's call may drop it */
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(arg); i++) {
@@ -499,7 +502,7 @@ static PyObject *earliest(PyObject *Py_UNUSED(module), PyObject *arg)
             if (res == NULL) {
                 Py_DECREF(ch);
                 Py_DECREF(which);
-                return NULL;
+                return -1;
             }
             if (res == Py_None) {
                 Py_DECREF(res);
@@ -511,7 +514,7 @@ static PyObject *earliest(PyObject *Py_UNUSED(module), PyObject *arg)
             if (d == -1.0 && PyErr_Occurred()) {
                 Py_DECREF(ch);
                 Py_DECREF(which);
-                return NULL;
+                return -1;
             }
         }
         if (d < best) {
@@ -522,6 +525,24 @@ static PyObject *earliest(PyObject *Py_UNUSED(module), PyObject *arg)
             Py_DECREF(ch);
         }
     }
+    *out = best;
+    *out_which = which;
+    return 0;
+}
+
+/* earliest(channels): (the earliest next deadline, its channel), the first of equals; (inf,
+ * None) when every channel is idle. */
+static PyObject *earliest(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    if (!PyList_CheckExact(arg)) {
+        PyErr_SetString(PyExc_TypeError, "earliest() takes a list of channels");
+        return NULL;
+    }
+    double best;
+    PyObject *which;
+    if (find_earliest(arg, &best, &which) < 0) {
+        return NULL;
+    }
     PyObject *t = PyFloat_FromDouble(best);
     PyObject *out = t == NULL ? NULL : PyTuple_Pack(2, t, which);
     Py_XDECREF(t);
@@ -529,9 +550,60 @@ static PyObject *earliest(PyObject *Py_UNUSED(module), PyObject *arg)
     return out;
 }
 
+/* finish_due(channels, bound): `finish` the earliest channel at its deadline while that is
+ * no later than `bound`, asking again after each (a callback may start transfers on any of
+ * them): every transfer that ends by `bound` is called back, in time order, the first
+ * channel of equals first. How many finish calls were made. */
+static PyObject *finish_due(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "finish_due(channels, bound) takes a list of channels");
+        return NULL;
+    }
+    double bound;
+    if (as_time(args[1], &bound) < 0) {
+        return NULL;
+    }
+    PyObject *channels = Py_NewRef(args[0]); /* (held: a callback may drop the caller's) */
+    Py_ssize_t calls = 0;
+    for (;;) {
+        double t;
+        PyObject *which;
+        if (find_earliest(channels, &t, &which) < 0) {
+            Py_DECREF(channels);
+            return NULL;
+        }
+        if (which == Py_None || !(t <= bound)) {
+            Py_DECREF(which);
+            break;
+        }
+        PyObject *res;
+        if (Py_IS_TYPE(which, &ChannelType)) {
+            res = finish_at((Channel *)which, t);
+        }
+        else {
+            PyObject *at = PyFloat_FromDouble(t);
+            res = at == NULL ? NULL : PyObject_CallMethod(which, "finish", "O", at);
+            Py_XDECREF(at);
+        }
+        Py_DECREF(which);
+        if (res == NULL) {
+            Py_DECREF(channels);
+            return NULL;
+        }
+        Py_DECREF(res);
+        calls++;
+    }
+    Py_DECREF(channels);
+    return PyLong_FromSsize_t(calls);
+}
+
 static PyMethodDef module_methods[] = {
     {"earliest", (PyCFunction)earliest, METH_O,
      "earliest(channels): (the earliest next deadline, its channel); (inf, None) if idle."},
+    {"finish_due", (PyCFunction)(void (*)(void))finish_due, METH_FASTCALL,
+     "finish_due(channels, bound): every transfer that ends by `bound` called back, in time "
+     "order; how many finish calls."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -15,7 +15,8 @@ try:
 except ImportError:  # built without a C compiler: the Python channel serves
     _clink = None  # type: ignore[assignment]
 
-__all__ = ["Channel", "Done", "TransferChannel", "earliest", "earliest_of", "open_channel"]
+__all__ = ["Channel", "Done", "TransferChannel", "earliest", "earliest_of", "finish_due",
+           "finish_due_of", "open_channel"]  # fmt: skip
 
 # Called with the transfer's end time, when a poll reaches it.
 Done = Callable[[float], None]
@@ -59,6 +60,20 @@ def earliest(channels: list[TransferChannel]) -> tuple[float, TransferChannel | 
     return best, which
 
 
+def finish_due(channels: list[TransferChannel], bound: float) -> int:
+    """Finish the earliest channel at its deadline while that is no later than `bound`,
+    asking again after each (a callback may start transfers on any of them): every transfer
+    that ends by `bound` is called back, in time order, the first channel of equals first.
+    How many finish calls were made. (The compiled module's, the same, loops in C.)"""
+    calls = 0
+    while True:
+        t, channel = earliest(channels)
+        if channel is None or t > bound:
+            return calls
+        channel.finish(t)
+        calls += 1
+
+
 def earliest_of(
     compiled: bool | None = None,
 ) -> Callable[[list[TransferChannel]], tuple[float, TransferChannel | None]]:
@@ -66,6 +81,15 @@ def earliest_of(
     if use_compiled("mocker.tiers._clink", _clink is not None, compiled):
         return _clink.earliest
     return earliest
+
+
+def finish_due_of(
+    compiled: bool | None = None,
+) -> Callable[[list[TransferChannel], float], int]:
+    """`finish_due`, compiled unless `compiled` is False or MOCKER_KV_POOL=python."""
+    if use_compiled("mocker.tiers._clink", _clink is not None, compiled):
+        return _clink.finish_due
+    return finish_due
 
 
 class Channel:

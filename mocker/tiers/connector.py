@@ -31,7 +31,7 @@ from mocker.kv.events import KVEvent
 from mocker.kv.hashing import BlockHash
 from mocker.kv.manager import DevicePool
 from mocker.request import Request
-from mocker.tiers.channel import TransferChannel, earliest_of, open_channel
+from mocker.tiers.channel import TransferChannel, earliest_of, finish_due_of, open_channel
 from mocker.tiers.hybrid_store import chunk_keys
 from mocker.tiers.link import Link, TransferId
 from mocker.tiers.lru import LruTier
@@ -130,7 +130,9 @@ class TierConnector:
         self.d2h = open_channel(d2h_link, DEVICE, cpu.name)
         self.h2d = open_channel(h2d_link, cpu.name, DEVICE)
         self.channels: list[TransferChannel] = [self.d2h, self.h2d]
-        self._earliest = earliest_of()  # (the channels' next deadline: compiled with them)
+        # (The channels' next deadline, and their transfers ended by a time: compiled with them.)
+        self._earliest = earliest_of()
+        self._finish_due = finish_due_of()
         for tier in self.storage:
             if tier.tier.record_events != cpu.record_events:
                 # A cascade copies the CPU tier's event records: all tiers publish, or none.
@@ -688,32 +690,31 @@ class TierConnector:
                 if now > self._time:
                     self._time = now
                 return [], timed_out
-        earliest, channels = self._earliest, self.channels
+        finish_due, channels = self._finish_due, self.channels
         posted, timeouts = self._posted, self._timeouts
         while True:
-            t, channel = earliest(channels)
-            t_next = posted[0][0] if posted and posted[0][0] < t else t
-            # A timeout matters only if it is due and comes first (the heap's head may be a
-            # job that ended: `_next_timeout` prunes those).
-            timeout = None
-            if timeouts and timeouts[0][0] <= t_next and timeouts[0][0] <= now:
-                timeout = self._next_timeout()
-                if timeout is not None and timeout < t_next:
-                    t_next = timeout
-            # At one instant: copies end first (a timeout then loses: the copy made it),
-            # then posted stores start.
-            if t_next > now:
-                break
-            if t_next > self._time:
-                self._time = t_next
-            if channel is not None and t == t_next:
-                channel.finish(t)
-            elif timeout is not None and timeout == t_next:
-                self._time_out(timeout, timed_out)
-            else:
+            # The next posted store or timeout (the heap's head may be a job that ended), if
+            # before `now`; every copy that ends by then ends first (at one instant, copies
+            # end first, a timeout then loses: the copy made it; then posted stores start).
+            bound = now
+            if posted and posted[0][0] < bound:
+                bound = posted[0][0]
+            if timeouts and timeouts[0][0] < bound:
+                bound = timeouts[0][0]
+            finish_due(channels, bound)
+            if bound > self._time:
+                self._time = bound
+            if timeouts and timeouts[0][0] <= bound:
+                deadline, _, job = timeouts[0]
+                if self._live(job):
+                    self._time_out(deadline, timed_out)
+                else:
+                    heapq.heappop(timeouts)  # (a job that ended)
+            elif posted and posted[0][0] <= bound:
                 at, _, blocks, hashes, owners, parents = heapq.heappop(posted)
                 self.start_stores(at, blocks, hashes, owners, parents)
-        self._time = max(self._time, now)
+            else:
+                break  # (then `bound` was `now`)
         loaded, self._loaded = self._loaded, []
         return loaded, timed_out
 

@@ -11,7 +11,14 @@ from collections.abc import Callable
 
 import pytest
 
-from mocker.tiers.channel import Channel, TransferChannel, earliest, open_channel
+from mocker.tiers.channel import (
+    Channel,
+    TransferChannel,
+    earliest,
+    finish_due,
+    finish_due_of,
+    open_channel,
+)
 from mocker.tiers.link import Link
 
 clink = pytest.importorskip("mocker.tiers._clink", reason="built without a C compiler")
@@ -218,3 +225,80 @@ def test_earliest_survives_a_channel_that_changes_the_list() -> None:
     t, which = clink.earliest(channels)
     assert t == pytest.approx(1e-3) and isinstance(which, clink.Channel)
     assert which.key == ("cpu", "fs")
+
+
+def _world(
+    compiled: bool, seed: int
+) -> tuple[list[TransferChannel], list[tuple[str, int, float]], Callable[[float], int]]:
+    """Four channels (one instant) whose callbacks log and sometimes start a transfer on
+    another channel at their end; a compiled world runs the C loop, the other the reference."""
+    rng = random.Random(seed)
+    specs = [(1 * GB, 0.0), (2.5 * GB, 1e-4), (0.0, 0.0), (0.7 * GB, 2e-3)]
+    channels = [open_channel(Link(b, lat), "cpu", f"t{i}", compiled=compiled)
+                for i, (b, lat) in enumerate(specs)]  # fmt: skip
+    log: list[tuple[str, int, float]] = []
+    count = [0]
+
+    def start(channel: TransferChannel, now: float, depth: int) -> None:
+        count[0] += 1
+        n = count[0]
+
+        def done(end: float) -> None:
+            log.append((channel.key[1], n, end))
+            if depth < 3 and rng.random() < 0.5:  # a cascade, maybe on an instant link
+                start(channels[rng.randrange(4)], end, depth + 1)
+
+        channel.start(now, rng.choice([MB, 3 * MB, rng.randrange(1, 8 * MB)]), done)
+
+    def run(bound: float) -> int:
+        for _ in range(rng.randrange(0, 4)):
+            start(channels[rng.randrange(4)], run.now, 0)  # type: ignore[attr-defined]
+        run.now = bound  # type: ignore[attr-defined]
+        return finish_due_of(compiled)(channels, bound)
+
+    run.now = 0.0  # type: ignore[attr-defined]
+    return channels, log, run
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_finish_due_matches_the_reference_in_order_and_count(seed: int) -> None:
+    """Every transfer that ends by the bound is called back in time order, also those a
+    callback starts that end by it (on any channel, an instant one too); the rest wait."""
+    worlds = [_world(compiled, seed) for compiled in (False, True)]
+    bound = 0.0
+    steps = random.Random(seed + 100)
+    for _ in range(60):
+        bound += steps.choice([0.0, 1e-4, 1e-3, 5e-3])
+        calls = [run(bound) for _, _, run in worlds]
+        assert calls[0] == calls[1]
+        (py_channels, py_log, _), (c_channels, c_log, _) = worlds
+        assert c_log == py_log  # the same ends, bit for bit, in the same order
+        assert [len(c) for c in c_channels] == [len(c) for c in py_channels]
+        assert all(t > bound for t, _ in [earliest(c_channels)])
+    assert len(worlds[1][1]) > 30  # (the sequences did run transfers)
+
+
+def test_finish_due_asks_python_channels_too_and_stops_at_a_raise() -> None:
+    py = Channel(Link(GB), "cpu", "fs")
+    c = clink.Channel(2 * GB, 0.0, "cpu", "obj")
+    ended: list[float] = []
+    py.start(0.0, MB, ended.append)  # ends at 1 ms
+    c.start(0.0, MB, ended.append)  # ends at 0.5 ms
+
+    def boom(end: float) -> None:
+        raise RuntimeError("a callback failed")
+
+    c.start(0.0, 4 * MB, boom)  # ends at 2.5 ms: after both (sharing), raises
+    py.start(0.0, 10 * MB, ended.append)
+    with pytest.raises(RuntimeError, match="a callback failed"):
+        clink.finish_due([py, c], 1.0)
+    assert len(ended) == 2 and ended == sorted(ended)
+    assert clink.finish_due([py, c], 1.0) == 1  # the rest, then nothing is left by 1 s
+    assert len(ended) == 3 and len(py) == 0 and len(c) == 0
+    assert clink.finish_due([], 1.0) == 0 and finish_due([], 1.0) == 0
+    with pytest.raises(TypeError):
+        clink.finish_due((py, c), 1.0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        clink.finish_due([py, c], "soon")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        clink.finish_due([py, c])  # type: ignore[call-arg]

@@ -258,6 +258,18 @@ def test_a_load_past_its_timeout_recomputes_and_leaks_nothing() -> None:
     assert_quiescent(core)
 
 
+def test_a_load_that_ends_at_its_timeout_made_it() -> None:
+    # The timeout is the copy's own time (7 blocks at 1 GB/s): both fall due at one
+    # instant, and the copy ends first, so the load counts and nothing is recomputed.
+    core, result, _ = evicted_then_again(load_timeout=7 * BLOCK_BYTES / 1e9)
+    a2 = finished(result)["a2"]
+    assert a2.num_tier_cached_tokens == 28
+    ttft = 7 * BLOCK_S + prefill_ms(4) / 1000
+    assert a2.first_token_time - a2.arrival_time == pytest.approx(ttft)
+    assert core.connector is not None and core.connector.loaded_blocks == 7
+    assert_quiescent(core)
+
+
 def test_abort_during_a_load_releases_everything() -> None:
     core = EngineCore(host_config(offload_policy="write-through"))
     reqs = [one("a", prompt(0), 0.0), one("b", prompt(1), 1.0), one("c", prompt(2), 2.0)]
