@@ -553,7 +553,7 @@ static PyObject *earliest(PyObject *Py_UNUSED(module), PyObject *arg)
 /* finish_due(channels, bound): `finish` the earliest channel at its deadline while that is
  * no later than `bound`, asking again after each (a callback may start transfers on any of
  * them): every transfer that ends by `bound` is called back, in time order, the first
- * channel of equals first. How many finish calls were made. */
+ * channel of equals first. Returns the channels' next deadline then (inf: all idle). */
 static PyObject *finish_due(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 2 || !PyList_CheckExact(args[0])) {
@@ -565,9 +565,8 @@ static PyObject *finish_due(PyObject *Py_UNUSED(module), PyObject *const *args, 
         return NULL;
     }
     PyObject *channels = Py_NewRef(args[0]); /* (held: a callback may drop the caller's) */
-    Py_ssize_t calls = 0;
+    double t;
     for (;;) {
-        double t;
         PyObject *which;
         if (find_earliest(channels, &t, &which) < 0) {
             Py_DECREF(channels);
@@ -592,10 +591,9 @@ static PyObject *finish_due(PyObject *Py_UNUSED(module), PyObject *const *args, 
             return NULL;
         }
         Py_DECREF(res);
-        calls++;
     }
     Py_DECREF(channels);
-    return PyLong_FromSsize_t(calls);
+    return PyFloat_FromDouble(t);
 }
 
 static PyMethodDef module_methods[] = {
@@ -603,7 +601,7 @@ static PyMethodDef module_methods[] = {
      "earliest(channels): (the earliest next deadline, its channel); (inf, None) if idle."},
     {"finish_due", (PyCFunction)(void (*)(void))finish_due, METH_FASTCALL,
      "finish_due(channels, bound): every transfer that ends by `bound` called back, in time "
-     "order; how many finish calls."},
+     "order; the channels' next deadline then (inf: idle)."},
     {NULL, NULL, 0, NULL},
 };
 

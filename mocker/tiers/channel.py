@@ -60,18 +60,17 @@ def earliest(channels: list[TransferChannel]) -> tuple[float, TransferChannel | 
     return best, which
 
 
-def finish_due(channels: list[TransferChannel], bound: float) -> int:
+def finish_due(channels: list[TransferChannel], bound: float) -> float:
     """Finish the earliest channel at its deadline while that is no later than `bound`,
     asking again after each (a callback may start transfers on any of them): every transfer
     that ends by `bound` is called back, in time order, the first channel of equals first.
-    How many finish calls were made. (The compiled module's, the same, loops in C.)"""
-    calls = 0
+    Returns the channels' next deadline then (inf: all idle). (The compiled module's, the
+    same, loops in C.)"""
     while True:
         t, channel = earliest(channels)
         if channel is None or t > bound:
-            return calls
+            return t
         channel.finish(t)
-        calls += 1
 
 
 def earliest_of(
@@ -85,7 +84,7 @@ def earliest_of(
 
 def finish_due_of(
     compiled: bool | None = None,
-) -> Callable[[list[TransferChannel], float], int]:
+) -> Callable[[list[TransferChannel], float], float]:
     """`finish_due`, compiled unless `compiled` is False or MOCKER_KV_POOL=python."""
     if use_compiled("mocker.tiers._clink", _clink is not None, compiled):
         return _clink.finish_due

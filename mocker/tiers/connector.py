@@ -314,7 +314,10 @@ class TierConnector:
         # shared tier's channels are in the list: another engine's transfers move them.
         if self._deadline_version == self.version and not self._shared:
             return self._deadline
-        t = self._earliest(self.channels)[0]
+        return self._keep_deadline(self._earliest(self.channels)[0])
+
+    def _keep_deadline(self, t: float) -> float | None:
+        """The next deadline, given the channels' (`t`), kept for this version."""
         if self._posted and self._posted[0][0] < t:
             t = self._posted[0][0]
         timeouts = self._timeouts
@@ -683,9 +686,9 @@ class TierConnector:
         whose load timed out). Requests whose promotion failed are still waiting: their
         next lookup answers 0."""
         timed_out: list[Request] = []
-        if not self._shared:  # (cached: most polls find nothing due and return here)
-            kept = self._deadline_version == self.version  # (`next_deadline`, inline)
-            due = self._deadline if kept else self.next_deadline()
+        if self._deadline_version == self.version and not self._shared:
+            # (Kept by the last poll or `next_deadline`: a poll between events returns here.)
+            due = self._deadline
             if due is None or due > now:
                 if now > self._time:
                     self._time = now
@@ -701,7 +704,7 @@ class TierConnector:
                 bound = posted[0][0]
             if timeouts and timeouts[0][0] < bound:
                 bound = timeouts[0][0]
-            finish_due(channels, bound)
+            t = finish_due(channels, bound)
             if bound > self._time:
                 self._time = bound
             if timeouts and timeouts[0][0] <= bound:
@@ -713,8 +716,9 @@ class TierConnector:
             elif posted and posted[0][0] <= bound:
                 at, _, blocks, hashes, owners, parents = heapq.heappop(posted)
                 self.start_stores(at, blocks, hashes, owners, parents)
-            else:
-                break  # (then `bound` was `now`)
+            else:  # (then `bound` was `now`)
+                self._keep_deadline(t)  # (for the driver's next ask, and the next poll)
+                break
         loaded, self._loaded = self._loaded, []
         return loaded, timed_out
 

@@ -229,7 +229,7 @@ def test_earliest_survives_a_channel_that_changes_the_list() -> None:
 
 def _world(
     compiled: bool, seed: int
-) -> tuple[list[TransferChannel], list[tuple[str, int, float]], Callable[[float], int]]:
+) -> tuple[list[TransferChannel], list[tuple[str, int, float]], Callable[[float], float]]:
     """Four channels (one instant) whose callbacks log and sometimes start a transfer on
     another channel at their end; a compiled world runs the C loop, the other the reference."""
     rng = random.Random(seed)
@@ -250,7 +250,7 @@ def _world(
 
         channel.start(now, rng.choice([MB, 3 * MB, rng.randrange(1, 8 * MB)]), done)
 
-    def run(bound: float) -> int:
+    def run(bound: float) -> float:
         for _ in range(rng.randrange(0, 4)):
             start(channels[rng.randrange(4)], run.now, 0)  # type: ignore[attr-defined]
         run.now = bound  # type: ignore[attr-defined]
@@ -269,12 +269,12 @@ def test_finish_due_matches_the_reference_in_order_and_count(seed: int) -> None:
     steps = random.Random(seed + 100)
     for _ in range(60):
         bound += steps.choice([0.0, 1e-4, 1e-3, 5e-3])
-        calls = [run(bound) for _, _, run in worlds]
-        assert calls[0] == calls[1]
+        nexts = [run(bound) for _, _, run in worlds]
+        assert nexts[0] == nexts[1]  # the next deadline, bit for bit
         (py_channels, py_log, _), (c_channels, c_log, _) = worlds
         assert c_log == py_log  # the same ends, bit for bit, in the same order
         assert [len(c) for c in c_channels] == [len(c) for c in py_channels]
-        assert all(t > bound for t, _ in [earliest(c_channels)])
+        assert nexts[1] == earliest(c_channels)[0] and nexts[1] > bound
     assert len(worlds[1][1]) > 30  # (the sequences did run transfers)
 
 
@@ -293,9 +293,9 @@ def test_finish_due_asks_python_channels_too_and_stops_at_a_raise() -> None:
     with pytest.raises(RuntimeError, match="a callback failed"):
         clink.finish_due([py, c], 1.0)
     assert len(ended) == 2 and ended == sorted(ended)
-    assert clink.finish_due([py, c], 1.0) == 1  # the rest, then nothing is left by 1 s
+    assert clink.finish_due([py, c], 1.0) == math.inf  # the rest: then all are idle
     assert len(ended) == 3 and len(py) == 0 and len(c) == 0
-    assert clink.finish_due([], 1.0) == 0 and finish_due([], 1.0) == 0
+    assert clink.finish_due([], 1.0) == math.inf and finish_due([], 1.0) == math.inf
     with pytest.raises(TypeError):
         clink.finish_due((py, c), 1.0)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
