@@ -1095,8 +1095,9 @@ static PyObject *Pool_parent_hash(Pool *p, PyObject *arg)
 }
 
 /* Each block's hash (parents: its parent's), None where it has none: the tiers name a store's
- * copies by them (one call for a batch, not one per block). */
-static PyObject *hashes_of(Pool *p, PyObject *arg, int parents)
+ * copies by them (one call for a batch, not one per block). `strict`: a block with no hash is
+ * an error (a RuntimeError: a store names cached blocks only). */
+static PyObject *hashes_of(Pool *p, PyObject *arg, int parents, int strict)
 {
     REQUIRE_READY(p);
     PyObject *seq = PySequence_Fast(arg, "blocks must be a sequence");
@@ -1113,6 +1114,10 @@ static PyObject *hashes_of(Pool *p, PyObject *arg, int parents)
         if (block_of(p, items[i], &b))
             goto fail;
         const Block *x = &p->blk[b];
+        if (strict && !(x->flags & flag)) {
+            PyErr_SetString(PyExc_RuntimeError, "a block to store holds no hash (it is not cached)");
+            goto fail;
+        }
         PyObject *h = !(x->flags & flag) ? Py_NewRef(Py_None)
                       : PyLong_FromUnsignedLongLong(parents ? x->parent : x->hash);
         if (h == NULL)
@@ -1129,12 +1134,17 @@ fail:
 
 static PyObject *Pool_block_hashes(Pool *p, PyObject *arg)
 {
-    return hashes_of(p, arg, 0);
+    return hashes_of(p, arg, 0, 0);
+}
+
+static PyObject *Pool_store_hashes(Pool *p, PyObject *arg)
+{
+    return hashes_of(p, arg, 0, 1);
 }
 
 static PyObject *Pool_parent_hashes(Pool *p, PyObject *arg)
 {
-    return hashes_of(p, arg, 1);
+    return hashes_of(p, arg, 1, 0);
 }
 
 static PyObject *Pool_get_num_blocks(Pool *p, void *Py_UNUSED(c))
@@ -1203,6 +1213,8 @@ static PyMethodDef Pool_methods[] = {
     {"block_hashes", (PyCFunction)Pool_block_hashes, METH_O,
      "Each block's hash (None: not cached); the tiers name copies by them."},
     {"parent_hashes", (PyCFunction)Pool_parent_hashes, METH_O, "Each block's parent hash."},
+    {"store_hashes", (PyCFunction)Pool_store_hashes, METH_O,
+     "Each block's hash (RuntimeError: one holds none)."},
     {NULL, NULL, 0, NULL},
 };
 

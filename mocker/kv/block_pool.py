@@ -557,6 +557,14 @@ class BlockPool:
     def parent_hashes(self, blocks: Iterable[KVBlock]) -> list[BlockHash | None]:
         return list(map(_PARENT, blocks))
 
+    def store_hashes(self, blocks: Iterable[KVBlock]) -> list[BlockHash]:
+        """`block_hashes` of blocks that must be cached (a store's: RuntimeError if one is
+        not)."""
+        keys = list(map(_HASH, blocks))
+        if None in keys:
+            raise RuntimeError("a block to store holds no hash (it is not cached)")
+        return cast("list[BlockHash]", keys)
+
     def token_meta(
         self, blocks: Iterable[KVBlock], block_size: int
     ) -> list[tuple[tuple[int, ...], str | None]]:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from itertools import compress
-from typing import TypeAlias, cast
+from typing import TypeAlias
 
 from mocker.config import EngineConfig
 from mocker.kv.block import KVBlock
@@ -361,15 +361,6 @@ class TierConnector:
 
     # -- stores -------------------------------------------------------------------------------
 
-    def hashes_of(self, blocks: Sequence[KVBlock]) -> list[BlockHash]:
-        """The hashes of cached device blocks, which name their copies (the pool reads them:
-        `KVBlock`s, or a hybrid model's chunks, carry theirs; the compiled pool's blocks are
-        ids it looks up)."""
-        keys = self.pool.block_hashes(blocks)
-        if None in keys:
-            raise RuntimeError("a block to store holds no hash (it is not cached)")
-        return cast("list[BlockHash]", keys)
-
     def plan_store(self, blocks: Sequence[KVBlock]) -> list[KVBlock]:
         """Reserve CPU slots for copies of these cached blocks; returns the blocks to copy
         (not held there yet, and room found). The policy hears of the keys the CPU tier
@@ -382,7 +373,9 @@ class TierConnector:
         """`plan_store`, and the keys of the blocks to copy and their parents' keys, in their
         order (so that neither the copy's start nor its cascade looks them up again)."""
         cpu, pool = self.cpu, self.pool
-        keys = self.hashes_of(blocks)
+        # (The hashes of cached device blocks name their copies: the pool reads them, from
+        # `KVBlock`s, a hybrid model's chunks, or the compiled pool's ids.)
+        keys = pool.store_hashes(blocks)
         parents = pool.parent_hashes(blocks)
         meta = pool.token_meta(blocks, self.block_size) if cpu.record_events else None
         # (The tokens are needed only for the Stored events when the copy lands, here and in
@@ -422,7 +415,7 @@ class TierConnector:
         if not blocks:
             return
         if hashes is None:
-            hashes = self.hashes_of(blocks)
+            hashes = self.pool.store_hashes(blocks)
         self.version += 1
         if at > self._time:
             heapq.heappush(self._posted, (at, self._order, blocks, hashes, owners, parents))
