@@ -256,9 +256,6 @@ class LruTier:
         self._order.move_to_end(keys[::-1])  # a KeyError: not resident
         self._pins.add(keys)
 
-    def complete_load(self, keys: Sequence[BlockKey]) -> None:
-        self.unpin(keys)
-
     def pin(self, keys: Sequence[BlockKey]) -> None:
         """Keep resident keys from eviction while they are read (a cascade), without
         touching their recency (unless an eviction scan passes one: see `_victims`).
@@ -275,6 +272,8 @@ class LruTier:
 
     def unpin(self, keys: Sequence[BlockKey]) -> None:
         self._pins.remove(keys, self.name)
+
+    complete_load = unpin  # (a read's end is its unpin: one call, not two)
 
     def parents(self, keys: Sequence[BlockKey]) -> list[BlockKey | None]:
         """Each resident key's parent (a KeyError: one is not resident)."""
