@@ -4,7 +4,7 @@ every tier below it that evicts by recency)."""
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import islice, repeat
 
 from mocker.kv.events import BlockRemoved, BlockStored, KVEvent, parents_first
@@ -36,8 +36,9 @@ class LruTier:
     when an eviction scan meets them.
     """
 
-    __slots__ = ("_events", "_meta", "_order", "_pins", "block_size", "capacity", "medium",
-                 "name", "record_events")  # fmt: skip
+    __slots__ = ("_events", "_meta", "_order", "_pins", "block_size", "capacity",
+                 "complete_load", "lookup", "medium", "name", "pin_landed", "record_events",
+                 "unpin")  # fmt: skip
 
     def __init__(
         self,
@@ -59,8 +60,18 @@ class LruTier:
         # MOCKER_KV_POOL=python: mocker.tiers.lru_order).
         self._order: LruOrder = lru_order(compiled)
         self._meta: dict[BlockKey, BlockMeta] = {}  # resident or incoming; events only
-        self._pins = Pins()  # reads in flight: never evicted
+        self._pins = Pins(name)  # reads in flight: never evicted
         self._events: list[KVEvent] = []
+        # The verbs every load, lookup and cascade calls are the order's and the pins' own
+        # (bound methods: one call each, no wrapper frame).
+        # lookup(keys, start, stop): how many of keys[start:stop] are resident, contiguously.
+        self.lookup: Callable[[Sequence[BlockKey], int, int], int] = self._order.count_run
+        # pin_landed(keys): `pin` of keys the caller has just landed (`complete_store`), so
+        # resident: not checked again (a cascade pins every block the CPU tier stores).
+        self.pin_landed: Callable[[Sequence[BlockKey]], None] = self._pins.add
+        # unpin(keys), complete_load(keys): a pin released (a read's end), by its sequence.
+        self.unpin: Callable[[Sequence[BlockKey]], None] = self._pins.remove
+        self.complete_load = self.unpin
 
     # -- state --------------------------------------------------------------------------------
 
@@ -100,9 +111,6 @@ class LruTier:
 
     def num_pinned(self) -> int:
         return len(self._pins.counts())
-
-    def lookup(self, keys: Sequence[BlockKey], start: int, stop: int) -> int:
-        return self._order.count_run(keys, start, stop)
 
     # -- stores -------------------------------------------------------------------------------
 
@@ -264,16 +272,6 @@ class LruTier:
         if not order.contains_all(keys):
             raise KeyError(next(k for k in keys if k not in order))
         self._pins.add(keys)
-
-    def pin_landed(self, keys: Sequence[BlockKey]) -> None:
-        """`pin` of keys the caller has just landed (`complete_store`), so resident: not
-        checked again (a cascade pins every block the CPU tier stores)."""
-        self._pins.add(keys)
-
-    def unpin(self, keys: Sequence[BlockKey]) -> None:
-        self._pins.remove(keys, self.name)
-
-    complete_load = unpin  # (a read's end is its unpin: one call, not two)
 
     def parents(self, keys: Sequence[BlockKey]) -> list[BlockKey | None]:
         """Each resident key's parent (a KeyError: one is not resident)."""

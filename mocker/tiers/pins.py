@@ -24,9 +24,10 @@ class Pins:
     (a content-equal sequence is found too, more slowly), and do not change it meanwhile.
     """
 
-    __slots__ = ("_counts", "_more", "_runs")
+    __slots__ = ("_counts", "_more", "_runs", "owner")
 
-    def __init__(self) -> None:
+    def __init__(self, owner: str = "tier") -> None:
+        self.owner = owner  # (whose blocks: named by an unpin that no pin took)
         self._runs: dict[int, Sequence[BlockKey]] = {}  # id(run) -> that run, pinned
         self._more: dict[int, int] = {}  # id(run) -> its pins beyond the first (rare)
         self._counts: dict[BlockKey, int] | None = None  # pinned keys only, when built
@@ -46,7 +47,7 @@ class Pins:
             for key in keys:
                 counts[key] = counts.get(key, 0) + 1
 
-    def remove(self, keys: Sequence[BlockKey], owner: str = "tier") -> None:
+    def remove(self, keys: Sequence[BlockKey]) -> None:
         runs = self._runs
         rid = id(keys)
         if rid not in runs:
@@ -54,7 +55,7 @@ class Pins:
             if found is None:
                 first = keys[0] if keys else None
                 raise ValueError(
-                    f"{owner} block {first} unpinned more often than pinned (a run of "
+                    f"{self.owner} block {first} unpinned more often than pinned (a run of "
                     f"{len(keys)} keys that no pin took: a pin is released whole)"
                 )
             rid = found

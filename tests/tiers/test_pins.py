@@ -30,10 +30,10 @@ def test_a_run_is_released_by_the_sequence_that_took_it_or_an_equal_one() -> Non
 
 
 def test_releasing_what_was_never_pinned_is_a_bug() -> None:
-    pins = Pins()
+    pins = Pins("cpu")
     pins.add(keys(1, 2))
     with pytest.raises(ValueError, match="cpu block 1 unpinned more often than pinned"):
-        pins.remove(keys(1), "cpu")  # part of a run: a pin is released whole
+        pins.remove(keys(1))  # part of a run: a pin is released whole
     with pytest.raises(ValueError, match="unpinned more often"):
         pins.remove(keys(7))
 
