@@ -308,6 +308,30 @@ static inline int32_t find(const LruMap *m, Key key)
     }
 }
 
+/* The node at `c` holds `key` (a live node: one node per key, so it is the key's). */
+static inline int holds_at(const LruMap *m, int32_t c, Key key)
+{
+    return c >= 0 && c < m->used && m->nodes[c].state != FREE && m->nodes[c].key == key.v &&
+           m->nodes[c].key_neg == key.neg;
+}
+
+/* find(), trying first the nodes beside `near` (the node of the key walked before this one,
+ * or NIL): a batch's keys are given neighbouring nodes, so walking a chain either way finds
+ * the next key there, without reading the table (a miss of the cache per key, in a big
+ * tier). Exact: a live node holding the key is its node. */
+static inline int32_t find_near(const LruMap *m, Key key, int32_t near)
+{
+    if (near != NIL) {
+        if (holds_at(m, near + 1, key)) {
+            return near + 1;
+        }
+        if (holds_at(m, near - 1, key)) {
+            return near - 1;
+        }
+    }
+    return find(m, key);
+}
+
 static void place_tagged(LruMap *m, int32_t n, uint32_t tag)
 {
     uint32_t i = home_of_tag(m, tag);
@@ -650,9 +674,15 @@ static int each_key(LruMap *m, PyObject *seq, Visit visit, void *ctx)
         return -1;
     }
     int r = 0;
+    int32_t near = NIL;
     for (Py_ssize_t i = 0; i < k.n && r == 0; i++) {
         Key key;
-        r = keys_get(&k, i, &key) < 0 ? -1 : visit(m, &k, i, key, find(m, key), ctx);
+        if (keys_get(&k, i, &key) < 0) {
+            r = -1;
+            break;
+        }
+        near = find_near(m, key, near);
+        r = visit(m, &k, i, key, near, ctx);
     }
     keys_close(&k);
     return r < 0 ? -1 : 0;
@@ -843,13 +873,15 @@ static PyObject *LruMap_count_run(LruMap *m, PyObject *const *args, Py_ssize_t n
         return NULL;
     }
     Py_ssize_t i = start;
+    int32_t near = NIL;
     for (; i < stop; i++) {
         Key key;
         if (keys_get(&k, i, &key) < 0) {
             keys_close(&k);
             return NULL;
         }
-        if (find_resident(m, key) == NIL) {
+        near = find_near(m, key, near);
+        if (near == NIL || m->nodes[near].state != RESIDENT) {
             break;
         }
     }
@@ -1079,12 +1111,13 @@ static void unmark(LruMap *m, const int32_t *nodes, Py_ssize_t n)
 static int incoming_nodes(LruMap *m, Keys *k, int32_t *out)
 {
     Py_ssize_t i;
+    int32_t n = NIL;
     for (i = 0; i < k->n; i++) {
         Key key;
         if (keys_get(k, i, &key) < 0) {
             goto fail;
         }
-        int32_t n = find(m, key);
+        n = find_near(m, key, n);
         if (n == NIL || m->nodes[n].state != INCOMING || (m->nodes[n].flags & MARK)) {
             key_error(key);
             goto fail;

@@ -217,8 +217,20 @@ def _outcome(call: Callable[[], Any]) -> Any:
         return ("raised", type(exc))
 
 
+def _run(rng: random.Random, n: int) -> list[int]:
+    """n neighbouring keys of the pool, either way: a batch of them is given neighbouring
+    nodes, so walking such runs again meets the compiled order's look beside the last node
+    found (a hit, a freed node that held the key, a node reused for another)."""
+    i = rng.randrange(0, len(POOL) - n + 1)
+    run = POOL[i : i + n]
+    return run[::-1] if rng.random() < 0.5 else run
+
+
 def _keys(rng: random.Random, n: int, shape: str) -> Any:
-    keys = [BlockHash(rng.choice(POOL)) for _ in range(n)]
+    if rng.random() < 0.4:
+        keys = [BlockHash(k) for k in _run(rng, n)]
+    else:
+        keys = [BlockHash(rng.choice(POOL)) for _ in range(n)]
     if shape == "buffer" and all(k >= 0 for k in keys):
         return array("Q", keys)
     return tuple(keys) if shape == "tuple" else keys
@@ -230,7 +242,8 @@ def _parents(rng: random.Random, n: int) -> list[BlockHash | None]:
 
 def _chain(rng: random.Random, n: int) -> tuple[list[BlockHash], list[BlockHash | None]]:
     """n distinct keys of the pool as one chain, root first or leaf first."""
-    keys = [BlockHash(k) for k in rng.sample(POOL, n)]
+    picked = _run(rng, n) if rng.random() < 0.5 else rng.sample(POOL, n)
+    keys = [BlockHash(k) for k in picked]
     parents: list[BlockHash | None] = [None, *keys[:-1]]
     if rng.random() < 0.5:
         return keys[::-1], parents[::-1]
