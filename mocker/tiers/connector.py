@@ -155,7 +155,9 @@ class TierConnector:
         # sequence that took it), and holds to unpin after this pass's loads.
         self._holds: dict[Request, list[Sequence[BlockKey]]] = {}
         self._released: list[Sequence[BlockKey]] = []
-        self._looked_up: list[Sequence[BlockKey]] = []  # CPU runs found this pass, to spare
+        # CPU runs found this pass, to spare: (keys, start, stop), cut only if a promotion
+        # must pin them (most passes start none).
+        self._looked_up: list[tuple[Sequence[BlockKey], int, int]] = []
         # Copies in flight, by the id of their block list: device → CPU (the device blocks)
         # and CPU → secondary tiers (the CPU keys they pin).
         self._storing: dict[int, list[KVBlock]] = {}
@@ -208,7 +210,7 @@ class TierConnector:
             # Another request's promotion in this same pass may make room in the CPU tier:
             # the run is spared until this pass's loads have pinned theirs (`_promote` pins
             # these runs while it reserves; nothing else evicts from the CPU tier in a pass).
-            self._looked_up.append(hashes[num_device_blocks:pos])
+            self._looked_up.append((hashes, num_device_blocks, pos))
         return n
 
     def skip_lookup(self, request: Request) -> None:
@@ -518,7 +520,7 @@ class TierConnector:
         hold = hashes[dev:pos]
         cpu.prepare_load(hold)
         # Neither may the runs other requests found this pass, which they are about to load.
-        looked_up = self._looked_up
+        looked_up = [keys[lo:hi] for keys, lo, hi in self._looked_up]
         for run in looked_up:
             cpu.pin(run)
         plan = cpu.prepare_store(copies)
