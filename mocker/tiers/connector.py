@@ -60,6 +60,7 @@ class _Load:
     hashes: Sequence[BlockHash]  # (a slice of the request's: a list, or a replay's array)
     start: float
     deadline: float  # the load timeout
+    live: bool = True  # until it ends or is cancelled (its timeout's heap entry then is dead)
 
 
 @dataclass(slots=True, eq=False)
@@ -75,6 +76,7 @@ class _Promotion:
     hold: Sequence[BlockKey]
     start: float
     deadline: float
+    live: bool = True  # until it ends, fails or is cancelled
 
 
 class TierConnector:
@@ -567,6 +569,7 @@ class TierConnector:
 
     def _end_promotion(self, promotion: _Promotion) -> None:
         del self._promotions[promotion.request]
+        promotion.live = False
         for key in promotion.keys:
             del self._promoting[key]
         self.version += 1
@@ -649,6 +652,7 @@ class TierConnector:
 
     def _load_ended(self, load: _Load, end: float) -> None:
         del self._loads[load.request]
+        load.live = False
         self.cpu.complete_load(load.hashes)
         n = len(load.hashes)
         self.loaded_blocks += n
@@ -662,6 +666,7 @@ class TierConnector:
         load = self._loads.pop(request, None)
         if load is None:
             return False
+        load.live = False
         self.h2d.cancel(now, load.tid)
         self.cpu.complete_load(load.hashes)
         if request.num_cached_tokens < 0:
@@ -704,7 +709,7 @@ class TierConnector:
                 self._time = bound
             if timeouts and timeouts[0][0] <= bound:
                 deadline, _, job = timeouts[0]
-                if self._live(job):
+                if job.live:
                     self._time_out(deadline, timed_out)
                 else:
                     heapq.heappop(timeouts)  # (a job that ended)
@@ -734,13 +739,9 @@ class TierConnector:
 
     def _next_timeout(self) -> float | None:
         timeouts = self._timeouts
-        while timeouts and not self._live(timeouts[0][2]):
+        while timeouts and not timeouts[0][2].live:
             heapq.heappop(timeouts)
         return timeouts[0][0] if timeouts else None
-
-    def _live(self, job: _Load | _Promotion) -> bool:
-        jobs = self._loads if isinstance(job, _Load) else self._promotions
-        return jobs.get(job.request) is job
 
     def _record(
         self, kind: TransferKind, src: str, dst: str, n: int, start: float, end: float
