@@ -15,7 +15,8 @@ Two parts, each comparing configurations in the same run:
   - `cpu_fs_evict`: the same tiers, stores on device eviction (KVBM's write-back);
   - `small_cpu_fs`: a CPU tier smaller than the working set, so rounds 2+ are promoted
     from fs (the staged fs -> CPU -> device path on every hit);
-  - `none`: no tiers, the baseline. Target: `cpu_fs` <= 1.2x per pass.
+  - `none`: no tiers, the baseline. Target: `cpu_fs` <= 1.2x per pass, on the default build
+    (the engine `mocker serve` and `mocker replay` run; the Python code is reported too).
   Two more views of the `cpu_fs` / `none` ratio, because single replays on this machine swing
   by 2x within seconds (the other tenants' load):
   - co-stepped: both replays run in this process at once, a few passes of one, then of the
@@ -361,6 +362,8 @@ def main() -> int:
     log(f"mooncake: {TRACE.name} on {ENGINES} engines, {ROUTER}")
     trace = attempt(errors, "mooncake", mooncake) or {}
     ratio = cost.get("scenario", {}).get("costepped", {}).get("ratio_per_pass_median")
+    default = cost.get("scenario", {}).get("costepped_default_build", {})
+    default_ratio = default.get("ratio_per_pass_median")
     runs = trace.get("runs", {})
     summary: dict[str, Any] = {
         "step_cost_ratio_cpu_fs": ratio,
@@ -368,9 +371,7 @@ def main() -> int:
         .get("ratio_per_pass", {})
         .get(CPU_FS.name),
         "step_instructions_ratio_cpu_fs": counted.get("ratio_per_pass", {}).get(CPU_FS.name),
-        "step_cost_ratio_cpu_fs_default_build": cost.get("scenario", {})
-        .get("costepped_default_build", {})
-        .get("ratio_per_pass_median"),
+        "step_cost_ratio_cpu_fs_default_build": default_ratio,
         "step_instructions_ratio_cpu_fs_default_build": counted.get("default_build", {}).get(
             "ratio_per_pass"
         ),
@@ -378,16 +379,25 @@ def main() -> int:
         .get("ratio_per_pass", {})
         .get(CPU_FS.name),
         "step_cost_target": STEP_COST_TARGET,
-        "step_cost_target_met": None if ratio is None else ratio <= STEP_COST_TARGET,
+        # The target is the engine's: the default build, what `mocker serve` and `mocker
+        # replay` run (a plain `pip install .` builds every compiled part); the Python code
+        # (MOCKER_KV_POOL=python, the fallback without a C compiler) is reported beside it.
+        "step_cost_target_met": None
+        if default_ratio is None
+        else default_ratio <= STEP_COST_TARGET,
+        "step_cost_target_met_python_code": None if ratio is None else ratio <= STEP_COST_TARGET,
         "mooncake_obj_hit_rate": runs.get("cpu_obj", {}).get("hit_rate", {}).get("obj"),
         "mooncake_ttft_p50_ms": {name: r["ttft_p50_ms"] for name, r in runs.items()},
         "mooncake_ttft_p99_ms": {name: r["ttft_p99_ms"] for name, r in runs.items()},
         "notes": (
             "step_cost_ratio_cpu_fs = median over co-stepped runs of us of EngineCore.step() "
             "per pass, cpu_fs / none (idle calls' time counted, divided by the calls that ran "
-            "a pass); *_alternating = the same ratio from medians of whole replays in rotated "
-            "order; step_instructions_ratio = instructions per pass under callgrind. Hit "
-            "rates are hit tokens / prompt tokens, per tier; mooncake TTFTs are simulated."
+            "a pass), on the Python code; *_default_build = the same on the default build "
+            "(every compiled part: what mocker serve and replay run), which "
+            "step_cost_target_met judges; *_alternating = the same ratio from medians of "
+            "whole replays in rotated order; step_instructions_ratio = instructions per "
+            "pass under callgrind. Hit rates are hit tokens / prompt tokens, per tier; "
+            "mooncake TTFTs are simulated."
         ),
         "step_cost": cost,
         "step_instructions": counted,
