@@ -68,7 +68,7 @@ def finish_due(channels: list[TransferChannel], bound: float) -> float:
     same, loops in C.)"""
     while True:
         t, channel = earliest(channels)
-        if channel is None or t > bound:
+        if channel is None or not t <= bound:  # (a NaN bound finishes nothing, as in C)
             return t
         channel.finish(t)
 
