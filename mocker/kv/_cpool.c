@@ -1115,7 +1115,8 @@ static PyObject *hashes_of(Pool *p, PyObject *arg, int parents, int strict)
             goto fail;
         const Block *x = &p->blk[b];
         if (strict && !(x->flags & flag)) {
-            PyErr_SetString(PyExc_RuntimeError, "a block to store holds no hash (it is not cached)");
+            PyErr_SetString(PyExc_RuntimeError,
+                            "a block to store holds no hash (it is not cached)");
             goto fail;
         }
         PyObject *h = !(x->flags & flag) ? Py_NewRef(Py_None)

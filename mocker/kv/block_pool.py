@@ -560,7 +560,7 @@ class BlockPool:
     def store_hashes(self, blocks: Iterable[KVBlock]) -> list[BlockHash]:
         """`block_hashes` of blocks that must be cached (a store's: RuntimeError if one is
         not)."""
-        keys = list(map(_HASH, blocks))
+        keys = self.block_hashes(blocks)
         if None in keys:
             raise RuntimeError("a block to store holds no hash (it is not cached)")
         return cast("list[BlockHash]", keys)

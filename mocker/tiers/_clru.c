@@ -311,8 +311,7 @@ static inline int32_t find(const LruMap *m, Key key)
 /* The node at `c` holds `key` (a live node: one node per key, so it is the key's). */
 static inline int holds_at(const LruMap *m, int32_t c, Key key)
 {
-    return c >= 0 && c < m->used && m->nodes[c].state != FREE && m->nodes[c].key == key.v &&
-           m->nodes[c].key_neg == key.neg;
+    return c >= 0 && c < m->used && m->nodes[c].state != FREE && same(node_key(&m->nodes[c]), key);
 }
 
 /* find(), trying first the nodes beside `near` (the node of the key walked before this one,

@@ -488,7 +488,7 @@ class TierConnector:
         self, tier: StorageTier, keys: list[BlockKey], start: float, end: float
     ) -> None:
         del self._cascading[id(keys)]
-        ok = not (tier.failure_rate and tier.fails())
+        ok = not (tier.spec.failure_rate and tier.fails())  # (no draw without a rate)
         tier.complete_store(keys, ok)
         self.cpu.unpin(keys)
         if ok:

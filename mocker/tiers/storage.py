@@ -44,7 +44,6 @@ class StorageTier:
         self.spec = spec
         self.name = spec.name
         self.shared = spec.kind is StorageKind.OBJ
-        self.failure_rate = spec.failure_rate  # (read per copy: `fails` only when above 0)
         self.block_bytes = block_bytes
         self.tier = LruTier(
             spec.capacity_blocks, block_size, name=spec.name, medium=Medium.STORAGE,

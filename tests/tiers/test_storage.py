@@ -186,6 +186,17 @@ def test_failed_cascades_leave_nothing_behind() -> None:
     assert_drained(core)
 
 
+def test_a_failure_rate_set_while_running_fails_the_next_cascades() -> None:
+    core = EngineCore(config())
+    assert core.connector is not None
+    tier = core.connector.storage[0]
+    tier.spec = replace(tier.spec, failure_rate=1.0)  # the tier's spec is read per copy
+    VirtualDriver(core).run([request("a", 0, 0.0), request("b", 1, 1.0)])
+    assert tier.tier.num_resident == 0
+    assert core.snapshot().tiers[0].cascade_failures == 2
+    assert_drained(core)
+
+
 def test_slow_tier_times_out_and_recomputes() -> None:
     # Promoting pays off on paper (about 4 ms against 20 ms of prefill), but the load
     # timeout (1 ms) is shorter than the promotion.
