@@ -186,6 +186,11 @@ smoke_test() {
 		-c 'import mocker.kv._cpool, mocker.kv._chash, mocker.replay._cprompts, mocker.api._ctext, mocker.engine._cpass, mocker.tiers._clru, mocker.tiers._clink' ||
 		fail "the image lacks a compiled part (mocker/kv/_cpool.c, _chash.c, mocker/replay/_cprompts.c, mocker/api/_ctext.c, mocker/engine/_cpass.c, mocker/tiers/_clru.c or _clink.c did not build in it)"
 	echo "compiled pool, hash chain, prompt mixing, text table, pass parts, LRU order and channels: in the image"
+	# The GPU timing's data (aiconfigurator-core's kernels and model configs) is in the image.
+	podman run --rm --no-healthcheck --entrypoint python localhost/mocker:smoke \
+		-c 'from mocker.deployment import deployment_from; from mocker.timing import GpuTiming; GpuTiming(deployment_from("meta-llama/Llama-3.1-8B-Instruct", "h100_sxm"))' ||
+		fail "the image cannot time passes from aiconfigurator-core's GPU data"
+	echo "GPU timing data: in the image; image size: $(podman image inspect --format '{{.Size}}' localhost/mocker:smoke | awk '{printf "%.0f MB", $1 / 1e6}')"
 
 	step "podman run, /health, HEALTHCHECK, a streamed completion, SIGTERM"
 	local port url attempt up=0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import signal
 import socket
 import statistics
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from mocker import __version__
+from mocker.calibration.command import add_calibrate_parser, run_calibrate
 from mocker.config import ConfigError, EngineConfig
 from mocker.engine.core import EngineCore
 from mocker.engine.live import LiveEngine
@@ -28,6 +30,8 @@ from mocker.settings import (
     resolve,
     server_settings_from,
 )
+from mocker.settings.deployment import listing, startup_lines
+from mocker.timing import TimingSpec
 from mocker.tokenizer import TokenizerError, export_tokenizer, load_tokenizer
 
 __all__ = ["main"]
@@ -93,8 +97,14 @@ def _serve(argv_args: argparse.Namespace) -> int:
         values["model"] = argv_args.model_tag  # `vllm serve MODEL`: the positional wins
     for warning in warnings:
         print(f"mocker: warning: {warning}", file=sys.stderr)
+    table = listing(values)
+    if table is not None:
+        print(table)
+        return 0
     config = engine_config_from(values)
     settings = server_settings_from(values)
+    for line in startup_lines(config):
+        print(f"mocker: {line}", file=sys.stderr)
     tokenizer = load_tokenizer(settings.tokenizer, settings.chat_template)
     # Bound here, before the app is built: with --port 0 the system picks the port, and the
     # app (the KV-event topic's {port}) and the start-up line below name the real one.
@@ -164,6 +174,7 @@ def _parser() -> argparse.ArgumentParser:
     add_ignored_vllm_flags(serve)
 
     add_replay_parser(sub)
+    add_calibrate_parser(sub)
 
     tok = sub.add_parser("tokenizer", help="tokenizer tools")
     tok_sub = tok.add_subparsers(dest="tokenizer_command", required=True)
@@ -196,19 +207,39 @@ def _parser() -> argparse.ArgumentParser:
         "--timing-profile",
         default=None,
         metavar="FILE",
-        help="NPZ latency profile (Dynamo layout); default: the polynomial model",
+        help="a measured profile (.npz, Dynamo's layout) or a correction (.json, from "
+        "mocker calibrate); default: the polynomial model",
     )
     demo.add_argument("--seed", type=int, default=0, help="seed for hashes and tokens (0)")
     return parser
 
 
+class _LineFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return f"mocker: {record.levelname.lower()}: {record.getMessage()}"
+
+
+def _log_to_stderr() -> None:
+    """mocker's own warnings (a timing fallback, a flag it adjusted) as one line each."""
+    logger = logging.getLogger("mocker")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(_LineFormatter())
+        logger.addHandler(handler)
+        logger.setLevel(logging.WARNING)
+        logger.propagate = False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    _log_to_stderr()
     try:
         if args.command == "serve":
             return _serve(args)
         if args.command == "replay":
             return run_replay(args)
+        if args.command == "calibrate":
+            return run_calibrate(args)
         if args.command == "tokenizer":
             print(export_tokenizer(args.dir, args.tokenizer, args.chat_template))
             return 0
@@ -216,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             EngineConfig(
                 speedup_ratio=args.speedup_ratio,
                 num_gpu_blocks=args.num_gpu_blocks_override,
-                timing_profile=args.timing_profile,
+                timing=TimingSpec.with_profile("polynomial", None, args.timing_profile),
                 seed=args.seed,
             )
         )

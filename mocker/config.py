@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any
 
+from mocker.errors import ConfigError
 from mocker.kv.hashing import HashAlgo
 from mocker.kv.spec import (
     KVLayout,
@@ -17,6 +18,7 @@ from mocker.kv.spec import (
     layer_kind,
     mamba2_state_bytes,
 )
+from mocker.timing.spec import TimingSpec
 
 __all__ = [
     "LORA_RANKS",
@@ -31,10 +33,6 @@ __all__ = [
     "StorageKind",
     "StorageTierSpec",
 ]
-
-
-class ConfigError(ValueError):
-    """A setting or a combination of settings that cannot work; the message names the setting."""
 
 
 class PreemptionVictim(StrEnum):
@@ -325,7 +323,9 @@ class EngineConfig:
     # vLLM's for the same $PYTHONHASHSEED). A str: checked against HashAlgo below.
     prefix_caching_hash_algo: str = "fast"
     model: ModelShape = field(default_factory=ModelShape)
-    timing_profile: str | None = None
+    # The pass-time model: Dynamo's polynomial unless set (`mocker serve` and `mocker
+    # replay` default to the GPU data of their --model and --gpu).
+    timing: TimingSpec = field(default_factory=TimingSpec)
     # Output-length model: probability that each token after min_tokens is EOS
     # (0 = run to max_tokens unless a stop applies).
     eos_probability: float = 0.0

@@ -100,7 +100,7 @@ def test_mocker_serve_process_with_env_yaml_and_positional_model(tmp_path) -> No
     cfg = tmp_path / "mocker.yaml"
     cfg.write_text("max_model_len: 2048\nspeedup-ratio: 100\nmax_num_seqs: 4\n")
     env = {**os.environ, "MOCKER_SERVED_MODEL_NAME": "served-name", "MOCKER_MAX_NUM_SEQS": "8"}
-    args = ("org/model", "--config", str(cfg), "--gpu-memory-utilization", "0.9")
+    args = ("org/model", "--config", str(cfg), "--timing-model", "polynomial", "--dtype", "auto")
     with serve(*args, env=env) as (proc, base):  # --port 0: the start-up line names the port
         assert re.fullmatch(r"http://127\.0\.0\.1:\d+", base) and not base.endswith(":0")
         card = httpx.get(base + "/v1/models").json()["data"][0]
@@ -112,7 +112,7 @@ def test_mocker_serve_process_with_env_yaml_and_positional_model(tmp_path) -> No
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         err = stderr_of(proc)
-    assert "ignoring --gpu-memory-utilization" in err
+    assert "ignoring --dtype" in err
     assert f"serving served-name at {base}/v1" in err
     assert "Traceback" not in err
 
@@ -179,3 +179,32 @@ def test_tls_mistakes_stop_start_up(tmp_path: Path, capsys: pytest.CaptureFixtur
     missing = str(tmp_path / "none.pem")
     assert main(["serve", "--ssl-keyfile", str(key), "--ssl-certfile", missing]) == 2
     assert f"invalid ssl_certfile='{missing}': not a readable file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["serve", "--gpu", "h900"], "mocker: invalid gpu='h900': must be one of a100_pcie"),
+        (["serve", "--model", "org/none"], "mocker: invalid model='org/none'"),
+        (["serve", "--model", "Qwen/Qwen3-32B", "--tensor-parallel-size", "3"],
+         "mocker: invalid tensor_parallel_size=3"),
+        (["serve", "--quantization", "int2"], "mocker: invalid quantization='int2'"),
+        (["replay", "--synthetic", "--quantization", "nvfp4"],
+         "mocker: invalid quantization='nvfp4' on gpu='h100_sxm'"),
+        (["calibrate", "/nonexistent.json"], "mocker: invalid measurements='/nonexistent.json'"),
+    ],
+)  # fmt: skip
+def test_a_bad_deployment_is_one_line_and_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_gpu_and_model_lists(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--gpu", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "h100_sxm" in out and "b200_sxm" in out and "GiB" in out
+    assert main(["replay", "--model", "list"]) == 0
+    assert "openai/gpt-oss-120b" in capsys.readouterr().out

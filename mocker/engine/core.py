@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 from array import array
-from collections.abc import Mapping, MutableSequence, Sequence
+from collections.abc import Callable, Mapping, MutableSequence, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from mocker.config import EngineConfig
@@ -87,7 +87,7 @@ class EngineCore:
         `peers`: how a P/D decode engine reaches prefill engines (the driver may set
         `pulls.peers` later)."""
         self.config = config
-        self.timing = timing if timing is not None else load_timing_model(config.timing_profile)
+        self.timing = timing if timing is not None else load_timing_model(config.timing)
         stack = build_kv_stack(config, self.timing.prefill_ms, cpu=cpu_tier,
                                shared=shared_tiers, engine_id=engine_id)  # fmt: skip
         self.pool, self.kv = stack.pool, stack.kv
@@ -109,6 +109,11 @@ class EngineCore:
         # the driver's side channel sets it.
         self.side_channel: tuple[str, int] = ("localhost", 5600)
         self.scheduler = Scheduler(config, self.kv, self.connector, self.pulls)
+        self.scheduler.count_context = self.timing.reads_context
+        # A model whose decode passes keep their time over runs of passes says for how long.
+        self._decode_span: Callable[[int, int], tuple[float, int]] | None = getattr(
+            self.timing, "decode_span", None
+        )
         # With --enable-lora: the adapters' GPU slots and CPU cache (a pass waits for its
         # batch's cold adapters to load).
         self.lora: LoraSlots | None = None
@@ -430,8 +435,18 @@ class EngineCore:
 
     # -- the pass -----------------------------------------------------------------------------
 
-    def pass_duration(self, prefill_tokens: int, num_decodes: int, num_used_blocks: int) -> float:
-        """Simulated seconds of a pass of this shape (the speedup ratio applied).
+    def pass_duration(
+        self,
+        prefill_tokens: int,
+        num_decodes: int,
+        num_used_blocks: int,
+        *,
+        prefill_requests: int,
+        prefill_context: int,
+        decode_context: int,
+    ) -> float:
+        """Simulated seconds of a pass of this composition (the speedup ratio applied); the
+        context counts are `SchedulerOutput`'s.
 
         A hybrid model's attention reads only its attention groups' blocks (a sliding
         window's few, Mamba states none that grow with context): `num_used_blocks` is
@@ -441,20 +456,41 @@ class EngineCore:
         if self._hybrid is not None:
             num_used_blocks = self._hybrid.attention_blocks()
             w = self._kv_weight
-            shape = PassShape(
-                prefill_tokens=prefill_tokens,
-                num_decodes=num_decodes,
-                active_kv_tokens=round(num_used_blocks * self.config.block_size * w),
-                total_kv_tokens=round(self.total_kv_tokens * w),
-            )
+            active = round(num_used_blocks * self.config.block_size * w)
+            total = round(self.total_kv_tokens * w)
         else:
-            shape = PassShape(
-                prefill_tokens=prefill_tokens,
-                num_decodes=num_decodes,
-                active_kv_tokens=num_used_blocks * self.config.block_size,
-                total_kv_tokens=self.total_kv_tokens,
-            )
+            active = num_used_blocks * self.config.block_size
+            total = self.total_kv_tokens
+        shape = PassShape(prefill_tokens, prefill_requests, prefill_context, num_decodes,
+                          decode_context, active, total)  # fmt: skip
         return pass_duration_s(self.timing, shape, self.config.speedup_ratio)
+
+    def decode_pass(
+        self, num_decodes: int, num_used_blocks: int, decode_context: int
+    ) -> tuple[float, int]:
+        """`pass_duration` of a pass of decodes only, and for how many passes from it on (each
+        reading num_decodes more tokens, nothing else changed) it stays the same: the timing
+        model's `decode_span` if it has one (the GPU model's memoised steps), else 1."""
+        span_of = self._decode_span
+        if span_of is None or self._hybrid is not None:
+            seconds = self.pass_duration(
+                0, num_decodes, num_used_blocks,
+                prefill_requests=0, prefill_context=0, decode_context=decode_context,
+            )  # fmt: skip
+            return seconds, 1
+        ms, span = span_of(num_decodes, decode_context)
+        return ms / 1000.0 / self.config.speedup_ratio, span
+
+    def scheduled_duration(self, sched: SchedulerOutput) -> float:
+        """`pass_duration` of a scheduled pass, with the pool as it now is."""
+        return self.pass_duration(
+            sched.num_prefill_tokens,
+            sched.num_decodes,
+            self.pool.num_used,
+            prefill_requests=sched.prefill_requests,
+            prefill_context=sched.prefill_context,
+            decode_context=sched.decode_context,
+        )
 
     def step(self, now: float) -> StepResult:
         """Schedule one pass starting at `now`, advance every scheduled request to its end.
@@ -472,9 +508,7 @@ class EngineCore:
             connector.scheduled(now, sched.loads)
         if sched.pulls:
             self._start_pulls(now, sched.pulls)
-        end = now + self.pass_duration(
-            sched.num_prefill_tokens, sched.num_decodes, self.pool.num_used
-        )
+        end = now + self.scheduled_duration(sched)
         if self.lora is not None:
             wait = self.lora.activate(
                 r.lora_name for r in sched.num_scheduled if r.lora_name is not None

@@ -108,10 +108,10 @@ class DecodeRuns:
     finish at `finish_at[i]`; `needs` and `events` list, per pass, the decoders due then.
     """
 
-    __slots__ = ("alive", "bs", "core", "dead", "end", "events", "fill_at", "finish_at",
-                 "finished", "j", "last_start", "marks", "min_deferred", "mixed_ok", "need_at",
-                 "needs", "reqs", "rows", "scheduler", "since", "taken", "through",
-                 "window_end")  # fmt: skip
+    __slots__ = ("alive", "bs", "context", "core", "ctx_off", "dead", "end", "events",
+                 "fill_at", "finish_at", "finished", "j", "kept", "last_start", "marks",
+                 "min_deferred", "mixed_ok", "need_at", "needs", "reqs", "rows", "scheduler",
+                 "since", "taken", "through", "window_end")  # fmt: skip
 
     def __init__(
         self, core: EngineCore, *, through_finishes: bool = False, min_deferred: int | None = None
@@ -129,6 +129,8 @@ class DecodeRuns:
         self.end = self.last_start = -math.inf  # the last pass's end and start
         self.window_end = 0  # the pass at which the decoders' rows run out
         self.finished: list[FinishedRequestStats] = []
+        # The timing model reads the decoders' context: each pass is timed on its own.
+        self.context = core.timing.reads_context
         self._reset()
 
     def _reset(self) -> None:
@@ -145,6 +147,11 @@ class DecodeRuns:
         self.events: dict[int, list[int]] = {}  # pass -> decoders due a fill or a finish
         self.marks: list[int] = []  # a heap of the passes `needs` or `events` list
         self.alive = 0  # decoders not finished: the first `alive` running requests
+        # Σ over live decoders of (computed tokens − the pass they were applied to): at pass
+        # j they have computed ctx_off + alive × j tokens, and read one more each.
+        self.ctx_off = 0
+        # The last decode pass timed: (alive, ctx_off, from pass, until pass, duration).
+        self.kept: tuple[int, int, int, int, float] = (-1, 0, 0, 0, 0.0)
 
     # -- the driver's calls ---------------------------------------------------------------------
 
@@ -231,6 +238,7 @@ class DecodeRuns:
         self.taken.append(0)
         self.rows.append([])
         computed = request.num_computed_tokens
+        self.ctx_off += computed - at
         bs = self.bs
         self.need_at.append(-1)
         self._due(self.needs, self.need_at, index, at + len(request.blocks) * bs - computed)
@@ -256,6 +264,7 @@ class DecodeRuns:
     def _go(self, kv: KVCacheManager, now: float, stop_at: float) -> int:
         """Run passes from `now`; how many ran."""
         core, scheduler, pool, bs = self.core, self.scheduler, self.core.pool, self.bs
+        context = self.context
         first = j = self.j
         shape_decoders = shape_used = -1
         duration = 0.0
@@ -271,9 +280,11 @@ class DecodeRuns:
             if mixed and (not self.mixed_ok or scheduler.resumes_pending):
                 break
             if not mixed:
-                if num_decoders != shape_decoders or pool.num_used != shape_used:
+                if context:
+                    duration = self._decode_duration(j)
+                elif num_decoders != shape_decoders or pool.num_used != shape_used:
                     shape_decoders, shape_used = num_decoders, pool.num_used
-                    duration = core.pass_duration(0, num_decoders, shape_used)
+                    duration = self._decode_duration(j)
                 upto = self._next_event(j)
                 if upto > j:
                     # Passes in which nothing but time moves: summed one by one, as step()
@@ -284,6 +295,8 @@ class DecodeRuns:
                         j += 1
                         if now >= stop_at:
                             break
+                        if context:
+                            duration = self._decode_duration(j)
                     core.time = max(core.time, start)
                     self.last_start, self.end = start, now
                     if now >= stop_at:
@@ -304,15 +317,15 @@ class DecodeRuns:
             if mixed:
                 sched: SchedulerOutput | None = scheduler.schedule_after_decodes(num_decoders)
                 assert sched is not None and not sched.preempted  # (the room was there)
-                duration = core.pass_duration(
-                    sched.num_prefill_tokens, sched.num_decodes, pool.num_used
-                )
+                if context:
+                    sched.decode_context += self.ctx_off + num_decoders * (j + 1)
+                duration = core.scheduled_duration(sched)
                 shape_decoders = -1
             else:
                 sched = None
-                if pool.num_used != shape_used:
+                if context or pool.num_used != shape_used:
                     shape_used = pool.num_used
-                    duration = core.pass_duration(0, num_decoders, shape_used)
+                    duration = self._decode_duration(j)
             end = now + duration
             ended = self._end_pass(j, end)
             if sched is not None:
@@ -331,6 +344,22 @@ class DecodeRuns:
                 break
         self.j = j
         return j - first
+
+    def _decode_duration(self, j: int) -> float:
+        """Pass j's duration when it is only the decoders decoding (a context-reading model's
+        kept while its answer holds: the same decoders, fewer passes on than its span)."""
+        alive = self.alive
+        core = self.core
+        if not self.context:
+            return core.pass_duration(0, alive, core.pool.num_used, prefill_requests=0,
+                                      prefill_context=0, decode_context=0)  # fmt: skip
+        kept = self.kept
+        if kept[0] == alive and kept[1] == self.ctx_off and kept[2] <= j < kept[3]:
+            return kept[4]
+        duration, span = core.decode_pass(alive, core.pool.num_used,
+                                          self.ctx_off + alive * (j + 1))  # fmt: skip
+        self.kept = (alive, self.ctx_off, j, j + span, duration)
+        return duration
 
     def _next_event(self, j: int) -> int:
         """The first pass from j on at which a decoder has something due (a new block, a full
@@ -366,6 +395,7 @@ class DecodeRuns:
             request = self.reqs[i]
             if self.finish_at[i] == j:
                 self._catch_up(i, j + 1, end)  # (its computed count is now this pass's)
+                self.ctx_off -= request.num_computed_tokens - self.since[i]
                 if request.num_computed_tokens // bs > request.num_cached_blocks:
                     kv.cache_blocks(request)
                 self.finished.append(
@@ -467,6 +497,12 @@ def _time_passes(
     reusable, used = core.kv.num_reusable, core.kv.num_used
     shape_used, duration = -1, 0.0
     passes, start, end = 0, now, now
+    context = core.timing.reads_context
+    # Pass p (from 1) reads each request's computed tokens before the run, p - 1 more, and
+    # the one it computes.
+    computed = sum(r.num_computed_tokens for r in batch) if context else 0
+    n = len(batch)
+    same_until = 0  # (context: the first pass whose time may differ)
     for p in range(1, max_passes + 1):
         need = allocs.get(p)
         if need:
@@ -474,9 +510,14 @@ def _time_passes(
                 break  # step() would preempt here
             reusable -= len(need)
             used += len(need)
-        if used != shape_used:  # a pass's time depends only on this and the batch
+        if context:
+            if p >= same_until:
+                duration, span = core.decode_pass(n, used, computed + n * p)
+                same_until = p + span
+        elif used != shape_used:  # (else its time depends on these alone)
             shape_used = used
-            duration = core.pass_duration(0, len(batch), used)
+            duration = core.pass_duration(0, n, used, prefill_requests=0, prefill_context=0,
+                                          decode_context=0)  # fmt: skip
         start, end, passes = end, end + duration, p
         if end >= stop_at:
             break

@@ -451,9 +451,10 @@ class MetricsCollector(Collector):
     def _cache_config_info(self) -> GaugeMetricFamily:
         # vLLM's labels, then the secondary tiers (mocker): "fs=BLOCKS,obj=BLOCKS" or None,
         # and the KV cache groups (mocker): "INDEX:KIND[:WINDOW]" joined by commas.
-        names = ["block_size", "cache_dtype", "enable_prefix_caching", "num_cpu_blocks",
-                 "num_gpu_blocks", "kv_offloading_size", "mamba_cache_mode", "secondary_tiers",
-                 "kv_cache_groups", "engine"]  # fmt: skip
+        names = ["block_size", "gpu_memory_utilization", "cache_dtype", "enable_prefix_caching",
+                 "num_cpu_blocks", "num_gpu_blocks", "kv_cache_size_tokens",
+                 "kv_cache_max_concurrency", "kv_offloading_size", "mamba_cache_mode",
+                 "secondary_tiers", "kv_cache_groups", "engine"]  # fmt: skip
         info = GaugeMetricFamily(
             "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=names
         )
@@ -469,9 +470,15 @@ class MetricsCollector(Collector):
             )
             # vLLM's mode: "align" saves Mamba states for prefix caching, "none" does not.
             mamba_mode = "align" if cfg.enable_prefix_caching else "none"
+            dep = cfg.timing.deployment
+            util = "None" if dep is None else str(dep.gpu_memory_utilization)
+            dtype = "auto" if dep is None else dep.kv_cache_dtype
+            # vLLM 0.34's: the requests of max_model_len the blocks hold, and their tokens.
+            concurrency = cfg.num_gpu_blocks / -(-cfg.max_model_len // cfg.block_size)
             info.add_metric(
-                [str(cfg.block_size), "auto", str(cfg.enable_prefix_caching), cpu_blocks,
-                 str(cfg.num_gpu_blocks), offload_gib,
+                [str(cfg.block_size), util, dtype, str(cfg.enable_prefix_caching), cpu_blocks,
+                 str(cfg.num_gpu_blocks), str(int(concurrency * cfg.max_model_len)),
+                 str(concurrency), offload_gib,
                  mamba_mode if cfg.layout.has_mamba else "none", tiers or "None", groups,
                  m.engine],
                 1.0,

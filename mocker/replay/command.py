@@ -19,6 +19,7 @@ from mocker.replay.trace import (
     synthetic_trace,
 )
 from mocker.settings import ENGINE_OPTIONS, add_options, engine_config_from, resolve
+from mocker.settings.deployment import listing, startup_lines
 
 __all__ = ["add_replay_parser", "run_replay"]
 
@@ -167,11 +168,18 @@ def _trace(args: argparse.Namespace, seed: int) -> list[TraceRequest]:
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    _check(args)
     engine_names = {o.dest for o in ENGINE_OPTIONS}
     given = argparse.Namespace(**{k: v for k, v in vars(args).items() if k in engine_names})
     values, _ = resolve(given, ENGINE_OPTIONS)
+    listed = listing(values)
+    if listed is not None:
+        print(listed)
+        return 0
+    _check(args)
     config = engine_config_from(values)
+    if not args.quiet:
+        for line in startup_lines(config):
+            print(f"mocker: {line}", file=sys.stderr)
     # A Mamba hybrid's block (e.g. 544 tokens) is sized by its state, not to divide a
     # trace's blocks: its engine blocks then straddle trace blocks (PromptBuilder).
     aligned = config.layout.has_mamba

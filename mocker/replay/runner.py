@@ -24,6 +24,7 @@ from mocker.replay.router import RoutingPolicy, make_router
 from mocker.replay.trace import TraceRequest
 from mocker.request import EngineRequest, SamplingParams, TokenIds
 from mocker.tiers.transfers import TransferKind, TransferRecord
+from mocker.timing import TimingModel
 
 __all__ = ["EngineSample", "ReplayResult", "RequestRecord", "replay"]
 
@@ -139,6 +140,7 @@ def replay(
     fast: bool = True,
     concurrency: int | None = None,
     prefill_engines: int = 0,
+    timing: TimingModel | None = None,
 ) -> ReplayResult:
     """Run `trace` (sorted by arrival) to completion. Arrivals are applied at the start of
     the first pass of their engine at or after their time, exactly as the single-engine
@@ -152,7 +154,10 @@ def replay(
     `prefill_engines` N > 0 splits the engines into N prefill and K - N decode engines (P/D,
     as vLLM's NixlConnector): a request is prefilled on a prefill engine (max_tokens 1),
     then sent, when that ends, to a decode engine, which pulls its KV over its link and
-    decodes; its row times it from the trace's arrival."""
+    decodes; its row times it from the trace's arrival.
+
+    `timing`: the engines' timing model, instead of the one `config.timing` names (a
+    calibration's trial corrections)."""
     if concurrency is not None and concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     if not 0 <= prefill_engines < num_engines or (prefill_engines and num_engines < 2):
@@ -169,7 +174,7 @@ def replay(
             )
     with _no_automatic_gc():
         run = _ReplayRun(trace, config, num_engines, router, trace_block_size, num_samples,
-                         progress, concurrency, prefill_engines)  # fmt: skip
+                         progress, concurrency, prefill_engines, timing)  # fmt: skip
         return run.run(fast)
 
 
@@ -191,12 +196,15 @@ def _no_automatic_gc() -> Iterator[None]:
             gc.enable()
 
 
-def _cores(config: EngineConfig, num_engines: int, prefill_engines: int) -> list[EngineCore]:
+def _cores(
+    config: EngineConfig, num_engines: int, prefill_engines: int, timing: TimingModel | None
+) -> list[EngineCore]:
     """The engines, sharing one `obj` tier as one process's engines do; with P/D, the first
     `prefill_engines` are NixlConnector producers and the rest consumers pulling from them."""
     shared = build_shared_tiers(config)
     if not prefill_engines:
-        return [EngineCore(config, shared_tiers=shared, engine_id=k) for k in range(num_engines)]
+        return [EngineCore(config, timing=timing, shared_tiers=shared, engine_id=k)
+                for k in range(num_engines)]  # fmt: skip
     producers: dict[str, EngineCore] = {}
     cores = []
     for k in range(num_engines):
@@ -204,7 +212,7 @@ def _cores(config: EngineConfig, num_engines: int, prefill_engines: int) -> list
         role = KVRole.PRODUCER if prefill else KVRole.CONSUMER
         name = f"{'prefill' if prefill else 'decode'}-{k}"
         engine_config = config.with_changes(kv_role=role, kv_engine_id=name)
-        core = EngineCore(engine_config, shared_tiers=shared, engine_id=k,
+        core = EngineCore(engine_config, timing=timing, shared_tiers=shared, engine_id=k,
                           peers=None if prefill else LocalPeers(producers))  # fmt: skip
         if prefill:
             producers[name] = core
@@ -227,10 +235,11 @@ class _ReplayRun:
         progress: Callable[[int], None] | None,
         concurrency: int | None,
         prefill_engines: int = 0,
+        timing: TimingModel | None = None,
     ) -> None:
         self.started = time.perf_counter()
         self.trace = trace
-        self.cores = _cores(config, num_engines, prefill_engines)
+        self.cores = _cores(config, num_engines, prefill_engines, timing)
         for core in self.cores:
             core.emit_outputs = False  # rows and samples come from the requests themselves
         self.num_prefill = prefill_engines

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sized
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from mocker.config import EngineConfig, KVRole, PreemptionVictim, SchedulingPolicy
@@ -24,6 +25,8 @@ DecodeHead = Callable[
     tuple[int, int, int],
 ]
 
+_TOKEN_IDS = attrgetter("all_token_ids")
+
 
 @dataclass(slots=True)
 class SchedulerOutput:
@@ -37,9 +40,13 @@ class SchedulerOutput:
     loads: list[tuple[Request, int, int]] = field(default_factory=list)
     # P/D pulls to start: (request, number of blocks); the device slots are reserved.
     pulls: list[tuple[Request, int]] = field(default_factory=list)
-    # Pass composition, for the timing model: a decode computes the last sampled token.
+    # Pass composition, for the timing model: a decode computes the last sampled token and
+    # reads every token before it; a prefill chunk reads the tokens before it.
     num_prefill_tokens: int = 0
     num_decodes: int = 0
+    prefill_requests: int = 0
+    prefill_context: int = 0
+    decode_context: int = 0  # summed only when `Scheduler.count_context` (else 0)
     # Prefix-cache accounting of the requests admitted in this pass (tokens).
     prefix_queries: int = 0
     prefix_hits: int = 0
@@ -87,6 +94,7 @@ class Scheduler:
         "_unit",
         "_victim",
         "connector",
+        "count_context",
         "decode_head",
         "kv",
         "loading",
@@ -146,6 +154,9 @@ class Scheduler:
         # the engine when its KV manager's failed allocations change nothing; None: the
         # loop below does it all.
         self.decode_head: DecodeHead | None = None
+        # Sum the decodes' context lengths (SchedulerOutput.decode_context): only a timing
+        # model that reads them asks (the engine sets this).
+        self.count_context = False
 
     # -- queue changes ------------------------------------------------------------------------
 
@@ -304,7 +315,7 @@ class Scheduler:
         allocate = self.kv.allocate_slots
         bs = self._block_size
         longest = self._long
-        prefill = decodes = 0
+        prefill = decodes = prefill_reqs = prefill_ctx = decode_ctx = 0
         stalled = False
         chunks: list[tuple[Request, int]] | None = None  # prefill chunks that fill blocks
         i = start
@@ -312,6 +323,8 @@ class Scheduler:
             # The requests that decode one token, from the head on, in C: as this loop
             # schedules them (it goes on from the first that does not, or finds no room).
             i, budget, decodes = self.decode_head(running, i, budget, scheduled, allocate)
+            if self.count_context and i > start:
+                decode_ctx = sum(map(len, map(_TOKEN_IDS, running[start:i])))
         while i < len(running) and budget > 0:
             request = running[i]
             num_tokens = len(request.all_token_ids)
@@ -343,8 +356,11 @@ class Scheduler:
                         budget += n
                         if _is_decode(victim, n):
                             decodes -= 1
+                            decode_ctx -= len(victim.all_token_ids)
                         else:
                             prefill -= n
+                            prefill_reqs -= 1
+                            prefill_ctx -= victim.num_computed_tokens
                     self._preempt(victim, out)
                     if victim is request:
                         break
@@ -366,8 +382,11 @@ class Scheduler:
                 and num_tokens > request.num_prompt_tokens
             ):
                 decodes += 1
+                decode_ctx += num_tokens
             else:
                 prefill += num_new
+                prefill_reqs += 1
+                prefill_ctx += computed
                 if (computed + num_new) // bs > request.num_cached_blocks:
                     if chunks is None:
                         chunks = []
@@ -375,6 +394,10 @@ class Scheduler:
             i += 1
         out.num_prefill_tokens += prefill
         out.num_decodes += decodes
+        out.prefill_requests += prefill_reqs
+        out.prefill_context += prefill_ctx
+        if self.count_context:
+            out.decode_context += decode_ctx
         # Prefill chunks register their blocks once every running request is placed: a
         # victim of the priority policy or of --preemption-victim oldest may have been
         # scheduled earlier in this loop (no lookup happens before the loop ends, so the
@@ -453,6 +476,8 @@ class Scheduler:
         out.admitted.append(request)
         out.num_scheduled[request] = num_new
         out.num_prefill_tokens += num_new
+        out.prefill_requests += 1
+        out.prefill_context += request.num_computed_tokens
         self._register(request, request.num_computed_tokens + num_new, out)
 
     def _register(self, request: Request, num_tokens: int, out: SchedulerOutput) -> None:

@@ -2,26 +2,25 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 from mocker.config import (
     LORA_RANKS,
     MODEL_PRESETS,
     ConfigError,
     EngineConfig,
-    ModelShape,
     OffloadPolicy,
 )
 from mocker.kv.hashing import HashAlgo
 from mocker.kv.spec import kv_layout
+from mocker.settings.deployment import DEPLOYMENT_OPTIONS, deployment_of
 from mocker.settings.kv_transfer import parse_kv_transfer_config
+from mocker.settings.model_shape import model_shape_from
 from mocker.settings.option import Option
+from mocker.settings.sizing import derived_values, num_gpu_blocks
+from mocker.timing.spec import TimingSpec
 
 __all__ = ["ENGINE_OPTIONS", "engine_config_from", "model_shape_from"]
 
@@ -30,22 +29,38 @@ logger = logging.getLogger(__name__)
 _D = EngineConfig()
 
 ENGINE_OPTIONS: tuple[Option, ...] = (
+    *DEPLOYMENT_OPTIONS,
     Option("block_size", "tokens per KV block (power of two)", _D.block_size, "int"),
     Option(
         "num_gpu_blocks_override",
-        "KV blocks in the device cache (a real engine sizes this from GPU memory; default "
+        "KV blocks in the device cache, instead of what the model leaves on the GPUs (as "
+        "vLLM computes it; under --timing-model polynomial: "
         f"{_D.num_gpu_blocks}, or what --kv-cache-memory-bytes holds)",
         None,
         "int",
     ),
-    Option("max_num_seqs", "most requests running in one pass", _D.max_num_seqs, "int"),
     Option(
-        "max_num_batched_tokens",
-        "token budget of one pass, shared by prefill chunks and decodes",
-        _D.max_num_batched_tokens,
+        "max_num_seqs",
+        "most requests running in one pass (default: vLLM's for the GPU, 1024 on one with "
+        f"70 GiB or more; {_D.max_num_seqs} under --timing-model polynomial)",
+        None,
         "int",
     ),
-    Option("max_model_len", "context length: prompt + output tokens", _D.max_model_len, "int"),
+    Option(
+        "max_num_batched_tokens",
+        "token budget of one pass, shared by prefill chunks and decodes (default: vLLM's for "
+        f"the GPU, 8192 on an H100, 16384 on a B200; {_D.max_num_batched_tokens} under "
+        "--timing-model polynomial)",
+        None,
+        "int",
+    ),
+    Option(
+        "max_model_len",
+        "context length: prompt + output tokens (default: the model's "
+        f"max_position_embeddings; {_D.max_model_len} without a model config)",
+        None,
+        "int",
+    ),
     Option(
         "enable_prefix_caching",
         "reuse cached KV blocks of shared prompt prefixes",
@@ -75,18 +90,21 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "timing_profile",
-        "NPZ latency profile in Dynamo's layout; default: the published polynomial (mocker)",
+        "a correction profile written by `mocker calibrate` (.json), applied to every pass; or "
+        "a measured latency profile in Dynamo's NPZ layout (.npz), which replaces the timing "
+        "model (mocker)",
         None,
         "str",
         metavar="FILE",
     ),
     Option(
         "model_shape",
-        "model dimensions that size KV blocks: a preset ("
+        "model dimensions that size KV blocks, instead of --model's: a preset ("
         + ", ".join(MODEL_PRESETS)
         + "), or a custom shape as a JSON object or a .json/.yaml file (see the README's "
-        "Hybrid models) (mocker)",
-        "llama-3-8b",
+        "Hybrid models); default: --model's config (llama-3-8b under --timing-model "
+        "polynomial) (mocker)",
+        None,
         "json",
         metavar="NAME|JSON|FILE",
     ),
@@ -235,35 +253,6 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
 )
 
 
-def model_shape_from(value: str | Mapping[str, Any]) -> ModelShape:
-    """A preset by name, or a custom shape: a JSON object (inline, or a YAML mapping), or
-    the path of a .json / .yaml file holding one."""
-    if isinstance(value, Mapping):
-        return ModelShape.from_mapping(value)
-    text = value.strip()
-    if text in MODEL_PRESETS:
-        return MODEL_PRESETS[text]
-    if text.startswith("{"):
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"invalid model_shape: not valid JSON: {exc}") from None
-        return ModelShape.from_mapping(raw)
-    path = Path(text)
-    if path.suffix in (".json", ".yaml", ".yml"):
-        try:
-            raw = yaml.safe_load(path.read_text())  # JSON is YAML
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"invalid model_shape={text!r}: cannot read: {exc}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"invalid model_shape={text!r}: not JSON or YAML: {exc}") from None
-        return ModelShape.from_mapping(raw)
-    raise ConfigError(
-        f"invalid model_shape={text!r}: one of the presets {', '.join(MODEL_PRESETS)}, a JSON "
-        "object, or a .json / .yaml file"
-    )
-
-
 def _num_host_blocks(values: Mapping[str, Any]) -> int:
     """CPU-tier blocks from --num-host-blocks or --kv-offloading-size GiB (not both)."""
     blocks, gib = values["num_host_blocks"], values["kv_offloading_size"]
@@ -276,9 +265,7 @@ def _num_host_blocks(values: Mapping[str, Any]) -> int:
         if gib < 0:
             raise ConfigError(f"invalid kv_offloading_size={gib!r}: must be >= 0 GiB")
         # One device block's bytes (a hybrid's: a page per layer slot of a group).
-        block_bytes = kv_layout(
-            model_shape_from(values["model_shape"]), values["block_size"]
-        ).block_bytes
+        block_bytes = kv_layout(values["_shape"], values["block_size"]).block_bytes
         blocks = int(gib * 2**30 // block_bytes)
         if gib > 0 and blocks == 0:
             raise ConfigError(
@@ -292,10 +279,9 @@ def _num_host_blocks(values: Mapping[str, Any]) -> int:
 
 def _offload(values: Mapping[str, Any]) -> dict[str, Any]:
     """Tier settings: from an OffloadingConnector --kv-transfer-config, or the flags."""
-    shape = model_shape_from(values["model_shape"])
     # The engine's block (a Mamba hybrid's is enlarged) and its bytes: a tier's capacity is
     # counted in those.
-    layout = kv_layout(shape, values["block_size"])
+    layout = kv_layout(values["_shape"], values["block_size"])
     offload = parse_kv_transfer_config(
         values["kv_transfer_config"], layout.block_size, layout.block_bytes // layout.block_size
     )
@@ -328,29 +314,13 @@ def _offload(values: Mapping[str, Any]) -> dict[str, Any]:
     return dict(offload)
 
 
-def _num_gpu_blocks(values: Mapping[str, Any]) -> int:
-    """Device blocks: --num-gpu-blocks-override, else what --kv-cache-memory-bytes holds (as
-    vLLM, the override wins), else the default."""
-    blocks, nbytes = values["num_gpu_blocks_override"], values["kv_cache_memory_bytes"]
-    if blocks is not None:
-        return int(blocks)
-    if nbytes is None:
-        return _D.num_gpu_blocks
-    block_bytes = kv_layout(
-        model_shape_from(values["model_shape"]), values["block_size"]
-    ).block_bytes
-    if nbytes < block_bytes:
-        raise ConfigError(
-            f"invalid kv_cache_memory_bytes={nbytes!r}: holds no block of {block_bytes} bytes"
-        )
-    return int(nbytes // block_bytes)
-
-
 def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
     """The engine configuration from resolved option values (validated)."""
+    dep = deployment_of(values)
+    values = derived_values(values, dep)
     config = EngineConfig(
         block_size=values["block_size"],
-        num_gpu_blocks=_num_gpu_blocks(values),
+        num_gpu_blocks=num_gpu_blocks(values, dep),
         max_num_seqs=values["max_num_seqs"],
         max_num_batched_tokens=values["max_num_batched_tokens"],
         max_model_len=values["max_model_len"],
@@ -365,8 +335,8 @@ def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
         lora_load_ms=values["lora_load_ms"],
         lora_disk_load_ms=values["lora_disk_load_ms"],
         speedup_ratio=values["speedup_ratio"],
-        timing_profile=values["timing_profile"],
-        model=model_shape_from(values["model_shape"]),
+        timing=TimingSpec.with_profile(values["timing_model"], dep, values["timing_profile"]),
+        model=values["_shape"],
         preemption_victim=values["preemption_victim"],
         scheduling_policy=values["scheduling_policy"],
         long_prefill_token_threshold=values["long_prefill_token_threshold"],

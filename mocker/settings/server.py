@@ -20,7 +20,7 @@ __all__ = ["SERVER_OPTIONS", "ServerSettings", "server_settings_from"]
 class ServerSettings:
     """HTTP-side settings of `mocker serve`; the defaults of their flags."""
 
-    model: str = "mocker"
+    model: str = "mocker"  # (the CLI's default is --model's, mocker.settings.deployment)
     served_model_names: tuple[str, ...] = ("mocker",)
     host: str = "127.0.0.1"
     port: int = 8000
@@ -79,7 +79,6 @@ class ServerSettings:
 _S = ServerSettings()
 
 SERVER_OPTIONS: tuple[Option, ...] = (
-    Option("model", "model name (also the first positional argument)", _S.model),
     Option(
         "served_model_name",
         "name(s) the API answers to; the first labels the metrics (default: --model)",

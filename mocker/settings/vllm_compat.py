@@ -11,12 +11,7 @@ IGNORED_PREFIX = "ignored__"
 
 # True: takes a value; False: a bare switch.
 IGNORED_VLLM_FLAGS: dict[str, bool] = {
-    "tensor_parallel_size": True,
-    "pipeline_parallel_size": True,
-    "gpu_memory_utilization": True,
     "dtype": True,
-    "kv_cache_dtype": True,
-    "quantization": True,
     "swap_space": True,
     "cpu_offload_gb": True,
     "download_dir": True,
@@ -51,7 +46,6 @@ IGNORED_VLLM_FLAGS: dict[str, bool] = {
     "calculate_kv_scales": False,
     "mamba_ssm_cache_dtype": True,
     "speculative_config": True,
-    "enable_expert_parallel": False,
     "enable_eplb": False,
     "eplb_config": True,
     "all2all_backend": True,

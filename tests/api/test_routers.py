@@ -33,7 +33,7 @@ import httpx
 import pytest
 
 from tests.support.parsing import samples
-from tests.support.servers import read_shared, served_url, stderr_of, wait_healthy
+from tests.support.servers import AGNOSTIC, read_shared, served_url, stderr_of, wait_healthy
 from tests.support.tool_venv import tool_venv
 
 REPLICAS = 3
@@ -87,7 +87,7 @@ def logged_replica(*args: str) -> Iterator[Replica]:
     Like tests.support.servers.serve(), which turns the access log off: that log is the only
     place where mocker names each request's status, and the routers' own probes (/get_load,
     /get_server_info, ...) are requests a client never sees."""
-    argv = [sys.executable, "-m", "mocker", "serve", "--port", "0", *args]
+    argv = [sys.executable, "-m", "mocker", "serve", "--port", "0", *AGNOSTIC, *args]
     with tempfile.TemporaryFile("w+") as log:
         # uvicorn writes its access log to stdout: into the same file, unbuffered.
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -12,7 +12,7 @@ from mocker.engine.decode_runs import MIN_DEFERRED, DecodeRuns, run_decodes
 from mocker.engine.stats import FinishedRequestStats
 from mocker.kv.block import block_ids
 from mocker.request import EngineRequest
-from tests.support.engines import req, small_config
+from tests.support.engines import CompositionTiming, SpanTiming, req, small_config
 from tests.support.pools import free_order
 
 
@@ -53,7 +53,8 @@ def test_a_run_equals_the_same_passes_stepped() -> None:
 
 def test_a_run_stops_at_the_first_pass_ending_at_or_after_stop_at() -> None:
     core, now = _decoding_core()
-    one = core.pass_duration(0, 3, core.snapshot().num_used_blocks)
+    one = core.pass_duration(0, 3, core.snapshot().num_used_blocks, prefill_requests=0,
+                             prefill_context=0, decode_context=0)  # fmt: skip
     run = run_decodes(core, now, stop_at=now + 2.5 * one)
     assert run is not None and run.passes == 3 and not run.finished
 
@@ -91,13 +92,19 @@ def _drive(
     return finished, passes, now
 
 
+@pytest.mark.parametrize("context", [None, CompositionTiming, SpanTiming])
 @pytest.mark.parametrize("min_deferred", [0, MIN_DEFERRED])
 @pytest.mark.parametrize("seed", range(8))
-def test_runs_with_admissions_and_finishes_equal_stepping(seed: int, min_deferred: int) -> None:
+def test_runs_with_admissions_and_finishes_equal_stepping(
+    seed: int, min_deferred: int, context: type[CompositionTiming] | None
+) -> None:
     """Random arrivals into a small engine: runs that admit waiting requests (chunked
     prefills beside the decoders), go through finishes and stop before preemptions give
     every pass's result, the same end state and pool order as stepping (deferring the
-    decoders' state, or with fewer running requests than MIN_DEFERRED as whole runs)."""
+    decoders' state, or with fewer running requests than MIN_DEFERRED as whole runs). With
+    a timing model that reads the passes' context counts (the GPU model's), every pass
+    of a run is timed from the same counts as stepping finds, and one that keeps a decode
+    pass's time over a span of passes (the GPU model's memo) keeps it for exactly those."""
     rng = random.Random(seed)
     changes = {
         "num_gpu_blocks": rng.choice([20, 32, 64]),
@@ -115,7 +122,8 @@ def test_runs_with_admissions_and_finishes_equal_stepping(seed: int, min_deferre
         if rng.random() < 0.1:
             sampling["stop_token_ids"] = [7]
         arrivals.append((t, req(f"r{i}", prompt, max_tokens=rng.randrange(1, 30), **sampling)))
-    fast, slow = EngineCore(small_config(**changes)), EngineCore(small_config(**changes))
+    fast = EngineCore(small_config(**changes), timing=context() if context else None)
+    slow = EngineCore(small_config(**changes), timing=context() if context else None)
     fast_out = _drive(fast, arrivals, fast=True, min_deferred=min_deferred)
     slow_out = _drive(slow, arrivals, fast=False)
     assert fast_out == slow_out

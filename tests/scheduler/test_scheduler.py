@@ -146,7 +146,9 @@ def test_a_leading_decode_is_preempted_for_a_prefill_behind_it() -> None:
     assert d0.status == RequestStatus.PREEMPTED and d0.blocks == []
     assert core.scheduler.num_preemptions == 1
     # Timed as one decode and a 10-token chunk (d0's decode was taken off the pass).
-    assert res.end - res.start == pytest.approx(core.pass_duration(10, 1, core.kv.num_used))
+    duration = core.pass_duration(10, 1, core.kv.num_used, prefill_requests=1,
+                                  prefill_context=p_before, decode_context=0)  # fmt: skip
+    assert res.end - res.start == pytest.approx(duration)
 
 
 def test_prefix_hit_capped_at_prompt_minus_one() -> None:

@@ -15,7 +15,8 @@ from tests.support.settings import ALL, parse_flags
 
 
 def test_host_tier_flags() -> None:
-    small = ["--num-gpu-blocks-override", "1024", "--max-model-len", "4096"]
+    small = ["--num-gpu-blocks-override", "1024", "--max-model-len", "4096", "--timing-model",
+             "polynomial"]  # fmt: skip
     values, _ = resolve(parse_flags([*small, "--kv-offloading-size", "4"]), ALL, environ={})
     config = engine_config_from(values)
     # 4 GiB of 2 MiB blocks (block_size 16 × Llama-3-8B's 128 KiB per token).
@@ -48,17 +49,23 @@ def test_host_tier_flags() -> None:
     ],
 )
 def test_host_tier_mistakes_fail_at_start_up(argv: list[str], message: str) -> None:
-    small = ["--num-gpu-blocks-override", "1024", "--max-model-len", "4096"]
+    small = ["--num-gpu-blocks-override", "1024", "--max-model-len", "4096", "--timing-model",
+             "polynomial"]  # fmt: skip
     values, _ = resolve(parse_flags([*small, *argv]), ALL, environ={})
     with pytest.raises(ConfigError, match=message):
         engine_config_from(values)
 
 
-def test_unset_flags_give_the_config_defaults() -> None:
-    assert engine_config_from(resolve(parse_flags([]), ALL, environ={})[0]) == EngineConfig()
+def test_polynomial_flags_give_the_config_defaults() -> None:
+    """--timing-model polynomial is Dynamo's engine: EngineConfig's own defaults."""
+    flags = parse_flags(["--timing-model", "polynomial"])
+    assert engine_config_from(resolve(flags, ALL, environ={})[0]) == EngineConfig()
 
 
 def _config(*argv: str) -> EngineConfig:
+    """The engine of these flags under the polynomial (these tests are about the KV cache's
+    shape and tiers; tests/settings/test_deployment.py has the GPU's)."""
+    argv = ("--timing-model", "polynomial", *argv)
     return engine_config_from(resolve(parse_flags(list(argv)), ALL, environ={})[0])
 
 

@@ -63,4 +63,6 @@ def test_kv_events_config_from_flag_env_and_yaml(tmp_path) -> None:
 
 def test_unset_flags_give_the_dataclass_defaults() -> None:
     # The defaults are declared once, on ServerSettings; the flags read them from there.
-    assert server_settings_from(resolve(parse_flags([]), ALL, environ={})[0]) == ServerSettings()
+    # (But the model: the flag's default is a real model's id, mocker.settings.deployment.)
+    values = resolve(parse_flags(["--model", "mocker"]), ALL, environ={})[0]
+    assert server_settings_from(values) == ServerSettings()

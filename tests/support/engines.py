@@ -8,6 +8,7 @@ from typing import Any
 from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore
 from mocker.request import EngineRequest, SamplingParams
+from mocker.timing import PassShape
 
 
 def small_config(**overrides: Any) -> EngineConfig:
@@ -36,3 +37,38 @@ def req(
     return EngineRequest(
         rid, list(prompt), SamplingParams(max_tokens=max_tokens, **sampling), arrival_time=arrival
     )
+
+
+class CompositionTiming:
+    """A timing model that reads every count of a pass's composition (as the GPU model does),
+    each with its own weight: a pass timed from a wrong count takes another time."""
+
+    reads_context = True
+
+    def __init__(self) -> None:
+        self.shapes: list[PassShape] = []
+
+    def pass_ms(self, shape: PassShape) -> float:
+        self.shapes.append(shape)
+        if not (shape.prefill_tokens or shape.num_decodes):
+            return 0.0
+        return (1.0 + 0.01 * shape.prefill_tokens + 0.3 * shape.prefill_requests
+                + 1e-4 * shape.prefill_context + 0.05 * shape.num_decodes
+                + 1e-5 * shape.decode_context)  # fmt: skip
+
+    def prefill_ms(self, new_tokens: int) -> float:
+        return 1.0 + 0.01 * new_tokens + 0.3 if new_tokens > 0 else 0.0
+
+
+class SpanTiming(CompositionTiming):
+    """CompositionTiming whose decode passes read their mean context in steps of 8 tokens and
+    say how long a step lasts (`decode_span`, as the GPU model's memo does)."""
+
+    def pass_ms(self, shape: PassShape) -> float:
+        if shape.num_decodes and not shape.prefill_tokens:
+            return self.decode_span(shape.num_decodes, shape.decode_context)[0]
+        return super().pass_ms(shape)
+
+    def decode_span(self, n: int, context: int) -> tuple[float, int]:
+        mean = context // n
+        return 1.0 + 0.05 * n + 1e-3 * (mean // 8), 8 - mean % 8

@@ -25,6 +25,8 @@ from mocker.settings import ServerSettings
 from mocker.tokenizer import TextTokenizer, load_tokenizer
 
 FAST = {"speedup_ratio": 200.0, "num_gpu_blocks": 4096, "max_model_len": 4096}
+# `mocker serve` as these tests knew it: a model name only, timed by Dynamo's polynomial.
+AGNOSTIC = ("--model", "mocker", "--timing-model", "polynomial")
 
 _TOKENIZER: TextTokenizer | None = None
 
@@ -102,7 +104,14 @@ def serve(
 ) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """`python -m mocker serve --port 0 ARGS` (the system picks the port, so it cannot be
     taken by the time the server binds it): yields the process once /health answers, and
-    its URL as its start-up line names it."""
+    its URL as its start-up line names it. Unless ARGS name a model (by flag or first, as
+    `vllm serve MODEL`) or a timing model, the
+    server is the model-agnostic one these tests of serving were written for (model
+    "mocker", Dynamo's polynomial); the GPU timing has tests of its own."""
+    positional_model = bool(args) and not args[0].startswith("-")
+    if not positional_model and not any(a.split("=")[0] in ("--model", "--timing-model")
+                                        for a in args):  # fmt: skip
+        args = (*AGNOSTIC, *args)
     argv = [sys.executable, "-m", "mocker", "serve", "--port", "0",
             "--disable-uvicorn-access-log", *args]  # fmt: skip
     # stderr to a file: a pipe nobody reads could fill up and block the server.

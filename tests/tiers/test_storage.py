@@ -102,7 +102,7 @@ def test_cascade_then_three_hop_promotion_by_hand() -> None:
     assert (load.src, load.dst, load.start) == ("cpu", "gpu", promote.end)
     assert load.end == pytest.approx(promote.end + copy_s(LOADABLE, 32.0), abs=1e-12)
     # Then one pass computes the prompt's last block (16 tokens, 16 blocks in use).
-    ttft = load.end + core.pass_duration(PROMPT - LOADABLE * BLOCK, 0, 16) - t0
+    ttft = load.end + _last_block(core) - t0
     assert done.time_to_first_token == pytest.approx(ttft, abs=1e-12)
     assert done.tier_hits == (("fs", LOADABLE * BLOCK),)
     assert done.num_cached_tokens == LOADABLE * BLOCK
@@ -139,7 +139,7 @@ def test_a_run_promoted_from_two_tiers_counts_each_by_hand() -> None:
     assert from_obj.end == pytest.approx(from_fs.end + copy_s(7, 16.0, 0.2), abs=1e-12)
     assert (load.src, load.num_blocks, load.start) == ("cpu", LOADABLE, from_obj.end)
     assert load.end == pytest.approx(from_obj.end + copy_s(LOADABLE, 32.0), abs=1e-12)
-    ttft = load.end + core.pass_duration(PROMPT - LOADABLE * BLOCK, 0, 16) - t0
+    ttft = load.end + _last_block(core) - t0
     assert done.time_to_first_token == pytest.approx(ttft, abs=1e-12)
     assert done.tier_hits == (("fs", 8 * BLOCK), ("obj", 7 * BLOCK))
     assert done.num_cached_tokens == LOADABLE * BLOCK
@@ -368,3 +368,9 @@ def test_blocks_promoted_twice_count_once_for_their_tier() -> None:
     conn.start_load(12.0, req, 0, LOADABLE)
     conn.end_schedule()
     assert req.tier_hits == (("cpu", 5 * BLOCK), ("fs", 10 * BLOCK))
+
+
+def _last_block(core: EngineCore) -> float:
+    """The pass computing the prompt's last block after the loaded ones (16 blocks in use)."""
+    return core.pass_duration(PROMPT - LOADABLE * BLOCK, 0, 16, prefill_requests=1,
+                              prefill_context=LOADABLE * BLOCK, decode_context=0)  # fmt: skip

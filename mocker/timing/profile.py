@@ -1,63 +1,17 @@
-"""Pure pass-duration models: Dynamo's published polynomial and measured NPZ profiles."""
+"""Interpolation over a measured latency profile in Dynamo's NPZ layout (`--timing-profile`)."""
 
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 
-from mocker.config import ConfigError
+from mocker.errors import ConfigError
+from mocker.timing.shape import PassShape
 
-__all__ = [
-    "PassShape",
-    "PolynomialTiming",
-    "ProfileTiming",
-    "TimingModel",
-    "load_timing_model",
-    "pass_duration_s",
-]
-
-
-@dataclass(frozen=True, slots=True)
-class PassShape:
-    """What a pass computes, as far as its duration is concerned."""
-
-    prefill_tokens: int  # new (uncached) prompt tokens computed in this pass
-    num_decodes: int  # requests producing a decode token in this pass
-    active_kv_tokens: int  # KV tokens held by requests (blocks in use × block size)
-    total_kv_tokens: int  # the device pool's capacity in tokens
-
-
-class TimingModel(Protocol):
-    """Unscaled milliseconds for each part of a pass."""
-
-    def prefill_ms(self, new_tokens: int) -> float: ...
-
-    def decode_ms(self, active_kv_tokens: int, total_kv_tokens: int, num_decodes: int) -> float: ...
-
-
-class PolynomialTiming:
-    """NVIDIA Dynamo mocker's published fits (its `lib/mocker` perf model), in ms: prefill
-    4.209989e-7·t² + 1.518344e-2·t + 16.50142 for t new prompt tokens (0 for none); decode
-    -25.74·u² + 54.01·u + 5.74 for u = active / total KV tokens, at least 1 ms."""
-
-    __slots__ = ()
-
-    def prefill_ms(self, new_tokens: int) -> float:
-        if new_tokens <= 0:
-            return 0.0
-        t = float(new_tokens)
-        return 4.209989e-7 * t * t + 1.518344e-2 * t + 16.50142
-
-    def decode_ms(self, active_kv_tokens: int, total_kv_tokens: int, num_decodes: int) -> float:
-        if num_decodes <= 0:
-            return 0.0
-        u = active_kv_tokens / total_kv_tokens if total_kv_tokens > 0 else 0.0
-        return max(1.0, -25.74 * u * u + 54.01 * u + 5.74)
+__all__ = ["ProfileTiming"]
 
 
 def _interp_weights(axis: list[float], x: float) -> tuple[int, int, float]:
@@ -81,6 +35,8 @@ class ProfileTiming:
     """
 
     __slots__ = ("_ctx", "_isl", "_itl", "_kv", "_ttft")
+
+    reads_context = False
 
     def __init__(
         self,
@@ -157,19 +113,7 @@ class ProfileTiming:
         itl: float = top * (1.0 - wi) + bottom * wi
         return max(0.0, itl)
 
-
-def pass_duration_s(model: TimingModel, shape: PassShape, speedup_ratio: float) -> float:
-    """Simulated seconds for one pass; the speedup ratio divides the whole duration."""
-    ms = model.prefill_ms(shape.prefill_tokens) + model.decode_ms(
-        shape.active_kv_tokens, shape.total_kv_tokens, shape.num_decodes
-    )
-    return ms / 1000.0 / speedup_ratio
-
-
-def load_timing_model(profile: str | None) -> TimingModel:
-    """The polynomial model, or the profile at the given path."""
-    if profile is None:
-        return PolynomialTiming()
-    if not Path(profile).is_file():
-        raise ConfigError(f"invalid timing_profile={profile!r}: no such file")
-    return ProfileTiming.from_npz(profile)
+    def pass_ms(self, shape: PassShape) -> float:
+        return self.prefill_ms(shape.prefill_tokens) + self.decode_ms(
+            shape.active_kv_tokens, shape.total_kv_tokens, shape.num_decodes
+        )

@@ -1,53 +1,14 @@
-"""Timing formulas (exact values), profile interpolation and speedup scaling."""
-
-import math
+"""Interpolation over a measured profile in Dynamo's NPZ layout, and its loading errors."""
 
 import numpy as np
 import pytest
 
 from mocker.config import ConfigError
-from mocker.timing import (
-    PassShape,
-    PolynomialTiming,
-    ProfileTiming,
-    load_timing_model,
-    pass_duration_s,
-)
+from mocker.timing import PassShape, ProfileTiming, TimingSpec, load_timing_model
 
 
-def test_prefill_polynomial_exact() -> None:
-    m = PolynomialTiming()
-    assert m.prefill_ms(0) == 0.0
-    assert m.prefill_ms(1) == pytest.approx(4.209989e-7 + 1.518344e-2 + 16.50142)
-    assert m.prefill_ms(1000) == pytest.approx(0.4209989 + 15.18344 + 16.50142)
-    assert m.prefill_ms(8192) == pytest.approx(
-        4.209989e-7 * 8192**2 + 1.518344e-2 * 8192 + 16.50142
-    )
-
-
-def test_decode_polynomial_exact_and_floor() -> None:
-    m = PolynomialTiming()
-    assert m.decode_ms(0, 1000, 1) == pytest.approx(5.74)
-    assert m.decode_ms(500, 1000, 3) == pytest.approx(-25.74 * 0.25 + 54.01 * 0.5 + 5.74)
-    assert m.decode_ms(1000, 1000, 1) == pytest.approx(-25.74 + 54.01 + 5.74)
-    assert m.decode_ms(10, 1000, 0) == 0.0  # no decode, no decode term
-
-
-def test_decode_floor_is_one_ms() -> None:
-    # u > ~2.2 would go negative; the floor holds the model at 1 ms.
-    assert PolynomialTiming().decode_ms(3000, 1000, 1) == 1.0
-
-
-def test_pass_duration_sums_parts_and_divides_by_speedup() -> None:
-    m = PolynomialTiming()
-    shape = PassShape(
-        prefill_tokens=512, num_decodes=10, active_kv_tokens=2048, total_kv_tokens=8192
-    )
-    ms = m.prefill_ms(512) + m.decode_ms(2048, 8192, 10)
-    assert pass_duration_s(m, shape, 1.0) == pytest.approx(ms / 1000)
-    assert pass_duration_s(m, shape, 10.0) == pytest.approx(ms / 10000)
-    prefill_only = PassShape(512, 0, 2048, 8192)
-    assert pass_duration_s(m, prefill_only, 1.0) == pytest.approx(m.prefill_ms(512) / 1000)
+def _load(path: object) -> object:
+    return load_timing_model(TimingSpec.with_profile("polynomial", None, str(path)))
 
 
 def _profile() -> ProfileTiming:
@@ -89,18 +50,20 @@ def test_profile_npz_roundtrip(tmp_path) -> None:
         decode_context_length=np.array([100, 200]),
         decode_itl=np.array([[5.0, 7.0], [9.0, 15.0]]),
     )
-    model = load_timing_model(str(path))
+    model = _load(path)
     assert isinstance(model, ProfileTiming)
     assert model.prefill_ms(550) == pytest.approx(55.0)
+    both = PassShape(550, 1, 0, 5, 9999, 1000, 10_000)
+    assert model.pass_ms(both) == pytest.approx(55.0 + model.decode_ms(1000, 10_000, 5))
 
 
 def test_profile_errors_name_the_problem(tmp_path) -> None:
     with pytest.raises(ConfigError, match="no such file"):
-        load_timing_model(str(tmp_path / "missing.npz"))
+        _load(tmp_path / "missing.npz")
     bad = tmp_path / "bad.npz"
     np.savez(bad, prefill_isl=np.array([1, 2]))
     with pytest.raises(ConfigError, match="missing key"):
-        load_timing_model(str(bad))
+        _load(bad)
     with pytest.raises(ConfigError, match="decode_itl has shape"):
         ProfileTiming(
             np.array([1]), np.array([1.0]), np.array([0, 1]), np.array([1]), np.array([[1.0, 2.0]])
@@ -112,9 +75,6 @@ def test_profile_errors_name_the_problem(tmp_path) -> None:
     garbage = tmp_path / "garbage.npz"
     garbage.write_bytes(b"not a zip")
     with pytest.raises(ConfigError, match="cannot read NPZ"):
-        load_timing_model(str(garbage))
-
-
-def test_default_model_is_polynomial() -> None:
-    assert isinstance(load_timing_model(None), PolynomialTiming)
-    assert math.isclose(load_timing_model(None).prefill_ms(1), PolynomialTiming().prefill_ms(1))
+        _load(garbage)
+    with pytest.raises(ConfigError, match=r"\.npz, Dynamo's layout\) or a correction"):
+        _load(tmp_path / "profile.txt")
