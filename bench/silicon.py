@@ -18,13 +18,14 @@ in two worker processes (this machine's two cores): each is CPU-bound and single
 
 from __future__ import annotations
 
+import csv
 import sys
 import time
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from harness import emit, log
+from harness import ROOT, emit, log
 
 from mocker.calibration import Measurement, engine_config_for, error_summary, predict
 from mocker.calibration.measurements import silicon_rows
@@ -38,6 +39,8 @@ TARGETS = {"tpot_median_ape": 0.05, "ttft_median_ape": 0.10, "tpot_mean_ape": 0.
            "ttft_mean_ape": 0.25}  # fmt: skip
 MIN_SPEARMAN = 0.95
 WORKERS = 2
+# Every row's prediction, for a closer look (results/ is git-ignored).
+ROWS_CSV = ROOT / "results" / "silicon-rows.csv"
 # Qwen3-30B-A3B has no vLLM row: a closed loop of the same shape, to show it runs.
 EXTRA_MOE = Measurement("Qwen/Qwen3-30B-A3B", "h100_sxm", 1, 32, 1024, 1024, 1.0, 1.0)
 
@@ -130,6 +133,18 @@ def _met(report: dict[str, Any]) -> dict[str, bool]:
     return met
 
 
+def _write_rows(results: dict[str, list[dict[str, Any]]]) -> None:
+    ROWS_CSV.parent.mkdir(exist_ok=True)
+    fields = ["set", "label", "model", "gpu", "ttft_ms", "gpu_ttft_ms", "poly_ttft_ms", "tpot_ms",
+              "gpu_tpot_ms", "poly_tpot_ms", "preemptions", "wall_s", "error"]  # fmt: skip
+    with ROWS_CSV.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        for name, rows in results.items():
+            writer.writerows({"set": name, **r} for r in rows)
+    log(f"every row: {ROWS_CSV}")
+
+
 def main() -> int:
     started = time.perf_counter()
     rows = [m for m in silicon_rows() if _row_set(m) is not None]
@@ -147,6 +162,7 @@ def main() -> int:
                 log(f"[{done}/{len(rows)}] {time.perf_counter() - started:.0f} s")
         extra = pool.submit(_run, EXTRA_MOE).result()
     reports = {name: _report(name, results[name]) for name in ("targets", "held_out", "moe")}
+    _write_rows(results)
     extra_ok = "error" not in extra
     log(f"\n{EXTRA_MOE.label} (no measurement): "
         + (f"TTFT {extra['gpu_ttft_ms']:.0f} ms, TPOT {extra['gpu_tpot_ms']:.2f} ms"

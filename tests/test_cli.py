@@ -208,3 +208,16 @@ def test_gpu_and_model_lists(capsys: pytest.CaptureFixture[str]) -> None:
     assert "h100_sxm" in out and "b200_sxm" in out and "GiB" in out
     assert main(["replay", "--model", "list"]) == 0
     assert "openai/gpt-oss-120b" in capsys.readouterr().out
+
+
+def test_calibrate_checks_its_output_before_fitting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = tmp_path / "r.json"
+    result.write_text(json.dumps({"model_id": "meta-llama/Llama-3.1-8B-Instruct",
+                                  "completed": 2, "max_concurrency": 1, "total_input_tokens": 20,
+                                  "total_output_tokens": 8, "mean_ttft_ms": 10.0,
+                                  "mean_tpot_ms": 5.0}))  # fmt: skip
+    out = tmp_path / "none" / "c.json"
+    assert main(["calibrate", str(result), "--gpu", "h100_sxm", "--output", str(out)]) == 2
+    assert "invalid output=" in capsys.readouterr().err

@@ -4,6 +4,7 @@ before and after it."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -51,6 +52,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
     for path in args.measurements:
         if not Path(path).is_file():
             raise ConfigError(f"invalid measurements={path!r}: no such file")
+    folder = Path(args.output).resolve().parent
+    if not (folder.is_dir() and os.access(folder, os.W_OK)) or Path(args.output).is_dir():
+        raise ConfigError(f"invalid output={args.output!r}: not a file that can be written")
     rows = load_measurements(args.measurements, defaults)
     print(f"mocker: calibrating on {len(rows)} measurement(s)", file=sys.stderr)
     result = fit_correction(rows, progress=lambda line: print(f"mocker: {line}", file=sys.stderr))

@@ -79,26 +79,34 @@ def silicon_table() -> Path:
     return Path(str(resources.files("aiconfigurator_core") / "systems" / "silicon_sample.csv"))
 
 
-def _float(row: Mapping[str, str], key: str) -> float | None:
+# The columns a table must have (backend and mode default to vllm and agg).
+COLUMNS = ("model_path", "system", "tp_size", "isl", "osl", "batch_size", "silicon_ttft_ms",
+           "silicon_tpot_ms")  # fmt: skip
+
+
+def _number(row: Mapping[str, str | None], key: str, where: str, least: float) -> float:
     try:
         value = float(row.get(key) or "nan")
     except ValueError:
-        return None
-    return value if math.isfinite(value) else None
+        value = math.nan
+    if not (math.isfinite(value) and value >= least):
+        raise ConfigError(f"{where}: {key}={row.get(key)!r} must be a number >= {least:g}")
+    return value
 
 
-def _silicon_measurement(row: Mapping[str, str]) -> Measurement | None:
-    """A table row as a Measurement (None: not an aggregated vLLM run mocker can replay)."""
-    if row.get("backend") != "vllm" or row.get("mode") != "agg":
+def _silicon_measurement(row: Mapping[str, str | None], where: str) -> Measurement | None:
+    """A table row as a Measurement (None: not an aggregated vLLM run; a ConfigError naming
+    the row if a value cannot be one)."""
+    if (row.get("backend") or "vllm") != "vllm" or (row.get("mode") or "agg") != "agg":
         return None
-    tp, c = _float(row, "tp_size"), _float(row, "batch_size")
-    isl, osl = _float(row, "isl"), _float(row, "osl")
-    ttft, tpot = _float(row, "silicon_ttft_ms"), _float(row, "silicon_tpot_ms")
-    if None in (tp, c, isl, osl, ttft, tpot):
-        return None
-    assert tp is not None and c is not None and isl is not None and osl is not None
-    assert ttft is not None and tpot is not None
-    model = row["model_path"]
+    tp = _number(row, "tp_size", where, 1)
+    c = _number(row, "batch_size", where, 1)
+    isl, osl = _number(row, "isl", where, 1), _number(row, "osl", where, 2)
+    ttft = _number(row, "silicon_ttft_ms", where, 1e-9)
+    tpot = _number(row, "silicon_tpot_ms", where, 1e-9)
+    model, system = row.get("model_path") or "", row.get("system") or ""
+    if not model or not system:
+        raise ConfigError(f"{where}: model_path and system must be given")
     precision = (row.get("precision") or "").strip().lower()
     gemm = (row.get("gemm_quant_mode") or "").strip().lower()
     if "gpt-oss" in model:
@@ -111,11 +119,12 @@ def _silicon_measurement(row: Mapping[str, str]) -> Measurement | None:
         quant = None
     source = row.get("silicon_data_source") or ""
     inferencex = not source.startswith("source_file=/")
+    pp = _number(row, "pp_size", where, 1) if row.get("pp_size") else 1
     return Measurement(
         model=model,
-        gpu=row["system"],
+        gpu=system,
         tensor_parallel_size=int(tp),
-        pipeline_parallel_size=int(_float(row, "pp_size") or 1),
+        pipeline_parallel_size=int(pp),
         concurrency=int(c),
         isl=int(isl),
         osl=int(osl),
@@ -136,10 +145,18 @@ def silicon_rows(path: str | Path | None = None) -> list[Measurement]:
     path = silicon_table() if path is None else Path(path)
     try:
         with path.open(newline="") as f:
-            rows = list(csv.DictReader(f))
+            reader = csv.DictReader(f)
+            missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
+            if missing:
+                raise ConfigError(f"{path}: no column(s) {', '.join(missing)}")
+            rows = list(reader)
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise ConfigError(f"cannot read measurements {str(path)!r}: {exc}") from None
-    out = [m for m in map(_silicon_measurement, rows) if m is not None]
+    out = []
+    for line, row in enumerate(rows, start=2):  # (line 1 is the header)
+        m = _silicon_measurement(row, f"{path}:{line}")
+        if m is not None:
+            out.append(m)
     return out
 
 
@@ -148,35 +165,46 @@ def _bench_json(path: Path, raw: dict[str, Any], defaults: Mapping[str, Any]) ->
     request with --save-detailed), the deployment from its --metadata or the flags."""
     keys = ("gpu", "tensor_parallel_size", "quantization", "kv_cache_dtype")
     meta: dict[str, Any] = {**defaults, **{k: raw[k] for k in keys if k in raw}}
-    completed = int(raw.get("completed") or 0)
-    c = raw.get("max_concurrency")
     for key in ("mean_ttft_ms", "mean_tpot_ms"):
-        if not isinstance(raw.get(key), int | float):
+        if key not in raw:
             raise ConfigError(f"{path}: no {key} (not a vllm bench serve result?)")
-    if not completed or not isinstance(c, int) or c < 1:
+    # vLLM's --metadata values are strings: numbers are read from their text.
+    text = {k: str(v) for k, v in raw.items() if isinstance(v, str | int | float)}
+    if raw.get("max_concurrency") is None or not raw.get("completed"):
         raise ConfigError(f"{path}: needs completed requests and --max-concurrency (closed loop)")
+    completed = int(_number(text, "completed", str(path), 1))
+    c = int(_number(text, "max_concurrency", str(path), 1))
+    ttft = _number(text, "mean_ttft_ms", str(path), 1e-9)
+    tpot = _number(text, "mean_tpot_ms", str(path), 1e-9)  # (one output token has none)
     if meta.get("gpu") is None:
         raise ConfigError(f"{path}: which GPU? give --gpu, or --metadata gpu=... to vllm bench")
+    tp = int(_number({"tensor_parallel_size": str(meta.get("tensor_parallel_size") or 1)},
+                     "tensor_parallel_size", str(path), 1))  # fmt: skip
     ins, outs = raw.get("input_lens"), raw.get("output_lens")
     lengths: tuple[tuple[int, int], ...] = ()
     if isinstance(ins, list) and isinstance(outs, list) and len(ins) == len(outs):
-        lengths = tuple((int(i), max(1, int(o))) for i, o in zip(ins, outs, strict=True))
-    isl = max(1, round(int(raw.get("total_input_tokens") or 0) / completed))
-    osl = max(1, round(int(raw.get("total_output_tokens") or 0) / completed))
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in ins + outs):
+            raise ConfigError(f"{path}: input_lens and output_lens must be counts >= 1")
+        lengths = tuple(zip(ins, outs, strict=True))
+    isl = max(1, round(_number(text, "total_input_tokens", str(path), 0) / completed))
+    osl = max(2, round(_number(text, "total_output_tokens", str(path), 0) / completed))
+    quant, kv = meta.get("quantization"), meta.get("kv_cache_dtype") or "auto"
+    if not (quant is None or isinstance(quant, str)) or not isinstance(kv, str):
+        raise ConfigError(f"{path}: quantization and kv_cache_dtype must be names")
     return Measurement(
         model=str(meta.get("model") or raw.get("model_id")),
         gpu=str(meta["gpu"]),
-        tensor_parallel_size=int(meta.get("tensor_parallel_size") or 1),
+        tensor_parallel_size=tp,
         concurrency=c,
         isl=isl,
         osl=osl,
-        ttft_ms=float(raw["mean_ttft_ms"]),
-        tpot_ms=float(raw["mean_tpot_ms"]),
-        quantization=meta.get("quantization"),
-        kv_cache_dtype=str(meta.get("kv_cache_dtype") or "auto"),
+        ttft_ms=ttft,
+        tpot_ms=tpot,
+        quantization=quant,
+        kv_cache_dtype=kv,
         num_prompts=completed,
         lengths=lengths,
-        gpu_memory_utilization=meta.get("gpu_memory_utilization"),
+        gpu_memory_utilization=None,
         source=str(path),
     )
 

@@ -75,12 +75,32 @@ def activation_bytes(dep: Deployment, max_num_batched_tokens: int, max_num_seqs:
     return max_num_batched_tokens * per_token + sampled * arch.vocab_size * 8
 
 
+def stage_layers(dep: Deployment) -> int:
+    """The layers of the largest pipeline stage (vLLM sizes every rank's blocks as the
+    fullest rank's, the fewest blocks of them all)."""
+    return -(-dep.model.num_layers // dep.pipeline_parallel_size)
+
+
+def stage_weight_bytes(dep: Deployment) -> int:
+    """The weights of the heaviest pipeline stage (all of them without PP): its share of the
+    layers, and the embeddings (first stage) or the LM head (last) in 16 bits."""
+    total = weight_bytes(dep)
+    if dep.pipeline_parallel_size == 1:
+        return total
+    arch = dep.model
+    embed = arch.embedding_params() * 2
+    per_layer = (total - embed) / arch.num_layers
+    head = embed // (1 if arch.tie_word_embeddings else 2)
+    return int(per_layer * stage_layers(dep) + head)
+
+
 def block_share(dep: Deployment) -> float:
     """A rank's share of a block's bytes: its KV heads (at least one: heads are replicated
-    when TP exceeds them; an MLA latent is whole on every rank) of its pipeline stage."""
+    when TP exceeds them; an MLA latent is whole on every rank) of its pipeline stage's
+    layers."""
     arch, tp = dep.model, dep.tensor_parallel_size
     heads = 1.0 if arch.is_mla else max(1, arch.num_kv_heads // tp) / arch.num_kv_heads
-    return heads / dep.pipeline_parallel_size
+    return heads * stage_layers(dep) / arch.num_layers
 
 
 def kv_capacity(
@@ -97,10 +117,10 @@ def kv_capacity(
     but a safety margin) less weights, non-torch memory, CUDA graphs and the activation
     peak; divided by a block's bytes on that rank. Refuses as vLLM does when nothing is
     left, or when one request of max_model_len tokens would not fit."""
-    ranks = dep.num_gpus
-    weights = weight_bytes(dep) // ranks
+    weights = stage_weight_bytes(dep) // dep.tensor_parallel_size
     act = activation_bytes(dep, max_num_batched_tokens, max_num_seqs)
-    other = (DISTRIBUTED_NON_TORCH_BYTES if ranks > 1 else NON_TORCH_BYTES) + CUDA_GRAPH_BYTES
+    distributed = dep.num_gpus > 1
+    other = (DISTRIBUTED_NON_TORCH_BYTES if distributed else NON_TORCH_BYTES) + CUDA_GRAPH_BYTES
     total = dep.gpu.memory_bytes
     util = dep.gpu_memory_utilization
     if util is None:

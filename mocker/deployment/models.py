@@ -131,11 +131,17 @@ def _choices() -> str:
 
 
 def _local_config(text: str) -> Path | None:
+    """A folder's config.json (or the file itself): what vLLM and aiconfigurator read."""
     path = Path(text).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         return path / "config.json"
-    if path.is_file() and path.suffix == ".json":
+    if path.is_file() and path.name == "config.json":
         return path
+    if path.is_file() or path.is_dir():
+        raise ConfigError(
+            f"invalid model={text!r}: give a folder holding a config.json (as vLLM reads a "
+            "model), or a bundled model's id"
+        )
     return None
 
 
@@ -195,13 +201,20 @@ def _checkpoint_quant(raw: dict[str, Any]) -> str | None:
     return _QUANT_METHODS.get(method)
 
 
-def _int(raw: dict[str, Any], *keys: str, default: int | None = None) -> int:
+def _int(raw: dict[str, Any], *keys: str, default: int | None = None, least: int = 0) -> int:
+    """The first of `keys` the config gives (an integer of at least `least`, else an error)."""
     for key in keys:
         value = raw.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        if value is None:
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and value >= least:
             return value
+        raise ConfigError(f"its config.json has {key}={value!r}: must be an integer >= {least}")
     if default is None:
-        raise ConfigError(f"its config.json has no {keys[0]}: mocker cannot size the model")
+        raise ConfigError(
+            f"its config.json has no {keys[0]} (an integer >= {least}): mocker cannot size the "
+            "model"
+        )
     return default
 
 
@@ -211,9 +224,9 @@ def _arch(
     text = raw.get("text_config")
     cfg = {**raw, **text} if isinstance(text, dict) else raw
     archs = raw.get("architectures") or ["unknown"]
-    heads = _int(cfg, "num_attention_heads")
-    hidden = _int(cfg, "hidden_size")
-    layers = _int(cfg, "num_hidden_layers", "num_layers")
+    heads = _int(cfg, "num_attention_heads", least=1)
+    hidden = _int(cfg, "hidden_size", least=1)
+    layers = _int(cfg, "num_hidden_layers", "num_layers", least=1)
     layer_types = cfg.get("layer_types") or ()
     if not (isinstance(layer_types, list) and all(isinstance(t, str) for t in layer_types)):
         layer_types = ()
@@ -235,10 +248,10 @@ def _arch(
         num_layers=layers,
         hidden_size=hidden,
         num_heads=heads,
-        num_kv_heads=_int(cfg, "num_key_value_heads", default=heads),
-        head_dim=_int(cfg, "head_dim", default=hidden // max(heads, 1)),
+        num_kv_heads=_int(cfg, "num_key_value_heads", default=heads, least=1),
+        head_dim=_int(cfg, "head_dim", default=max(1, hidden // heads), least=1),
         intermediate_size=_int(cfg, "intermediate_size", default=4 * hidden),
-        vocab_size=_int(cfg, "vocab_size"),
+        vocab_size=_int(cfg, "vocab_size", least=1),
         max_position_embeddings=_int(cfg, "max_position_embeddings", default=131072),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         num_experts=_int(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0),

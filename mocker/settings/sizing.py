@@ -24,9 +24,14 @@ def num_gpu_blocks(values: Mapping[str, Any], dep: Deployment | None) -> int:
     each GPU, as vLLM's), else what the deployment leaves for the KV cache (as vLLM
     computes it), else the polynomial's fixed default."""
     blocks, nbytes = values["num_gpu_blocks_override"], values["kv_cache_memory_bytes"]
-    if blocks is not None:
-        return int(blocks)
     layout = kv_layout(values["_shape"], values["block_size"])
+    if blocks is not None:
+        if dep is not None:
+            # As vLLM, a deployment that leaves no memory for a KV cache is refused anyway.
+            kv_capacity(dep, block_size=layout.block_size, block_bytes=layout.block_bytes,
+                        max_num_batched_tokens=values["max_num_batched_tokens"],
+                        max_num_seqs=values["max_num_seqs"], max_model_len=1)  # fmt: skip
+        return int(blocks)
     if nbytes is not None:
         block_bytes = layout.block_bytes
         if dep is not None:
@@ -53,6 +58,9 @@ def derived_values(values: Mapping[str, Any], dep: Deployment | None) -> dict[st
     """The option values with what the deployment decides filled in (as vLLM fills them):
     the KV layout, the context length and the scheduler's limits."""
     out = dict(values)
+    bs = values["block_size"]
+    if isinstance(bs, bool) or not isinstance(bs, int) or not 1 <= bs <= 1 << 16:
+        raise ConfigError(f"invalid block_size={bs!r}: must be a power of two in [1, 1024]")
     if values["model_shape"] is not None:
         out["_shape"] = model_shape_from(values["model_shape"])
     elif dep is not None:

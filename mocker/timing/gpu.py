@@ -98,7 +98,9 @@ class GpuTiming:
     def pass_ms(self, shape: PassShape) -> float:
         p, n = shape.prefill_tokens, shape.num_decodes
         if p:
-            r = shape.prefill_requests or 1
+            r = shape.prefill_requests
+            if r < 1:
+                raise ValueError(f"a pass computing {p} prompt tokens names no prefill request")
             ctx = shape.decode_context // n if n else 0
             key: tuple[int, ...] = (*_step(p, TOKEN_BITS), r,
                                     *_step(shape.prefill_context // r, CONTEXT_BITS), n,
@@ -109,7 +111,9 @@ class GpuTiming:
             return 0.0
         ms = self._memo.get(key)
         if ms is None:
-            ms = self._memo[key] = self._estimate_or_roofline(key, shape)
+            ms = self._memo[key] = self._estimate_or_roofline(key)
+        if ms < 0.0:  # (the data has no answer for this key: the roofline's for this shape)
+            return self._roofline().pass_ms(shape)
         return ms
 
     def decode_span(self, n: int, context: int) -> tuple[float, int]:
@@ -121,9 +125,9 @@ class GpuTiming:
         key = (n, bucket, shift)
         ms = self._memo.get(key)
         if ms is None:
-            ms = self._memo[key] = self._estimate_or_roofline(
-                key, PassShape(0, 0, 0, n, context, 0, 0)
-            )
+            ms = self._memo[key] = self._estimate_or_roofline(key)
+        if ms < 0.0:
+            return self._roofline().pass_ms(PassShape(0, 0, 0, n, context, 0, 0)), 1
         return ms, ((bucket + 1) << shift) - mean
 
     def prefill_ms(self, new_tokens: int) -> float:
@@ -131,7 +135,9 @@ class GpuTiming:
             return 0.0
         return self.pass_ms(PassShape(new_tokens, 1, 0, 0, 0, 0, 0))
 
-    def _estimate_or_roofline(self, key: tuple[int, ...], shape: PassShape) -> float:
+    def _estimate_or_roofline(self, key: tuple[int, ...]) -> float:
+        """The data's answer for a memo key; -1 where it has none (each such pass is then the
+        roofline's, for its own shape: one warning the first time)."""
         try:
             return self._estimate(key)
         except Exception as exc:  # (not while starting: then the deployment is refused)
@@ -140,8 +146,13 @@ class GpuTiming:
                     "aiconfigurator-core cannot time some passes (%s): a roofline times those",
                     str(exc).splitlines()[0][:200],
                 )
-                self._fallback = RooflineTiming(self._dep)
-            return self._fallback.pass_ms(shape)
+                self._roofline()
+            return -1.0
+
+    def _roofline(self) -> RooflineTiming:
+        if self._fallback is None:
+            self._fallback = RooflineTiming(self._dep)
+        return self._fallback
 
     def _estimate(self, key: tuple[int, ...]) -> float:
         scheduled: dict[str, int] = {}

@@ -77,7 +77,7 @@ def test_a_vllm_bench_result(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("changes", "defaults", "message"),
     [
-        ({"mean_ttft_ms": None}, {"gpu": "h100_sxm"}, "no mean_ttft_ms"),
+        ({"mean_ttft_ms": None}, {"gpu": "h100_sxm"}, "mean_ttft_ms=None must be a number"),
         ({"max_concurrency": None}, {"gpu": "h100_sxm"}, "needs completed requests and"),
         ({}, {}, "which GPU"),
     ],
@@ -89,3 +89,38 @@ def test_a_bench_result_that_cannot_be_replayed_says_why(
     path.write_text(json.dumps(_bench(**changes)))
     with pytest.raises(ConfigError, match=message):
         load_measurements([path], defaults)
+
+
+def test_a_table_must_have_the_columns_and_sane_values(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("model_path,system,isl\nm,h100_sxm,10\n")
+    with pytest.raises(ConfigError, match=r"no column.*tp_size.*batch_size"):
+        load_measurements([path], {})
+    header = "model_path,system,tp_size,isl,osl,batch_size,silicon_ttft_ms,silicon_tpot_ms\n"
+    for row, message in (("m,h100_sxm,1,1000,100,0,50,8", r"t.csv:2: batch_size='0'"),
+                         ("m,h100_sxm,1,1000,-5,4,50,8", "osl='-5'"),
+                         ("m,h100_sxm,1,1000,100,4,50,0", "silicon_tpot_ms='0'"),
+                         ("m,h100_sxm,1,1000,100", "batch_size=None")):  # fmt: skip
+        path.write_text(header + row + "\n")
+        with pytest.raises(ConfigError, match=message):
+            load_measurements([path], {})
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"completed": "abc"}, "completed='abc'"),
+        ({"mean_tpot_ms": 0}, "mean_tpot_ms='0'"),
+        ({"mean_ttft_ms": -5}, "mean_ttft_ms='-5'"),
+        ({"tensor_parallel_size": "two"}, "tensor_parallel_size='two'"),
+        ({"input_lens": [1, "x", 3], "output_lens": [2, 2, 2]}, "counts >= 1"),
+        ({"quantization": 5}, "must be names"),
+    ],
+)
+def test_a_bench_result_with_bad_values_is_refused(
+    tmp_path: Path, changes: dict[str, object], message: str
+) -> None:
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(_bench(**changes)))
+    with pytest.raises(ConfigError, match=message):
+        load_measurements([path], {"gpu": "h100_sxm"})

@@ -88,3 +88,15 @@ def test_a_model_that_does_not_fit_is_vllms_start_up_error() -> None:
     with pytest.raises(ConfigError, match=r"To serve at least one request with the model's max "
                        r"seq len \(10000000\).*estimated maximum model length is \d+"):  # fmt: skip
         _kv70(dep, 10_000_000)
+
+
+def test_pipeline_stages_are_sized_by_the_fullest() -> None:
+    # 80 layers over 3 stages: 27, 27, 26; every rank holds as many blocks as the fullest.
+    dep = deployment_from("meta-llama/Llama-3.1-70B", "h100_sxm", pipeline_parallel_size=3,
+                          tensor_parallel_size=2, quantization="fp8")  # fmt: skip
+    cap = _kv70(dep, 4096)
+    assert cap.block_bytes == int(BLOCK_BYTES_70B * (4 / 8) * 27 / 80)
+    # Its weights: 27 layers' share and one of the embeddings and LM head, split over TP 2.
+    embed = 2 * 128256 * 8192 * 2
+    layers = (weight_bytes(dep) - embed) / 80
+    assert cap.weights_bytes == int(layers * 27 + embed // 2) // 2

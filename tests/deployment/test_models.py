@@ -83,3 +83,17 @@ def test_a_broken_local_config_names_the_file(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("[1, 2]")
     with pytest.raises(ConfigError, match="must hold a JSON object"):
         resolve_model(str(tmp_path))
+
+
+def test_only_a_config_json_is_read_and_its_dimensions_checked(tmp_path: Path) -> None:
+    other = tmp_path / "llama.json"
+    other.write_text("{}")
+    with pytest.raises(ConfigError, match=r"give a folder holding a config\.json"):
+        resolve_model(str(other))
+    base = {"architectures": ["X"], "hidden_size": 64, "num_attention_heads": 4,
+            "num_hidden_layers": 2, "vocab_size": 100}  # fmt: skip
+    for key, value in (("num_attention_heads", 0), ("num_key_value_heads", 0),
+                       ("hidden_size", "64"), ("vocab_size", -1)):  # fmt: skip
+        (tmp_path / "config.json").write_text(json.dumps({**base, key: value}))
+        with pytest.raises(ConfigError, match=f"has {key}=.*must be an integer >= 1"):
+            resolve_model(str(tmp_path))

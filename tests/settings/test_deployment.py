@@ -124,3 +124,11 @@ def test_list_tables() -> None:
 def test_deployment_mistakes_name_the_flag(argv: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         _config(*argv)
+
+
+def test_an_override_does_not_rescue_a_deployment_with_no_memory() -> None:
+    with pytest.raises(ConfigError, match="No available memory for the cache blocks"):
+        _config("--num-gpu-blocks-override", "1000", "--max-model-len", "4096",
+                "--gpu-memory-utilization", "0.1")  # fmt: skip
+    with pytest.raises(ConfigError, match="invalid block_size=0"):
+        _config("--block-size", "0")

@@ -103,7 +103,12 @@ def test_a_pass_the_data_cannot_answer_falls_back_with_one_warning(
     with caplog.at_level(logging.WARNING, logger="mocker"):
         first = model.pass_ms(_decode(4, 100))
         model.pass_ms(_decode(5, 100))
-    assert first == RooflineTiming(model._dep).pass_ms(_decode(4, 100))
+        # One memo step (mean context 96-103), two shapes: each the roofline's own time.
+        near = model.pass_ms(_decode(4, 103))
+    roofline = RooflineTiming(model._dep)
+    assert first == roofline.pass_ms(_decode(4, 100))
+    assert near == roofline.pass_ms(_decode(4, 103)) != first
+    assert model.decode_span(4, 400) == (first, 1)
     assert caplog.text.count("cannot time some passes (perf database error") == 1
 
 
@@ -124,3 +129,8 @@ def test_a_decode_span_is_the_passes_that_share_its_answer() -> None:
     assert all(model.pass_ms(_decode(n, 1990 + k)) == ms for k in range(span))
     assert model.pass_ms(_decode(n, 1990 + span)) != ms
     assert model.decode_span(n, context + n * span)[1] == 32  # the next step, whole
+
+
+def test_a_prefill_without_requests_is_a_callers_bug() -> None:
+    with pytest.raises(ValueError, match="names no prefill request"):
+        _gpu("meta-llama/Llama-3.1-8B-Instruct").pass_ms(PassShape(100, 0, 0, 0, 0, 0, 0))
