@@ -12,7 +12,7 @@ from mocker.errors import ConfigError
 from mocker.replay.runner import replay
 from mocker.replay.trace import TraceRequest
 from mocker.settings import ENGINE_OPTIONS, engine_config_from
-from mocker.settings.deployment import DEPLOYMENT_OPTIONS
+from mocker.settings.deployment import HARDWARE_OPTIONS
 from mocker.timing import TimingModel
 
 __all__ = ["Prediction", "engine_config_for", "predict"]
@@ -51,7 +51,7 @@ def engine_config_for(m: Measurement, **changes: Any) -> EngineConfig:
     values.update(changes)
     if values["timing_model"] == "polynomial":
         # Dynamo's model knows no deployment: the measurement's stays out (unwarned).
-        values.update({o.dest: o.default for o in DEPLOYMENT_OPTIONS[1:-1]})
+        values.update({o.dest: o.default for o in HARDWARE_OPTIONS})
     return engine_config_from(values)
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "DEFAULT_GPU",
     "DEFAULT_MODEL",
     "DEPLOYMENT_OPTIONS",
+    "HARDWARE_OPTIONS",
     "arch_shape",
     "deployment_of",
     "gpu_table",
@@ -101,11 +102,16 @@ DEPLOYMENT_OPTIONS: tuple[Option, ...] = (
 )
 
 
+# The options that describe the hardware and precision (not the model's name, not the
+# timing model): what the polynomial ignores.
+HARDWARE_OPTIONS = tuple(o for o in DEPLOYMENT_OPTIONS if o.dest not in ("model", "timing_model"))
+
+
 def deployment_of(values: Mapping[str, Any]) -> Deployment | None:
     """The deployment the options describe; None under the polynomial (which knows none: a
     deployment flag given then is named in a warning)."""
     if values["timing_model"] != TimingKind.GPU.value:
-        unused = [o.flag for o in DEPLOYMENT_OPTIONS[1:-1] if values[o.dest] != o.default]
+        unused = [o.flag for o in HARDWARE_OPTIONS if values[o.dest] != o.default]
         if unused:
             logger.warning(
                 "ignoring %s: --timing-model polynomial times every model and GPU alike",
