@@ -4,7 +4,6 @@ any CSV) and `vllm bench serve --save-result` JSON files."""
 from __future__ import annotations
 
 import csv
-import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mocker.errors import ConfigError
+from mocker.jsonfile import read_json_object
 
 __all__ = [
     "Measurement",
@@ -221,12 +221,7 @@ def load_measurements(
             rows = silicon_rows(path)
             out += [r for r in rows if _matches(r, defaults)]
             continue
-        try:
-            raw = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"cannot read measurements {str(path)!r}: {exc}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: a vllm bench serve result is a JSON object")
+        raw = read_json_object(path, f"measurements {str(path)!r}")
         out.append(_bench_json(path, raw, defaults))
     if not out:
         raise ConfigError("no measurement to calibrate against (a CSV's rows must match --model "

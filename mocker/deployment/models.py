@@ -11,6 +11,7 @@ from types import MappingProxyType
 from typing import Any
 
 from mocker.errors import ConfigError
+from mocker.jsonfile import read_json_object
 
 __all__ = ["MODEL_ALIASES", "ModelArch", "bundled_models", "resolve_model"]
 
@@ -167,19 +168,9 @@ def resolve_model(name: str) -> ModelArch:
 
 def _checked(name: str, path: Path, aic_name: str, quant: str | None) -> ModelArch:
     try:
-        return _arch(name, path, aic_name, _read(path), quant)
+        return _arch(name, path, aic_name, read_json_object(path, str(path)), quant)
     except ConfigError as exc:
         raise ConfigError(f"invalid model={name!r}: {exc}") from None
-
-
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path} must hold a JSON object")
-    return raw
 
 
 def _bundled_quant(config_path: Path) -> str | None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from mocker.errors import ConfigError
+from mocker.jsonfile import read_json_object
 from mocker.timing.shape import PassShape, TimingModel
 
 __all__ = ["FORMAT", "CorrectedTiming", "Correction", "load_correction"]
@@ -46,11 +47,8 @@ class Correction:
 
 def load_correction(path: str | Path) -> Correction:
     """A correction profile from its JSON file (a ConfigError naming the file otherwise)."""
-    try:
-        raw = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"invalid timing_profile={str(path)!r}: cannot read it: {exc}") from None
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+    raw = read_json_object(path, f"invalid timing_profile={str(path)!r}")
+    if raw.get("format") != FORMAT:
         raise ConfigError(
             f"invalid timing_profile={str(path)!r}: not a correction profile (format "
             f"{FORMAT!r}, as `mocker calibrate` writes)"
