@@ -21,9 +21,9 @@ def add_calibrate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
         help="fit a timing correction to your own measurements (vllm bench serve results, or "
         "rows in aiconfigurator's silicon table columns)",
         description="Replay each measured closed loop through the engine, fit the decode and "
-        "prefill scales and a fixed cost per pass that bring its mean TTFT and TPOT closest to "
-        "the measured ones, write them as a correction profile (load it with "
-        "--timing-profile FILE) and print the error before and after.",
+        "prefill scales, a fixed cost per pass and a cost per request in a pass that bring its "
+        "mean TTFT and TPOT closest to the measured ones, write them as a correction profile "
+        "(load it with --timing-profile FILE) and print the error before and after.",
     )
     p.add_argument(
         "measurements",
@@ -42,6 +42,10 @@ def add_calibrate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
     p.add_argument("--tensor-parallel-size", type=int, default=None, metavar="N")
     p.add_argument("--quantization", default=None, metavar="METHOD")
     p.add_argument("--kv-cache-dtype", default=None, metavar="DTYPE")
+    p.add_argument(
+        "--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
+        help="replay the measurements in N processes (this machine's cores)",
+    )  # fmt: skip
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
@@ -55,9 +59,12 @@ def run_calibrate(args: argparse.Namespace) -> int:
     folder = Path(args.output).resolve().parent
     if not (folder.is_dir() and os.access(folder, os.W_OK)) or Path(args.output).is_dir():
         raise ConfigError(f"invalid output={args.output!r}: not a file that can be written")
+    if args.jobs < 1:
+        raise ConfigError(f"invalid jobs={args.jobs!r}: must be >= 1")
     rows = load_measurements(args.measurements, defaults)
     print(f"mocker: calibrating on {len(rows)} measurement(s)", file=sys.stderr)
-    result = fit_correction(rows, progress=lambda line: print(f"mocker: {line}", file=sys.stderr))
+    result = fit_correction(rows, progress=lambda line: print(f"mocker: {line}", file=sys.stderr),
+                            jobs=args.jobs)  # fmt: skip
     c = result.correction
     Path(args.output).write_text(c.to_json())
     print(f"{'':<10}{'TTFT median':>12}{'mean':>8}{'TPOT median':>13}{'mean':>8}")
@@ -65,6 +72,6 @@ def run_calibrate(args: argparse.Namespace) -> int:
         print(f"{name:<10}{s['ttft_median_ape']:>12.1%}{s['ttft_mean_ape']:>8.1%}"
               f"{s['tpot_median_ape']:>13.1%}{s['tpot_mean_ape']:>8.1%}")  # fmt: skip
     print(f"decode x{c.decode_scale:.3f}, prefill x{c.prefill_scale:.3f}, "
-          f"+{c.overhead_ms:.2f} ms a pass: wrote {args.output} (use --timing-profile "
-          f"{args.output})")  # fmt: skip
+          f"+{c.overhead_ms:.2f} ms a pass, +{c.request_ms:.3f} ms a request: wrote "
+          f"{args.output} (use --timing-profile {args.output})")  # fmt: skip
     return 0

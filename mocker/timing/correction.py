@@ -1,5 +1,5 @@
 """A correction profile (`mocker calibrate` writes it, `--timing-profile FILE.json` loads it):
-scales and a fixed cost per pass on top of any timing model."""
+scales, a fixed cost per pass and a cost per request in it, on top of any timing model."""
 
 from __future__ import annotations
 
@@ -19,22 +19,27 @@ FORMAT = "mocker-timing-correction/1"
 # The ranges a fit may choose from (a wider one means the base model is not this GPU's).
 SCALE_RANGE = (0.2, 5.0)
 OVERHEAD_RANGE_MS = (0.0, 100.0)
+REQUEST_RANGE_MS = (0.0, 5.0)
 
 
 @dataclass(frozen=True, slots=True)
 class Correction:
-    """t' = decode_scale × (the pass's decode part) + prefill_scale × (the rest) + overhead:
-    the decode part is the pass's time with its prefill chunks left out."""
+    """t' = decode_scale × (the pass's decode part) + prefill_scale × (the rest) + overhead
+    + request_ms × (requests in the pass): the decode part is the pass's time with its prefill
+    chunks left out; the per-request cost is the host's work for each (inputs, sampling,
+    outputs), which kernel timings leave out."""
 
     decode_scale: float = 1.0
     prefill_scale: float = 1.0
     overhead_ms: float = 0.0
+    request_ms: float = 0.0
     deployment: str = ""  # what it was fitted for (informational)
     fit: dict[str, Any] = field(default_factory=dict)  # the fit's report
 
     def __post_init__(self) -> None:
         for name, (lo, hi) in (("decode_scale", SCALE_RANGE), ("prefill_scale", SCALE_RANGE),
-                               ("overhead_ms", OVERHEAD_RANGE_MS)):  # fmt: skip
+                               ("overhead_ms", OVERHEAD_RANGE_MS),
+                               ("request_ms", REQUEST_RANGE_MS)):  # fmt: skip
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ConfigError(f"timing correction: {name} must be a number, got {value!r}")
@@ -53,7 +58,7 @@ def load_correction(path: str | Path) -> Correction:
             f"invalid timing_profile={str(path)!r}: not a correction profile (format "
             f"{FORMAT!r}, as `mocker calibrate` writes)"
         )
-    known = {"decode_scale", "prefill_scale", "overhead_ms", "deployment", "fit"}
+    known = {"decode_scale", "prefill_scale", "overhead_ms", "request_ms", "deployment", "fit"}
     unknown = sorted(set(raw) - known - {"format"})
     if unknown:
         raise ConfigError(f"invalid timing_profile={str(path)!r}: unknown key(s) {unknown}")
@@ -73,19 +78,21 @@ class CorrectedTiming:
         self._decode = correction.decode_scale
         self._prefill = correction.prefill_scale
         self._overhead = correction.overhead_ms
+        self._request = correction.request_ms
 
     def pass_ms(self, shape: PassShape) -> float:
         base = self.base.pass_ms(shape)
         if base <= 0.0:
             return 0.0
+        fixed = self._overhead + self._request * (shape.num_decodes + shape.prefill_requests)
         if not shape.prefill_tokens:
-            return self._decode * base + self._overhead
+            return self._decode * base + fixed
         if not shape.num_decodes:
-            return self._prefill * base + self._overhead
+            return self._prefill * base + fixed
         decode = self.base.pass_ms(shape._replace(prefill_tokens=0, prefill_requests=0,
                                                   prefill_context=0))  # fmt: skip
         prefill = max(0.0, base - decode)
-        return self._decode * decode + self._prefill * prefill + self._overhead
+        return self._decode * decode + self._prefill * prefill + fixed
 
     def decode_span(self, n: int, context: int) -> tuple[float, int]:
         """`pass_ms` of decodes only, and how long the base model keeps it (its own
@@ -94,11 +101,13 @@ class CorrectedTiming:
         if span_of is None:
             return self.pass_ms(PassShape(0, 0, 0, n, context, 0, 0)), 1
         base, span = span_of(n, context)
-        return (self._decode * base + self._overhead if base > 0.0 else 0.0), span
+        if base <= 0.0:
+            return 0.0, span
+        return self._decode * base + self._overhead + self._request * n, span
 
     def prefill_ms(self, new_tokens: int) -> float:
         base = self.base.prefill_ms(new_tokens)
-        return self._prefill * base + self._overhead if base > 0.0 else 0.0
+        return self._prefill * base + self._overhead + self._request if base > 0.0 else 0.0
 
 
 def _finite(value: Any) -> Any:

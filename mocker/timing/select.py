@@ -9,6 +9,7 @@ from mocker.timing.gpu import GpuDataUnavailable, GpuTiming
 from mocker.timing.polynomial import PolynomialTiming
 from mocker.timing.profile import ProfileTiming
 from mocker.timing.roofline import RooflineTiming
+from mocker.timing.serving import SERVING
 from mocker.timing.shape import TimingModel
 from mocker.timing.spec import TimingKind, TimingSpec
 
@@ -20,7 +21,8 @@ _BUILT: dict[TimingSpec, TimingModel] = {}
 
 
 def load_timing_model(spec: TimingSpec) -> TimingModel:
-    """The model for `spec` (the same object for equal specs). The GPU model falls back to a
+    """The model for `spec` (the same object for equal specs). The GPU model is corrected for
+    serving (`SERVING`) unless a correction profile replaces that; it falls back to a
     roofline, with a warning naming why, where aiconfigurator-core has no data."""
     model = _BUILT.get(spec)
     if model is None:
@@ -50,6 +52,8 @@ def _build(spec: TimingSpec) -> TimingModel:
             base = RooflineTiming(spec.deployment)
     if spec.correction is not None:
         return CorrectedTiming(base, load_correction(spec.correction))
+    if isinstance(base, GpuTiming):
+        return CorrectedTiming(base, SERVING)
     return base
 
 
@@ -57,8 +61,10 @@ def describe_timing(model: TimingModel) -> str:
     """One line: where the model's pass times come from."""
     if isinstance(model, CorrectedTiming):
         c = model.correction
-        return (f"{describe_timing(model.base)}, corrected (decode x{c.decode_scale:.3f}, "
-                f"prefill x{c.prefill_scale:.3f}, +{c.overhead_ms:.2f} ms a pass)")  # fmt: skip
+        what = "for serving" if c is SERVING else "by a profile"
+        return (f"{describe_timing(model.base)}, corrected {what} (decode x{c.decode_scale:.3f}, "
+                f"prefill x{c.prefill_scale:.3f}, +{c.overhead_ms:.2f} ms a pass, "
+                f"+{c.request_ms:.3f} ms a request)")  # fmt: skip
     if isinstance(model, GpuTiming | RooflineTiming):
         return model.source
     if isinstance(model, ProfileTiming):

@@ -92,7 +92,10 @@ def test_start_up_says_what_vllm_logs() -> None:
     lines = startup_lines(config)
     assert lines[0] == ("deployment: meta-llama/Llama-3.1-70B, on 4x h100_sxm, TP 4, "
                         "weights fp8, KV auto")  # fmt: skip
-    assert lines[1] == "timing: aiconfigurator-core's vLLM 0.24.0 data for h100_sxm"
+    assert lines[1] == (
+        "timing: aiconfigurator-core's vLLM 0.24.0 data for h100_sxm, corrected for serving "
+        "(decode x0.977, prefill x1.228, +0.38 ms a pass, +0.034 ms a request)"
+    )
     assert lines[2].startswith("Model loading took 16.9") and "GiB memory" in lines[2]
     tokens = config.num_gpu_blocks * 16
     assert lines[-1] == (f"GPU KV cache size: {tokens:,} tokens, Maximum concurrency for "

@@ -4,19 +4,53 @@ the GPU and the parallelism, and the pass's composition."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 from aiconfigurator_core.sdk.rust_engine_step import RustForwardPassPerfModel
 
 from mocker.deployment import Deployment, deployment_from
-from mocker.timing import GpuTiming, PassShape, RooflineTiming, TimingSpec, load_timing_model
+from mocker.timing import (
+    CorrectedTiming,
+    Correction,
+    GpuTiming,
+    PassShape,
+    RooflineTiming,
+    TimingSpec,
+    load_timing_model,
+)
 from mocker.timing.gpu import aic_config
+from mocker.timing.serving import SERVING
 
 
 def _gpu(model: str, gpu: str = "h100_sxm", **kw: object) -> GpuTiming:
+    """The kernel data's model (without the serving correction the engine applies)."""
     model_ = load_timing_model(TimingSpec("gpu", deployment_from(model, gpu, **kw)))  # type: ignore[arg-type]
-    assert isinstance(model_, GpuTiming)
-    return model_
+    assert isinstance(model_, CorrectedTiming) and model_.correction is SERVING
+    assert isinstance(model_.base, GpuTiming)
+    return model_.base
+
+
+def test_the_engine_adds_servings_costs_to_the_kernels(tmp_path: Path) -> None:
+    dep = deployment_from("meta-llama/Llama-3.1-8B-Instruct", "h100_sxm")
+    served = load_timing_model(TimingSpec("gpu", dep))
+    kernels = _gpu("meta-llama/Llama-3.1-8B-Instruct")
+    decode, prefill = _decode(32, 1000), _prefill(2048)
+    assert served.pass_ms(decode) == pytest.approx(
+        SERVING.decode_scale * kernels.pass_ms(decode)
+        + SERVING.overhead_ms
+        + 32 * SERVING.request_ms
+    )
+    assert served.pass_ms(prefill) == pytest.approx(
+        SERVING.prefill_scale * kernels.pass_ms(prefill) + SERVING.overhead_ms + SERVING.request_ms
+    )
+    assert served.pass_ms(prefill) > kernels.pass_ms(prefill)
+    # A user's correction profile replaces it (fitted from the kernels, as calibrate does).
+    own = tmp_path / "own.json"
+    own.write_text(Correction(decode_scale=1.1).to_json())
+    mine = load_timing_model(TimingSpec.with_profile("gpu", dep, str(own)))
+    assert isinstance(mine, CorrectedTiming) and isinstance(mine.base, GpuTiming)
+    assert mine.pass_ms(decode) == pytest.approx(1.1 * kernels.pass_ms(decode))
 
 
 def _decode(n: int, ctx: int) -> PassShape:
