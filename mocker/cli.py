@@ -243,6 +243,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "tokenizer":
             print(export_tokenizer(args.dir, args.tokenizer, args.chat_template))
             return 0
+        for name in ("num_requests", "concurrency"):
+            if getattr(args, name) < 1:
+                raise ConfigError(f"invalid {name}={getattr(args, name)!r}: must be >= 1")
         core = EngineCore(
             EngineConfig(
                 speedup_ratio=args.speedup_ratio,

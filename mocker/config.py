@@ -84,6 +84,9 @@ def _finite(name: str, value: Any, minimum: float | None = None) -> None:
 
 _HASH_ALGOS = tuple(a.value for a in HashAlgo)
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's --max-lora-rank choices
+# Below a thousandth of real speed a pass would hold its requests for hours (a tiny ratio
+# wedges a server); above 10^12 every pass takes no time at all.
+SPEEDUP_RANGE = (1e-3, 1e12)
 
 
 @dataclass(frozen=True, slots=True)
@@ -454,8 +457,9 @@ class EngineConfig:
             if getattr(self, name) <= 0:
                 _fail(name, getattr(self, name), "must be > 0")
         sr = self.speedup_ratio
-        if isinstance(sr, bool) or not isinstance(sr, int | float) or not (0 < sr < math.inf):
-            _fail("speedup_ratio", sr, "must be a finite number > 0")
+        lo, hi = SPEEDUP_RANGE
+        if isinstance(sr, bool) or not isinstance(sr, int | float) or not (lo <= sr <= hi):
+            _fail("speedup_ratio", sr, f"must be in [{lo:g}, {hi:g}]")
         ep = self.eos_probability
         if isinstance(ep, bool) or not isinstance(ep, int | float) or not (0.0 <= ep <= 1.0):
             _fail("eos_probability", ep, "must be in [0, 1]")

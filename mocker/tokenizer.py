@@ -19,6 +19,7 @@ from tokenizers import Tokenizer
 
 __all__ = [
     "PLAIN_CHAT_TEMPLATE",
+    "UNLOCKED_CHARS",
     "ChatTemplateError",
     "TextTokenizer",
     "TokenizerError",
@@ -32,6 +33,10 @@ __all__ = [
 # back to exactly that one token, so a client re-tokenizing the text counts what we sent.
 _WORD_TOKEN = re.compile(r"^(?:Ġ|▁| )([a-z]{2,12})$")
 _EOS_NAMES = ("</s>", "<|endoftext|>", "<|eot_id|>", "<|im_end|>", "<eos>")
+
+# A text this long is encoded with the GIL let go (and the server encodes it off its loop):
+# below it, a thread hop costs more than the encoding.
+UNLOCKED_CHARS = 1 << 16
 
 # The chat template of a tokenizer that has none (package data; see the file's comment).
 PLAIN_CHAT_TEMPLATE = Path(__file__).with_name("chat_templates") / "plain.jinja"
@@ -167,6 +172,10 @@ class TextTokenizer:
     # -- encode -------------------------------------------------------------------------------
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        if len(text) >= UNLOCKED_CHARS:
+            # The same ids; the batch call lets go of the GIL while it runs, so a long text
+            # encoded in a worker thread does not stall the event loop meanwhile.
+            return self._tk.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         return self._tk.encode(text, add_special_tokens=add_special_tokens).ids
 
     def render_chat(
@@ -292,13 +301,23 @@ def load_tokenizer(
     config = _read_config(config_file)
     template = None
     if chat_template is not None:
-        candidate = Path(chat_template).expanduser()
-        try:
-            is_file = candidate.is_file()
-        except OSError:  # e.g. a template text too long to be a path
-            is_file = False
-        template = candidate.read_text(encoding="utf-8") if is_file else chat_template
+        template = _chat_template(chat_template)
     return TextTokenizer(tokenizer, config, template, name=str(folder))
+
+
+def _chat_template(value: str) -> str:
+    """`--chat-template`, as vLLM reads it: a file's text; else the value itself if it holds
+    a character of a template ("{", "}" or a newline); else a path that cannot be read."""
+    try:
+        return Path(value).expanduser().read_text(encoding="utf-8")
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        if any(c in value for c in "{}\n"):
+            return value
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise TokenizerError(
+            f"The supplied chat template ({value}) looks like a file path, but it failed to be "
+            f"opened. Reason: {why}"
+        ) from None
 
 
 def export_tokenizer(

@@ -28,6 +28,14 @@ def test_demo_runs_and_reports(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bad_setting_exits_2_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--speedup-ratio", "0"]) == 2
     assert "speedup_ratio" in capsys.readouterr().err
+    # A ratio this small would make a pass last longer than the universe has: refused.
+    assert main(["demo", "--speedup-ratio", "1e-300"]) == 2
+    assert "invalid speedup_ratio=1e-300: must be in [0.001, 1e+12]" in capsys.readouterr().err
+    for flag in ("--num-requests", "--concurrency"):  # (0 users would wait forever)
+        assert main(["demo", flag, "0"]) == 2
+        err = capsys.readouterr().err
+        assert f"invalid {flag[2:].replace('-', '_')}=0: must be >= 1" in err
+        assert "Traceback" not in err
     assert main(["demo", "--timing-profile", "/nonexistent.npz"]) == 2
     assert "timing_profile" in capsys.readouterr().err
 
@@ -221,3 +229,19 @@ def test_calibrate_checks_its_output_before_fitting(
     out = tmp_path / "none" / "c.json"
     assert main(["calibrate", str(result), "--gpu", "h100_sxm", "--output", str(out)]) == 2
     assert "invalid output=" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("port", ["70000", "65535", "abc"])
+def test_a_side_channel_port_beyond_the_ports_stops_start_up(port: str) -> None:
+    # Rank 1 of two would listen on 65536: no port. (A bound port would mean a server that
+    # started: the run would time out instead.)
+    env = {**os.environ, "VLLM_NIXL_SIDE_CHANNEL_PORT": port}
+    nixl = '{"kv_connector": "NixlConnector", "kv_role": "kv_producer"}'
+    done = subprocess.run(
+        [sys.executable, "-m", "mocker", "serve", "--port", "0", "--timing-model", "polynomial",
+         "--data-parallel-size", "2", "--kv-transfer-config", nixl],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert f"VLLM_NIXL_SIDE_CHANNEL_PORT={port!r} is not a port number" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -138,6 +138,16 @@ def test_unloadable_paths_are_clear_start_up_errors(tmp_path: Path) -> None:
         load_tokenizer(bad)
     with pytest.raises(TokenizerError, match="does not compile"):
         load_tokenizer(None, chat_template="{% for %}")
+    # A path that cannot be read is refused, as vLLM does (not served as the template text).
+    with pytest.raises(TokenizerError, match=r"\(/nonexistent\.jinja\) looks like a file path"):
+        load_tokenizer(None, chat_template="/nonexistent.jinja")
+    with pytest.raises(TokenizerError, match="looks like a file path"):
+        load_tokenizer(None, chat_template=str(tmp_path))  # a folder
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages | length }}")
+    assert load_tokenizer(None, chat_template=str(template)).chat_template == (
+        "{{ messages | length }}"
+    )
 
 
 def test_export_writes_a_folder_that_serves_the_same_template(tmp_path: Path) -> None:

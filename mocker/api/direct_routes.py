@@ -13,7 +13,7 @@ client can make is answered by the one path that always answered it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
 from pydantic import BaseModel
@@ -24,19 +24,23 @@ from mocker.api.auth import check_bearer
 from mocker.api.dependencies import check_accepting
 from mocker.api.errors import OpenAIError, openai_error_response, unexpected_error_response
 from mocker.api.json_body import loads
+from mocker.api.prepare import Prepared, prepare_chat, prepare_completion
 from mocker.api.protocol import ChatCompletionRequest, CompletionRequest
 from mocker.api.raw_send import StartWatch
 from mocker.api.serving import RequestHeaders
 from mocker.api.state import ServerState
+from mocker.tokenizer import TextTokenizer
 
 __all__ = ["DirectRoutes"]
 
-Handler = Callable[[Any, RequestHeaders], Response]
+Handler = Callable[[Any, RequestHeaders, Prepared | None], Response]
+Preparer = Callable[[TextTokenizer, Any], Awaitable[Prepared | None]]
 
 
 class _Route(NamedTuple):
     model: type[BaseModel]
     handle: Handler
+    prepare: Preparer  # a long input's tokens, computed off the loop
 
 
 def _json_content(content_type: bytes | None) -> bool:
@@ -88,8 +92,8 @@ class DirectRoutes:
         self._api_key = state.settings.api_key or None  # (create_app: only a set key)
         serving = state.serving
         self._routes = {
-            "/v1/completions": _Route(CompletionRequest, serving.completions),
-            "/v1/chat/completions": _Route(ChatCompletionRequest, serving.chat),
+            "/v1/completions": _Route(CompletionRequest, serving.completions, prepare_completion),
+            "/v1/chat/completions": _Route(ChatCompletionRequest, serving.chat, prepare_chat),
         }
 
     def route(self, scope: Scope) -> _Route | None:
@@ -126,7 +130,7 @@ class DirectRoutes:
             await app(scope, _replaying(body, receive), send)
             return
         try:
-            response = self._respond(route, request, headers)
+            response = await self._respond(route, request, headers)
             await response(scope, receive, send)
         except OpenAIError as exc:
             if not send.started:
@@ -142,10 +146,13 @@ class DirectRoutes:
                 await reply(scope, receive, send)
             raise
 
-    def _respond(self, route: _Route, request: BaseModel, headers: dict[bytes, bytes]) -> Response:
+    async def _respond(
+        self, route: _Route, request: BaseModel, headers: dict[bytes, bytes]
+    ) -> Response:
         if self._api_key is not None:
             check_bearer(_text(headers.get(b"authorization")), self._api_key, "API key")
         check_accepting(self._state)
+        prepared = await route.prepare(self._state.serving.tokenizer, request)
         return route.handle(
             request,
             RequestHeaders(
@@ -153,6 +160,7 @@ class DirectRoutes:
                 _text(headers.get(b"x-data-parallel-rank")),
                 _text(headers.get(b"x-mocker-fail")),
             ),
+            prepared,
         )
 
 

@@ -12,6 +12,9 @@ from mocker.settings.lora import LoraModule
 
 __all__ = ["LoraAdapters", "runtime_updates_allowed"]
 
+# A runtime adapter's name and path: longer is no name or path a client means.
+_MAX_TEXT = 4096
+
 
 def runtime_updates_allowed() -> bool:
     """vLLM's switch for the load/unload routes (unset: the routes do not exist)."""
@@ -49,6 +52,13 @@ class LoraAdapters:
                 400, "Both 'lora_name' and 'lora_path' must be provided.",
                 error_type="InvalidUserInput",
             )  # fmt: skip
+        for field, value in (("lora_name", name), ("lora_path", path)):
+            if len(value) > _MAX_TEXT or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+                # A name is a metric label and a model id; a path, a file name.
+                raise OpenAIError(
+                    400, f"'{field}' must be at most {_MAX_TEXT} characters of printable text.",
+                    error_type="InvalidUserInput", param=field,
+                )  # fmt: skip
         self._check_name(name)
         if name in self._modules and not in_place:
             raise OpenAIError(

@@ -28,6 +28,7 @@ from mocker.api.logprobs import (
     requested_prompt_logprobs,
 )
 from mocker.api.lora import LoraAdapters
+from mocker.api.prepare import Prepared
 from mocker.api.protocol import (
     MAX_CHOICES,
     ChatCompletionRequest,
@@ -168,11 +169,18 @@ class OpenAIServing:
     # -- endpoints ----------------------------------------------------------------------------
 
     def completions(
-        self, body: CompletionRequest, headers: RequestHeaders = RequestHeaders()
+        self,
+        body: CompletionRequest,
+        headers: RequestHeaders = RequestHeaders(),
+        prepared: Prepared | None = None,
     ) -> Response:
+        """`prepared`: the prompts tokenized off the loop (prepare.py), if they were long."""
         with self._refusal_releases(body):
             model, lora = self._check(body)
-            prompts = completion_prompts(self.tokenizer, body.prompt)
+            if prepared is not None:
+                prompts = prepared.get()
+            else:
+                prompts = completion_prompts(self.tokenizer, body.prompt)
             rid = headers.request_id or random_hex()
             choices = self._start(body, prompts, body.max_tokens, rid, headers, "prompt",
                                   lora=lora)  # fmt: skip
@@ -205,12 +213,19 @@ class OpenAIServing:
                 )
 
     def chat(
-        self, body: ChatCompletionRequest, headers: RequestHeaders = RequestHeaders()
+        self,
+        body: ChatCompletionRequest,
+        headers: RequestHeaders = RequestHeaders(),
+        prepared: Prepared | None = None,
     ) -> Response:
+        """`prepared`: the rendered prompt tokenized off the loop, if the chat was long."""
         with self._refusal_releases(body):
             model, lora = self._check(body)
             self._check_auto_tool_choice(body)
-            prompt = chat_prompt(self.tokenizer, body)
+            if prepared is not None:
+                prompt = prepared.get()[0]
+            else:
+                prompt = chat_prompt(self.tokenizer, body)
             max_tokens = body.max_completion_tokens or body.max_tokens
             rid = headers.request_id or random_hex()
             choices = self._start(body, [prompt], max_tokens, rid, headers, "messages",

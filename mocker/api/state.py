@@ -135,7 +135,14 @@ def side_channels(
         try:
             base = int(raw)
         except ValueError:
-            raise ConfigError(f"VLLM_NIXL_SIDE_CHANNEL_PORT={raw!r} is not a port number") from None
+            base = -1
+        # Each rank listens on base + rank: the highest must be a port too.
+        last = base + rank if base > 0 else base
+        if not 0 <= last <= 65535:
+            raise ConfigError(
+                f"VLLM_NIXL_SIDE_CHANNEL_PORT={raw!r} is not a port number (0-65535 with the "
+                "rank added; 0: any free port)"
+            )
         server = SideChannelServer(engine, host, base + rank if base else 0, counters)
         core.side_channel = (host, server.port)
         channels.append(server)

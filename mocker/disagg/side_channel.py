@@ -268,6 +268,10 @@ class SideChannelClient:
             raise
         finally:
             peer.waiting.pop(nonce, None)
+            # A drop that failed it while this question was still being sent (its send then
+            # raised instead): its failure is this one's, not a loose end for the loop's log.
+            if answer.done() and not answer.cancelled():
+                answer.exception()
 
     def _peer(self, host: str, port: int) -> _Peer:
         peer = self._peers.get((host, port))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 from functools import partial
 from pathlib import Path
@@ -127,12 +129,14 @@ def _check(args: argparse.Namespace) -> None:
             raise ConfigError(f"invalid {name}={getattr(args, name)!r}: must be >= {lo}")
     if args.max_requests is not None and args.max_requests < 1:
         raise ConfigError(f"invalid max_requests={args.max_requests!r}: must be >= 1")
-    if not args.time_scale > 0:
-        raise ConfigError(f"invalid time_scale={args.time_scale!r}: must be > 0")
+    if not (math.isfinite(args.time_scale) and args.time_scale > 0):
+        raise ConfigError(f"invalid time_scale={args.time_scale!r}: must be a finite number > 0")
     if args.rate is not None and args.concurrency is not None:
         raise ConfigError("give --rate or --concurrency, not both")
-    if args.rate is not None and not args.rate > 0:
-        raise ConfigError(f"invalid rate={args.rate!r}: must be > 0")
+    if args.rate is not None and not (math.isfinite(args.rate) and args.rate > 0):
+        raise ConfigError(f"invalid rate={args.rate!r}: must be a finite number > 0")
+    if not math.isfinite(args.shared_prefix_fraction):
+        raise ConfigError("invalid shared_prefix_fraction: must be in [0, 1]")
     if args.concurrency is not None and args.concurrency < 1:
         raise ConfigError(f"invalid concurrency={args.concurrency!r}: must be >= 1")
     if not 0.0 <= args.shared_prefix_fraction <= 1.0:
@@ -163,8 +167,34 @@ def _trace(args: argparse.Namespace, seed: int) -> list[TraceRequest]:
         for problem in skipped:
             print(f"mocker: skipped {problem}", file=sys.stderr)
     if args.time_scale != 1.0:
-        trace = scale_trace(trace, args.time_scale)
+        try:
+            trace = scale_trace(trace, args.time_scale)
+        except ValueError as exc:
+            raise ConfigError(f"invalid time_scale={args.time_scale!r}: {exc}") from None
     return trace
+
+
+def _check_output_dir(path: str) -> None:
+    """The output directory exists (made now) and is writable, before the run spends time."""
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"invalid output_dir={path!r}: {exc.strerror or exc}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ConfigError(f"invalid output_dir={path!r}: not writable")
+
+
+def _check_synthetic(args: argparse.Namespace, max_model_len: int) -> None:
+    """A synthetic workload's mean lengths fit the model (before any request is drawn)."""
+    if args.input_len >= max_model_len:
+        raise ConfigError(
+            f"invalid input_len={args.input_len}: must be less than max_model_len ({max_model_len})"
+        )
+    if args.output_len > max_model_len:
+        raise ConfigError(
+            f"invalid output_len={args.output_len}: must be at most max_model_len ({max_model_len})"
+        )
 
 
 def run_replay(args: argparse.Namespace) -> int:
@@ -189,6 +219,9 @@ def run_replay(args: argparse.Namespace) -> int:
             f"--trace-block-size ({args.trace_block_size}) must be a multiple of --block-size "
             f"({config.block_size})"
         )
+    if args.synthetic:
+        _check_synthetic(args, config.max_model_len)
+    _check_output_dir(args.output_dir)
     trace = _trace(args, config.seed)
     show = not args.quiet and sys.stderr.isatty()
     run = partial(

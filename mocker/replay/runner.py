@@ -15,7 +15,7 @@ from mocker.disagg.params import RemotePrefill, parse_transfer_params
 from mocker.engine.core import EngineCore
 from mocker.engine.decode_runs import DecodeRuns
 from mocker.engine.event_loop import EventLoop
-from mocker.engine.intake import RequestRejected
+from mocker.engine.intake import RequestRejected, check_prompt_length
 from mocker.engine.kv_stack import build_shared_tiers
 from mocker.engine.stats import FinishedRequestStats
 from mocker.kv.hashing import BlockHashes
@@ -243,6 +243,7 @@ class _ReplayRun:
         for core in self.cores:
             core.emit_outputs = False  # rows and samples come from the requests themselves
         self.num_prefill = prefill_engines
+        self.max_model_len = config.max_model_len
         self.loop = EventLoop(self.cores, self)
         self.clocks = self.loop.clocks
         self.pick = make_router(router).pick
@@ -325,6 +326,13 @@ class _ReplayRun:
             item = replace(item, arrival=arrival)
         rid = f"r{self.i}"
         self.i += 1
+        if item.input_length >= self.max_model_len:
+            # Refused as the engine refuses it, before a prompt of that length is built.
+            try:
+                check_prompt_length(self.cores[0].config, item.input_length)
+            except RequestRejected as exc:
+                self._rejected(rid, item, 0, exc)
+            return
         tokens, hashes = self.builder.prompt(item)
         if item.lora is not None:  # an adapter's blocks are its own: no prefix crosses
             hashes = adapter_hashes(hashes, item.lora)
@@ -343,25 +351,29 @@ class _ReplayRun:
             # decode leg is sent the same ones later.)
             core.add_request(spec, ids_in_range=True, handed_over=not pd)
         except RequestRejected as exc:
-            self.result.records.append(
-                RequestRecord(
-                    id=rid,
-                    line=item.line,
-                    engine=target,
-                    status=f"rejected: {exc}",
-                    arrival=item.arrival,
-                    input_tokens=item.input_length,
-                    output_tokens=0,
-                    lora=item.lora,
-                )
-            )
-            self.finished_count += 1
-            if self.free_users is not None:
-                heapq.heappush(self.free_users, item.arrival)
+            self._rejected(rid, item, target, exc)
             return
         self.lines[rid] = (item.line, target, item.lora)
         if pd:
             self.prompts[rid] = (item, tokens, hashes)
+
+    def _rejected(self, rid: str, item: TraceRequest, engine: int, exc: RequestRejected) -> None:
+        """A request its engine refused: its row, and its user free again at once."""
+        self.result.records.append(
+            RequestRecord(
+                id=rid,
+                line=item.line,
+                engine=engine,
+                status=f"rejected: {exc}",
+                arrival=item.arrival,
+                input_tokens=item.input_length,
+                output_tokens=0,
+                lora=item.lora,
+            )
+        )
+        self.finished_count += 1
+        if self.free_users is not None:
+            heapq.heappush(self.free_users, item.arrival)
 
     def _send_decode(self, rid: str, remote: RemotePrefill | None, now: float) -> None:
         """P/D: the decode leg of a prefilled request, sent when its prefill ended."""

@@ -23,6 +23,12 @@ __all__ = [
 # Prompt-block ids of rows that carry no hash_ids live above every Mooncake id, one fresh id
 # per block, so such prompts share nothing unless a generator says so.
 _UNIQUE_ID_BASE = 1 << 40
+# A trace's own ids at or above this (64-bit block hashes, say) are renumbered from it, in
+# order of appearance: equal ids stay equal, and none reaches the generated ones.
+_LARGE_ID = 1 << 39
+# No model reads a longer context: a row beyond it is a mistake, refused before its prompt
+# blocks are counted out.
+MAX_TRACE_TOKENS = 1 << 24
 
 
 class TraceError(ValueError):
@@ -54,8 +60,12 @@ def _int_field(row: dict[str, Any], names: tuple[str, ...], what: str) -> int:
                     raise ValueError(f"{name} must be a number, got {row[name]!r}") from None
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ValueError(f"{name} must be a number, got {value!r}")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {row[name]!r}")
             if value != int(value):
                 raise ValueError(f"{name} must be a whole number, got {value!r}")
+            if value > MAX_TRACE_TOKENS:
+                raise ValueError(f"{name}={row[name]!r} is more than {MAX_TRACE_TOKENS} tokens")
             return int(value)
     raise ValueError(f"missing {what} (one of: {', '.join(names)})")
 
@@ -75,7 +85,29 @@ def _arrival(row: dict[str, Any]) -> float:
     raise ValueError("missing arrival time (timestamp in ms, or arrival in s)")
 
 
-def _row_to_request(row: dict[str, Any], line: int, trace_block_size: int) -> TraceRequest:
+class _Renumbering:
+    """A trace's large block ids, renumbered from `_LARGE_ID` in order of appearance."""
+
+    def __init__(self) -> None:
+        self.ids: dict[int, int] = {}
+
+    def __call__(self, ids: list[int]) -> list[int]:
+        if all(h < _LARGE_ID for h in ids):
+            return ids
+        table = self.ids
+        out = []
+        for h in ids:
+            if h >= _LARGE_ID:
+                h = table.setdefault(h, _LARGE_ID + len(table))
+            out.append(h)
+        if len(table) >= _UNIQUE_ID_BASE - _LARGE_ID:
+            raise ValueError("more than 2^39 distinct large hash_ids")
+        return out
+
+
+def _row_to_request(
+    row: dict[str, Any], line: int, trace_block_size: int, renumber: _Renumbering
+) -> TraceRequest:
     arrival = _arrival(row)
     n_in = _int_field(row, ("input_length", "input_tokens", "prompt_tokens"), "input length")
     n_out = _int_field(row, ("output_length", "output_tokens", "max_tokens"), "output length")
@@ -96,6 +128,8 @@ def _row_to_request(row: dict[str, Any], line: int, trace_block_size: int) -> Tr
             f"{len(ids)} hash_ids of {trace_block_size} tokens cover fewer than the "
             f"{n_in} input tokens (is --trace-block-size right?)"
         )
+    else:
+        ids = renumber(ids)
     lora = row.get("lora_name", row.get("adapter"))
     if lora is not None and (not isinstance(lora, str) or not lora):
         raise ValueError(f"lora_name must be a non-empty string, got {lora!r}")
@@ -135,12 +169,13 @@ def load_trace(
         raise TraceError(f"{path}: no such trace file")
     requests: list[TraceRequest] = []
     skipped: list[str] = []
+    renumber = _Renumbering()
     try:
         for number, row in _rows(path):
             try:
                 if isinstance(row, str):
                     raise ValueError(row)
-                requests.append(_row_to_request(row, number, trace_block_size))
+                requests.append(_row_to_request(row, number, trace_block_size, renumber))
             except ValueError as exc:
                 problem = f"{path}:{number}: {exc}"
                 if not skip_bad_lines:
@@ -155,8 +190,14 @@ def load_trace(
 
 
 def scale_trace(requests: Iterable[TraceRequest], time_scale: float) -> list[TraceRequest]:
-    """Arrival gaps multiplied by `time_scale` (0.5: twice the load)."""
-    return [replace(r, arrival=r.arrival * time_scale) for r in requests]
+    """Arrival gaps multiplied by `time_scale` (0.5: twice the load); a ValueError if an
+    arrival would no longer be a finite number."""
+    if not (math.isfinite(time_scale) and time_scale > 0):
+        raise ValueError(f"the time scale must be a finite number > 0, got {time_scale!r}")
+    out = [replace(r, arrival=r.arrival * time_scale) for r in requests]
+    if out and not math.isfinite(out[-1].arrival):
+        raise ValueError(f"time scale {time_scale!r} puts the last arrival beyond any finite time")
+    return out
 
 
 @dataclass(frozen=True, slots=True)

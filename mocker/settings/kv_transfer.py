@@ -5,6 +5,7 @@ pull link, the hold lease); every mistake names its key and stops start-up."""
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -14,6 +15,19 @@ from mocker.config import ConfigError, StorageKind, StorageTierSpec
 __all__ = ["STORAGE_DEFAULTS", "OffloadSettings", "parse_kv_transfer_config"]
 
 _ROLES = ("kv_both", "kv_producer", "kv_consumer")
+# vLLM's KVTransferConfig fields: another key is a mistake (a misspelt
+# kv_connector_extra_config would drop every key in it).
+_CONFIG_KEYS = {"kv_connector", "engine_id", "kv_buffer_device", "kv_buffer_size", "kv_role",
+                "kv_rank", "kv_parallel_size", "kv_ip", "kv_port", "kv_connector_extra_config",
+                "kv_connector_module_path", "enable_permute_local_kv",
+                "kv_load_failure_policy"}  # fmt: skip
+# The connectors vLLM's KVConnectorFactory registers; another name needs
+# kv_connector_module_path (vLLM imports the class from it; it changes nothing here).
+_CONNECTORS = ("ExampleConnector", "ExampleHiddenStatesConnector", "LMCacheConnectorV1",
+               "LMCacheMPConnector", "NixlConnector", "NixlPullConnector", "NixlPushConnector",
+               "MultiConnector", "MoRIIOConnector", "OffloadingConnector", "DecodeBenchConnector",
+               "MooncakeConnector", "MooncakeStoreConnector", "FlexKVConnectorV1",
+               "SimpleCPUOffloadConnector", "HF3FSKVConnector", "P2pNcclConnector")  # fmt: skip
 _NIXL = ("NixlConnector", "NixlPullConnector")
 # NixlConnector extra-config keys: vLLM's lease, and the mock's pull link; vLLM's keys that
 # mean nothing here pass.
@@ -51,6 +65,8 @@ def _fail(key: str, value: Any, why: str) -> ConfigError:
 def _number(key: str, value: Any, *, positive: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _fail(key, value, "must be a number")
+    if not math.isfinite(value):
+        raise _fail(key, value, "must be a finite number")
     if value < 0 or (positive and value <= 0):
         raise _fail(key, value, "must be > 0" if positive else "must be >= 0")
     return float(value)
@@ -67,9 +83,21 @@ def parse_kv_transfer_config(
     if raw is None:
         return OffloadSettings()
     config = _load(raw)
-    for key in ("kv_connector", "kv_role"):
+    for key in config:
+        if key not in _CONFIG_KEYS:
+            raise _fail(key, config[key], "unknown key (vLLM's KVTransferConfig has "
+                        + ", ".join(sorted(_CONFIG_KEYS)) + ")")  # fmt: skip
+    for key in ("kv_connector", "kv_role", "kv_connector_module_path"):
         if key in config and not isinstance(config[key], str):
             raise _fail(key, config[key], "must be a string")
+    name = config.get("kv_connector")
+    own = "kv_connector_module_path" in config  # vLLM imports the class from it
+    if name is not None and name not in _CONNECTORS and not own:
+        raise ConfigError(
+            f"kv_transfer_config: Unsupported connector type: {name} (vLLM's: "
+            + ", ".join(_CONNECTORS)
+            + "; or give kv_connector_module_path)"
+        )
     role = config.get("kv_role")
     if role is not None and role not in _ROLES:
         raise _fail("kv_role", role, "must be one of " + ", ".join(_ROLES))

@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from starlette.types import Message, Receive, Scope, Send
 
 from mocker.api.direct_routes import DirectRoutes
+from mocker.api.prepare import prepare_chat, prepare_completion
 from mocker.api.protocol import ChatCompletionRequest, CompletionRequest
 from mocker.api.raw_send import RawSendApp
 from tests.support.servers import AppClient, ServerThread, make_app, settings
@@ -296,10 +297,12 @@ def test_the_routes_taken_are_the_framework_s_generation_posts() -> None:
     assert isinstance(app, RawSendApp) and app.direct is not None
     take = app.direct.route
     serving = app.state.mocker.serving
-    assert take(_scope("/v1/completions", [])) == (CompletionRequest, serving.completions)
-    assert take(_scope("/v1/chat/completions", [])) == (ChatCompletionRequest, serving.chat)
+    assert take(_scope("/v1/completions", [])) == (CompletionRequest, serving.completions,
+                                                   prepare_completion)  # fmt: skip
+    assert take(_scope("/v1/chat/completions", [])) == (ChatCompletionRequest, serving.chat,
+                                                        prepare_chat)  # fmt: skip
     behind_proxy = {**_scope("/api/v1/completions", []), "root_path": "/api"}
-    assert take(behind_proxy) == (CompletionRequest, serving.completions)
+    assert take(behind_proxy) == (CompletionRequest, serving.completions, prepare_completion)
     for path in ("/v1/completions/", "/v1/completions/render", "/v1/models", "/api/v1/completions"):
         assert take(_scope(path, [])) is None
     assert take({**_scope("/v1/completions", []), "method": "GET"}) is None

@@ -95,6 +95,13 @@ async def test_runtime_load_and_unload_as_vllm(monkeypatch: pytest.MonkeyPatch) 
         assert empty.json()["error"]["message"] == (
             "Both 'lora_name' and 'lora_path' must be provided."
         )
+        for bad in ({"lora_name": "a\u0000b", "lora_path": "/b"},
+                    {"lora_name": "ok", "lora_path": "/b\n"},
+                    {"lora_name": "x" * 5000, "lora_path": "/b"}):  # fmt: skip
+            r = await c.http.post("/v1/load_lora_adapter", json=bad)
+            assert r.status_code == 400 and "printable text" in r.json()["error"]["message"]
+        models = (await c.http.get("/v1/models")).json()["data"]
+        assert not any("\u0000" in m["id"] or len(m["id"]) > 4096 for m in models)
         r = await c.http.post("/v1/unload_lora_adapter", json={"lora_name": "chat-lora"})
         assert r.text == "Success: LoRA adapter 'chat-lora' removed successfully."
         gone = await c.http.post("/v1/unload_lora_adapter", json={"lora_name": "chat-lora"})

@@ -19,7 +19,7 @@ import pytest
 
 from tests.api.test_metrics_endpoint import ALLOWED_LINT, _promtool
 from tests.support.parsing import samples, sse_events
-from tests.support.servers import AppClient, make_app, serve
+from tests.support.servers import AppClient, make_app, serve, stderr_of
 
 BLOCK = 16
 # The default model shape: bytes of KV per token (32 layers × 8 heads × 128 × 2 × 2 bytes).
@@ -164,7 +164,7 @@ def test_expired_hold_frees_the_blocks_and_the_late_pull_recomputes() -> None:
 
 def test_prefill_replica_restarted_mid_pull_makes_decode_recompute() -> None:
     # A pull of ~2.5 MB at 0.001 GB/s: ~2.5 s, long enough to restart the prefill replica.
-    with replica("kv_consumer", pull_gbps=0.001) as (_, d_url), ThreadPoolExecutor(1) as pool:
+    with replica("kv_consumer", pull_gbps=0.001) as (d_proc, d_url), ThreadPoolExecutor(1) as pool:
         body = {"model": "mocker", "prompt": PROMPT, "max_tokens": 3}
         with replica("kv_producer") as (proc, p_url):
             params = prefill(p_url, body)
@@ -191,6 +191,9 @@ def test_prefill_replica_restarted_mid_pull_makes_decode_recompute() -> None:
         assert metric(d_url, "vllm:prompt_tokens_by_source_total",
                       source="local_compute") == params["remote_num_tokens"]  # fmt: skip
         until(lambda: metric(d_url, "vllm:kv_cache_usage_perc") == 0)
+        # The dead peer's failures were each someone's: none left for the loop to log.
+        log = stderr_of(d_proc)
+        assert "never retrieved" not in log and "Traceback" not in log, log
 
 
 def test_generate_route_and_a_refused_decode_request() -> None:

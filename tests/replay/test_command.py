@@ -101,6 +101,46 @@ def test_synthetic_and_setting_errors(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "block_size" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("more", "message"),
+    [
+        (["--time-scale", "inf"], "invalid time_scale=inf: must be a finite number > 0"),
+        (["--time-scale", "nan"], "invalid time_scale=nan"),
+        (["--time-scale", "1e308"], "beyond any finite time"),
+    ],
+)
+def test_a_time_scale_that_is_no_time_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], more: list[str], message: str
+) -> None:
+    assert main(args(trace_file(tmp_path), tmp_path / "o", "--quiet", *more)) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_output_dir_that_cannot_be_one_is_refused_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    for out in (taken, taken / "below"):
+        assert main(args(trace_file(tmp_path), out, "--quiet")) == 2
+        err = capsys.readouterr().err
+        assert f"invalid output_dir={str(out)!r}" in err and "Traceback" not in err
+
+
+def test_a_synthetic_workload_beyond_the_model_is_refused_before_it_is_drawn(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    for flag in ("--input-len", "--output-len"):
+        assert main(["replay", "--synthetic", flag, "1000000000", "--max-model-len", "4096",
+                     "--output-dir", str(tmp_path / "o"), "--quiet"]) == 2  # fmt: skip
+        err = capsys.readouterr().err
+        assert "must be" in err and "max_model_len (4096)" in err and "Traceback" not in err
+    assert main(["replay", "--synthetic", "--rate", "inf", "--output-dir",
+                 str(tmp_path / "o")]) == 2  # fmt: skip
+    assert "invalid rate=inf" in capsys.readouterr().err
+
+
 def test_fixed_concurrency(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "c"
     assert main(["replay", "--synthetic", "--num-requests", "24", "--concurrency", "3",

@@ -4,6 +4,7 @@ rejections, routing policies, determinism, and agreement with the single-engine 
 from __future__ import annotations
 
 import itertools
+import tracemalloc
 
 import pytest
 
@@ -123,6 +124,24 @@ def test_rejected_requests_keep_their_row() -> None:
         records[0].status
     )
     assert records[1].status == "finished"
+
+
+def test_a_prompt_beyond_the_model_is_refused_before_it_is_built() -> None:
+    # Ten million tokens: building it would take 40 MB of token ids alone.
+    n = 10_000_000
+    trace = [TraceRequest(0.0, n, 1, tuple(range(-(-n // TBS))), 1),
+             TraceRequest(0.1, 10, 1, (99,), 2)]  # fmt: skip
+    tracemalloc.start()
+    try:
+        records = run(trace, config()).records
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert records[0].status.startswith("rejected: ") and "maximum context length" in (
+        records[0].status
+    )
+    assert records[1].status == "finished"
+    assert peak < 8 * 2**20
 
 
 def test_same_seed_same_rows() -> None:

@@ -69,6 +69,12 @@ def test_simple_jsonl_and_csv_get_unique_blocks(tmp_path: Path) -> None:
             "hash_ids must be",
         ),
         ('{"timestamp": 0, "input_length": 6, "output_length": 3, "lora_name": 7}', "lora_name"),
+        # Not finite, or beyond any context: refused before a block id is counted out.
+        ('{"timestamp": 0, "input_length": Infinity, "output_length": 3}', "finite number"),
+        ('{"timestamp": 0, "input_length": 1e400, "output_length": 3}', "finite number"),
+        ('{"timestamp": 0, "input_length": NaN, "output_length": 3}', "finite number"),
+        ('{"timestamp": 0, "input_length": 1000000000000, "output_length": 3}', "more than"),
+        ('{"timestamp": 0, "input_length": 3, "output_length": "inf"}', "finite number"),
     ],
 )
 def test_a_bad_line_is_reported_with_its_number(tmp_path: Path, row: str, why: str) -> None:
@@ -79,6 +85,30 @@ def test_a_bad_line_is_reported_with_its_number(tmp_path: Path, row: str, why: s
     requests, skipped = load_trace(trace, skip_bad_lines=True)
     assert [r.line for r in requests] == [1, 4]
     assert len(skipped) == 1 and ":3: " in skipped[0]
+
+
+def test_a_csv_infinity_is_a_bad_line(tmp_path: Path) -> None:
+    csv = tmp_path / "t.csv"
+    csv.write_text("arrival,input_length,output_length\n0,5,1\n0,inf,10\n")
+    with pytest.raises(TraceError, match=r"t\.csv:3: input_length must be a finite number"):
+        load_trace(csv)
+    requests, skipped = load_trace(csv, skip_bad_lines=True)
+    assert len(requests) == 1 and len(skipped) == 1
+
+
+def test_large_hash_ids_are_renumbered_apart_from_generated_ones(tmp_path: Path) -> None:
+    big, huge = (1 << 40) + 7, (1 << 64) + 1  # (2^64 + 1 once wrapped onto id 1)
+    trace = write(tmp_path / "t.jsonl", [
+        {"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [huge, big]},
+        {"timestamp": 1, "input_length": 1024, "output_length": 1, "hash_ids": [1, big]},
+        {"timestamp": 2, "input_length": 1024, "output_length": 1, "hash_ids": [huge, 2]},
+        {"timestamp": 3, "input_length": 600, "output_length": 1},
+    ])  # fmt: skip
+    a, b, c, generated = load_trace(trace)[0]
+    assert a.hash_ids[0] == c.hash_ids[0] and a.hash_ids[1] == b.hash_ids[1]  # equal stay equal
+    assert len(set(a.hash_ids) | {1, 2}) == 4  # a 64-bit id no longer wraps onto a small one
+    assert not set(a.hash_ids) & set(generated.hash_ids)  # nor meets a row's unique blocks
+    assert max(a.hash_ids) < 1 << 40 <= min(generated.hash_ids)
 
 
 def test_missing_file_and_max_requests(tmp_path: Path) -> None:
@@ -93,6 +123,11 @@ def test_time_scale_multiplies_gaps(tmp_path: Path) -> None:
     rows = [{"timestamp": t, "input_length": 5, "output_length": 1} for t in (0, 1000, 3000)]
     requests, _ = load_trace(write(tmp_path / "t.jsonl", rows))
     assert [r.arrival for r in scale_trace(requests, 0.5)] == [0.0, 0.5, 1.5]
+    for bad in (float("inf"), float("nan"), 0.0, -1.0):
+        with pytest.raises(ValueError, match="finite number > 0"):
+            scale_trace(requests, bad)
+    with pytest.raises(ValueError, match="beyond any finite time"):
+        scale_trace(requests, 1e308)
 
 
 def test_synthetic_is_seeded_and_shares_prefixes() -> None:

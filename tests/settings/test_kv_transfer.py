@@ -69,6 +69,12 @@ def test_tiering_spec_with_fs_and_obj() -> None:
         ({"cpu_bytes_to_use": BLOCK_BYTES, "spec_name": "TieringOffloadingSpec",
           "secondary_tiers": [{"type": "fs", "capacity_bytes": BLOCK_BYTES,
                                "failure_rate": 2}]}, "failure_rate"),
+        # Not finite: one line naming the key, never a conversion's traceback.
+        ({"cpu_bytes_to_use": float("inf")}, "cpu_bytes_to_use=inf: must be a finite number"),
+        ({"cpu_bytes_to_use": float("nan")}, "cpu_bytes_to_use=nan: must be a finite number"),
+        ({"cpu_bytes_to_use": BLOCK_BYTES, "spec_name": "TieringOffloadingSpec",
+          "secondary_tiers": [{"type": "fs", "capacity_bytes": float("inf")}]},
+         "secondary_tiers[0].capacity_bytes=inf"),
     ],
 )  # fmt: skip
 def test_a_bad_config_names_its_key(extra: dict[str, object], named: str) -> None:
@@ -81,6 +87,25 @@ def test_not_json_and_bad_role() -> None:
         parse_kv_transfer_config("{kv_connector", 16, 131072)
     with pytest.raises(ConfigError, match="kv_role"):
         parse_kv_transfer_config('{"kv_connector": "OffloadingConnector", "kv_role": "x"}', 16, 1)
+
+
+def test_a_connector_vllm_does_not_register_is_refused() -> None:
+    with pytest.raises(ConfigError, match="Unsupported connector type: NixlConector"):
+        parse_kv_transfer_config('{"kv_connector": "NixlConector", "kv_role": "kv_producer"}',
+                                 16, 131072)  # fmt: skip
+    # vLLM imports a connector of another name from kv_connector_module_path: accepted.
+    own = {"kv_connector": "MyConnector", "kv_connector_module_path": "my.module"}
+    assert parse_kv_transfer_config(json.dumps(own), 16, 131072) == {}
+    for name in ("LMCacheConnectorV1", "MooncakeConnector", "DecodeBenchConnector"):
+        assert parse_kv_transfer_config(json.dumps({"kv_connector": name}), 16, 131072) == {}
+
+
+def test_a_misspelt_key_of_the_config_is_refused() -> None:
+    # Misspelt, the extra config's keys would be dropped without a word.
+    raw = {"kv_connector": "NixlConnector", "kv_role": "kv_producer",
+           "kv_conector_extra_config": {"pull_gbps": 5}}  # fmt: skip
+    with pytest.raises(ConfigError, match=r"kv_conector_extra_config=.*unknown key"):
+        parse_kv_transfer_config(json.dumps(raw), 16, 131072)
 
 
 def test_flag_builds_the_engine_config_and_conflicts_with_the_host_flags() -> None:

@@ -13,6 +13,7 @@ from mocker.api.dependencies import (
     request_headers,
     server_state,
 )
+from mocker.api.prepare import prepare_chat, prepare_completion
 from mocker.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -31,14 +32,16 @@ router = APIRouter(prefix="/v1")
 async def completions(body: CompletionRequest, request: Request) -> Response:
     state = server_state(request)
     check_accepting(state)
-    return state.serving.completions(body, request_headers(request))
+    prepared = await prepare_completion(state.serving.tokenizer, body)
+    return state.serving.completions(body, request_headers(request), prepared)
 
 
 @router.post("/chat/completions", openapi_extra=HEADER_PARAMETERS)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     state = server_state(request)
     check_accepting(state)
-    return state.serving.chat(body, request_headers(request))
+    prepared = await prepare_chat(state.serving.tokenizer, body)
+    return state.serving.chat(body, request_headers(request), prepared)
 
 
 @router.post("/responses", openapi_extra=HEADER_PARAMETERS)
