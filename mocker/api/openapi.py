@@ -20,7 +20,8 @@ from mocker.api.protocol import (
     MARK_TOKEN_ID,
     UINT64_MAX,
 )
-from mocker.config import EngineConfig
+from mocker.api.response_schemas import RESPONSE_MODELS, STREAMED
+from mocker.config import EngineConfig, SchedulingPolicy
 from mocker.faults import FAULT_HEADER
 from mocker.settings import ServerSettings
 from mocker.tokenizer import TextTokenizer
@@ -153,6 +154,9 @@ def openapi_with_limits(
     }  # fmt: skip
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
     _fill(schemas, fills)
+    _server_rules(schemas, config)
+    # (After the fill: what a response carries beyond its typed fields is any JSON at all.)
+    _add_response_bodies(document, schemas)
     schemas.pop("HTTPValidationError", None)
     schemas.pop("ValidationError", None)
     schemas["ErrorResponse"] = _ERROR_SCHEMA
@@ -162,6 +166,97 @@ def openapi_with_limits(
             _fill(operation, fills)
             _describe_operation(path, operation, ranks)
     return document
+
+
+# Routes that answer with no JSON: an empty 200 (vLLM's /health and SageMaker's /ping), the
+# Prometheus text format, SGLang's plain-text /flush_cache.
+_EMPTY = {"/health", "/ping"}
+_PLAIN_TEXT = {"/metrics": "text/plain", "/flush_cache": "text/plain"}
+_REF = "#/components/schemas/{model}"
+# One server-sent event of a stream ("stream": true): its data a JSON chunk, or [DONE].
+_SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {
+        "data": {"type": "string"},
+        "event": {"type": "string"},
+        "id": {"type": "string"},
+        "retry": {"type": "integer"},
+    },
+}
+
+
+def _add_response_bodies(document: dict[str, Any], schemas: dict[str, Any]) -> None:
+    """The 200 bodies' schemas (response_schemas.py) and media types of the routes."""
+    for path, operations in document.get("paths", {}).items():
+        for method, operation in operations.items():
+            ok = operation.setdefault("responses", {}).setdefault("200", {})
+            if path in _EMPTY:
+                ok.pop("content", None)
+                ok["description"] = "Healthy (an empty body)"
+                operation["responses"]["503"] = {
+                    "description": "An engine is dead, or the server drains or starts (an "
+                    "empty body)"
+                }
+                continue
+            if path in _PLAIN_TEXT:
+                ok["content"] = {_PLAIN_TEXT[path]: {"schema": {"type": "string"}}}
+                continue
+            model = RESPONSE_MODELS.get((method, path))
+            if model is None:
+                continue
+            one = model[0] if isinstance(model, list) else model
+            schema = one.model_json_schema(ref_template=_REF)
+            schemas.update(schema.pop("$defs", {}))
+            schemas[one.__name__] = schema
+            ref: dict[str, Any] = {"$ref": _REF.format(model=one.__name__)}
+            body = {"type": "array", "items": ref} if isinstance(model, list) else ref
+            content = ok.setdefault("content", {})
+            content["application/json"] = {"schema": body}
+            if path in STREAMED:
+                content["text/event-stream"] = {"schema": _SSE_EVENT}
+
+
+# What the server refuses beyond the request models' types, as vLLM does: an empty stop
+# string; stream options (a non-empty object) without "stream": true.
+_STOP: dict[str, Any] = {
+    "title": "Stop",
+    "anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "string", "minLength": 1}},
+        {"type": "null"},
+    ],
+}
+_STREAM_OPTIONS_NEED_STREAM: dict[str, Any] = {
+    "if": {
+        "required": ["stream_options"],
+        "properties": {"stream_options": {"type": "object", "minProperties": 1}},
+    },
+    "then": {"required": ["stream"], "properties": {"stream": {"const": True}}},
+}
+_GENERATION_BODIES = ("CompletionRequest", "ChatCompletionRequest", "GenerateRequest",
+                      "ResponsesRequest", "GenerateSamplingParams")  # fmt: skip
+
+
+def _server_rules(schemas: dict[str, Any], config: EngineConfig) -> None:
+    """The generation bodies' rules the server enforces that their models do not state: the
+    stop strings, stream options, and a priority only under the priority policy."""
+    fcfs = config.scheduling_policy is not SchedulingPolicy.PRIORITY
+    for name in _GENERATION_BODIES:
+        schema = schemas.get(name)
+        if schema is None:
+            continue
+        props = schema.setdefault("properties", {})
+        if "stop" in props:
+            props["stop"] = _STOP
+        if "stream_options" in props:
+            schema.setdefault("allOf", []).append(_STREAM_OPTIONS_NEED_STREAM)
+        if name != "GenerateSamplingParams" and fcfs:
+            props["priority"] = {
+                "title": "Priority", "type": "integer", "const": 0, "default": 0,
+                "description": "Only 0: the server schedules first come, first served "
+                "(--scheduling-policy priority takes any).",
+            }  # fmt: skip
 
 
 def _error(description: str) -> dict[str, Any]:
@@ -195,7 +290,7 @@ def _describe_operation(path: str, operation: dict[str, Any], ranks: int) -> Non
             "context_length, abort, or a status code) forces that failure on the request."
         ).strip()
         ok = responses.get("200", {}).get("content", {})
-        ok["text/event-stream"] = {"schema": {"type": "string"}}  # with stream: true
+        ok["text/event-stream"] = {"schema": _SSE_EVENT}  # with stream: true
         responses["429"] = _error("Rate limited (an injected fault)")
         responses["500"] = _error("Internal error (an injected fault)")
         responses["503"] = _error("The engine is not running, overloaded, or starting")

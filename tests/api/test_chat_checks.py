@@ -99,7 +99,8 @@ async def test_the_schema_states_the_rules_it_can(client: AppClient) -> None:
     schema = (await client.http.get("/openapi.json")).json()
     chat = schema["components"]["schemas"]["ChatCompletionRequest"]
     assert chat["dependentRequired"] == {"tool_choice": ["tools"], "tools": ["tool_choice"]}
-    continued, tops = chat["allOf"]
+    continued, tops, stream_options = chat["allOf"]
+    assert stream_options["then"]["properties"]["stream"] == {"const": True}
     assert continued["then"]["properties"]["add_generation_prompt"] == {"const": False}
     assert tops["then"]["properties"]["logprobs"] == {"const": True}
     assert chat["properties"]["tools"]["anyOf"][0]["minItems"] == 1
