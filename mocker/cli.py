@@ -11,6 +11,7 @@ import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from mocker import __version__
 from mocker.calibration.command import add_calibrate_parser, run_calibrate
@@ -219,11 +220,24 @@ class _LineFormatter(logging.Formatter):
         return f"mocker: {record.levelname.lower()}: {record.getMessage()}"
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to sys.stderr as it is when a record comes, not as it was when main() first
+    ran (a later redirect, or a test's capture, would leave a closed stream behind)."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _: Any) -> None:
+        pass
+
+
 def _log_to_stderr() -> None:
     """mocker's own warnings (a timing fallback, a flag it adjusted) as one line each."""
     logger = logging.getLogger("mocker")
     if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(_LineFormatter())
         logger.addHandler(handler)
         logger.setLevel(logging.WARNING)

@@ -24,6 +24,7 @@ from mocker.api.auth import check_bearer
 from mocker.api.dependencies import check_accepting
 from mocker.api.errors import OpenAIError, openai_error_response, unexpected_error_response
 from mocker.api.json_body import loads
+from mocker.api.lifecycle import OpenResponses
 from mocker.api.prepare import Prepared, prepare_chat, prepare_completion
 from mocker.api.protocol import ChatCompletionRequest, CompletionRequest
 from mocker.api.raw_send import StartWatch
@@ -34,7 +35,7 @@ from mocker.tokenizer import TextTokenizer
 __all__ = ["DirectRoutes"]
 
 Handler = Callable[[Any, RequestHeaders, Prepared | None], Response]
-Preparer = Callable[[TextTokenizer, Any], Awaitable[Prepared | None]]
+Preparer = Callable[[TextTokenizer, Any, OpenResponses], Awaitable[Prepared | None]]
 
 
 class _Route(NamedTuple):
@@ -152,7 +153,8 @@ class DirectRoutes:
         if self._api_key is not None:
             check_bearer(_text(headers.get(b"authorization")), self._api_key, "API key")
         check_accepting(self._state)
-        prepared = await route.prepare(self._state.serving.tokenizer, request)
+        serving = self._state.serving
+        prepared = await route.prepare(serving.tokenizer, request, serving.open)
         return route.handle(
             request,
             RequestHeaders(

@@ -4,6 +4,7 @@ error responses the routes give."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -154,7 +155,7 @@ def openapi_with_limits(
     }  # fmt: skip
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
     _fill(schemas, fills)
-    _server_rules(schemas, config)
+    _server_rules(document, schemas, config)
     # (After the fill: what a response carries beyond its typed fields is any JSON at all.)
     _add_response_bodies(document, schemas)
     schemas.pop("HTTPValidationError", None)
@@ -234,13 +235,20 @@ _STREAM_OPTIONS_NEED_STREAM: dict[str, Any] = {
     },
     "then": {"required": ["stream"], "properties": {"stream": {"const": True}}},
 }
+# Render routes take their generation route's body, but check no priority.
+_RENDERS = {
+    "CompletionRequest": ("/v1/completions/render", "CompletionRenderRequest"),
+    "ChatCompletionRequest": ("/v1/chat/completions/render", "ChatCompletionRenderRequest"),
+}
 _GENERATION_BODIES = ("CompletionRequest", "ChatCompletionRequest", "GenerateRequest",
                       "ResponsesRequest", "GenerateSamplingParams")  # fmt: skip
 
 
-def _server_rules(schemas: dict[str, Any], config: EngineConfig) -> None:
+def _server_rules(document: dict[str, Any], schemas: dict[str, Any], config: EngineConfig) -> None:
     """The generation bodies' rules the server enforces that their models do not state: the
-    stop strings, stream options, and a priority only under the priority policy."""
+    stop strings, stream options, and a priority only under the priority policy (which the
+    render routes, which schedule nothing, do not check: their bodies get schemas of their
+    own)."""
     fcfs = config.scheduling_policy is not SchedulingPolicy.PRIORITY
     for name in _GENERATION_BODIES:
         schema = schemas.get(name)
@@ -251,6 +259,12 @@ def _server_rules(schemas: dict[str, Any], config: EngineConfig) -> None:
             props["stop"] = _STOP
         if "stream_options" in props:
             schema.setdefault("allOf", []).append(_STREAM_OPTIONS_NEED_STREAM)
+        render = _RENDERS.get(name)
+        if render is not None and render[0] in document.get("paths", {}):
+            path, render_name = render
+            schemas[render_name] = copy.deepcopy(schema) | {"title": render_name}
+            body = document["paths"][path]["post"]["requestBody"]["content"]
+            body["application/json"]["schema"] = {"$ref": _REF.format(model=render_name)}
         if name != "GenerateSamplingParams" and fcfs:
             props["priority"] = {
                 "title": "Priority", "type": "integer", "const": 0, "default": 0,

@@ -233,14 +233,20 @@ class OpenAIServing:
         return self._respond(body, choices, model, f"chatcmpl-{rid}", rid)
 
     def responses(
-        self, body: ResponsesRequest, headers: RequestHeaders = RequestHeaders()
+        self,
+        body: ResponsesRequest,
+        headers: RequestHeaders = RequestHeaders(),
+        prepared: Prepared | None = None,
     ) -> Response:
         """The OpenAI Responses API: the input runs as the chat it renders to (vLLM's way),
         answered as a response object or its stream of events."""
         with responses_api.named_as_sent():  # (errors name the responses fields)
             chat_body = ChatCompletionRequest.model_validate(responses_api.chat_fields(body))
             model, lora = self._check(chat_body)
-            prompt = chat_prompt(self.tokenizer, chat_body)
+            if prepared is not None:
+                prompt = prepared.get()[0]
+            else:
+                prompt = chat_prompt(self.tokenizer, chat_body)
             rid = headers.request_id or random_hex()
             choices = self._start(chat_body, [prompt], chat_body.max_completion_tokens, rid,
                                   headers, "input", lora=lora)  # fmt: skip
@@ -262,14 +268,20 @@ class OpenAIServing:
     # -- render (vLLM's /v1/completions/render and /v1/chat/completions/render) ---------------
 
     def render_completions(
-        self, body: CompletionRequest, headers: RequestHeaders = RequestHeaders()
+        self,
+        body: CompletionRequest,
+        headers: RequestHeaders = RequestHeaders(),
+        prepared: Prepared | None = None,
     ) -> Response:
         """Every prompt as the engine would run it, one GenerateRequest each (an array)."""
         self._model(body.model)
         _unsupported(body)
         self._logprobs(body)
         self._prompt_logprobs(body)
-        prompts = completion_prompts(self.tokenizer, body.prompt)
+        if prepared is not None:
+            prompts = prepared.get()
+        else:
+            prompts = completion_prompts(self.tokenizer, body.prompt)
         rid = "cmpl-" + (headers.request_id or random_hex())
         rendered = [
             generate_request(
@@ -283,14 +295,17 @@ class OpenAIServing:
         return json_response(rendered)
 
     def render_chat(
-        self, body: ChatCompletionRequest, headers: RequestHeaders = RequestHeaders()
+        self,
+        body: ChatCompletionRequest,
+        headers: RequestHeaders = RequestHeaders(),
+        prepared: Prepared | None = None,
     ) -> Response:
         """The messages as the engine would run them: one GenerateRequest."""
         self._model(body.model)
         _unsupported(body)
         self._logprobs(body)
         self._prompt_logprobs(body)
-        prompt = chat_prompt(self.tokenizer, body)
+        prompt = prepared.get()[0] if prepared is not None else chat_prompt(self.tokenizer, body)
         max_tokens = body.max_completion_tokens or body.max_tokens
         sampling = self._sampling(body, max_tokens, len(prompt), "messages")
         rid = "chatcmpl-" + (headers.request_id or random_hex())

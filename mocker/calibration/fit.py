@@ -5,6 +5,7 @@ closest to the measured ones."""
 from __future__ import annotations
 
 import math
+import multiprocessing
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass, replace
@@ -94,7 +95,10 @@ def fit_correction(
     applies by default)."""
     rows = list(measurements)
     measured = np.log([[m.ttft_ms, m.tpot_ms] for m in rows]).ravel()
-    pool: Executor | None = ProcessPoolExecutor(jobs) if jobs > 1 and len(rows) > 1 else None
+    pool: Executor | None = None
+    if jobs > 1 and len(rows) > 1:
+        # Spawned, not forked: the timing library's threads are running in this process.
+        pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
 
     def run(c: Correction) -> list[Prediction]:
         tasks = [(m, c) for m in rows]
@@ -145,7 +149,7 @@ def fit_correction(
                 break
     finally:
         if pool is not None:
-            pool.shutdown()
+            pool.shutdown(cancel_futures=True)
     before, after = _summary(rows, first), _summary(rows, preds)
     fitted = replace(current, fit={"rows": len(rows), "before": before, "after": after})
     return FitResult(fitted, before, after, list(zip(first, preds, strict=True)))

@@ -23,7 +23,11 @@ from mocker.replay.trace import (
 from mocker.settings import ENGINE_OPTIONS, add_options, engine_config_from, resolve
 from mocker.settings.deployment import listing, startup_lines
 
-__all__ = ["add_replay_parser", "run_replay"]
+__all__ = ["MAX_ENGINES", "MAX_SYNTHETIC_REQUESTS", "add_replay_parser", "run_replay"]
+
+# A synthetic workload is drawn whole before the run: its size is bounded like a file's.
+MAX_SYNTHETIC_REQUESTS = 1_000_000
+MAX_ENGINES = 1024
 
 
 def add_replay_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -127,6 +131,16 @@ def _check(args: argparse.Namespace) -> None:
                      ("input_len", 1), ("output_len", 1), ("num_prefixes", 1)):  # fmt: skip
         if getattr(args, name) < lo:
             raise ConfigError(f"invalid {name}={getattr(args, name)!r}: must be >= {lo}")
+    if args.num_engines > MAX_ENGINES:
+        raise ConfigError(
+            f"invalid num_engines={args.num_engines!r}: at most {MAX_ENGINES} (each is a "
+            "whole engine core with its KV pool)"
+        )
+    if args.synthetic and args.num_requests > MAX_SYNTHETIC_REQUESTS:
+        raise ConfigError(
+            f"invalid num_requests={args.num_requests!r}: at most {MAX_SYNTHETIC_REQUESTS:,} "
+            "(each is drawn ahead of the run; replay a trace file for more)"
+        )
     if args.max_requests is not None and args.max_requests < 1:
         raise ConfigError(f"invalid max_requests={args.max_requests!r}: must be >= 1")
     if not (math.isfinite(args.time_scale) and args.time_scale > 0):

@@ -268,7 +268,8 @@ class _ReplayRun:
         # Closed loop: when each idle user sends next (a heap; C zeros at the start).
         self.free_users: list[float] | None = None
         if concurrency is not None:
-            self.free_users = [0.0] * concurrency
+            # (More users than requests would only wait: none is made.)
+            self.free_users = [0.0] * min(concurrency, len(trace))
             # The span is unknown ahead: sample finely, halving the samples as they pile up.
             self.sample_every = 1e-3
         else:

@@ -117,7 +117,7 @@ def _row_to_request(
         raise ValueError(f"the output length must be >= 1, got {n_out}")
     ids = row.get("hash_ids")
     if ids is None:
-        first = _UNIQUE_ID_BASE + line * 1_000_000
+        first = _UNIQUE_ID_BASE + line * MAX_TRACE_TOKENS  # (a row has fewer blocks)
         ids = list(range(first, first + -(-n_in // trace_block_size)))
     elif not isinstance(ids, list) or not all(
         isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in ids
@@ -195,7 +195,7 @@ def scale_trace(requests: Iterable[TraceRequest], time_scale: float) -> list[Tra
     if not (math.isfinite(time_scale) and time_scale > 0):
         raise ValueError(f"the time scale must be a finite number > 0, got {time_scale!r}")
     out = [replace(r, arrival=r.arrival * time_scale) for r in requests]
-    if out and not math.isfinite(out[-1].arrival):
+    if out and not math.isfinite(max(r.arrival for r in out)):
         raise ValueError(f"time scale {time_scale!r} puts the last arrival beyond any finite time")
     return out
 

@@ -106,8 +106,10 @@ class CorrectedTiming:
         return self._decode * base + self._overhead + self._request * n, span
 
     def prefill_ms(self, new_tokens: int) -> float:
-        base = self.base.prefill_ms(new_tokens)
-        return self._prefill * base + self._overhead + self._request if base > 0.0 else 0.0
+        """What computing these tokens adds to a pass that runs anyway (what recomputing
+        blocks instead of loading them costs): the prefill part, scaled; no pass, no request
+        of its own."""
+        return self._prefill * self.base.prefill_ms(new_tokens)
 
 
 def _finite(value: Any) -> Any:

@@ -82,3 +82,15 @@ async def test_under_the_priority_policy_any_priority_is_documented() -> None:
     schemas = (await _document(scheduling_policy="priority"))["components"]["schemas"]
     for name in ("CompletionRequest", "ChatCompletionRequest", "GenerateRequest"):
         assert "const" not in schemas[name]["properties"]["priority"], name
+
+
+async def test_render_routes_check_no_priority_and_their_schema_says_so() -> None:
+    doc = await _document()
+    for path, name in (("/v1/completions/render", "CompletionRenderRequest"),
+                       ("/v1/chat/completions/render", "ChatCompletionRenderRequest")):  # fmt: skip
+        body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+        assert body["schema"] == {"$ref": f"#/components/schemas/{name}"}
+        assert "const" not in doc["components"]["schemas"][name]["properties"]["priority"]
+    async with AppClient(make_app()) as c:
+        r = await c.http.post("/v1/completions/render", json={"prompt": "hi", "priority": 5})
+        assert r.status_code == 200  # rendering schedules nothing

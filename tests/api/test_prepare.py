@@ -3,12 +3,14 @@ the same order, and a 10 MB prompt stalls neither /health nor a running stream."
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 
 from mocker.tokenizer import UNLOCKED_CHARS
 from tests.support.servers import AppClient, make_app, serve, tokenizer
@@ -41,6 +43,62 @@ async def test_a_long_prompts_errors_come_in_the_usual_order() -> None:
         assert r.status_code == 404
         r = await c.http.post("/v1/completions", json={"model": "mocker", "prompt": LONG})
         assert r.status_code == 400 and "maximum context length is 1024" in r.text
+
+
+async def test_a_drain_waits_for_a_prompt_being_tokenized() -> None:
+    big = "hello world, rivers run " * (2_000_000 // 24)
+    async with AppClient(make_app()) as c:
+        sent = asyncio.create_task(c.http.post("/v1/completions", json={"prompt": big}))
+        seen = 0
+        while not sent.done():
+            seen = max(seen, c.state.in_flight)
+            await asyncio.sleep(0.001)
+        assert (await sent).status_code == 400  # (too long, once counted)
+        assert seen == 1 and c.state.in_flight == 0
+
+
+HUGE = "hello world, rivers run " * (3_000_000 // 24)  # ~0.6M tokens: a second or more
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": HUGE}]}),
+        ("/v1/responses", {"input": HUGE}),
+        ("/v1/completions/render", {"prompt": HUGE}),
+        ("/v1/chat/completions/render", {"messages": [{"role": "user", "content": HUGE}]}),
+        ("/tokenize", {"prompt": HUGE}),
+        ("/tokenize", {"messages": [{"role": "user", "content": HUGE}]}),
+    ],
+)
+async def test_every_route_tokenizes_a_long_input_off_the_loop(
+    path: str, body: dict[str, object]
+) -> None:
+    async with AppClient(make_app()) as c:
+        loop = asyncio.get_running_loop()
+        gaps: list[float] = []
+        done = False
+
+        async def tick() -> None:
+            last = loop.time()
+            while not done:
+                await asyncio.sleep(0.005)
+                now = loop.time()
+                gaps.append(now - last)
+                last = now
+
+        ticker = asyncio.create_task(tick())
+        started = loop.time()
+        r = await c.http.post(path, json={"model": "mocker", **body})
+        took = loop.time() - started
+        done = True
+        await ticker
+    # Counted, then served (/tokenize) or refused as too long: either way, counted.
+    assert r.status_code in (200, 400) and ("maximum context length" in r.text) == (
+        r.status_code == 400
+    ), r.text[:200]
+    # The loop went on ticking through it: no gap near the whole tokenization's time.
+    assert took > 0.3 and max(gaps) < took / 2, (max(gaps), took)
 
 
 def _stream_gaps(base: str, stop: threading.Event) -> list[float]:
@@ -84,4 +142,4 @@ def test_a_10mb_prompt_stalls_neither_health_nor_a_running_stream() -> None:
     assert took > 1.0 and len(health) >= 5, (took, len(health))  # it did take a while
     # Never the whole tokenization's time: a busy machine's delays at most.
     assert max(health) < 1.0, (max(health), took)
-    assert max(gaps[1:]) < 1.0, (max(gaps), took)
+    assert len(gaps) > 2 and max(gaps[1:]) < 1.0, (gaps[:5], took)

@@ -141,6 +141,21 @@ def test_a_synthetic_workload_beyond_the_model_is_refused_before_it_is_drawn(
     assert "invalid rate=inf" in capsys.readouterr().err
 
 
+def test_sizes_no_run_could_use_are_refused_before_anything_is_made(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = str(tmp_path / "o")
+    for flag, value, message in [
+        ("--num-engines", "1000000000000", "invalid num_engines=1000000000000: at most 1024"),
+        ("--num-requests", "1000000000000", "invalid num_requests=1000000000000: at most"),
+    ]:  # fmt: skip
+        assert main(["replay", "--synthetic", flag, value, "--output-dir", out]) == 2
+        assert message in capsys.readouterr().err
+    # More users than requests: the rest would only wait, and none is made for them.
+    assert main(["replay", "--synthetic", "--num-requests", "3", "--concurrency",
+                 "1000000000000", "--output-dir", out, "--quiet", "--no-plots"]) == 0  # fmt: skip
+
+
 def test_fixed_concurrency(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "c"
     assert main(["replay", "--synthetic", "--num-requests", "24", "--concurrency", "3",

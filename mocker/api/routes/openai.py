@@ -13,7 +13,7 @@ from mocker.api.dependencies import (
     request_headers,
     server_state,
 )
-from mocker.api.prepare import prepare_chat, prepare_completion
+from mocker.api.prepare import prepare_chat, prepare_completion, prepare_responses
 from mocker.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -32,7 +32,7 @@ router = APIRouter(prefix="/v1")
 async def completions(body: CompletionRequest, request: Request) -> Response:
     state = server_state(request)
     check_accepting(state)
-    prepared = await prepare_completion(state.serving.tokenizer, body)
+    prepared = await prepare_completion(state.serving.tokenizer, body, state.serving.open)
     return state.serving.completions(body, request_headers(request), prepared)
 
 
@@ -40,7 +40,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     state = server_state(request)
     check_accepting(state)
-    prepared = await prepare_chat(state.serving.tokenizer, body)
+    prepared = await prepare_chat(state.serving.tokenizer, body, state.serving.open)
     return state.serving.chat(body, request_headers(request), prepared)
 
 
@@ -48,17 +48,22 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
 async def responses(body: ResponsesRequest, request: Request) -> Response:
     state = server_state(request)
     check_accepting(state)
-    return state.serving.responses(body, request_headers(request))
+    prepared = await prepare_responses(state.serving.tokenizer, body, state.serving.open)
+    return state.serving.responses(body, request_headers(request), prepared)
 
 
 @router.post("/completions/render", openapi_extra=HEADER_PARAMETERS)
 async def render_completions(body: CompletionRequest, request: Request) -> Response:
-    return server_state(request).serving.render_completions(body, request_headers(request))
+    serving = server_state(request).serving
+    prepared = await prepare_completion(serving.tokenizer, body, serving.open)
+    return serving.render_completions(body, request_headers(request), prepared)
 
 
 @router.post("/chat/completions/render", openapi_extra=HEADER_PARAMETERS)
 async def render_chat(body: ChatCompletionRequest, request: Request) -> Response:
-    return server_state(request).serving.render_chat(body, request_headers(request))
+    serving = server_state(request).serving
+    prepared = await prepare_chat(serving.tokenizer, body, serving.open)
+    return serving.render_chat(body, request_headers(request), prepared)
 
 
 @router.get("/models")

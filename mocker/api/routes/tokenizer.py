@@ -8,6 +8,7 @@ from starlette.responses import Response
 from mocker.api.dependencies import State
 from mocker.api.errors import OpenAIError
 from mocker.api.inputs import check_model, check_token_ids, message_dicts, template_kwargs
+from mocker.api.prepare import off_loop_if_long
 from mocker.api.protocol import DetokenizeRequest, TokenizeRequest
 from mocker.api.responses import json_response
 from mocker.tokenizer import ChatTemplateError, TextTokenizer
@@ -38,12 +39,16 @@ async def tokenize(body: TokenizeRequest, state: State) -> Response:
     tok = state.tokenizer
     if (body.prompt is None) == (body.messages is None):
         raise OpenAIError(400, "Give exactly one of 'prompt' or 'messages'.", "prompt")
-    if body.messages is not None:
-        ids = _chat_ids(tok, body)
-    else:
-        add = True if body.add_special_tokens is None else body.add_special_tokens
-        ids = tok.encode(body.prompt or "", add_special_tokens=add)
-    strs = [tok.id_to_token(t) for t in ids] if body.return_token_strs else None
+
+    def count() -> tuple[list[int], list[str | None] | None]:
+        if body.messages is not None:
+            ids = _chat_ids(tok, body)
+        else:
+            add = True if body.add_special_tokens is None else body.add_special_tokens
+            ids = tok.encode(body.prompt or "", add_special_tokens=add)
+        return ids, ([tok.id_to_token(t) for t in ids] if body.return_token_strs else None)
+
+    ids, strs = await off_loop_if_long((body.prompt, body.messages), count)
     return json_response(
         {
             "count": len(ids),
