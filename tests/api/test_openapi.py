@@ -3,11 +3,12 @@ and the answers it describes are the answers the server gives.
 
 A real server on a loopback port, and schemathesis's coverage and fuzzing phases against its
 own OpenAPI document for the routes that take a request body and the operations routes. The
-findings that fail the test: a 5xx (`not_a_server_error`, over schema-valid and
-schema-violating requests alike); a status code, media type, header or body the document does
-not describe (the response-conformance checks); and a route that refuses most of the data its
-schema says is valid (schemathesis's acceptance counts for positive cases, per route and
-phase, from its JSON report).
+findings that fail the test: any of schemathesis's checks but three that flag vLLM's own
+behaviour (EXCLUDED, with why) — among them a 5xx (`not_a_server_error`, over schema-valid
+and schema-violating requests alike) and a status code, media type, header or body the
+document does not describe (the response-conformance checks) — and a route that refuses most
+of the data its schema says is valid (schemathesis's acceptance counts for positive cases,
+per route and phase, from its JSON report).
 
 schemathesis lives in its own venv (tests/support/tool_venv.py); the test skips, loudly, where
 pip cannot install it.
@@ -42,10 +43,16 @@ PATHS = (
     r"^/(v1/(chat/)?completions(/render)?|v1/responses|inference/v1/generate|tokenize"
     r"|detokenize|v1/models|health|ping|version|metrics)$"
 )
-# Every answer is checked against the document: no 5xx, a status code, media type, headers
-# and body it describes.
-CHECKS = ("not_a_server_error", "status_code_conformance", "content_type_conformance",
-          "response_headers_conformance", "response_schema_conformance")  # fmt: skip
+# Every check schemathesis has (no 5xx; the status code, media type, headers and body the
+# document describes; unsupported methods, required headers, auth...), but three whose
+# findings are vLLM's own behaviour, which the mock keeps:
+# - negative_data_rejection: vLLM ignores an X-data-parallel-rank that is not an integer
+#   (the request is load-balanced) and its pydantic models coerce loosely typed values;
+# - positive_data_acceptance: rules JSON Schema cannot state (min_tokens <= max_tokens, a
+#   prompt's length in tokens); _rejected() below bounds how often that happens instead;
+# - allow_header_conformance: vLLM registers GET and POST /ping as two routes, so its 405
+#   to OPTIONS /ping allows GET only, as the mock's does.
+EXCLUDED = ("negative_data_rejection", "positive_data_acceptance", "allow_header_conformance")
 PHASES = ("coverage", "fuzzing")
 EXAMPLES = 40  # fuzzing cases per route (coverage's are as many as the schema has edges)
 SEED = 20260601  # one fixed run: a finding reproduces, and a busy CI machine sees the same cases
@@ -61,7 +68,8 @@ def _run(bin_dir: Path, url: str, workdir: Path) -> tuple[dict[str, Any], str]:
         str(bin_dir / "schemathesis"), "run", f"{url}/openapi.json",
         "--phases", ",".join(PHASES),
         "--include-path-regex", PATHS,
-        "--checks", ",".join(CHECKS),
+        "--checks", "all",
+        "--exclude-checks", ",".join(EXCLUDED),
         "--continue-on-failure",  # every case runs: the acceptance counts cover them all
         "--max-examples", str(EXAMPLES),
         "--seed", str(SEED),
