@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mocker.cli import main
-from mocker.replay.trace import TraceError, load_trace
+from mocker.replay.trace import MAX_TRACE_TOKENS, TraceError, load_trace
 
 MEMORY_BOUND = 64 * 2**20
 KEYS = ("timestamp", "arrival", "input_length", "input_tokens", "output_length",
@@ -74,7 +74,8 @@ def test_any_line_is_read_or_refused_with_its_line(
     assert peak < MEMORY_BOUND, peak
     assert len(requests) + len(skipped) == len(lines)
     for r in requests:
-        assert 1 <= r.input_length <= 1 << 24 and 1 <= r.output_length <= 1 << 24
+        assert r.input_length in range(1, MAX_TRACE_TOKENS + 1)
+        assert r.output_length in range(1, MAX_TRACE_TOKENS + 1)
         given = "hash_ids" in lines[r.line - 1]  # (else its own ids, above 2^40)
         assert all(0 <= h < 1 << 40 for h in r.hash_ids) or not given
 
