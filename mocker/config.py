@@ -23,6 +23,7 @@ from mocker.timing.spec import TimingSpec
 __all__ = [
     "LORA_RANKS",
     "MODEL_PRESETS",
+    "VLLM_RELEASES",
     "ConfigError",
     "EngineConfig",
     "EvictionPolicyName",
@@ -33,6 +34,10 @@ __all__ = [
     "StorageKind",
     "StorageTierSpec",
 ]
+
+# The vLLM releases whose names and formats mocker serves (--vllm-compat): the current one
+# last, the default.
+VLLM_RELEASES = ("0.33", "0.34")
 
 
 class PreemptionVictim(StrEnum):
@@ -352,6 +357,9 @@ class EngineConfig:
     load_timeout: float = 10.0  # a longer load is cancelled and the request recomputes
     # Write-through stores only prompt blocks (vLLM's offload_prompt_only, default true).
     offload_prompt_only: bool = True
+    # vLLM 0.34's self_describing_kv_events: an offload tier's BlockStored describes its
+    # blocks in full (else it names a chunk's hash only).
+    self_describing_kv_events: bool = False
     # Tiers below the CPU tier, in lookup order (vLLM's tiering secondary_tiers).
     storage_tiers: tuple[StorageTierSpec, ...] = ()
     # LoRA (vLLM's --enable-lora): at most max_loras distinct adapters in a batch (GPU slots);
@@ -412,7 +420,7 @@ class EngineConfig:
         _int_in("vocab_size", self.vocab_size, 2, 1 << 31)
         _int_in("eos_token_id", self.eos_token_id, 0, self.vocab_size - 1)
         for name in ("enable_prefix_caching", "enable_chunked_prefill", "enable_kv_cache_events",
-                     "offload_prompt_only"):  # fmt: skip
+                     "offload_prompt_only", "self_describing_kv_events"):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 _fail(name, getattr(self, name), "must be true or false")
         if self.prefix_caching_hash_algo not in _HASH_ALGOS:

@@ -109,6 +109,8 @@ class EngineRequest:
     lora_name: str | None = None
     lora_path: str | None = None  # the adapter's path (vLLM hashes it with the name)
     cache_salt: str | None = None
+    # vLLM 0.34's session id: related requests of one conversation (in its BlockStored).
+    session_id: str | None = None
     # Replay: hashes of the prompt's leading full blocks, given by the driver (derived from
     # the trace's hash ids); the engine hashes only the blocks after them.
     block_hashes: Sequence[BlockHash] | None = None
@@ -136,6 +138,7 @@ class Request:
     priority: int = 0
     lora_name: str | None = None
     lora_path: str | None = None
+    session_id: str | None = None  # (see EngineRequest)
     token_seed: int = 0
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0

@@ -12,6 +12,7 @@ from mocker.api.state import ServerState
 
 __all__ = [
     "HEADER_PARAMETERS",
+    "SESSION_HEADER_PARAMETERS",
     "State",
     "check_accepting",
     "get_state",
@@ -42,7 +43,10 @@ def request_headers(request: Request) -> RequestHeaders:
     its whole handling (each one solved and validated on its own)."""
     get = request.headers.get
     return RequestHeaders(
-        get("x-request-id") or None, get("x-data-parallel-rank"), get("x-mocker-fail")
+        get("x-request-id") or None,
+        get("x-data-parallel-rank"),
+        get("x-mocker-fail"),
+        get("x-session-id"),
     )
 
 
@@ -66,6 +70,13 @@ HEADER_PARAMETERS: dict[str, Any] = {
             "Pins the request to this data-parallel rank (vLLM's header).",
         ),
         _header("x-mocker-fail", "An injected fault for this request (see the README)."),
+    ]
+}
+# The routes that read a session (completions, chat, responses), as vLLM 0.34's.
+SESSION_HEADER_PARAMETERS: dict[str, Any] = {
+    "parameters": [
+        *HEADER_PARAMETERS["parameters"],
+        _header("x-session-id", "The session of related requests (vLLM 0.34's header)."),
     ]
 }
 

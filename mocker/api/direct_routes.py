@@ -161,6 +161,7 @@ class DirectRoutes:
                 _text(headers.get(b"x-request-id")) or None,
                 _text(headers.get(b"x-data-parallel-rank")),
                 _text(headers.get(b"x-mocker-fail")),
+                _text(headers.get(b"x-session-id")),
             ),
             prepared,
         )

@@ -278,6 +278,10 @@ class _Sampling(_Knobs):
     # Pins a rank (also the X-data-parallel-rank header).
     data_parallel_rank: Rank | None = None
     cache_salt: str | None = None
+    # vLLM 0.34: related requests' session (also the X-Session-ID header and
+    # vllm_xargs.session_id), named in the KV events of the blocks they store.
+    session_id: str | None = None
+    vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
     # The prompt's and the generated token ids in the response (and stream chunks).
     return_token_ids: bool | None = None
     # P/D (NixlConnector): do_remote_decode on a prefill request; a decode request carries

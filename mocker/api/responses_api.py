@@ -44,7 +44,7 @@ def named_as_sent() -> Iterator[None]:
 _TEXT_PARTS = ("input_text", "output_text", "text")
 # The vLLM extras a responses body may carry that the chat request honours as well.
 _PASSED_ON = ("ignore_eos", "min_tokens", "priority", "cache_salt", "seed", "stop",
-              "stop_token_ids", "data_parallel_rank")  # fmt: skip
+              "stop_token_ids", "data_parallel_rank", "session_id", "vllm_xargs")  # fmt: skip
 
 
 def chat_fields(body: ResponsesRequest) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pydantic import ValidationError
 from starlette.responses import Response
@@ -69,6 +69,7 @@ class RequestHeaders:
     request_id: str | None = None  # X-Request-Id
     rank: str | None = None  # X-data-parallel-rank, as sent
     fault: str | None = None  # X-Mocker-Fail
+    session: str | None = None  # X-Session-ID
 
 
 def pinned_rank(field: int | None, header: str | None) -> int | None:
@@ -90,6 +91,17 @@ def pinned_rank(field: int | None, header: str | None) -> int | None:
             )
         rank = field
     return rank
+
+
+def session_of(body: GenerationRequest, header: str | None) -> str | None:
+    """A request's session as vLLM 0.34 takes it: the body's `session_id`, else the
+    X-Session-ID header, else `vllm_xargs.session_id` (the first non-empty one)."""
+    if body.session_id:
+        return body.session_id
+    if header:
+        return header
+    xarg = (body.vllm_xargs or {}).get("session_id")
+    return xarg if isinstance(xarg, str) and xarg else None
 
 
 def _remote_cached_tokens(spec: EngineRequest, engine: LiveEngine) -> int | None:
@@ -351,8 +363,10 @@ class OpenAIServing:
             model, lora = self._check(completion)
             prompts = completion_prompts(self.tokenizer, completion.prompt)
             rid = headers.request_id or body.request_id or random_hex()
+            # (vLLM's generate route reads no session)
+            unsessioned = replace(headers, session=None)
             choices = self._start(
-                completion, prompts, sp.max_tokens, rid, headers, "token_ids", generate=True,
+                completion, prompts, sp.max_tokens, rid, unsessioned, "token_ids", generate=True,
                 lora=lora,
             )  # fmt: skip
         return self._respond(
@@ -458,6 +472,7 @@ class OpenAIServing:
         param: str,
         lora: LoraModule | None = None,
         num_prompt_top: int | None = None,
+        session_id: str | None = None,
     ) -> list[EngineRequest]:
         """One checked engine request per prompt (ids `<id>-<i>` when there are several);
         `num_prompt_top`: the prompt logprobs asked for (None: none)."""
@@ -499,6 +514,7 @@ class OpenAIServing:
                     sampling,
                     priority=body.priority,
                     cache_salt=body.cache_salt,
+                    session_id=session_id,
                     lora_name=lora.name if lora is not None else None,
                     lora_path=lora.path if lora is not None else None,
                     remote_decode=remote_decode,
@@ -555,7 +571,10 @@ class OpenAIServing:
         except RankError as exc:
             raise OpenAIError(400, str(exc), "data_parallel_rank") from None
         num_prompt_top = self._prompt_logprobs(body)
-        specs = self._specs(body, prompts, max_tokens, request_id, param, lora, num_prompt_top)
+        session = session_of(body, headers.session)
+        specs = self._specs(
+            body, prompts, max_tokens, request_id, param, lora, num_prompt_top, session
+        )
         fault = self._inject(headers.fault, param)
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         stop = tuple(s for s in stop if s)

@@ -23,6 +23,7 @@ from mocker.engine.live import LiveEngine
 from mocker.engine.outputs import StepResult
 from mocker.kvevents.config import advertised_host
 from mocker.kvevents.publisher import ZmqEventPublisher
+from mocker.kvevents.wire import Dialect
 from mocker.metrics import Exposition, MetricsCollector, StatsRecorder
 from mocker.settings import ServerSettings
 from mocker.tiers.storage import StorageTier
@@ -100,7 +101,7 @@ def _rank_engine(
     core = EngineCore(config, output_palette=tokenizer.palette, shared_tiers=shared, engine_id=rank)
     if core.lora is not None:  # --lora-modules are loaded at start-up, as vLLM loads them
         core.lora.preload(m.name for m in settings.lora_modules)
-    metrics = StatsRecorder(config, engine=str(rank))
+    metrics = StatsRecorder(config, engine=str(rank), release=settings.vllm_compat)
     publisher = None
     on_step: Callable[[StepResult], None] = metrics.on_step
     events = settings.kv_events
@@ -108,7 +109,10 @@ def _rank_engine(
         topic = events.topic_for(
             host=advertised_host(settings.host), port=settings.port, model=settings.model_name
         )
-        publisher = ZmqEventPublisher(events, topic=topic, rank=rank, fmt=settings.kv_events_format)
+        dialect = Dialect.vllm(settings.vllm_compat, config.self_describing_kv_events)
+        publisher = ZmqEventPublisher(
+            events, topic=topic, rank=rank, fmt=settings.kv_events_format, dialect=dialect
+        )
         on_step = _publishing(metrics.on_step, publisher)
     engine = LiveEngine(
         core,

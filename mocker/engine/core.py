@@ -195,6 +195,7 @@ class EngineCore:
             priority=spec.priority,
             lora_name=spec.lora_name,
             lora_path=spec.lora_path,
+            session_id=spec.session_id,
             token_seed=self.sampler.request_seed(spec.request_id),
             # P/D: a role this engine does not have is ignored, as vLLM's connector would.
             remote_decode=spec.remote_decode and self.holds is not None,
@@ -299,7 +300,10 @@ class EngineCore:
             for t in connector.storage
             for c in (connector.counters[t.name],)
         )  # fmt: skip
-        return {"stores_skipped": connector.stores_skipped, "tiers": tiers}
+        p = connector.primary
+        primary = TierSnapshot("primary", connector.cpu.usage, p.block_queries, p.block_hits)
+        return {"stores_skipped": connector.stores_skipped, "tiers": tiers,
+                "primary": primary if tiers else None}  # fmt: skip
 
     def num_cached_prefix_blocks(self, block_hashes: Sequence[BlockHash]) -> int:
         """How many leading blocks of these hashes the device prefix cache holds."""

@@ -6,7 +6,7 @@ Prometheus metrics, replay reports) read these records, never live requests or t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import TYPE_CHECKING
@@ -61,6 +61,7 @@ class EngineSnapshot:
     num_used_blocks: int = 0  # device blocks referenced by requests
     stores_skipped: int = 0  # blocks the CPU tier had no room for (vLLM's counter)
     tiers: tuple[TierSnapshot, ...] = ()  # the secondary tiers, in lookup order
+    primary: TierSnapshot | None = None  # with secondary tiers: the CPU tier, as one
     # With --enable-lora: the adapters of unfinished requests, oldest request first.
     lora_adapters: tuple[str, ...] = ()
     kv_expired: int = 0  # P/D prefill side: holds that expired unread (cumulative)
@@ -91,6 +92,7 @@ class SchedulerStats:
     prefix_hits: int  # of which found in the device prefix cache
     external_prefix_queries: int = 0  # with tiers: prompt tokens queried there
     external_prefix_hits: int = 0  # of which loaded from it
+    external_hits_by_tier: Mapping[str, int] | None = None  # those hits, by tier
 
     @classmethod
     def of(
@@ -116,6 +118,7 @@ class SchedulerStats:
             prefix_hits=sched.prefix_hits,
             external_prefix_queries=sched.external_queries,
             external_prefix_hits=sched.external_hits,
+            external_hits_by_tier=sched.external_by_tier,
         )
 
 

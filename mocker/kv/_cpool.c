@@ -815,18 +815,19 @@ static int add_run(PyObject *runs, Py_ssize_t start, Py_ssize_t end)
     return rc;
 }
 
-/* cache_full_blocks(blocks, start, end, block_hashes, token_ids, lora_name=None): make
- * blocks[start:end] findable under block_hashes[start:end]; a block whose hash is cached
- * already is replaced in the table by the cached one, and released (the Python pool's
- * per-block path, which its all-new fast path matches). When recording, the runs of blocks
- * newly stored are noted for `take_stored` (their events: tokens and LoRA are the caller's). */
+/* cache_full_blocks(blocks, start, end, block_hashes, token_ids, lora_name=None,
+ * session_id=None): make blocks[start:end] findable under block_hashes[start:end]; a block
+ * whose hash is cached already is replaced in the table by the cached one, and released (the
+ * Python pool's per-block path, which its all-new fast path matches). When recording, the runs of blocks
+ * newly stored are noted for `take_stored` (their events: tokens, LoRA and session are the
+ * caller's). */
 static PyObject *Pool_cache_full_blocks(Pool *p, PyObject *const *args, Py_ssize_t nargs)
 {
     REQUIRE_READY(p);
-    if (nargs < 5 || nargs > 6) {
+    if (nargs < 5 || nargs > 7) {
         PyErr_SetString(PyExc_TypeError,
                         "cache_full_blocks(blocks, start, end, block_hashes, token_ids, "
-                        "lora_name=None)");
+                        "lora_name=None, session_id=None)");
         return NULL;
     }
     PyObject *blocks = args[0], *hashes = args[3];

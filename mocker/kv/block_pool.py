@@ -188,6 +188,7 @@ class BlockPool:
         token_ids: Sequence[int],
         lora_name: str | None,
         group: int,
+        session_id: str | None = None,
     ) -> None:
         """`cache_full_blocks` for a group's block table, whose positions may hold no block
         (None: vLLM's null block, out of a window or a skipped Mamba state): those are not
@@ -226,12 +227,12 @@ class BlockPool:
                 self.free_blocks((block,))
             if stored:
                 self._record_group_stored(run_start, i, stored, block_hashes, token_ids,
-                                          lora_name, group)  # fmt: skip
+                                          lora_name, group, session_id)  # fmt: skip
                 stored = []
             run_start = i + 1
         if stored:
             self._record_group_stored(run_start, end, stored, block_hashes, token_ids,
-                                      lora_name, group)  # fmt: skip
+                                      lora_name, group, session_id)  # fmt: skip
 
     def _record_group_stored(
         self,
@@ -242,6 +243,7 @@ class BlockPool:
         token_ids: Sequence[int],
         lora_name: str | None,
         group: int,
+        session_id: str | None,
     ) -> None:
         if not self.record_events:
             return
@@ -257,6 +259,7 @@ class BlockPool:
                 group_idx=group,
                 kv_cache_spec_kind=kind,
                 kv_cache_spec_sliding_window=window,
+                session_id=session_id,
             )
         )
 
@@ -268,6 +271,7 @@ class BlockPool:
         block_hashes: Sequence[BlockHash],
         token_ids: Sequence[int],
         lora_name: str | None = None,
+        session_id: str | None = None,
     ) -> None:
         """Make blocks[start:end] findable under block_hashes[start:end].
 
@@ -289,7 +293,7 @@ class BlockPool:
                     block.token_src = token_ids
                     block.token_start = i * bs
                     block.lora_name = lora_name
-            self._record_stored(start, end, block_hashes, token_ids, lora_name)
+            self._record_stored(start, end, block_hashes, token_ids, lora_name, session_id)
             return
         bs = self.block_size
         run_start = -1  # first index of the current run of newly stored blocks
@@ -316,10 +320,10 @@ class BlockPool:
                 blocks[i] = existing
                 self.free_blocks((block,))
             if run_start >= 0:
-                self._record_stored(run_start, i, block_hashes, token_ids, lora_name)
+                self._record_stored(run_start, i, block_hashes, token_ids, lora_name, session_id)
                 run_start = -1
         if run_start >= 0:
-            self._record_stored(run_start, end, block_hashes, token_ids, lora_name)
+            self._record_stored(run_start, end, block_hashes, token_ids, lora_name, session_id)
 
     def _cache_new_run(
         self, blocks: list[KVBlock], start: int, end: int, block_hashes: Sequence[BlockHash]
@@ -356,11 +360,14 @@ class BlockPool:
         block_hashes: Sequence[BlockHash],
         token_ids: Sequence[int],
         lora_name: str | None,
+        session_id: str | None,
     ) -> None:
         if not self.record_events:
             return
         self._events.append(
-            stored_event(start, end, block_hashes, token_ids, self.block_size, lora_name)
+            stored_event(
+                start, end, block_hashes, token_ids, self.block_size, lora_name, session_id
+            )
         )
 
     def _evict(self, block: KVBlock) -> None:

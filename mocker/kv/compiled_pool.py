@@ -163,6 +163,7 @@ class CompiledEventPool(CompiledBlockPool):
         block_hashes: Sequence[BlockHash],
         token_ids: Sequence[int],
         lora_name: str | None = None,
+        session_id: str | None = None,
     ) -> None:
         try:
             super().cache_full_blocks(blocks, start, end, block_hashes, token_ids, lora_name)
@@ -175,7 +176,9 @@ class CompiledEventPool(CompiledBlockPool):
             self._tokens.update(
                 (block_hashes[i], (token_ids, i * bs, lora_name)) for i in range(lo, hi)
             )
-            self._events.append(stored_event(lo, hi, block_hashes, token_ids, bs, lora_name))
+            self._events.append(
+                stored_event(lo, hi, block_hashes, token_ids, bs, lora_name, session_id)
+            )
 
     def reset_prefix_cache(self) -> int:
         cleared = super().reset_prefix_cache()

@@ -251,7 +251,8 @@ class HybridKVCacheManager:
             for g, table in enumerate(tables):
                 before = pool.num_used
                 pool.cache_group_blocks(table, start, num_full, request.block_hashes,
-                                        request.all_token_ids, request.lora_name, g)  # fmt: skip
+                                        request.all_token_ids, request.lora_name, g,
+                                        request.session_id)  # fmt: skip
                 self.used[g] -= before - pool.num_used  # an adopted duplicate freed its own
         request.num_cached_blocks = num_full
 

@@ -38,6 +38,10 @@ class BlockStored:
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
+    # vLLM 0.34's: the offload tier that made the event (None for mocker's tiers, as for
+    # vLLM's but kvcr), and the session of the request that stored the blocks.
+    ownership: str | None = None
+    session_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +52,7 @@ class BlockRemoved:
     medium: str = "GPU"
     locality: str | None = None  # as BlockStored's
     group_idx: int | None = None  # as BlockStored's
+    ownership: str | None = None  # as BlockStored's
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +70,7 @@ def stored_event(
     token_ids: Sequence[int],
     block_size: int,
     lora_name: str | None,
+    session_id: str | None = None,
 ) -> BlockStored:
     """The BlockStored of a dense model's blocks [start, end) of one request, newly cached."""
     return BlockStored(
@@ -73,6 +79,7 @@ def stored_event(
         token_ids=tuple(token_ids[start * block_size : end * block_size]),
         block_size=block_size,
         lora_name=lora_name,
+        session_id=session_id,
     )
 
 

@@ -51,6 +51,7 @@ class DevicePool(Protocol):
         block_hashes: Sequence[BlockHash],
         token_ids: Sequence[int],
         lora_name: str | None = None,
+        session_id: str | None = None,
     ) -> None: ...
 
     def free_blocks(self, ordered_blocks: Iterable[Any]) -> None: ...
@@ -227,6 +228,7 @@ class KVCacheManager:
                 request.block_hashes,
                 request.all_token_ids,
                 request.lora_name,
+                request.session_id,
             )
         request.num_cached_blocks = num_full
 

@@ -22,7 +22,7 @@ from mocker.kvevents.config import (
     wildcard_port,
     with_port,
 )
-from mocker.kvevents.wire import END_SEQ, BatchEncoder, seq_bytes
+from mocker.kvevents.wire import CURRENT, END_SEQ, BatchEncoder, Dialect, seq_bytes
 
 __all__ = ["ZmqEventPublisher"]
 
@@ -62,6 +62,7 @@ class ZmqEventPublisher:
         topic: str = "",
         rank: int = 0,
         fmt: EventFormat = EventFormat.MAP,
+        dialect: Dialect = CURRENT,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         first_subscriber_wait_s: float = FIRST_SUBSCRIBER_WAIT_S,
     ) -> None:
@@ -78,7 +79,7 @@ class ZmqEventPublisher:
                 self.endpoint,
             )
         self._topic = topic.encode()
-        self._encoder = BatchEncoder(fmt, rank)
+        self._encoder = BatchEncoder(fmt, rank, dialect)
         self._first_wait = first_subscriber_wait_s
         self._queue: queue.Queue[_Item | None] = queue.Queue(maxsize=config.max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -10,98 +11,139 @@ import msgspec
 from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from mocker.kvevents.config import EventFormat
 
-__all__ = ["END_SEQ", "BatchEncoder", "seq_bytes"]
+__all__ = ["CURRENT", "END_SEQ", "BatchEncoder", "Dialect", "seq_bytes"]
 
 # The replay end marker's sequence frame: -1 as 8 signed big-endian bytes.
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+# vLLM's struct fields after the ones every event carries (block_hashes, parent_block_hash,
+# token_ids, block_size, lora_id, medium, lora_name / block_hashes, medium): they default
+# to null, and vLLM (omit_defaults) leaves a null one out of a map, and the trailing nulls
+# out of an array.
+_STORED_TAIL = ("extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window",
+                "locality", "ownership", "session_id", "lookahead_token_ids")  # fmt: skip
+_REMOVED_TAIL = ("group_idx", "locality", "ownership")
+_GPU = "GPU"
 
 
 def seq_bytes(seq: int) -> bytes:
     return seq.to_bytes(8, "big")
 
 
-def _as_map(event: KVEvent) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """Which release's event contents a stream carries (vLLM 0.34's by default)."""
+
+    # 0.34: a dense model's events name its one group, group 0, and a stored event the
+    # group's kind ("full_attention"); 0.33 wrote no group field for a dense model.
+    dense_group: bool = True
+    # 0.34: an offload tier's BlockStored names one chunk's hash and group only (token ids
+    # and parent left out) unless kv_connector_extra_config.self_describing_kv_events is on;
+    # 0.33 described the blocks in full.
+    placeholders: bool = True
+
+    @classmethod
+    def vllm(cls, version: str, self_describing: bool = False) -> Dialect:
+        """The dialect of a vLLM release ("0.33" or "0.34")."""
+        if version == "0.33":
+            return cls(dense_group=False, placeholders=False)
+        return cls(dense_group=True, placeholders=not self_describing)
+
+
+CURRENT = Dialect()  # vLLM 0.34's
+
+
+def _stored(
+    event: BlockStored, dialect: Dialect
+) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]]:
+    """(every event's fields, the optional tail) of the wire events one BlockStored makes."""
+    group = event.group_idx
+    if group is None and dialect.dense_group:
+        group = 0
+    if event.medium != _GPU and dialect.placeholders:
+        for block_hash in event.block_hashes:  # one a chunk (an offload key)
+            yield ((block_hash,), None, (), 0, None, event.medium, None), (
+                None, group, None, None, event.locality, event.ownership, None, None
+            )  # fmt: skip
+        return
+    kind = event.kv_cache_spec_kind
+    if kind is None and group is not None:
+        kind = "full_attention"
+    yield (
+        (event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size, None,
+         event.medium, event.lora_name),
+        (None, group, kind, event.kv_cache_spec_sliding_window, event.locality,
+         event.ownership, event.session_id, None),
+    )  # fmt: skip
+
+
+def _removed_tail(event: BlockRemoved, dialect: Dialect) -> tuple[Any, ...]:
+    group = event.group_idx
+    if group is None and dialect.dense_group:
+        group = 0
+    return group, event.locality, event.ownership
+
+
+def _as_map(event: KVEvent, dialect: Dialect) -> Iterator[dict[str, Any]]:
     # Key order follows vLLM's structs: the "type" tag, then the fields as declared.
     # parent_block_hash, lora_id, medium and lora_name have no default there, so they are
     # always written, null or not (vLLM's decoder rejects an event without them).
-    # The optional trailing fields (vLLM omits defaults) are written only when set.
     if type(event) is BlockStored:
-        stored = {
-            "type": "BlockStored",
-            "block_hashes": event.block_hashes,
-            "parent_block_hash": event.parent_block_hash,
-            "token_ids": event.token_ids,
-            "block_size": event.block_size,
-            "lora_id": None,
-            "medium": event.medium,
-            "lora_name": event.lora_name,
-        }
-        if event.group_idx is not None:
-            stored["group_idx"] = event.group_idx
-            stored["kv_cache_spec_kind"] = event.kv_cache_spec_kind
-            if event.kv_cache_spec_sliding_window is not None:
-                stored["kv_cache_spec_sliding_window"] = event.kv_cache_spec_sliding_window
-        if event.locality is not None:
-            stored["locality"] = event.locality
-        return stored
-    if type(event) is BlockRemoved:
-        removed: dict[str, Any] = {"type": "BlockRemoved", "block_hashes": event.block_hashes,
-                                   "medium": event.medium}  # fmt: skip
-        if event.group_idx is not None:
-            removed["group_idx"] = event.group_idx
-        if event.locality is not None:
-            removed["locality"] = event.locality
-        return removed
-    if type(event) is AllBlocksCleared:
-        return {"type": "AllBlocksCleared"}
-    raise TypeError(f"not a KV event: {event!r}")
+        for head, tail in _stored(event, dialect):
+            hashes, parent, tokens, size, lora_id, medium, lora = head
+            stored = {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
+                      "token_ids": tokens, "block_size": size, "lora_id": lora_id,
+                      "medium": medium, "lora_name": lora}  # fmt: skip
+            stored.update((k, v) for k, v in zip(_STORED_TAIL, tail, strict=True) if v is not None)
+            yield stored
+    elif type(event) is BlockRemoved:
+        removed = {"type": "BlockRemoved", "block_hashes": event.block_hashes,
+                   "medium": event.medium}  # fmt: skip
+        tail = _removed_tail(event, dialect)
+        removed.update((k, v) for k, v in zip(_REMOVED_TAIL, tail, strict=True) if v is not None)
+        yield removed
+    elif type(event) is AllBlocksCleared:
+        yield {"type": "AllBlocksCleared"}
+    else:
+        raise TypeError(f"not a KV event: {event!r}")
 
 
-def _as_array(event: KVEvent) -> tuple[Any, ...]:
+def _trimmed(tail: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The optional fields up to the last one set (a set one after an unset: null between)."""
+    end = len(tail)
+    while end and tail[end - 1] is None:
+        end -= 1
+    return tail[:end]
+
+
+def _as_array(event: KVEvent, dialect: Dialect) -> Iterator[tuple[Any, ...]]:
     # The positional layout: the tag first, then the same fields in the same order.
-    # A set locality or group is written after the optional fields before it (extra_keys,
-    # group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window), left null when unset.
     if type(event) is BlockStored:
-        stored: tuple[Any, ...] = (
-            "BlockStored",
-            event.block_hashes,
-            event.parent_block_hash,
-            event.token_ids,
-            event.block_size,
-            None,
-            event.medium,
-            event.lora_name,
-        )
-        if event.group_idx is not None:
-            stored += (None, event.group_idx, event.kv_cache_spec_kind,
-                       event.kv_cache_spec_sliding_window)  # fmt: skip
-            if event.locality is not None:
-                stored += (event.locality,)
-        elif event.locality is not None:
-            stored += (None, None, None, None, event.locality)
-        return stored
-    if type(event) is BlockRemoved:
-        if event.locality is not None:  # after group_idx
-            return ("BlockRemoved", event.block_hashes, event.medium, event.group_idx,
-                    event.locality)  # fmt: skip
-        if event.group_idx is not None:
-            return ("BlockRemoved", event.block_hashes, event.medium, event.group_idx)
-        return ("BlockRemoved", event.block_hashes, event.medium)
-    if type(event) is AllBlocksCleared:
-        return ("AllBlocksCleared",)
-    raise TypeError(f"not a KV event: {event!r}")
+        for head, tail in _stored(event, dialect):
+            yield ("BlockStored", *head, *_trimmed(tail))
+    elif type(event) is BlockRemoved:
+        tail = _trimmed(_removed_tail(event, dialect))
+        yield ("BlockRemoved", event.block_hashes, event.medium, *tail)
+    elif type(event) is AllBlocksCleared:
+        yield ("AllBlocksCleared",)
+    else:
+        raise TypeError(f"not a KV event: {event!r}")
 
 
 class BatchEncoder:
     """Encodes one step's events as vLLM's EventBatch payload (block hashes as uint64)."""
 
-    __slots__ = ("_convert", "_encoder", "rank")
+    __slots__ = ("_convert", "_dialect", "_encoder", "rank")
 
-    def __init__(self, fmt: EventFormat = EventFormat.MAP, rank: int = 0) -> None:
+    def __init__(
+        self, fmt: EventFormat = EventFormat.MAP, rank: int = 0, dialect: Dialect = CURRENT
+    ) -> None:
         self._encoder = msgspec.msgpack.Encoder()
         self._convert = _as_map if EventFormat(fmt) is EventFormat.MAP else _as_array
+        self._dialect = dialect
         self.rank = rank
 
     def encode(self, ts: float, events: Sequence[KVEvent]) -> bytes:
-        convert = self._convert
-        return self._encoder.encode((ts, [convert(e) for e in events], self.rank))
+        convert, dialect = self._convert, self._dialect
+        wire = [out for e in events for out in convert(e, dialect)]
+        return self._encoder.encode((ts, wire, self.rank))

@@ -62,6 +62,7 @@ class Family:
     label: str | None = None
     legacy: bool = False  # a V0-era name, exported only with --legacy-metric-names
     consumer: bool = False  # P/D: exported only by an engine that pulls KV (a kv_consumer)
+    release: str | None = None  # exported only when serving this vLLM release (--vllm-compat)
 
 
 def _by_source(m: StatsRecorder, s: EngineSnapshot) -> Value:
@@ -87,21 +88,48 @@ def _cached_by_tier(m: StatsRecorder, s: EngineSnapshot) -> Value:
     return device + [(tier, by_tier.get(tier, 0)) for tier in _tier_names(m)]
 
 
+# vLLM 0.34's CacheHitSource, in its order, and the source of each of mocker's tiers (the
+# CPU tier is host memory, fs and obj tiers are storage, a P/D pull is another instance's).
+CACHE_HIT_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
+_SOURCE_OF_TIER = {"cpu": "host", "fs": "disk", "obj": "disk", PULL_SOURCE: "p2p"}
+
+
+def _cached_by_source(m: StatsRecorder, s: EngineSnapshot) -> Value:
+    """vLLM 0.34's: counted at admission, device hits plus each tier's as its source (the
+    sum is prefix_cache_hits + external_prefix_cache_hits), every source listed."""
+    counts = dict.fromkeys(CACHE_HIT_SOURCES, 0)
+    counts["device"] = m.prefix_hits
+    for tier, n in m.external_hits_by_tier.items():
+        counts[_SOURCE_OF_TIER.get(tier, "external_unspecified")] += n
+    return list(counts.items())
+
+
+def _tier_label(m: StatsRecorder, index: int, name: str) -> str:
+    """A secondary tier's `tier` label: vLLM 0.34's "<position>:<type>" (the CPU tier is
+    "0:primary"), 0.33's type."""
+    return name if m.release == "0.33" else f"{index + 1}:{name}"
+
+
 def _per_tier(table: Callable[[StatsRecorder], Mapping[str, float]]) -> Source:
     """A tiering counter from the recorder's table, one series per secondary tier."""
 
     def source(m: StatsRecorder, s: EngineSnapshot) -> Value:
         values = table(m)
-        return [(t.name, values.get(t.name, 0)) for t in m.config.storage_tiers]
+        return [(_tier_label(m, i, t.name), values.get(t.name, 0))
+                for i, t in enumerate(m.config.storage_tiers)]  # fmt: skip
 
     return source
 
 
-def _tier_counter(attr: str) -> Source:
-    """A tiering counter from the engine's snapshot, one series per secondary tier."""
+def _tier_counter(attr: str, primary: bool = False) -> Source:
+    """A tiering counter from the engine's snapshot, one series per secondary tier (after
+    the CPU tier's, "0:primary", with `primary`)."""
 
     def source(m: StatsRecorder, s: EngineSnapshot) -> Value:
-        return [(t.name, getattr(t, attr)) for t in s.tiers]
+        first = [("0:primary", getattr(s.primary, attr))] if primary and s.primary else []
+        return first + [
+            (_tier_label(m, i, t.name), getattr(t, attr)) for i, t in enumerate(s.tiers)
+        ]
 
     return source
 
@@ -144,17 +172,25 @@ FAMILIES: tuple[Family, ...] = (
     Family("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", C,
            _by_source, label="source"),
     Family("vllm:prompt_tokens_cached_by_source",
+           "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), "
+           "host (offloaded to DRAM), disk, p2p (transferred from another vLLM instance) or "
+           "external_unspecified. Counted at admission; sums to vllm:prefix_cache_hits + "
+           "vllm:external_prefix_cache_hits.", C, _cached_by_source, label="source",
+           release="0.34"),
+    Family("vllm:prompt_tokens_cached_by_source",
            "Number of cached prompt tokens by the tier they were found in.", C,
-           _cached_by_tier, label="source"),
+           _cached_by_tier, label="source", release="0.33"),
     Family("vllm:request_success", "Count of successfully processed requests.", C,
            lambda m, s: list(m.finished.items()), label="finished_reason"),
-    Family("vllm:kv_offload_store_bytes", "Bytes stored to the CPU tier.", C,
+    Family("vllm:kv_offload_store_bytes", "Total bytes stored from GPU to offload storage.", C,
            lambda m, s: m.offload_store_bytes),
-    Family("vllm:kv_offload_load_bytes", "Bytes loaded from the CPU tier.", C,
+    Family("vllm:kv_offload_load_bytes", "Total bytes loaded from offload storage to GPU.", C,
            lambda m, s: m.offload_load_bytes),
-    Family("vllm:kv_offload_store_time", "Seconds spent in KV offload stores.", C,
+    Family("vllm:kv_offload_store_time",
+           "Total store time from GPU to offload storage, in seconds.", C,
            lambda m, s: m.offload_store_time),
-    Family("vllm:kv_offload_load_time", "Seconds spent in KV offload loads.", C,
+    Family("vllm:kv_offload_load_time",
+           "Total load time from offload storage to GPU, in seconds.", C,
            lambda m, s: m.offload_load_time),
     Family("vllm:kv_offload_cpu_cache_usage_perc",
            "CPU tier KV-cache usage. 1 means 100 percent usage.", G,
@@ -162,23 +198,37 @@ FAMILIES: tuple[Family, ...] = (
     Family("vllm:kv_offload_stores_skipped",
            "Blocks not stored to the CPU tier for want of room (every block pinned).", C,
            lambda m, s: s.stores_skipped),
-    Family("vllm:kv_offload_tiering_write_bytes", "Bytes cascaded from the CPU tier.", C,
+    Family("vllm:kv_offload_tiering_write_bytes",
+           "Total bytes written from the primary tier to secondary tiers, labeled by tier.", C,
            _per_tier(lambda m: m.tier_write_bytes), label="tier"),
-    Family("vllm:kv_offload_tiering_write_time", "Seconds spent in cascades from the CPU tier.",
+    Family("vllm:kv_offload_tiering_write_time",
+           "Total time spent writing from the primary tier to secondary tiers, in seconds, "
+           "labeled by tier. Tiers that do not report per-job transfer time have no series here.",
            C, _per_tier(lambda m: m.tier_write_time), label="tier"),
-    Family("vllm:kv_offload_tiering_read_bytes", "Bytes promoted to the CPU tier.", C,
+    Family("vllm:kv_offload_tiering_read_bytes",
+           "Total bytes read from secondary tiers into the primary tier, labeled by tier.", C,
            _per_tier(lambda m: m.tier_read_bytes), label="tier"),
-    Family("vllm:kv_offload_tiering_read_time", "Seconds spent in promotions to the CPU tier.",
+    Family("vllm:kv_offload_tiering_read_time",
+           "Total time spent reading from secondary tiers into the primary tier, in seconds, "
+           "labeled by tier. Tiers that do not report per-job transfer time have no series here. "
+           "Use vllm:kv_offload_tiering_promotion_latency_seconds for tier-independent promotion "
+           "timing.",
            C, _per_tier(lambda m: m.tier_read_time), label="tier"),
+    Family("vllm:kv_offload_tiering_chunk_queries",
+           "Number of chunk lookup queries sent to a tier, labeled by tier.", C,
+           _tier_counter("block_queries", primary=True), label="tier", release="0.34"),
+    Family("vllm:kv_offload_tiering_chunk_hits",
+           "Number of chunk lookup hits in a tier, labeled by tier.", C,
+           _tier_counter("block_hits", primary=True), label="tier", release="0.34"),
     Family("vllm:kv_offload_tiering_block_queries", "Blocks looked up in a secondary tier.", C,
-           _tier_counter("block_queries"), label="tier"),
+           _tier_counter("block_queries"), label="tier", release="0.33"),
     Family("vllm:kv_offload_tiering_block_hits", "Blocks found in a secondary tier.", C,
-           _tier_counter("block_hits"), label="tier"),
+           _tier_counter("block_hits"), label="tier", release="0.33"),
     Family("vllm:kv_offload_tiering_promotion_job_failures",
-           "Promotions to the CPU tier that failed or timed out.", C,
+           "Number of failed secondary-tier promotion jobs, labeled by tier.", C,
            _tier_counter("promotion_failures"), label="tier"),
     Family("vllm:kv_offload_tiering_cascade_job_failures",
-           "Cascades from the CPU tier that failed.", C,
+           "Number of failed secondary-tier cascade jobs, labeled by tier.", C,
            _tier_counter("cascade_failures"), label="tier"),
     Family("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
            H, lambda m, s: m.ttft),
@@ -211,11 +261,12 @@ FAMILIES: tuple[Family, ...] = (
            lambda m, s: m.request_prefill_kv_computed),
     Family("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", H,
            lambda m, s: m.iteration_tokens),
-    Family("vllm:request_num_preemptions", "Number of preemptions of each preempted request.",
-           H, lambda m, s: m.request_preemptions),
-    Family("vllm:kv_offload_store_size", "Bytes per KV offload store (GPU to CPU transfer).",
+    Family("vllm:request_num_preemptions",
+           "Histogram of the number of times a request was preempted.", H,
+           lambda m, s: m.request_preemptions),
+    Family("vllm:kv_offload_store_size", "Histogram of KV offload store operation size, in bytes.",
            H, lambda m, s: m.offload_store_size),
-    Family("vllm:kv_offload_load_size", "Bytes per KV offload load (CPU to GPU transfer).",
+    Family("vllm:kv_offload_load_size", "Histogram of KV offload load operation size, in bytes.",
            H, lambda m, s: m.offload_load_size),
     # The same transfers under the names vLLM deprecated but still exports (and dashboards,
     # llm-d's guides among them, still read): CPU_to_GPU loads, GPU_to_CPU stores.
@@ -381,8 +432,9 @@ class MetricsCollector(Collector):
 
     def _families(self) -> Iterator[Family]:
         """The table's families this server exports, in order."""
+        release = self.engines[0].release if self.engines else None
         for family in FAMILIES:
-            if not family.legacy or self.legacy_names:
+            if (not family.legacy or self.legacy_names) and family.release in (None, release):
                 yield family
         role = self.engines[0].config.kv_role if self.engines else KVRole.NONE
         if role is not KVRole.NONE:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mocker.config import EngineConfig
+from mocker.config import VLLM_RELEASES, EngineConfig
 from mocker.disagg.pulls import PdCounters, PullRecord
 from mocker.engine.outputs import StepResult
 from mocker.engine.stats import EngineSnapshot, FinishedRequestStats, IterationStats
@@ -41,6 +41,7 @@ class StatsRecorder:
 
     config: EngineConfig
     engine: str = "0"
+    release: str = VLLM_RELEASES[-1]  # the vLLM release whose metric forms are served
     snapshot: Callable[[], EngineSnapshot] | None = None
     prompt_tokens: int = 0
     generation_tokens: int = 0
@@ -51,6 +52,8 @@ class StatsRecorder:
     prefix_hits: int = 0
     external_prefix_queries: int = 0
     external_prefix_hits: int = 0
+    # Of those, the tokens each tier below the device supplied, counted at admission.
+    external_hits_by_tier: dict[str, int] = field(default_factory=dict)
     num_preemptions: int = 0
     offload_store_bytes: int = 0
     offload_load_bytes: int = 0
@@ -116,6 +119,10 @@ class StatsRecorder:
         self.prefix_hits += stats.prefix_hits
         self.external_prefix_queries += stats.external_prefix_queries
         self.external_prefix_hits += stats.external_prefix_hits
+        if stats.external_hits_by_tier:
+            by_tier = self.external_hits_by_tier
+            for tier, n in stats.external_hits_by_tier.items():
+                by_tier[tier] = by_tier.get(tier, 0) + n
         if result.idle:
             return
         self.iteration_tokens.observe(stats.num_scheduled_tokens)

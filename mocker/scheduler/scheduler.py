@@ -52,6 +52,8 @@ class SchedulerOutput:
     prefix_hits: int = 0
     external_queries: int = 0  # with tiers below the device: prompt tokens queried there
     external_hits: int = 0  # of which loaded from them
+    # Of those, the tokens each tier supplied (None until one did).
+    external_by_tier: dict[str, int] | None = None
     # Requests whose blocks this pass computes were registered in the prefix cache as they
     # were scheduled (vLLM's allocate_slots caches them before the forward pass, so a
     # request admitted later in the same pass hits them): how many blocks each had
@@ -221,6 +223,7 @@ class Scheduler:
             # (Zeroed in place: only these counts of the carry are ever set.)
             carry.prefix_queries = carry.prefix_hits = 0
             carry.external_queries = carry.external_hits = 0
+            out.external_by_tier, carry.external_by_tier = carry.external_by_tier, None
         budget, stalled = self._schedule_running(self._token_budget, out)
         # As vLLM: a pass that had to preempt admits nobody new (unless nothing is left to
         # run). Nor does one in which a running request waits for blocks being offloaded:
@@ -508,6 +511,12 @@ class Scheduler:
         if self._external:
             out.external_queries += request.num_tokens
             out.external_hits += tiers
+            if tiers:
+                by_tier = out.external_by_tier
+                if by_tier is None:
+                    by_tier = out.external_by_tier = {}
+                for tier, n in request.tier_hits:
+                    by_tier[tier] = by_tier.get(tier, 0) + n
 
     def _schedule_ready(self, budget: int, out: SchedulerOutput) -> int:
         """Resume requests whose KV loaded, in the order their loads ended."""

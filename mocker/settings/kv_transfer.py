@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import uuid
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from mocker.config import ConfigError, StorageKind, StorageTierSpec
@@ -36,15 +38,26 @@ _NIXL_IGNORED = {"backends", "enforce_handshake_compat", "num_threads", "decoder
                  "bidirectional_kv_xfer"}  # fmt: skip
 _SPECS = ("CPUOffloadingSpec", "TieringOffloadingSpec")
 # vLLM's extra-config keys this mock reads, and those it accepts without a use for them.
-_EXTRA_KEYS = {"spec_name", "cpu_bytes_to_use", "block_size", "eviction_policy",
-               "offload_prompt_only", "secondary_tiers", "store_threshold",
-               "hybrid_chunk_size"}  # fmt: skip
-_EXTRA_IGNORED = {"spec_module_path", "num_cpu_blocks"}
-# Per secondary tier: the mock's keys, and vLLM's own keys that mean nothing here.
-_TIER_KEYS = {"type", "capacity_bytes", "read_gbps", "write_gbps", "latency_ms", "failure_rate"}
-_TIER_IGNORED = {"root_dir", "module_path", "num_threads", "num_read_threads",
-                 "num_write_threads", "read_threads", "write_threads", "bucket", "endpoint",
-                 "prefix"}  # fmt: skip
+_EXTRA_KEYS = {"spec_name", "cpu_bytes_to_use", "block_size", "blocks_per_chunk",
+               "eviction_policy", "offload_prompt_only", "secondary_tiers", "store_threshold",
+               "hybrid_chunk_size", "self_describing_kv_events"}  # fmt: skip
+# vLLM 0.34's keys that tune what mocker does not model (threads, polling, back-pressure,
+# layouts), and older ones.
+_EXTRA_IGNORED = {"spec_module_path", "num_cpu_blocks", "backpressure", "cache_policy_module_path",
+                  "canonical_layout", "max_tracker_size", "sync_load_budget_bytes",
+                  "tier_poll_interval_s"}  # fmt: skip
+# Per secondary tier: the mock's keys (sizes and links: vLLM has none), and vLLM 0.34's own
+# keys of the fs and obj tiers that mean nothing here (and older spellings).
+_TIER_KEYS = {"type", "capacity_bytes", "read_gbps", "write_gbps", "latency_ms", "failure_rate",
+              "root_dir"}  # fmt: skip
+_TIER_IGNORED = {"module_path", "locality", "backpressure", "enable_kv_events",
+                 "n_read_threads", "n_write_threads", "store_config", "prefix", "io_threads",
+                 "num_threads", "num_read_threads", "num_write_threads", "read_threads",
+                 "write_threads", "bucket", "endpoint"}  # fmt: skip
+# vLLM 0.34's tier types mocker does not model.
+_UNMODELLED_TIERS = ("example", "p2p", "kvcr")
+# An obj tier without capacity_bytes: as good as unbounded (the most blocks a tier takes).
+UNBOUNDED_BLOCKS = 1 << 40
 
 # The mock's defaults per tier type (GB/s = 10^9 bytes/s; latency per transfer): a local
 # NVMe drive and a networked object store.
@@ -126,15 +139,7 @@ def parse_kv_transfer_config(
     if cpu_blocks < 1:
         raise _fail("cpu_bytes_to_use", extra["cpu_bytes_to_use"],
                     f"holds no block of {gpu_block_bytes} bytes")  # fmt: skip
-    block_size = extra.get("block_size", gpu_block_size)
-    if (
-        isinstance(block_size, bool)
-        or not isinstance(block_size, int)
-        or block_size < gpu_block_size
-        or block_size % gpu_block_size
-    ):
-        raise _fail("block_size", block_size,
-                    f"must be a multiple of the GPU block size ({gpu_block_size})")  # fmt: skip
+    block_size = _chunk_tokens(extra, gpu_block_size)
     policy = extra.get("eviction_policy", "lru")
     if policy == "arc":
         raise _fail("eviction_policy", policy, "arc is not modelled by mocker; use lru")
@@ -161,6 +166,10 @@ def parse_kv_transfer_config(
         storage_tiers=tiers,
         min_load_blocks=block_size // gpu_block_size,
     )
+    describing = extra.get("self_describing_kv_events", False)
+    if not isinstance(describing, bool):
+        raise _fail("self_describing_kv_events", describing, "must be true or false")
+    settings["self_describing_kv_events"] = describing
     if "hybrid_chunk_size" in extra:  # vLLM PR #38261's planner unit, in tokens
         chunk = extra["hybrid_chunk_size"]
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
@@ -247,24 +256,71 @@ def _load(raw: str | Mapping[str, Any]) -> Mapping[str, Any]:
     return config
 
 
+def _chunk_tokens(extra: Mapping[str, Any], gpu_block_size: int) -> int:
+    """The offloaded chunk in tokens: vLLM 0.34's `block_size` (tokens) or `blocks_per_chunk`
+    (device blocks), one device block by default."""
+    if "block_size" in extra and "blocks_per_chunk" in extra:
+        raise ConfigError("kv_transfer_config: Specify only one of 'block_size' or "
+                          "'blocks_per_chunk' in kv_connector_extra_config.")  # fmt: skip
+    if "blocks_per_chunk" in extra:
+        blocks = extra["blocks_per_chunk"]
+        if isinstance(blocks, bool) or not isinstance(blocks, int) or not 0 < blocks <= 1 << 20:
+            raise _fail("blocks_per_chunk", blocks, "must be greater than 0")
+        return int(blocks * gpu_block_size)
+    size = extra.get("block_size", gpu_block_size)
+    if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= 1 << 24:
+        raise _fail("block_size", size, "must be a positive number of tokens")
+    if size % gpu_block_size:
+        up = -(-size // gpu_block_size) * gpu_block_size
+        raise _fail("block_size", size,
+                    f"must be a multiple of the GPU KV cache block size ({gpu_block_size} "
+                    f"tokens). Use {up} instead, or set 'blocks_per_chunk' to express the "
+                    "chunk size in blocks")  # fmt: skip
+    return size
+
+
+def _free_bytes(root_dir: str) -> int:
+    """The free space of the file system `root_dir` is (or would be made) on."""
+    path = Path(root_dir).absolute()
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
 def _tier(index: int, raw: Any, block_bytes: int) -> StorageTierSpec:
     where = f"secondary_tiers[{index}]"
     if not isinstance(raw, Mapping):
         raise _fail(where, raw, "must be an object")
+    kind = raw.get("type")
+    if not kind:
+        raise ConfigError(f"kv_transfer_config {where}: Secondary tier configuration must "
+                          "include 'type'")  # fmt: skip
+    if kind in _UNMODELLED_TIERS or (kind not in ("fs", "obj") and "module_path" in raw):
+        raise _fail(f"{where}.type", kind, "is not modelled by mocker (its tiers: fs, obj)")
+    if kind not in ("fs", "obj"):
+        raise _fail(f"{where}.type", kind, "Unknown secondary tier type (vLLM's: example, fs, "
+                    "p2p, obj, kvcr; mocker models fs and obj)")  # fmt: skip
     for key in raw:
         if key not in _TIER_KEYS | _TIER_IGNORED:
             raise _fail(f"{where}.{key}", raw[key], "unknown key")
-    kind = raw.get("type")
-    if kind not in ("fs", "obj"):
-        raise _fail(f"{where}.type", kind, "must be fs or obj")
     kind = StorageKind(kind)
-    if "capacity_bytes" not in raw:
-        raise ConfigError(f"kv_transfer_config {where}: capacity_bytes is required (mocker)")
-    capacity = _number(f"{where}.capacity_bytes", raw["capacity_bytes"], positive=True)
-    blocks = int(capacity // block_bytes)
+    root = raw.get("root_dir")
+    if root is not None and (not isinstance(root, str) or not root or "\0" in root):
+        raise _fail(f"{where}.root_dir", root, "must be a directory path")
+    if "capacity_bytes" in raw:
+        capacity = _number(f"{where}.capacity_bytes", raw["capacity_bytes"], positive=True)
+        blocks = int(min(capacity // block_bytes, UNBOUNDED_BLOCKS))
+    elif kind is StorageKind.OBJ:
+        blocks = UNBOUNDED_BLOCKS
+    elif root is None:
+        raise ConfigError(f"kv_transfer_config {where}: an fs tier needs root_dir (vLLM's; "
+                          "mocker sizes the tier by its file system's free space) or "
+                          "capacity_bytes")  # fmt: skip
+    else:  # vLLM's fs tier fills its disk
+        blocks = min(_free_bytes(root) // block_bytes, UNBOUNDED_BLOCKS)
     if blocks < 1:
-        raise _fail(f"{where}.capacity_bytes", raw["capacity_bytes"],
-                    f"holds no block of {block_bytes} bytes")  # fmt: skip
+        size = raw.get("capacity_bytes", f"the free space of {root}")
+        raise _fail(f"{where}.capacity_bytes", size, f"holds no block of {block_bytes} bytes")
     values = dict(STORAGE_DEFAULTS[kind])
     for key in ("read_gbps", "write_gbps", "latency_ms"):
         if key in raw:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mocker.config import ConfigError
+from mocker.config import VLLM_RELEASES, ConfigError
 from mocker.faults import FaultConfig, parse_fault_types
 from mocker.kvevents.config import EventFormat, KVEventsConfig
 from mocker.settings.lora import LoraModule, parse_lora_modules
@@ -34,6 +34,8 @@ class ServerSettings:
     legacy_metric_names: bool = False
     kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
     kv_events_format: EventFormat = EventFormat.MAP
+    # The vLLM release served where 0.34 changed what a 0.33-era client reads.
+    vllm_compat: str = "0.34"
     shutdown_timeout: float = 30.0
     data_parallel_size: int = 1
     startup_delay: float = 0.0
@@ -296,6 +298,13 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         choices=tuple(f.value for f in EventFormat),
     ),
     Option(
+        "vllm_compat",
+        "serve vLLM 0.33's forms where 0.34 changed them (tiering metric names, cache-source "
+        "labels, KV-event group fields and offload payloads) for clients of that era",
+        _S.vllm_compat,
+        choices=VLLM_RELEASES,
+    ),
+    Option(
         "legacy_metric_names",
         "also export V0-era metric names (vllm:gpu_cache_usage_perc, …) for older routers",
         _S.legacy_metric_names,
@@ -380,6 +389,7 @@ def server_settings_from(values: Mapping[str, Any]) -> ServerSettings:
         legacy_metric_names=values["legacy_metric_names"],
         kv_events=KVEventsConfig.parse(values["kv_events_config"]),
         kv_events_format=EventFormat(values["kv_events_format"]),
+        vllm_compat=values["vllm_compat"],
         shutdown_timeout=values["shutdown_timeout"],
         data_parallel_size=values["data_parallel_size"],
         startup_delay=values["startup_delay"],

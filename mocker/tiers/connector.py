@@ -143,6 +143,7 @@ class TierConnector:
             tier.subscribe(engine_id)
             self.channels += [tier.write, tier.read]
         self.counters: dict[str, TierCounters] = {t.name: TierCounters() for t in self.storage}
+        self.primary = TierCounters()  # the CPU tier's lookups (tiering's primary tier)
         self.stores_skipped = 0  # blocks the CPU tier had no room for (all pinned)
         self._time = -math.inf  # the latest time the connector was driven to
         # Stores posted for a pass's end (`_Posted`), a heap.
@@ -197,6 +198,9 @@ class TierConnector:
         stop = min((len(request.all_token_ids) - 1) // self.block_size, len(hashes))
         n = self.cpu.lookup(hashes, num_device_blocks, stop)
         pos = num_device_blocks + n
+        if stop > num_device_blocks:
+            self.primary.block_queries += stop - num_device_blocks
+            self.primary.block_hits += n
         if self.storage and pos < stop:
             if hashes[pos] in self._promoting:
                 return None  # another request's promotion brings it: wait for that

@@ -210,3 +210,61 @@ def test_events_disabled_publishes_nothing_and_binds_nothing(tmp_path: Path) -> 
     state = app.state.mocker
     assert state.publishers == [] and not state.config.enable_kv_cache_events
     assert not (tmp_path / "never").exists()
+
+
+def test_stored_blocks_name_the_requests_session(events_server: tuple[ServerThread, str]) -> None:
+    # vLLM 0.34: the body's session_id, else X-Session-ID, else vllm_xargs.session_id.
+    srv, replay_url = events_server
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    asks: list[tuple[int, dict, dict]] = [
+        (11000, {"session_id": "body"}, {"X-Session-ID": "header"}),
+        (12000, {}, {"X-Session-ID": "header"}),
+        (13000, {"vllm_xargs": {"session_id": "xarg"}}, {}),
+        (14000, {}, {}),
+    ]
+    for start, body, headers in asks:
+        client.completions.create(model="routed", prompt=list(range(start, start + 40)),
+                                  max_tokens=2, extra_body=body, extra_headers=headers)  # fmt: skip
+    chat = httpx.post(srv.url + "/v1/chat/completions", timeout=30, json={
+        "model": "routed", "max_tokens": 2, "session_id": "chat",
+        "messages": [{"role": "user", "content": "a conversation " * 30}]})  # fmt: skip
+    assert chat.status_code == 200, chat.text
+    sessions: dict[int, set[str | None]] = {}
+    for m in replay(replay_url, 0):
+        for event in m.batch.events:
+            if type(event).__name__ == "BlockStored" and event.medium == "GPU":
+                assert (event.group_idx, event.kv_cache_spec_kind) == (0, "full_attention")
+                sessions.setdefault(event.token_ids[0], set()).add(event.session_id)
+    found = {start: sessions.get(start) for start, _, _ in asks}
+    assert found == {11000: {"body"}, 12000: {"header"}, 13000: {"xarg"}, 14000: {None}}
+    assert {"chat"} in sessions.values()
+
+
+def test_vllm_compat_033_serves_033s_forms(tmp_path: Path) -> None:
+    # --vllm-compat 0.33: a dense model's events without group fields, and the cache-source
+    # counter with 0.33's labels (the device only, with no tier); 0.34's lists all five.
+    events = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"ipc://{tmp_path}/ev",
+                            replay_endpoint="tcp://127.0.0.1:*")  # fmt: skip
+    for release in ("0.33", "0.34"):
+        app = make_app(settings(kv_events=events, vllm_compat=release), block_size=BLOCK)
+        with ServerThread(app) as srv:
+            source = sources(srv.url)["0"]
+            sub = Subscriber(source["connect"])
+            try:
+                client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+                client.completions.create(model="mocker", prompt=list(range(100, 140)),
+                                          max_tokens=2)  # fmt: skip
+                stored = [e for m in replay(source["replay_connect"], 0) for e in m.batch.events
+                          if type(e).__name__ == "BlockStored"]  # fmt: skip
+            finally:
+                sub.close()
+            metrics = httpx.get(srv.url + "/metrics", timeout=10).text
+        labels = set(re.findall(r'prompt_tokens_cached_by_source_total\{[^}]*source="(\w+)"',
+                                metrics))  # fmt: skip
+        assert stored
+        if release == "0.33":
+            assert all(e.group_idx is None and e.kv_cache_spec_kind is None for e in stored)
+            assert labels == {"device"}
+        else:
+            assert all(e.group_idx == 0 for e in stored)
+            assert labels == {"device", "host", "p2p", "disk", "external_unspecified"}

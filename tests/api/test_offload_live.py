@@ -67,9 +67,11 @@ def test_working_set_4x_the_device_pool_is_served_from_host(host_server: ServerT
         stored_bytes = m["vllm:kv_offload_store_bytes_total", None]
         assert time.monotonic() < deadline
         time.sleep(0.2)
-    host = m["vllm:prompt_tokens_cached_by_source_total", "cpu"]
+    host = m["vllm:prompt_tokens_cached_by_source_total", "host"]  # vLLM 0.34's source
     device = m["vllm:prompt_tokens_cached_by_source_total", "device"]
     assert host + device == sum(cached[1])
+    for unused in ("p2p", "disk", "external_unspecified"):
+        assert m["vllm:prompt_tokens_cached_by_source_total", unused] == 0
     # Eviction takes clean blocks first, so the last round-1 prompts (never copied) may
     # still be on the device; the others come from host.
     assert host >= 12 * LOADED * BLOCK

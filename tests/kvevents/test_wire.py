@@ -7,7 +7,7 @@ import pytest
 
 from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from mocker.kvevents.config import EventFormat
-from mocker.kvevents.wire import END_SEQ, BatchEncoder, seq_bytes
+from mocker.kvevents.wire import END_SEQ, BatchEncoder, Dialect, seq_bytes
 from tests.support.kv_consumer import decoder
 
 BIG = 2**64 - 1  # hashes are uint64: the top bit set must survive
@@ -32,20 +32,44 @@ EVENTS = [
 ]
 
 
+V033 = Dialect.vllm("0.33")
+
+
 def test_map_form_raw_layout() -> None:
     payload = BatchEncoder(EventFormat.MAP, rank=3).encode(12.5, EVENTS)
     ts, events, rank = msgspec.msgpack.decode(payload)
     assert (ts, rank) == (12.5, 3)
     assert events[0] == {"type": "AllBlocksCleared"}
-    # The tag first, then every field in vLLM's order; the nullable ones present as null.
+    # The tag first, then every field in vLLM's order; the nullable ones present as null;
+    # a dense model's group (0) and its kind, as vLLM 0.34's KVCacheManager annotates them.
+    assert list(events[1]) == [
+        "type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
+        "medium", "lora_name", "group_idx", "kv_cache_spec_kind",
+    ]  # fmt: skip
+    assert events[1]["parent_block_hash"] is None and events[1]["lora_id"] is None
+    assert events[1]["lora_name"] is None
+    assert (events[1]["group_idx"], events[1]["kv_cache_spec_kind"]) == (0, "full_attention")
+    # An offload tier's store names the chunk's hash and group only (vLLM 0.34's placeholder
+    # payload, without self_describing_kv_events).
+    assert events[2] == {"type": "BlockStored", "block_hashes": [9], "parent_block_hash": None,
+                         "token_ids": [], "block_size": 0, "lora_id": None, "medium": "CPU",
+                         "lora_name": None, "group_idx": 0}  # fmt: skip
+    assert events[3] == {"type": "BlockRemoved", "block_hashes": [BIG], "medium": "GPU",
+                         "group_idx": 0}  # fmt: skip
+    assert events[4] == {"type": "BlockRemoved", "block_hashes": [9], "medium": "CPU",
+                         "group_idx": 0}  # fmt: skip
+    assert b"\xcf" + BIG.to_bytes(8, "big") in payload  # msgpack uint64
+
+
+def test_vllm_033_map_form_raw_layout() -> None:
+    payload = BatchEncoder(EventFormat.MAP, rank=3, dialect=V033).encode(12.5, EVENTS)
+    _, events, _ = msgspec.msgpack.decode(payload)
     assert list(events[1]) == [
         "type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
         "medium", "lora_name",
     ]  # fmt: skip
-    assert events[1]["parent_block_hash"] is None and events[1]["lora_id"] is None
-    assert events[1]["lora_name"] is None
+    assert events[2]["token_ids"] == [5, 6] and events[2]["lora_name"] == "sql-lora"
     assert events[3] == {"type": "BlockRemoved", "block_hashes": [BIG], "medium": "GPU"}
-    assert b"\xcf" + BIG.to_bytes(8, "big") in payload  # msgpack uint64
 
 
 def test_array_form_raw_layout() -> None:
@@ -53,25 +77,64 @@ def test_array_form_raw_layout() -> None:
     _, events, rank = msgspec.msgpack.decode(payload)
     assert rank == 0
     assert events[0] == ["AllBlocksCleared"]
-    assert events[1] == ["BlockStored", [BIG, 7], None, [1, 2, 3, 4], 2, None, "GPU", None]
-    assert events[2] == ["BlockStored", [9], 7, [5, 6], 2, None, "CPU", "sql-lora"]
-    assert events[4] == ["BlockRemoved", [9], "CPU"]
+    assert events[1] == ["BlockStored", [BIG, 7], None, [1, 2, 3, 4], 2, None, "GPU", None,
+                         None, 0, "full_attention"]  # fmt: skip
+    assert events[2] == ["BlockStored", [9], None, [], 0, None, "CPU", None, None, 0]
+    assert events[4] == ["BlockRemoved", [9], "CPU", 0]
+    _, old, _ = msgspec.msgpack.decode(
+        BatchEncoder(EventFormat.ARRAY, dialect=V033).encode(1.0, EVENTS)
+    )
+    assert old[1] == ["BlockStored", [BIG, 7], None, [1, 2, 3, 4], 2, None, "GPU", None]
+    assert old[2] == ["BlockStored", [9], 7, [5, 6], 2, None, "CPU", "sql-lora"]
+    assert old[4] == ["BlockRemoved", [9], "CPU"]
+
+
+def test_an_offload_store_is_one_placeholder_a_chunk_unless_self_describing() -> None:
+    cpu = BlockStored(block_hashes=(3, 4), parent_block_hash=2, token_ids=(1, 2, 3, 4),
+                      block_size=2, lora_name="sql-lora", medium="CPU")  # fmt: skip
+    _, events, _ = msgspec.msgpack.decode(BatchEncoder().encode(1.0, [cpu]))
+    assert [e["block_hashes"] for e in events] == [[3], [4]]
+    assert all(e["token_ids"] == [] and e["parent_block_hash"] is None for e in events)
+    full = BatchEncoder(dialect=Dialect.vllm("0.34", self_describing=True)).encode(1.0, [cpu])
+    (event,) = msgspec.msgpack.decode(full)[1]
+    assert event["block_hashes"] == [3, 4] and event["parent_block_hash"] == 2
+    assert event["token_ids"] == [1, 2, 3, 4] and event["lora_name"] == "sql-lora"
+    assert (event["group_idx"], event["kv_cache_spec_kind"]) == (0, "full_attention")
+
+
+def test_a_session_is_written_after_ownership() -> None:
+    event = BlockStored(block_hashes=(7,), parent_block_hash=None, token_ids=(1, 2),
+                        block_size=2, session_id="conv-1")  # fmt: skip
+    (mapped,) = msgspec.msgpack.decode(BatchEncoder().encode(1.0, [event]))[1]
+    assert list(mapped)[-3:] == ["group_idx", "kv_cache_spec_kind", "session_id"]
+    assert mapped["session_id"] == "conv-1"
+    (array,) = msgspec.msgpack.decode(BatchEncoder(EventFormat.ARRAY).encode(1.0, [event]))[1]
+    # extra_keys, group_idx, kind, window, locality, ownership, session_id
+    assert array[8:] == [None, 0, "full_attention", None, None, None, "conv-1"]
+    for fmt in EventFormat:
+        batch = decoder(fmt is EventFormat.ARRAY).decode(BatchEncoder(fmt).encode(1.0, [event]))
+        assert batch.events[0].session_id == "conv-1" and batch.events[0].ownership is None
 
 
 @pytest.mark.parametrize("fmt", list(EventFormat))
-def test_decodes_with_reference_structs(fmt: EventFormat) -> None:
+@pytest.mark.parametrize("dialect", [Dialect(), V033], ids=["0.34", "0.33"])
+def test_decodes_with_reference_structs(fmt: EventFormat, dialect: Dialect) -> None:
     array_like = fmt is EventFormat.ARRAY
-    batch = decoder(array_like).decode(BatchEncoder(fmt, rank=1).encode(3.25, EVENTS))
+    batch = decoder(array_like).decode(BatchEncoder(fmt, 1, dialect).encode(3.25, EVENTS))
     assert batch.ts == 3.25 and batch.data_parallel_rank == 1
     kinds = [type(e).__name__ for e in batch.events]
     assert kinds == ["AllBlocksCleared", "BlockStored", "BlockStored", "BlockRemoved",
                      "BlockRemoved"]  # fmt: skip
     stored = batch.events[2]
-    assert stored.block_hashes == [9] and stored.parent_block_hash == 7
-    assert stored.token_ids == [5, 6] and stored.block_size == 2
-    assert stored.lora_id is None and stored.medium == "CPU" and stored.lora_name == "sql-lora"
+    assert stored.block_hashes == [9] and stored.medium == "CPU" and stored.lora_id is None
+    if dialect.placeholders:
+        assert stored.parent_block_hash is None and stored.token_ids == [] and not stored.lora_name
+    else:
+        assert stored.parent_block_hash == 7 and stored.token_ids == [5, 6]
+        assert stored.block_size == 2 and stored.lora_name == "sql-lora"
     assert stored.extra_keys is None
     assert batch.events[1].block_hashes == [BIG, 7]
+    assert batch.events[1].group_idx == (0 if dialect.dense_group else None)
     assert batch.events[3].block_hashes == [BIG] and batch.events[3].medium == "GPU"
 
 
@@ -110,7 +173,7 @@ def test_group_fields_in_both_layouts() -> None:
                          "group_idx": 0}  # fmt: skip
     _, arrays, _ = msgspec.msgpack.decode(BatchEncoder(EventFormat.ARRAY).encode(1.0, HYBRID))
     assert arrays[0][8:] == [None, 0, "sliding_window", 128]  # extra_keys null
-    assert arrays[1][8:] == [None, 3, "mamba", None]
+    assert arrays[1][8:] == [None, 3, "mamba"]  # trailing nulls left out, as msgspec's
     assert arrays[2] == ["BlockRemoved", [5], "GPU", 0]
     for fmt in EventFormat:
         batch = decoder(fmt is EventFormat.ARRAY).decode(BatchEncoder(fmt).encode(1.0, HYBRID))
@@ -132,9 +195,10 @@ def _dense_layout(event: object) -> list[object]:
     return ["AllBlocksCleared"]
 
 
-def test_a_dense_engine_writes_todays_stream_without_group_fields() -> None:
+def test_a_dense_engine_under_vllm_033_writes_no_group_fields() -> None:
     # Stores, evictions, a CPU tier's stores and evictions, and a reset's re-announcements:
-    # no event of a dense model carries a group field, in either layout.
+    # no event of a dense model carries a group field, in either layout (vLLM 0.33's stream;
+    # 0.34's adds group 0 to each, tests above).
     from mocker.engine.core import EngineCore
     from mocker.engine.virtual import VirtualDriver
     from tests.support.engines import req, small_config
@@ -153,18 +217,21 @@ def test_a_dense_engine_writes_todays_stream_without_group_fields() -> None:
     for event in events:
         assert getattr(event, "group_idx", None) is None
         assert getattr(event, "kv_cache_spec_kind", None) is None
-    payload = BatchEncoder(EventFormat.ARRAY).encode(1.0, events)
+    payload = BatchEncoder(EventFormat.ARRAY, dialect=V033).encode(1.0, events)
     assert payload == msgspec.msgpack.encode([1.0, [_dense_layout(e) for e in events], 0])
-    mapped = msgspec.msgpack.decode(BatchEncoder(EventFormat.MAP).encode(1.0, events))[1]
+    mapped = msgspec.msgpack.decode(
+        BatchEncoder(EventFormat.MAP, dialect=V033).encode(1.0, events)
+    )[1]
     for event in mapped:
         assert not {"group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"} & set(event)
 
 
 def test_a_dense_stored_event_is_byte_for_byte_the_same() -> None:
     # One block of a dense model, array layout: [1.0, [["BlockStored", [7], null, [1, 2],
-    # 2, null, "GPU", null]], 0], frozen as bytes.
+    # 2, null, "GPU", null]], 0], frozen as bytes (vLLM 0.33's; 0.34's adds null, 0,
+    # "full_attention").
     event = BlockStored(block_hashes=(7,), parent_block_hash=None, token_ids=(1, 2), block_size=2)
-    payload = BatchEncoder(EventFormat.ARRAY).encode(1.0, [event])
+    payload = BatchEncoder(EventFormat.ARRAY, dialect=V033).encode(1.0, [event])
     assert payload.hex() == (
         "93cb3ff0000000000000"  # [ 1.0,
         "9198ab426c6f636b53746f726564"  # [[ "BlockStored",

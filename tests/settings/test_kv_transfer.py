@@ -4,13 +4,20 @@ mistake named."""
 from __future__ import annotations
 
 import json
+import re
+import shutil
+from pathlib import Path
 
 import pytest
 
 from mocker.config import ConfigError, StorageKind
 from mocker.settings import resolve
 from mocker.settings.engine import engine_config_from
-from mocker.settings.kv_transfer import STORAGE_DEFAULTS, parse_kv_transfer_config
+from mocker.settings.kv_transfer import (
+    STORAGE_DEFAULTS,
+    UNBOUNDED_BLOCKS,
+    parse_kv_transfer_config,
+)
 from tests.support.settings import ALL, parse_flags
 
 BLOCK_BYTES = 16 * 131072  # Llama-3-8B, 16-token blocks: 2 MiB
@@ -45,6 +52,54 @@ def test_tiering_spec_with_fs_and_obj() -> None:
         StorageKind.OBJ, 1000, 3.0, 2.0, 0.01
     )  # fmt: skip
     assert s["min_load_blocks"] == 2 and s["offload_prompt_only"] is False
+
+
+def test_a_vllm_034_tiering_config_is_taken_verbatim(tmp_path: Path) -> None:
+    # vLLM 0.34's keys, and its fs tier without a size: it fills its file system, so mocker
+    # sizes it by the free space there (of the nearest existing directory: vLLM makes
+    # root_dir); obj without a size is unbounded.
+    raw = offloading(
+        spec_name="TieringOffloadingSpec", cpu_bytes_to_use=8 * BLOCK_BYTES, blocks_per_chunk=2,
+        tier_poll_interval_s=0.001, sync_load_budget_bytes=0, max_tracker_size=64000,
+        canonical_layout=False, eviction_policy="lru", self_describing_kv_events=True,
+        backpressure={"high_water_s": 0.5, "low_water_s": 0.1},
+        secondary_tiers=[
+            {"type": "fs", "root_dir": str(tmp_path / "kv" / "made-later"), "n_read_threads": 16,
+             "n_write_threads": 16, "enable_kv_events": True, "locality": "LOCAL",
+             "backpressure": {"high_water_s": 1.0, "low_water_s": 0.2}},
+            {"type": "obj", "store_config": {"bucket": "kv", "endpoint_override": "http://s3"},
+             "prefix": "m", "io_threads": 4},
+        ],
+    )  # fmt: skip
+    free = shutil.disk_usage(tmp_path).free // BLOCK_BYTES
+    s = parse_kv_transfer_config(raw, 16, 131072)
+    fs, obj = s["storage_tiers"]
+    assert abs(fs.capacity_blocks - free) <= max(1, free // 100)  # (the disk is shared)
+    assert obj.capacity_blocks == UNBOUNDED_BLOCKS
+    assert s["min_load_blocks"] == 2 and s["self_describing_kv_events"] is True
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"block_size": 32, "blocks_per_chunk": 2},
+         "Specify only one of 'block_size' or 'blocks_per_chunk'"),
+        ({"blocks_per_chunk": 0}, "blocks_per_chunk=0: must be greater than 0"),
+        ({"block_size": 24}, "Use 32 instead, or set 'blocks_per_chunk'"),
+        ({"secondary_tiers": [{"type": "kvcr"}]}, "'kvcr': is not modelled by mocker"),
+        ({"secondary_tiers": [{"type": "p2p", "host": "h"}]}, "'p2p': is not modelled"),
+        ({"secondary_tiers": [{"type": "example", "custom_param": 1}]}, "is not modelled"),
+        ({"secondary_tiers": [{"type": "Mine", "module_path": "my.tiers"}]}, "is not modelled"),
+        ({"secondary_tiers": [{"type": "nvme"}]}, "Unknown secondary tier type"),
+        ({"secondary_tiers": [{"root_dir": "/kv"}]}, "must include 'type'"),
+        ({"secondary_tiers": [{"type": "fs"}]}, "an fs tier needs root_dir"),
+        ({"secondary_tiers": [{"type": "fs", "root_dir": ""}]}, "root_dir='': must be"),
+    ],
+)  # fmt: skip
+def test_vllm_034s_offload_mistakes(extra: dict[str, object], message: str) -> None:
+    raw = offloading(spec_name="TieringOffloadingSpec", cpu_bytes_to_use=BLOCK_BYTES, **extra)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_kv_transfer_config(raw, 16, 131072)
 
 
 @pytest.mark.parametrize(

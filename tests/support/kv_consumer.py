@@ -33,17 +33,22 @@ def wire_types(array_like: bool) -> tuple[type, tuple[type, type, type]]:
         medium: str | None
         lora_name: str | None
         extra_keys: list[Any] | None = None
-        # vLLM 0.33's optional trailing fields (KV cache groups, tier locality).
+        # vLLM 0.34's optional trailing fields (KV cache groups, tier locality, the offload
+        # tier that made it, the request's session, lookahead hashing's tokens).
         group_idx: int | None = None
         kv_cache_spec_kind: str | None = None
         kv_cache_spec_sliding_window: int | None = None
         locality: str | None = None
+        ownership: str | None = None
+        session_id: str | None = None
+        lookahead_token_ids: list[list[int]] | None = None
 
     class BlockRemoved(Event):
         block_hashes: list[int]
         medium: str | None
         group_idx: int | None = None
         locality: str | None = None
+        ownership: str | None = None
 
     class AllBlocksCleared(Event):
         pass

@@ -140,8 +140,22 @@ def test_second_round_is_served_from_host(policy: str) -> None:
         for family in text_string_to_metric_families(text.decode())
         for sample in family.samples
     }
-    assert samples["vllm:prompt_tokens_cached_by_source_total", "cpu"].value == host_hits
+    assert samples["vllm:prompt_tokens_cached_by_source_total", "host"].value == host_hits
     assert samples["vllm:prompt_tokens_cached_by_source_total", "device"].value == device_hits
+    # vLLM 0.33's form (--vllm-compat 0.33): the tier by name, counted at the first token.
+    metrics.release = "0.33"
+    text = generate_latest(build_registry(MetricsCollector([metrics], "m"), process=False))
+    old = {
+        (sample.name, sample.labels.get("source")): sample.value
+        for family in text_string_to_metric_families(text.decode())
+        for sample in family.samples
+        if sample.name == "vllm:prompt_tokens_cached_by_source_total"
+    }
+    assert old == {
+        ("vllm:prompt_tokens_cached_by_source_total", "device"): device_hits,
+        ("vllm:prompt_tokens_cached_by_source_total", "cpu"): host_hits,
+    }
+    metrics.release = "0.34"
     assert samples["vllm:external_prefix_cache_hits_total", None].value == host_hits
     load_bytes = host_hits // BLOCK * BLOCK_BYTES
     assert samples["vllm:kv_offload_load_bytes_total", None].value == load_bytes

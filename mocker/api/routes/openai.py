@@ -8,6 +8,7 @@ from starlette.responses import Response
 
 from mocker.api.dependencies import (
     HEADER_PARAMETERS,
+    SESSION_HEADER_PARAMETERS,
     State,
     check_accepting,
     request_headers,
@@ -28,7 +29,7 @@ __all__ = ["router"]
 router = APIRouter(prefix="/v1")
 
 
-@router.post("/completions", openapi_extra=HEADER_PARAMETERS)
+@router.post("/completions", openapi_extra=SESSION_HEADER_PARAMETERS)
 async def completions(body: CompletionRequest, request: Request) -> Response:
     state = server_state(request)
     check_accepting(state)
@@ -36,7 +37,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     return state.serving.completions(body, request_headers(request), prepared)
 
 
-@router.post("/chat/completions", openapi_extra=HEADER_PARAMETERS)
+@router.post("/chat/completions", openapi_extra=SESSION_HEADER_PARAMETERS)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     state = server_state(request)
     check_accepting(state)
@@ -44,7 +45,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     return state.serving.chat(body, request_headers(request), prepared)
 
 
-@router.post("/responses", openapi_extra=HEADER_PARAMETERS)
+@router.post("/responses", openapi_extra=SESSION_HEADER_PARAMETERS)
 async def responses(body: ResponsesRequest, request: Request) -> Response:
     state = server_state(request)
     check_accepting(state)

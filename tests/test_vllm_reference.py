@@ -1,0 +1,114 @@
+"""mocker against vLLM 0.34.0's own source: metric families (names, types, labels, help,
+buckets), KV-event field order and cache-hit sources, as tools/vllm_reference.py read them
+from the release's wheel into tests/data/vllm_0.34.0_reference.json (CI checks that file
+against the wheel)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from mocker.engine.stats import EngineSnapshot
+from mocker.kvevents import wire
+from mocker.metrics.histogram import Histogram
+from mocker.metrics.prometheus import CACHE_HIT_SOURCES, FAMILIES, NIXL_FAMILIES, Family
+from mocker.metrics.recorder import StatsRecorder
+from tests.support.engines import make_core
+from tests.support.kv_consumer import wire_types
+
+REFERENCE: dict[str, Any] = json.loads(
+    (Path(__file__).parent / "data" / "vllm_0.34.0_reference.json").read_text()
+)
+METRICS = {m["name"]: m for m in REFERENCE["metrics"]}
+BUCKETS: dict[str, list[float] | None] = REFERENCE["histogram_bucket_families"]
+# Families whose help mocker words differently on purpose: what mocker counts differs
+# from vLLM 0.34's meaning, and the help says what mocker counts.
+OWN_HELP = {
+    # vLLM 0.34: the share of CPU blocks pinned by transfers; mocker: the share resident.
+    "vllm:kv_offload_cpu_cache_usage_perc",
+    # vLLM 0.34: stores below the reuse threshold; mocker: stores with no room.
+    "vllm:kv_offload_stores_skipped",
+}
+SERVED = [f for f in (*FAMILIES, *NIXL_FAMILIES) if not f.legacy and f.release != "0.33"]
+
+
+def _labels(reference: dict[str, Any]) -> list[str]:
+    engine = REFERENCE["engine_labels"]
+    names: list[str] = reference["labelnames"]
+    return [n for name in names for n in (engine if name == "<engine labels>" else [name])]
+
+
+def _bounds(family: Family) -> tuple[float, ...] | None:
+    """A histogram family's bucket bounds, from a fresh recorder (None: not a histogram)."""
+    value = family.source(StatsRecorder(make_core().config), EngineSnapshot(0, 0, 0.0))
+    if isinstance(value, Histogram):
+        return value.bounds
+    if value and isinstance(value, list) and isinstance(value[0][1], Histogram):
+        return value[0][1].bounds
+    return None
+
+
+def test_the_reference_is_vllm_034() -> None:
+    assert REFERENCE["vllm_version"] == "0.34.0"
+
+
+@pytest.mark.parametrize("family", SERVED, ids=lambda f: f.name)
+def test_a_served_family_is_vllm_034s(family: Family) -> None:
+    reference = METRICS.get(family.name)
+    assert reference is not None, f"{family.name} is not a vLLM 0.34 family"
+    assert reference["type"] == family.kind.value
+    own = [] if family.label is None else [family.label]
+    assert _labels(reference) == ["model_name", "engine", *own]
+    if family.name not in OWN_HELP:
+        assert reference["documentation"] in (None, family.help)
+    bounds = _bounds(family)
+    expected = reference.get("buckets")
+    if expected is None and reference.get("bucket_family"):
+        expected = BUCKETS[reference["bucket_family"]]
+    if bounds is not None and isinstance(expected, list):
+        assert list(bounds) == [float(b) for b in expected]
+
+
+def test_the_033_and_legacy_forms_are_not_034_families() -> None:
+    old = {f.name for f in FAMILIES if f.legacy or f.release == "0.33"}
+    assert old - {f.name for f in SERVED} & set(METRICS) == set()
+
+
+def test_cache_hit_sources_are_vllms_in_order() -> None:
+    assert list(CACHE_HIT_SOURCES) == [s["value"] for s in REFERENCE["cache_hit_source"]]
+
+
+def _fields(struct: str) -> list[tuple[str, bool]]:
+    return [
+        (f["name"], f["has_default"]) for f in REFERENCE["kv_events"]["structs"][struct]["fields"]
+    ]
+
+
+def test_the_wire_writes_vllms_fields_in_order() -> None:
+    stored = _fields("BlockStored")
+    assert [n for n, optional in stored if optional] == list(wire._STORED_TAIL)
+    assert [n for n, optional in stored if not optional] == [
+        "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+        "lora_name",
+    ]  # fmt: skip
+    removed = _fields("BlockRemoved")
+    assert [n for n, optional in removed if optional] == list(wire._REMOVED_TAIL)
+    assert [n for n, optional in removed if not optional] == ["block_hashes", "medium"]
+    assert _fields("AllBlocksCleared") == []
+    assert _fields("EventBatch") == [("ts", False), ("events", False), ("data_parallel_rank", True)]
+    options = REFERENCE["kv_events"]["structs"]["BlockStored"]["options"]
+    assert options["omit_defaults"] and options["tag"] and not options.get("array_like")
+
+
+def test_the_test_decoder_is_vllms_layout() -> None:
+    # tests.support.kv_consumer's structs (which every KV-event test decodes with) are vLLM
+    # 0.34's, field for field: a field mocker writes that vLLM lacks fails those decodes.
+    _, events = wire_types(array_like=False)
+    for struct in events:
+        info = msgspec.structs.fields(struct)
+        mine = [(f.name, f.default is not msgspec.NODEFAULT) for f in info]
+        assert mine == _fields(struct.__name__), struct.__name__
