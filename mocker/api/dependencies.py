@@ -72,7 +72,7 @@ HEADER_PARAMETERS: dict[str, Any] = {
         _header("x-mocker-fail", "An injected fault for this request (see the README)."),
     ]
 }
-# The routes that read a session (completions, chat, responses), as vLLM 0.34's.
+# The routes that read a session (completions, chat, responses, generate), as vLLM 0.34's.
 SESSION_HEADER_PARAMETERS: dict[str, Any] = {
     "parameters": [
         *HEADER_PARAMETERS["parameters"],

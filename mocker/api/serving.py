@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from pydantic import ValidationError
 from starlette.responses import Response
@@ -363,10 +363,8 @@ class OpenAIServing:
             model, lora = self._check(completion)
             prompts = completion_prompts(self.tokenizer, completion.prompt)
             rid = headers.request_id or body.request_id or random_hex()
-            # (vLLM's generate route reads no session)
-            unsessioned = replace(headers, session=None)
             choices = self._start(
-                completion, prompts, sp.max_tokens, rid, unsessioned, "token_ids", generate=True,
+                completion, prompts, sp.max_tokens, rid, headers, "token_ids", generate=True,
                 lora=lora,
             )  # fmt: skip
         return self._respond(

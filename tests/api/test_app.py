@@ -52,7 +52,8 @@ def test_dependencies_are_async_so_no_request_takes_a_thread_hop() -> None:
 
 GENERATION = {"/v1/completions", "/v1/chat/completions", "/v1/completions/render",
               "/v1/chat/completions/render", "/inference/v1/generate"}  # fmt: skip
-SESSION_ROUTES = {"/v1/completions", "/v1/chat/completions", "/v1/responses"}
+SESSION_ROUTES = {"/v1/completions", "/v1/chat/completions", "/v1/responses",
+                  "/inference/v1/generate"}  # fmt: skip
 
 
 def test_generation_routes_solve_no_header_parameters_yet_document_them() -> None:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import random
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -212,9 +213,22 @@ def test_events_disabled_publishes_nothing_and_binds_nothing(tmp_path: Path) -> 
     assert not (tmp_path / "never").exists()
 
 
+def stored_events(replay_url: str, expect: Callable[[list[Any]], bool]) -> list[Any]:
+    """Every BlockStored the replay buffer holds once `expect` holds of them (the sender
+    thread publishes a pass's batch after its tokens are out): polled up to a deadline."""
+    deadline = time.monotonic() + 10
+    while True:
+        stored = [e for m in replay(replay_url, 0) for e in m.batch.events
+                  if type(e).__name__ == "BlockStored"]  # fmt: skip
+        if expect(stored) or time.monotonic() > deadline:
+            return stored
+        time.sleep(0.05)
+
+
 def test_stored_blocks_name_the_requests_session(events_server: tuple[ServerThread, str]) -> None:
     # vLLM 0.34: the body's session_id, else X-Session-ID, else vllm_xargs.session_id.
     srv, replay_url = events_server
+    sub = Subscriber(sources(srv.url)["0"]["connect"])  # (the publisher waits for one)
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
     asks: list[tuple[int, dict, dict]] = [
         (11000, {"session_id": "body"}, {"X-Session-ID": "header"}),
@@ -229,12 +243,14 @@ def test_stored_blocks_name_the_requests_session(events_server: tuple[ServerThre
         "model": "routed", "max_tokens": 2, "session_id": "chat",
         "messages": [{"role": "user", "content": "a conversation " * 30}]})  # fmt: skip
     assert chat.status_code == 200, chat.text
+    stored = stored_events(replay_url, lambda got: any(e.session_id == "chat" for e in got))
+    sub.close()
+    client.close()
     sessions: dict[int, set[str | None]] = {}
-    for m in replay(replay_url, 0):
-        for event in m.batch.events:
-            if type(event).__name__ == "BlockStored" and event.medium == "GPU":
-                assert (event.group_idx, event.kv_cache_spec_kind) == (0, "full_attention")
-                sessions.setdefault(event.token_ids[0], set()).add(event.session_id)
+    for event in stored:
+        if event.medium == "GPU":
+            assert (event.group_idx, event.kv_cache_spec_kind) == (0, "full_attention")
+            sessions.setdefault(event.token_ids[0], set()).add(event.session_id)
     found = {start: sessions.get(start) for start, _, _ in asks}
     assert found == {11000: {"body"}, 12000: {"header"}, 13000: {"xarg"}, 14000: {None}}
     assert {"chat"} in sessions.values()
@@ -254,8 +270,8 @@ def test_vllm_compat_033_serves_033s_forms(tmp_path: Path) -> None:
                 client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
                 client.completions.create(model="mocker", prompt=list(range(100, 140)),
                                           max_tokens=2)  # fmt: skip
-                stored = [e for m in replay(source["replay_connect"], 0) for e in m.batch.events
-                          if type(e).__name__ == "BlockStored"]  # fmt: skip
+                client.close()
+                stored = stored_events(source["replay_connect"], bool)
             finally:
                 sub.close()
             metrics = httpx.get(srv.url + "/metrics", timeout=10).text

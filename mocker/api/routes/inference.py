@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from mocker.api.dependencies import (
-    HEADER_PARAMETERS,
+    SESSION_HEADER_PARAMETERS,
     check_accepting,
     request_headers,
     server_state,
@@ -19,7 +19,7 @@ __all__ = ["router"]
 router = APIRouter(prefix="/inference/v1")
 
 
-@router.post("/generate", openapi_extra=HEADER_PARAMETERS)
+@router.post("/generate", openapi_extra=SESSION_HEADER_PARAMETERS)
 async def generate(body: GenerateRequest, request: Request) -> Response:
     state = server_state(request)
     check_accepting(state)
