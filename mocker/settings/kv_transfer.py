@@ -281,10 +281,15 @@ def _chunk_tokens(extra: Mapping[str, Any], gpu_block_size: int) -> int:
 
 def _free_bytes(root_dir: str) -> int:
     """The free space of the file system `root_dir` is (or would be made) on."""
-    path = Path(root_dir).absolute()
-    while not path.exists():
-        path = path.parent
-    return shutil.disk_usage(path).free
+    try:
+        path = Path(root_dir).absolute()
+        while not path.exists():
+            path = path.parent
+        return shutil.disk_usage(path).free
+    except (OSError, ValueError) as exc:
+        raise _fail(
+            "root_dir", root_dir, f"its file system's free space is unknown ({exc})"
+        ) from None
 
 
 def _tier(index: int, raw: Any, block_bytes: int) -> StorageTierSpec:

@@ -242,3 +242,14 @@ def test_multi_connector_gives_pd_and_tiers_together() -> None:
         parse_kv_transfer_config(failing, 16, 131072)
     with pytest.raises(ConfigError, match="push mode"):
         parse_kv_transfer_config(nixl("kv_consumer", kv_connector="NixlPushConnector"), 16, 1)
+
+
+def test_an_fs_tier_whose_disk_cannot_be_read_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused(path: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(shutil, "disk_usage", refused)
+    raw = offloading(spec_name="TieringOffloadingSpec", cpu_bytes_to_use=BLOCK_BYTES,
+                     secondary_tiers=[{"type": "fs", "root_dir": "/kv"}])  # fmt: skip
+    with pytest.raises(ConfigError, match="root_dir='/kv': its file system's free space"):
+        parse_kv_transfer_config(raw, 16, 131072)
