@@ -290,6 +290,9 @@ class StorageTierSpec:
     write_gbps: float
     latency_ms: float = 0.0
     failure_rate: float = 0.0
+    # Its blocks in the KV events (vLLM 0.34's per-tier enable_kv_events, which a config
+    # leaves false unless it says otherwise).
+    enable_kv_events: bool = True
 
     def __post_init__(self) -> None:
         try:

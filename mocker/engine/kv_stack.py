@@ -58,7 +58,8 @@ def _storage_tier(config: EngineConfig, name: str) -> StorageTier:
         spec = replace(spec, capacity_blocks=max(spec.capacity_blocks // per_unit, 1))
     return StorageTier(
         spec, config.block_size * config.unit_blocks, config.unit_bytes,
-        speedup=config.speedup_ratio, record_events=config.enable_kv_cache_events,
+        speedup=config.speedup_ratio,
+        record_events=config.enable_kv_cache_events and spec.enable_kv_events,
         seed=config.seed,
     )  # fmt: skip
 

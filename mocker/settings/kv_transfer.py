@@ -49,8 +49,8 @@ _EXTRA_IGNORED = {"spec_module_path", "num_cpu_blocks", "backpressure", "cache_p
 # Per secondary tier: the mock's keys (sizes and links: vLLM has none), and vLLM 0.34's own
 # keys of the fs and obj tiers that mean nothing here (and older spellings).
 _TIER_KEYS = {"type", "capacity_bytes", "read_gbps", "write_gbps", "latency_ms", "failure_rate",
-              "root_dir"}  # fmt: skip
-_TIER_IGNORED = {"module_path", "locality", "backpressure", "enable_kv_events",
+              "root_dir", "enable_kv_events"}  # fmt: skip
+_TIER_IGNORED = {"module_path", "locality", "backpressure",
                  "n_read_threads", "n_write_threads", "store_config", "prefix", "io_threads",
                  "num_threads", "num_read_threads", "num_write_threads", "read_threads",
                  "write_threads", "bucket", "endpoint"}  # fmt: skip
@@ -259,17 +259,22 @@ def _load(raw: str | Mapping[str, Any]) -> Mapping[str, Any]:
 def _chunk_tokens(extra: Mapping[str, Any], gpu_block_size: int) -> int:
     """The offloaded chunk in tokens: vLLM 0.34's `block_size` (tokens) or `blocks_per_chunk`
     (device blocks), one device block by default."""
-    if "block_size" in extra and "blocks_per_chunk" in extra:
+    blocks, size = extra.get("blocks_per_chunk"), extra.get("block_size")  # (null: unset)
+    if blocks is not None and size is not None:
         raise ConfigError("kv_transfer_config: Specify only one of 'block_size' or "
                           "'blocks_per_chunk' in kv_connector_extra_config.")  # fmt: skip
-    if "blocks_per_chunk" in extra:
-        blocks = extra["blocks_per_chunk"]
-        if isinstance(blocks, bool) or not isinstance(blocks, int) or not 0 < blocks <= 1 << 20:
+    if blocks is not None:
+        n = _whole("blocks_per_chunk", blocks)
+        if n <= 0:
             raise _fail("blocks_per_chunk", blocks, "must be greater than 0")
-        return int(blocks * gpu_block_size)
-    size = extra.get("block_size", gpu_block_size)
-    if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= 1 << 24:
-        raise _fail("block_size", size, "must be a positive number of tokens")
+        if n > 1 << 20:
+            raise _fail("blocks_per_chunk", blocks, "must be at most 2^20 blocks")
+        return n * gpu_block_size
+    if size is None:
+        return gpu_block_size
+    size = _whole("block_size", size)
+    if not 0 < size <= 1 << 24:
+        raise _fail("block_size", size, "must be a positive number of tokens, at most 2^24")
     if size % gpu_block_size:
         up = -(-size // gpu_block_size) * gpu_block_size
         raise _fail("block_size", size,
@@ -277,6 +282,15 @@ def _chunk_tokens(extra: Mapping[str, Any], gpu_block_size: int) -> int:
                     f"tokens). Use {up} instead, or set 'blocks_per_chunk' to express the "
                     "chunk size in blocks")  # fmt: skip
     return size
+
+
+def _whole(key: str, value: Any) -> int:
+    """A count as vLLM's int() reads it: an integer, or the text of one."""
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit() and len(value) < 20:
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(key, value, "must be a whole number")
+    return value
 
 
 def _free_bytes(root_dir: str) -> int:
@@ -333,5 +347,8 @@ def _tier(index: int, raw: Any, block_bytes: int) -> StorageTierSpec:
     failure = _number(f"{where}.failure_rate", raw.get("failure_rate", 0.0))
     if failure > 1:
         raise _fail(f"{where}.failure_rate", failure, "must be in [0, 1]")
+    events = raw.get("enable_kv_events", False)  # vLLM's default: the tier publishes nothing
+    if not isinstance(events, bool):
+        raise _fail(f"{where}.enable_kv_events", events, "must be true or false")
     return StorageTierSpec(kind, blocks, values["read_gbps"], values["write_gbps"],
-                           values["latency_ms"], failure)  # fmt: skip
+                           values["latency_ms"], failure, events)  # fmt: skip

@@ -136,10 +136,11 @@ class TierConnector:
         self._earliest = earliest_of()
         self._finish_due = finish_due_of()
         for tier in self.storage:
-            if tier.tier.record_events != cpu.record_events:
-                # A cascade copies the CPU tier's event records: all tiers publish, or none.
-                which = "the CPU tier" if cpu.record_events else f"the {tier.name} tier"
-                raise ValueError(f"only {which} records KV events: all tiers publish, or none")
+            if tier.tier.record_events and not cpu.record_events:
+                # A cascade copies the CPU tier's event records: a tier publishes only with
+                # the CPU tier (which may publish without it: vLLM's enable_kv_events).
+                raise ValueError(f"only the {tier.name} tier records KV events: the CPU tier "
+                                 "must too")  # fmt: skip
             tier.subscribe(engine_id)
             self.channels += [tier.write, tier.read]
         self.counters: dict[str, TierCounters] = {t.name: TierCounters() for t in self.storage}
@@ -198,14 +199,16 @@ class TierConnector:
         stop = min((len(request.all_token_ids) - 1) // self.block_size, len(hashes))
         n = self.cpu.lookup(hashes, num_device_blocks, stop)
         pos = num_device_blocks + n
-        if stop > num_device_blocks:
-            self.primary.block_queries += stop - num_device_blocks
-            self.primary.block_hits += n
         if self.storage and pos < stop:
             if hashes[pos] in self._promoting:
                 return None  # another request's promotion brings it: wait for that
-            if self._promote(request, hashes, num_device_blocks, pos, stop):
+            found = self._in_storage(hashes, pos, stop)
+            self._count_lookups(request, n, stop - pos, found)
+            if found is not None and self._promote(request, hashes, num_device_blocks, pos,
+                                                   *found):  # fmt: skip
                 return None
+        elif self.storage and stop > num_device_blocks:
+            self._count_lookups(request, n, 0, None)
         pays = self._pays_off.get(n)
         if pays is None:  # (a pure function of n: kept)
             pays = self._pays_off[n] = bool(n) and self.load_pays_off(n)
@@ -353,7 +356,7 @@ class TierConnector:
     def take_events(self) -> list[KVEvent]:
         """The CPU tier's and the secondary tiers' events since the last call."""
         if not self.cpu.record_events:
-            return []  # (all tiers publish, or none: __init__)
+            return []  # (no tier publishes without the CPU tier: __init__)
         events = self.cpu.take_events()
         for tier in self.storage:
             more = tier.take_events(self.engine_id)
@@ -387,7 +390,7 @@ class TierConnector:
         parents = pool.parent_hashes(blocks)
         meta = pool.token_meta(blocks, self.block_size) if cpu.record_events else None
         # (The tokens are needed only for the Stored events when the copy lands, here and in
-        # the tiers the block cascades to: all tiers publish, or none.)
+        # the tiers the block cascades to, which publish only if the CPU tier does.)
         if cpu.reserve_all_new(keys, parents, meta):  # (device hashes are distinct)
             return (blocks if isinstance(blocks, list) else list(blocks)), keys, parents
         if cpu.holds_all(keys):  # (a prompt's last block recomputed after its load, most)
@@ -503,20 +506,48 @@ class TierConnector:
 
     # -- promotions (secondary tier → CPU) ----------------------------------------------------
 
-    def _promote(
-        self, request: Request, hashes: Sequence[BlockHash], dev: int, pos: int, stop: int
-    ) -> bool:
-        """Start promoting the request's continuation from the first secondary tier that
-        holds it, if loading all of it then pays off. True: started (retry later)."""
-        for tier in self.storage:
+    def _in_storage(
+        self, hashes: Sequence[BlockHash], pos: int, stop: int
+    ) -> tuple[int, int] | None:
+        """(tier index, run) of the first secondary tier holding the continuation at `pos`."""
+        for i, tier in enumerate(self.storage):
             m = tier.tier.lookup(hashes, pos, stop)
-            counters = self.counters[tier.name]
-            counters.block_queries += stop - pos
-            counters.block_hits += m
             if m:
-                break
-        else:
-            return False
+                return i, m
+        return None
+
+    def _count_lookups(
+        self, request: Request, n: int, rest: int, found: tuple[int, int] | None
+    ) -> None:
+        """The tiering lookup counters, as vLLM 0.34 counts them: chunk by chunk from the
+        device hit until one no tier holds, each chunk once per request (its first lookup),
+        in the CPU tier first, then in the secondary tiers in order until one holds it.
+        `n` chunks were in the CPU tier, `rest` follow; `found`: the tier promoting a run."""
+        if request.lookups_counted:
+            return
+        request.lookups_counted = True
+        j, m = found if found is not None else (len(self.storage), 0)
+        missed = 1 if m < rest else 0  # the chunk that ends the walk
+        self.primary.block_queries += n + m + missed
+        self.primary.block_hits += n
+        for i, tier in enumerate(self.storage):
+            counters = self.counters[tier.name]
+            counters.block_queries += (m if i <= j else 0) + missed
+            counters.block_hits += m if i == j else 0
+
+    def _promote(
+        self,
+        request: Request,
+        hashes: Sequence[BlockHash],
+        dev: int,
+        pos: int,
+        index: int,
+        m: int,
+    ) -> bool:
+        """Start promoting the request's continuation (`m` blocks at `pos`) from the
+        secondary tier `index`, if loading all of it then pays off. True: started (retry
+        later)."""
+        tier = self.storage[index]
         promote_s = tier.read_model.duration(m * self.block_bytes)
         if not self.load_pays_off(pos - dev + m, promote_s):
             return False

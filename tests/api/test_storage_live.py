@@ -93,17 +93,25 @@ def test_a_vllm_034_tiering_config_serves_verbatim(tmp_path: Path) -> None:
         subscriber = Subscriber(source["connect"])  # (the publisher waits for one)
         client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=30)
         cached: list[int] = []
-        for _round in range(2):
-            for k in range(6):  # 96 blocks: past the device's 64 and the CPU tier's 16
-                c = client.completions.create(model="mocker", max_tokens=1,
-                                              prompt=[1000 * (k + 1) + j for j in range(PROMPT)],
-                                              extra_body={"ignore_eos": True})  # fmt: skip
-                assert c.usage is not None and c.usage.prompt_tokens_details is not None
-                cached.append(c.usage.prompt_tokens_details.cached_tokens or 0)
+        lookups: list[dict[str, tuple[float, float]]] = []
+        for i in range(12):  # 6 prompts, 96 blocks: past the device's 64 and the CPU's 16
+            prompt = [1000 * (i % 6 + 1) + j for j in range(PROMPT)]
+            c = client.completions.create(model="mocker", max_tokens=1, prompt=prompt,
+                                          extra_body={"ignore_eos": True})  # fmt: skip
+            assert c.usage is not None and c.usage.prompt_tokens_details is not None
+            cached.append(c.usage.prompt_tokens_details.cached_tokens or 0)
+            if i in (5, 6):
+                m = scrape(url)
+                lookups.append({tier: (m["vllm:kv_offload_tiering_chunk_queries_total", tier],
+                                       m["vllm:kv_offload_tiering_chunk_hits_total", tier])
+                                for tier in ("0:primary", "1:fs", "2:obj")})  # fmt: skip
         assert cached[:6] == [0] * 6 and cached[6] == 15 * 16  # the first prompt, from fs
+        # vLLM 0.34's lookups, chunk by chunk until one no tier holds, once per request: a
+        # new prompt walks its first chunk through every tier; the first prompt again finds
+        # its 15 loadable chunks missing from the CPU tier and present in fs.
+        assert lookups[0] == {"0:primary": (6, 0), "1:fs": (6, 0), "2:obj": (6, 0)}
+        assert lookups[1] == {"0:primary": (21, 0), "1:fs": (21, 15), "2:obj": (6, 0)}
         m = scrape(url)
-        assert m["vllm:kv_offload_tiering_chunk_hits_total", "1:fs"] >= 15
-        assert m["vllm:kv_offload_tiering_chunk_queries_total", "0:primary"] > 0
         assert m["vllm:prompt_tokens_cached_by_source_total", "disk"] >= 240
         subscriber.close()
         storage = [e for b in replay(source["replay_connect"], 0) for e in b.batch.events

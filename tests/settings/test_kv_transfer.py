@@ -76,6 +76,7 @@ def test_a_vllm_034_tiering_config_is_taken_verbatim(tmp_path: Path) -> None:
     fs, obj = s["storage_tiers"]
     assert abs(fs.capacity_blocks - free) <= max(1, free // 100)  # (the disk is shared)
     assert obj.capacity_blocks == UNBOUNDED_BLOCKS
+    assert fs.enable_kv_events and not obj.enable_kv_events  # (vLLM's default: false)
     assert s["min_load_blocks"] == 2 and s["self_describing_kv_events"] is True
 
 
@@ -85,6 +86,8 @@ def test_a_vllm_034_tiering_config_is_taken_verbatim(tmp_path: Path) -> None:
         ({"block_size": 32, "blocks_per_chunk": 2},
          "Specify only one of 'block_size' or 'blocks_per_chunk'"),
         ({"blocks_per_chunk": 0}, "blocks_per_chunk=0: must be greater than 0"),
+        ({"blocks_per_chunk": 1 << 30}, "must be at most 2^20 blocks"),
+        ({"blocks_per_chunk": "two"}, "blocks_per_chunk='two': must be a whole number"),
         ({"block_size": 24}, "Use 32 instead, or set 'blocks_per_chunk'"),
         ({"secondary_tiers": [{"type": "kvcr"}]}, "'kvcr': is not modelled by mocker"),
         ({"secondary_tiers": [{"type": "p2p", "host": "h"}]}, "'p2p': is not modelled"),
@@ -242,6 +245,17 @@ def test_multi_connector_gives_pd_and_tiers_together() -> None:
         parse_kv_transfer_config(failing, 16, 131072)
     with pytest.raises(ConfigError, match="push mode"):
         parse_kv_transfer_config(nixl("kv_consumer", kv_connector="NixlPushConnector"), 16, 1)
+
+
+@pytest.mark.parametrize(
+    ("extra", "chunk_blocks"),
+    [({"block_size": None}, 1), ({"blocks_per_chunk": None, "block_size": 32}, 2),
+     ({"blocks_per_chunk": "4"}, 4), ({"block_size": "48"}, 3)],
+)  # fmt: skip
+def test_a_chunk_size_as_vllm_reads_it(extra: dict[str, object], chunk_blocks: int) -> None:
+    # vLLM reads the keys with .get() (null: unset) and int() (text of a number: that number).
+    raw = offloading(cpu_bytes_to_use=8 * BLOCK_BYTES, **extra)
+    assert parse_kv_transfer_config(raw, 16, 131072)["min_load_blocks"] == chunk_blocks
 
 
 def test_an_fs_tier_whose_disk_cannot_be_read_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:

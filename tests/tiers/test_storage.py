@@ -220,6 +220,16 @@ def test_storage_events_say_storage_and_local() -> None:
     assert all(e.locality is None for e in events if getattr(e, "medium", "") == "CPU")
 
 
+def test_a_tier_without_enable_kv_events_publishes_nothing() -> None:
+    # vLLM 0.34's per-tier switch (false unless the config says so): the tier still stores,
+    # the CPU tier and the device still publish.
+    core = EngineCore(config(storage_tiers=(replace(FS, enable_kv_events=False),)))
+    events = [e for r in VirtualDriver(core).steps([request("a", 0, 0.0)]) for e in r.kv_events]
+    media = {getattr(e, "medium", None) for e in events}
+    assert "STORAGE" not in media and {"GPU", "CPU"} <= media
+    assert core.connector is not None and core.connector.storage[0].tier.num_resident == 16
+
+
 def assert_drained(core: EngineCore) -> None:
     """Nothing in flight, nothing pinned, nothing referenced."""
     connector = core.connector
