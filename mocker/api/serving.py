@@ -50,6 +50,7 @@ from mocker.engine.group import EngineGroup, RankError
 from mocker.engine.intake import RequestRejected, check_min_tokens, check_prompt_length
 from mocker.engine.live import EngineDeadError, LiveEngine
 from mocker.faults import FaultType
+from mocker.metrics.prometheus import admission_counts
 from mocker.request import EngineRequest, ParallelSampling, SamplingParams
 from mocker.settings import ServerSettings
 from mocker.settings.lora import LoraModule
@@ -160,8 +161,11 @@ class OpenAIServing:
         config: EngineConfig,
         faults: FaultInjector,
         loras: LoraAdapters | None = None,
+        rejections: dict[str, int] | None = None,
     ) -> None:
         self.engines = engines
+        # Requests refused by admission control, by vLLM's reason (read by /metrics).
+        self.rejections = rejections if rejections is not None else admission_counts()
         self.loras = loras if loras is not None else LoraAdapters(settings)
         self.faults = faults
         self.open = OpenResponses()  # generation responses not yet ended
@@ -539,16 +543,24 @@ class OpenAIServing:
         raise failure_error(fault, self.config.max_model_len, param)
 
     def _engine_for(self, rank: int | None) -> LiveEngine:
-        """The rank a new engine request goes to; 503 while its queue is full."""
-        engine = self.engines.pick(rank)
+        """The rank a new engine request goes to."""
+        return self.engines.pick(rank)
+
+    def _admit(self, n: int) -> None:
+        """vLLM 0.34's admission control, in the API server over every rank: 503 (counted in
+        vllm:admission_rejections) when `n` more requests would put more than
+        --max-num-queued-reqs in flight, or while the prompts not past their first token
+        hold --max-num-queued-tokens."""
         limit = self.settings.max_num_queued_reqs
-        if limit is not None and engine.num_waiting >= limit:
-            raise OpenAIError(
-                503,
-                f"The server is overloaded: {engine.num_waiting} requests are waiting "
-                f"(--max-num-queued-reqs {limit}). Retry later.",
-            )
-        return engine
+        if limit is not None and self.engines.num_in_flight() + n > limit:
+            self.rejections["max_num_queued_reqs"] += 1
+            raise OpenAIError(503, "The engine is currently busy and cannot accept new requests. "
+                              "Please try again later or on a different instance.")  # fmt: skip
+        tokens = self.settings.max_num_queued_tokens
+        if tokens is not None and self.engines.prefill_backlog() >= tokens:
+            self.rejections["max_num_queued_tokens"] += 1
+            raise OpenAIError(503, "The engine has reached its prefill token backlog limit. "
+                              "Please try again later or on a different instance.")  # fmt: skip
 
     def _start(
         self,
@@ -574,6 +586,7 @@ class OpenAIServing:
             body, prompts, max_tokens, request_id, param, lora, num_prompt_top, session
         )
         fault = self._inject(headers.fault, param)
+        self._admit(len(specs))
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         stop = tuple(s for s in stop if s)
         logprobs = self._logprobs(body)

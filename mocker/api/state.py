@@ -25,6 +25,7 @@ from mocker.kvevents.config import advertised_host
 from mocker.kvevents.publisher import ZmqEventPublisher
 from mocker.kvevents.wire import Dialect
 from mocker.metrics import Exposition, MetricsCollector, StatsRecorder
+from mocker.metrics.prometheus import admission_counts
 from mocker.settings import ServerSettings
 from mocker.tiers.storage import StorageTier
 from mocker.tokenizer import TextTokenizer
@@ -199,9 +200,10 @@ def build_state(
         raise
     group = EngineGroup(engines)
     faults = FaultInjector(settings.faults, seed=config.seed)
+    rejections = admission_counts()
     collector = MetricsCollector(
         metrics, settings.model_name, legacy_names=settings.legacy_metric_names,
-        failures=faults.counts,
+        failures=faults.counts, rejections=rejections,
     )  # fmt: skip
     return ServerState(
         settings=settings,
@@ -210,7 +212,7 @@ def build_state(
         engines=group,
         metrics=metrics,
         exposition=Exposition(collector),
-        serving=OpenAIServing(group, tokenizer, settings, config, faults, loras),
+        serving=OpenAIServing(group, tokenizer, settings, config, faults, loras, rejections),
         faults=faults,
         created=int(time.time()),
         publishers=publishers,

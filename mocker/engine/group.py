@@ -58,6 +58,14 @@ class EngineGroup:
         if any(e.has_request(request_id) for e in self.engines):
             raise request_id_in_use(request_id)
 
+    def num_in_flight(self) -> int:
+        """Requests in flight on every rank (vLLM 0.34's max_num_queued_reqs count)."""
+        return sum(engine.num_open_streams for engine in self.engines)
+
+    def prefill_backlog(self) -> int:
+        """Every rank's prompt tokens not yet past their first token."""
+        return sum(engine.prefill_backlog() for engine in self.engines)
+
     def pick(self, rank: int | None = None) -> LiveEngine:
         """The engine for a new request: rank `rank`, or the least loaded."""
         engines = self.engines

@@ -91,6 +91,7 @@ class LiveEngine:
         self._held_passes = 0
         self._inbox: deque[InboxMessage] = deque()
         self._inbox_requests = 0  # AddRequests in the inbox: waiting, not yet in the core
+        self._inbox_tokens = 0  # their prompt tokens
         self._wake = asyncio.Event()
         # Request id -> stream, from add_request until the engine is done with the id
         # (its final output delivered, or its abort applied), so an id is never reused
@@ -122,6 +123,13 @@ class LiveEngine:
         if not self._inbox_requests:
             return snap
         return replace(snap, num_waiting=snap.num_waiting + self._inbox_requests)
+
+    def prefill_backlog(self) -> int:
+        """Prompt tokens of the requests without their first token yet (vLLM 0.34's
+        max_num_queued_tokens count: a prompt counts whole until its first token)."""
+        pending = (r.num_prompt_tokens for r in self.core.requests.values()
+                   if r.first_token_time is None)  # fmt: skip
+        return self._inbox_tokens + sum(pending)
 
     def has_request(self, request_id: str) -> bool:
         """Whether `request_id` is in use (its consumer not yet done with it)."""
@@ -183,6 +191,7 @@ class LiveEngine:
         self._streams[spec.request_id] = stream
         self._post(AddRequest(spec))
         self._inbox_requests += 1
+        self._inbox_tokens += len(spec.prompt_token_ids)
         return stream
 
     def abort(self, request_id: str, stream: RequestStream | None = None) -> None:
@@ -294,6 +303,7 @@ class LiveEngine:
             match inbox.popleft():
                 case AddRequest(spec):
                     self._inbox_requests -= 1
+                    self._inbox_tokens -= len(spec.prompt_token_ids)
                     stream = self._streams.get(spec.request_id)
                     if stream is None or stream.finished:
                         # Aborted before it reached the engine; its abort follows.
@@ -475,7 +485,7 @@ class LiveEngine:
             elif isinstance(message, ReleaseHold) and not message.done.done():
                 message.done.set_result(False)
         self._inbox.clear()
-        self._inbox_requests = 0
+        self._inbox_requests = self._inbox_tokens = 0
         self._held, self._held_passes = {}, 0  # their streams fail below
         failure = (
             error

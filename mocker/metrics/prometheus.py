@@ -36,7 +36,16 @@ from mocker.metrics.exposition import (
 from mocker.metrics.histogram import Histogram, bound_texts
 from mocker.metrics.recorder import StatsRecorder
 
-__all__ = ["FAMILIES", "Exposition", "Family", "Kind", "MetricsCollector", "build_registry"]
+__all__ = [
+    "ADMISSION_REASONS",
+    "FAMILIES",
+    "Exposition",
+    "Family",
+    "Kind",
+    "MetricsCollector",
+    "admission_counts",
+    "build_registry",
+]
 
 
 class Kind(StrEnum):
@@ -92,6 +101,15 @@ def _cached_by_tier(m: StatsRecorder, s: EngineSnapshot) -> Value:
 # CPU tier is host memory, fs and obj tiers are storage, a P/D pull is another instance's).
 CACHE_HIT_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
 _SOURCE_OF_TIER = {"cpu": "host", "fs": "disk", "obj": "disk", PULL_SOURCE: "p2p"}
+
+
+# vLLM 0.34's admission control reasons (vllm:admission_rejections{reason}).
+ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
+
+
+def admission_counts() -> dict[str, int]:
+    """Rejections by reason, all at zero."""
+    return dict.fromkeys(ADMISSION_REASONS, 0)
 
 
 def _cached_by_source(m: StatsRecorder, s: EngineSnapshot) -> Value:
@@ -354,8 +372,11 @@ class MetricsCollector(Collector):
         *,
         legacy_names: bool = False,
         failures: Mapping[FaultType, int] | None = None,
+        rejections: Mapping[str, int] | None = None,
     ) -> None:
         self.engines = list(engines)
+        # Admission control's rejections by reason (the API server's), read at scrape time.
+        self.rejections = rejections
         self.model_name = model_name
         self.legacy_names = legacy_names
         # Injected failures by type (fault injection), read at scrape time.
@@ -447,6 +468,8 @@ class MetricsCollector(Collector):
     ) -> Iterator[Metric]:
         """The families outside the table: cache config, LoRA, injected failures."""
         yield self._cache_config_info()
+        if self.rejections is not None and self.engines and self.engines[0].release != "0.33":
+            yield self._admission_rejections(self.rejections)
         if self.engines and self.engines[0].config.enable_lora:
             yield self._lora_info([snapshot for _, snapshot, _ in rows])
         if self.failures is not None:
@@ -536,6 +559,17 @@ class MetricsCollector(Collector):
                 1.0,
             )  # fmt: skip
         return info
+
+    def _admission_rejections(self, rejections: Mapping[str, int]) -> CounterMetricFamily:
+        # The API server's counter: the model, no engine label (vLLM's).
+        rejected = CounterMetricFamily(
+            "vllm:admission_rejections",
+            "Number of admission attempts rejected by a queue limit, by reason.",
+            labels=["model_name", "reason"],
+        )
+        for reason, n in rejections.items():
+            rejected.add_metric([self.model_name, reason], n)
+        return rejected
 
     def _injected_failures(self, failures: Mapping[FaultType, int]) -> CounterMetricFamily:
         injected = CounterMetricFamily(

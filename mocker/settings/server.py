@@ -27,6 +27,7 @@ class ServerSettings:
     tokenizer: str | None = None
     chat_template: str | None = None
     max_num_queued_reqs: int | None = None
+    max_num_queued_tokens: int | None = None
     api_key: str | None = None
     log_requests: bool = False
     access_log: bool = True
@@ -104,8 +105,16 @@ SERVER_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "max_num_queued_reqs",
-        "reject new requests with 503 while this many wait (default: unlimited)",
+        "reject a new request with 503 when it would put more than this many in flight "
+        "(waiting or running, over every rank; default: unlimited)",
         _S.max_num_queued_reqs,
+        "int",
+    ),
+    Option(
+        "max_num_queued_tokens",
+        "reject new requests with 503 while the prompts not past their first token hold this "
+        "many tokens (default: unlimited)",
+        _S.max_num_queued_tokens,
         "int",
     ),
     Option("api_key", "require 'Authorization: Bearer KEY' on /v1/*", _S.api_key, metavar="KEY"),
@@ -318,9 +327,10 @@ def _check(values: Mapping[str, Any]) -> None:
     port = values["port"]
     if not 0 <= port <= 65535:
         raise ConfigError(f"invalid port={port!r}: must be in [0, 65535]")
-    queued = values["max_num_queued_reqs"]
-    if queued is not None and queued < 1:
-        raise ConfigError(f"invalid max_num_queued_reqs={queued!r}: must be >= 1 (or unset)")
+    for name in ("max_num_queued_reqs", "max_num_queued_tokens"):
+        queued = values[name]
+        if queued is not None and queued < 0:
+            raise ConfigError(f"invalid {name}={queued!r}: must be >= 0 (or unset)")
     shutdown = values["shutdown_timeout"]
     if not shutdown >= 0:
         raise ConfigError(f"invalid shutdown_timeout={shutdown!r}: must be >= 0")
@@ -382,6 +392,7 @@ def server_settings_from(values: Mapping[str, Any]) -> ServerSettings:
         tokenizer=values["tokenizer"],
         chat_template=values["chat_template"],
         max_num_queued_reqs=values["max_num_queued_reqs"],
+        max_num_queued_tokens=values["max_num_queued_tokens"],
         api_key=values["api_key"] or None,
         log_requests=values["enable_log_requests"] and not values["disable_log_requests"],
         access_log=not values["disable_uvicorn_access_log"],

@@ -159,18 +159,19 @@ async def test_a_request_id_in_use_on_any_rank_is_refused() -> None:
         assert c.state.engines[1].num_open_streams == 0
 
 
-async def test_queue_limit_is_per_rank() -> None:
+async def test_queue_limit_counts_every_rank() -> None:
+    # vLLM 0.34: the API server's limit, over the requests in flight on every rank it routes
+    # to (size it as ranks x max_num_seqs plus a queue).
     c = AppClient(make_app(settings(data_parallel_size=2, max_num_queued_reqs=1)))
-    # Loops not started: what is added stays waiting. Rank 0's one slot is taken.
+    # Loops not started: what is added stays waiting. Rank 0 holds the one request allowed.
     c.state.engines.start = lambda: None  # type: ignore[method-assign]
     async with c:
         c.state.engines[0].add_request(req("queued", [5] * 8))
-        body = {"prompt": "x", "max_tokens": 2, "data_parallel_rank": 0}
-        r = await c.http.post("/v1/completions", json=body)
-        assert r.status_code == 503
-        assert "--max-num-queued-reqs 1" in r.json()["error"]["message"]
+        for rank in (0, 1):
+            body = {"prompt": "x", "max_tokens": 2, "data_parallel_rank": rank}
+            r = await c.http.post("/v1/completions", json=body)
+            assert r.status_code == 503 and "currently busy" in r.json()["error"]["message"]
         assert [e.num_waiting for e in c.state.engines] == [1, 0]
-        assert c.state.engines.pick() is c.state.engines[1]  # the other rank has room
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.engines import req
 from tests.support.servers import AppClient, make_app, settings
 
 
@@ -160,9 +161,10 @@ async def test_api_key_guards_v1_only() -> None:
 
 
 async def test_queue_beyond_max_num_queued_reqs_is_503() -> None:
-    # A tenth of real time: the running request lasts ~25 s, so it is certainly still running
-    # (and the second still waiting) when the third comes, however loaded the machine.
-    app = make_app(settings(max_num_queued_reqs=1), max_num_seqs=1, speedup_ratio=0.1)
+    # vLLM 0.34: the limit counts requests in flight, waiting or running. A tenth of real
+    # time: the first request runs for ~25 s, so it is certainly in flight when the next
+    # come, however loaded the machine.
+    app = make_app(settings(max_num_queued_reqs=2), max_num_seqs=1, speedup_ratio=0.1)
     async with AppClient(app) as c:
         long = {"prompt": [1, 2, 3], "max_tokens": 400}
         engine = c.state.engines[0]
@@ -170,15 +172,38 @@ async def test_queue_beyond_max_num_queued_reqs_is_503() -> None:
         async with asyncio.timeout(10):
             while engine.num_running < 1:
                 await asyncio.sleep(0.005)
+        r = await c.http.post("/v1/completions", json={"prompt": "x", "n": 2})  # 1 + 2 > 2
+        _assert_error(r, 503, "The engine is currently busy and cannot accept new requests.")
         waiting = asyncio.ensure_future(c.http.post("/v1/completions", json=long))
         async with asyncio.timeout(10):
             while engine.num_waiting < 1:
                 await asyncio.sleep(0.005)
         r = await c.http.post("/v1/completions", json={"prompt": "x"})
-        _assert_error(r, 503, "max-num-queued-reqs")
+        _assert_error(r, 503, "try again later or on a different instance")
+        metrics = (await c.http.get("/metrics")).text
+        assert (
+            'vllm:admission_rejections_total{model_name="mocker",reason="max_num_queued_reqs"} 2.0'
+            in metrics
+        )
+        assert 'reason="max_num_queued_tokens"} 0.0' in metrics
         running.cancel()
         waiting.cancel()
         await asyncio.gather(running, waiting, return_exceptions=True)
+
+
+async def test_a_prefill_backlog_beyond_max_num_queued_tokens_is_503() -> None:
+    # vLLM 0.34: prompts count whole until their first token; refused while they hold the
+    # limit (the new prompt's own tokens are not counted).
+    c = AppClient(make_app(settings(max_num_queued_tokens=10)))
+    c.state.engines.start = lambda: None  # type: ignore[method-assign]  (nothing runs)
+    async with c:
+        c.state.engines[0].add_request(req("queued", [5] * 8))
+        c.state.serving._admit(1)  # 8 tokens < 10: admitted
+        c.state.engines[0].add_request(req("second", [5] * 2))
+        assert c.state.engines.prefill_backlog() == 10
+        r = await c.http.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
+        _assert_error(r, 503, "The engine has reached its prefill token backlog limit.")
+        assert c.state.serving.rejections == {"max_num_queued_reqs": 0, "max_num_queued_tokens": 1}
 
 
 async def test_duplicate_in_flight_request_id_is_400() -> None:

@@ -78,9 +78,10 @@ def test_engine_and_server_checks() -> None:
     values, _ = resolve(parse_flags(["--max-num-seqs", "0"]), ALL, environ={})
     with pytest.raises(ConfigError, match="max_num_seqs"):
         engine_config_from(values)
-    values, _ = resolve(parse_flags(["--max-num-queued-reqs", "0"]), ALL, environ={})
-    with pytest.raises(ConfigError, match="max_num_queued_reqs"):
-        server_settings_from(values)
+    for flag in ("--max-num-queued-reqs", "--max-num-queued-tokens"):  # (0: vLLM's, refuse all)
+        values, _ = resolve(parse_flags([flag, "-1"]), ALL, environ={})
+        with pytest.raises(ConfigError, match=flag[2:].replace("-", "_") + "=-1: must be >= 0"):
+            server_settings_from(values)
     with pytest.raises(SystemExit):
         parse_flags(["--max-num-seqs", "x"])
 
