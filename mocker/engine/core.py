@@ -272,6 +272,7 @@ class EngineCore:
             lora_adapters=self._lora_adapters() if self.config.enable_lora else (),
             kv_expired=self.holds.num_expired if self.holds is not None else 0,
             kv_fetch=self._kv_fetch() if self.pulls is not None else (0, 0, 0),
+            num_deferred=self.scheduler.num_deferred + len(self.scheduler.loading),
             group_usage=tuple(self._hybrid.group_usage()) if self._hybrid is not None else (),
             **self._tier_snapshot(),
         )
@@ -294,11 +295,15 @@ class EngineCore:
         connector = self.connector
         if connector is None:
             return {}
+        jobs = connector.jobs()
+        capacity = max(connector.cpu.capacity, 1)
         tiers = tuple(
             TierSnapshot(t.name, t.tier.usage, c.block_queries, c.block_hits,
-                         c.promotion_failures, c.cascade_failures)
+                         c.promotion_failures, c.cascade_failures, promoting, cascading,
+                         written / capacity, read / capacity)
             for t in connector.storage
             for c in (connector.counters[t.name],)
+            for promoting, cascading, written, read in (jobs[t.name],)
         )  # fmt: skip
         p = connector.primary
         primary = TierSnapshot("primary", connector.cpu.usage, p.block_queries, p.block_hits)

@@ -47,6 +47,12 @@ class TierSnapshot:
     block_hits: int = 0
     promotion_failures: int = 0
     cascade_failures: int = 0
+    # vLLM 0.34's: promotions from it and cascades to it in flight, and the share of the
+    # CPU tier their copies write (promotions) and read (cascades).
+    active_promotions: int = 0
+    active_cascades: int = 0
+    primary_write_usage: float = 0.0
+    primary_read_usage: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +68,9 @@ class EngineSnapshot:
     stores_skipped: int = 0  # blocks the CPU tier had no room for (vLLM's counter)
     tiers: tuple[TierSnapshot, ...] = ()  # the secondary tiers, in lookup order
     primary: TierSnapshot | None = None  # with secondary tiers: the CPU tier, as one
+    # Waiting requests held by something other than room (vLLM 0.34's "deferred"): loading
+    # their KV, or passed over for a LoRA slot or a promotion in the last pass.
+    num_deferred: int = 0
     # With --enable-lora: the adapters of unfinished requests, oldest request first.
     lora_adapters: tuple[str, ...] = ()
     kv_expired: int = 0  # P/D prefill side: holds that expired unread (cumulative)

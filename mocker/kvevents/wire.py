@@ -23,7 +23,10 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 _STORED_TAIL = ("extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window",
                 "locality", "ownership", "session_id", "lookahead_token_ids")  # fmt: skip
 _REMOVED_TAIL = ("group_idx", "locality", "ownership")
+_STORED_HEAD = ("type", "block_hashes", "parent_block_hash", "token_ids", "block_size",
+                "lora_id", "medium", "lora_name")  # fmt: skip
 _GPU = "GPU"
+_CLEARED = {"type": "AllBlocksCleared"}
 
 
 def seq_bytes(seq: int) -> bytes:
@@ -84,26 +87,56 @@ def _removed_tail(event: BlockRemoved, dialect: Dialect) -> tuple[Any, ...]:
     return group, event.locality, event.ownership
 
 
-def _as_map(event: KVEvent, dialect: Dialect) -> Iterator[dict[str, Any]]:
+def _as_map(event: KVEvent, dialect: Dialect, out: list[Any]) -> None:
     # Key order follows vLLM's structs: the "type" tag, then the fields as declared.
     # parent_block_hash, lora_id, medium and lora_name have no default there, so they are
-    # always written, null or not (vLLM's decoder rejects an event without them).
+    # always written, null or not (vLLM's decoder rejects an event without them); the tail
+    # (_STORED_TAIL) only when set. Written out by hand: this runs for every event sent.
     if type(event) is BlockStored:
-        for head, tail in _stored(event, dialect):
-            hashes, parent, tokens, size, lora_id, medium, lora = head
-            stored = {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
-                      "token_ids": tokens, "block_size": size, "lora_id": lora_id,
-                      "medium": medium, "lora_name": lora}  # fmt: skip
-            stored.update((k, v) for k, v in zip(_STORED_TAIL, tail, strict=True) if v is not None)
-            yield stored
+        if event.medium != _GPU and dialect.placeholders:
+            for head, tail in _stored(event, dialect):
+                chunk = dict(zip(_STORED_HEAD, ("BlockStored", *head), strict=True))
+                chunk.update((k, v) for k, v in zip(_STORED_TAIL, tail, strict=True)
+                             if v is not None)  # fmt: skip
+                out.append(chunk)
+            return
+        stored: dict[str, Any] = {
+            "type": "BlockStored", "block_hashes": event.block_hashes,
+            "parent_block_hash": event.parent_block_hash, "token_ids": event.token_ids,
+            "block_size": event.block_size, "lora_id": None, "medium": event.medium,
+            "lora_name": event.lora_name,
+        }  # fmt: skip
+        group = event.group_idx
+        if group is None and dialect.dense_group:
+            group = 0
+        if group is not None:
+            stored["group_idx"] = group
+            stored["kv_cache_spec_kind"] = event.kv_cache_spec_kind or "full_attention"
+            if event.kv_cache_spec_sliding_window is not None:
+                stored["kv_cache_spec_sliding_window"] = event.kv_cache_spec_sliding_window
+        if event.locality is not None:
+            stored["locality"] = event.locality
+        if event.ownership is not None:
+            stored["ownership"] = event.ownership
+        if event.session_id is not None:
+            stored["session_id"] = event.session_id
+        out.append(stored)
     elif type(event) is BlockRemoved:
-        removed = {"type": "BlockRemoved", "block_hashes": event.block_hashes,
-                   "medium": event.medium}  # fmt: skip
-        tail = _removed_tail(event, dialect)
-        removed.update((k, v) for k, v in zip(_REMOVED_TAIL, tail, strict=True) if v is not None)
-        yield removed
+        removed: dict[str, Any] = {
+            "type": "BlockRemoved", "block_hashes": event.block_hashes, "medium": event.medium,
+        }  # fmt: skip
+        group = event.group_idx
+        if group is None and dialect.dense_group:
+            group = 0
+        if group is not None:
+            removed["group_idx"] = group
+        if event.locality is not None:
+            removed["locality"] = event.locality
+        if event.ownership is not None:
+            removed["ownership"] = event.ownership
+        out.append(removed)
     elif type(event) is AllBlocksCleared:
-        yield {"type": "AllBlocksCleared"}
+        out.append(_CLEARED)
     else:
         raise TypeError(f"not a KV event: {event!r}")
 
@@ -116,16 +149,17 @@ def _trimmed(tail: tuple[Any, ...]) -> tuple[Any, ...]:
     return tail[:end]
 
 
-def _as_array(event: KVEvent, dialect: Dialect) -> Iterator[tuple[Any, ...]]:
+def _as_array(event: KVEvent, dialect: Dialect, out: list[Any]) -> None:
     # The positional layout: the tag first, then the same fields in the same order.
     if type(event) is BlockStored:
-        for head, tail in _stored(event, dialect):
-            yield ("BlockStored", *head, *_trimmed(tail))
+        out.extend(
+            ("BlockStored", *head, *_trimmed(tail)) for head, tail in _stored(event, dialect)
+        )
     elif type(event) is BlockRemoved:
         tail = _trimmed(_removed_tail(event, dialect))
-        yield ("BlockRemoved", event.block_hashes, event.medium, *tail)
+        out.append(("BlockRemoved", event.block_hashes, event.medium, *tail))
     elif type(event) is AllBlocksCleared:
-        yield ("AllBlocksCleared",)
+        out.append(("AllBlocksCleared",))
     else:
         raise TypeError(f"not a KV event: {event!r}")
 
@@ -145,5 +179,7 @@ class BatchEncoder:
 
     def encode(self, ts: float, events: Sequence[KVEvent]) -> bytes:
         convert, dialect = self._convert, self._dialect
-        wire = [out for e in events for out in convert(e, dialect)]
+        wire: list[Any] = []
+        for event in events:
+            convert(event, dialect, wire)
         return self._encoder.encode((ts, wire, self.rank))

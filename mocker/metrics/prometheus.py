@@ -122,6 +122,11 @@ def _cached_by_source(m: StatsRecorder, s: EngineSnapshot) -> Value:
     return list(counts.items())
 
 
+def _waiting_by_reason(s: EngineSnapshot) -> Value:
+    deferred = min(s.num_deferred, s.num_waiting)
+    return [("capacity", s.num_waiting - deferred), ("deferred", deferred)]
+
+
 def _tier_label(m: StatsRecorder, index: int, name: str) -> str:
     """A secondary tier's `tier` label: vLLM 0.34's "<position>:<type>" (the CPU tier is
     "0:primary"), 0.33's type."""
@@ -168,6 +173,11 @@ FAMILIES: tuple[Family, ...] = (
            lambda m, s: s.num_waiting),
     Family("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", G,
            lambda m, s: s.kv_usage),
+    Family("vllm:num_requests_waiting_by_reason",
+           "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for "
+           "scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, "
+           "KV transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.",
+           G, lambda m, s: _waiting_by_reason(s), label="reason", release="0.34"),
     Family("vllm:prefix_cache_queries",
            "Prefix cache queries, in terms of number of queried tokens.", C,
            lambda m, s: m.prefix_queries),
@@ -238,6 +248,19 @@ FAMILIES: tuple[Family, ...] = (
     Family("vllm:kv_offload_tiering_chunk_hits",
            "Number of chunk lookup hits in a tier, labeled by tier.", C,
            _tier_counter("block_hits", primary=True), label="tier", release="0.34"),
+    Family("vllm:kv_offload_tiering_active_promotion_jobs",
+           "Number of active secondary-tier promotion jobs, labeled by tier.", G,
+           _tier_counter("active_promotions"), label="tier", release="0.34"),
+    Family("vllm:kv_offload_tiering_active_cascade_jobs",
+           "Number of active secondary-tier cascade jobs, labeled by tier.", G,
+           _tier_counter("active_cascades"), label="tier", release="0.34"),
+    Family("vllm:kv_offload_tiering_primary_write_usage_perc",
+           "Current fraction of primary-tier space used by writes from secondary tiers, "
+           "labeled by tier.", G, _tier_counter("primary_write_usage"), label="tier",
+           release="0.34"),
+    Family("vllm:kv_offload_tiering_primary_read_usage_perc",
+           "Current fraction of primary-tier space used by reads to secondary tiers, labeled "
+           "by tier.", G, _tier_counter("primary_read_usage"), label="tier", release="0.34"),
     Family("vllm:kv_offload_tiering_block_queries", "Blocks looked up in a secondary tier.", C,
            _tier_counter("block_queries"), label="tier", release="0.33"),
     Family("vllm:kv_offload_tiering_block_hits", "Blocks found in a secondary tier.", C,

@@ -100,6 +100,7 @@ class Scheduler:
         "decode_head",
         "kv",
         "loading",
+        "num_deferred",
         "num_preemptions",
         "pulls",
         "ready",
@@ -124,6 +125,7 @@ class Scheduler:
         # which resume ahead of fresh admissions.
         self.loading: set[Request] = set()
         self.ready: list[Request] = []
+        self.num_deferred = 0  # waiting requests the last pass passed over (LoRA, promotion)
         # Prefix counts of loads that ended between passes, reported by the next pass.
         self._carry = SchedulerOutput()
         self.num_preemptions = 0
@@ -649,5 +651,6 @@ class Scheduler:
             budget -= num_new
             if loras is not None and lora is not None:
                 loras.add(lora)
+        self.num_deferred = len(skipped)
         for request, order in skipped:
             waiting.restore(request, order)

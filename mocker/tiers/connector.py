@@ -166,6 +166,8 @@ class TierConnector:
         # and CPU → secondary tiers (the CPU keys they pin).
         self._storing: dict[int, list[KVBlock]] = {}
         self._cascading: dict[int, list[BlockKey]] = {}
+        # Per secondary tier: cascades in flight to it, and the CPU blocks they read.
+        self.cascades: dict[str, list[int]] = {t.name: [0, 0] for t in self.storage}
         self._loaded: list[Request] = []  # loads that ended since the last poll returned
         self._timeouts: list[tuple[float, int, _Load | _Promotion]] = []
         self._records: list[TransferRecord] = []
@@ -488,6 +490,9 @@ class TierConnector:
                 continue
             cpu.pin_landed(run)
             self._cascading[id(run)] = run
+            active = self.cascades[tier.name]
+            active[0] += 1
+            active[1] += len(run)
             done = partial(self._cascade_ended, tier, run, now)
             tier.write.start(now, len(run) * self.block_bytes, done)
 
@@ -495,6 +500,9 @@ class TierConnector:
         self, tier: StorageTier, keys: list[BlockKey], start: float, end: float
     ) -> None:
         del self._cascading[id(keys)]
+        active = self.cascades[tier.name]
+        active[0] -= 1
+        active[1] -= len(keys)
         ok = not (tier.spec.failure_rate and tier.fails())  # (no draw without a rate)
         tier.complete_store(keys, ok)
         self.cpu.unpin(keys)
@@ -505,6 +513,16 @@ class TierConnector:
         self.version += 1
 
     # -- promotions (secondary tier → CPU) ----------------------------------------------------
+
+    def jobs(self) -> dict[str, tuple[int, int, int, int]]:
+        """Per secondary tier: (promotions, cascades) in flight, and the CPU blocks they
+        write and read (vLLM 0.34's active jobs and primary-tier usage by tier)."""
+        out = {name: (0, n, 0, blocks) for name, (n, blocks) in self.cascades.items()}
+        for promotion in self._promotions.values():
+            name = promotion.tier.name
+            n, cascades, written, read = out[name]
+            out[name] = (n + 1, cascades, written + len(promotion.keys), read)
+        return out
 
     def _in_storage(
         self, hashes: Sequence[BlockHash], pos: int, stop: int

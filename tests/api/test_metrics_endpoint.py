@@ -129,10 +129,15 @@ async def test_metrics_are_vllms_and_true_after_hits_and_preemptions() -> None:
         assert fam[name].type == "histogram", name
         les = [s.labels["le"] for s in fam[name].samples if s.name == name + "_bucket"]
         assert [float(le) for le in les] == [*map(float, bounds), float("inf")], name
+    # (vllm:admission_rejections is the API server's, as vLLM's: the model, no engine.)
+    server = {"vllm:cache_config_info", "vllm:admission_rejections"}
     for family in fam.values():
-        if family.name.startswith("vllm:") and family.name != "vllm:cache_config_info":
+        if family.name.startswith("vllm:") and family.name not in server:
             for s in family.samples:
                 assert s.labels.get("model_name") == "mocker" and s.labels.get("engine") == "0"
+    assert {s.labels["reason"] for s in fam["vllm:admission_rejections"].samples} == {
+        "max_num_queued_reqs", "max_num_queued_tokens"
+    }  # fmt: skip
     (info,) = fam["vllm:cache_config_info"].samples
     assert info.value == 1 and info.labels["block_size"] == "16"
     assert info.labels["num_gpu_blocks"] == "48" and info.labels["engine"] == "0"

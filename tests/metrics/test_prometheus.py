@@ -153,3 +153,18 @@ def test_the_scrape_body_is_the_collector_then_the_process_metrics() -> None:
     families = [line for line in whole.splitlines() if line.startswith("# TYPE")]
     assert [line for line in body.splitlines() if line.startswith("# TYPE")] == families
     assert Exposition(collector, process=False).render().decode() == collector.text()
+
+
+def test_waiting_requests_by_reason_sum_to_the_waiting() -> None:
+    metrics = StatsRecorder(make_core().config)
+    metrics.snapshot = lambda: EngineSnapshot(1, 5, 0.5, num_deferred=2)
+    text = _render(metrics, legacy=False)
+    assert (
+        'vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="capacity"} 3.0'
+        in text
+    )
+    assert (
+        'vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="deferred"} 2.0'
+        in text
+    )
+    assert 'vllm:num_requests_waiting{engine="0",model_name="m"} 5.0' in text

@@ -262,3 +262,14 @@ def test_a_resumed_request_waiting_for_an_adapter_slot_does_not_hold_the_queue()
     got = _scheduled(core, 1.0)
     assert {"a3", "n4"} <= set(got) and "b2" not in got
     assert blocked.status == RequestStatus.RUNNING
+
+
+def test_requests_passed_over_for_an_adapter_slot_wait_deferred() -> None:
+    # vLLM 0.34's num_requests_waiting_by_reason: a request its LoRA budget skips is
+    # "deferred", one that waits for room is "capacity".
+    core = make_core(enable_lora=True, max_loras=1, max_num_seqs=2)
+    for rid, lora in (("a1", "A"), ("b2", "B"), ("b3", "B"), ("a4", "A"), ("a5", "A")):
+        core.add_request(_lora_req(rid, lora, max_tokens=30))
+    core.step(0.0)  # a1 and a4 run; b2 and b3 are passed over; a5 finds no seat
+    snapshot = core.snapshot()
+    assert (snapshot.num_running, snapshot.num_waiting, snapshot.num_deferred) == (2, 3, 2)

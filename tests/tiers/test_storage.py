@@ -384,3 +384,23 @@ def _last_block(core: EngineCore) -> float:
     """The pass computing the prompt's last block after the loaded ones (16 blocks in use)."""
     return core.pass_duration(PROMPT - LOADABLE * BLOCK, 0, 16, prefill_requests=1,
                               prefill_context=LOADABLE * BLOCK, decode_context=0)  # fmt: skip
+
+
+def test_jobs_in_flight_by_tier() -> None:
+    # vLLM 0.34's active promotion / cascade jobs and the share of the CPU tier (16 blocks)
+    # their copies use, per secondary tier: a cascade reads A's 16 CPU blocks into fs; a
+    # promotion writes A's 15 loadable blocks from fs into the CPU tier.
+    core = EngineCore(config())
+    driver = VirtualDriver(core)
+    seen = []
+    for _ in driver.steps([request("a", 0, 0.0)]):
+        fs = core.snapshot().tiers[0]
+        seen.append((fs.active_cascades, fs.primary_read_usage))
+    assert (1, 1.0) in seen and seen[-1] == (0, 0.0)
+    core = EngineCore(config())
+    warm_fs_only(core, VirtualDriver(core))  # A's KV is in fs only
+    core.add_request(request("a2", 0, 10.0))
+    core.step(10.0)  # the lookup starts the promotion
+    fs = core.snapshot().tiers[0]
+    assert (fs.active_promotions, fs.primary_write_usage) == (1, LOADABLE / 16)
+    assert fs.active_cascades == 0
