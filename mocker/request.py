@@ -163,6 +163,9 @@ class Request:
     promoted: dict[BlockHash, str] | None = None
     skip_tier_load: bool = False  # a load or promotion failed: recompute from now on
     lookups_counted: bool = False  # its tier lookups are in the tiering counters
+    # Hybrid models: where the prefix cached by full attention ends when a sparse group's
+    # hit falls short (vLLM's shared_prefix_boundary, tokens; 0: none).
+    shared_prefix_boundary: int = 0
     lora_wait: float = 0.0  # seconds its passes waited for LoRA adapters to load
     remote_decode: bool = False  # P/D prefill side: hold its KV for a pull when it finishes
     # P/D decode side: where its prompt's KV is (None once pulled, or after a failed pull:

@@ -95,9 +95,15 @@ class HybridKVCacheManager:
 
     def find_hit_blocks(self, hashes: Sequence[BlockHash], max_blocks: int) -> int:
         """The longest prefix (in blocks, at most `max_blocks`) every group can serve."""
+        return self._find_hits(hashes, max_blocks)[0]
+
+    def _find_hits(self, hashes: Sequence[BlockHash], max_blocks: int) -> tuple[int, int]:
+        """(the prefix every group can serve, the longest one group alone can: full
+        attention's), in blocks."""
         hit = max_blocks
         for manager in self._full:
             hit = min(hit, manager.find_hit(hashes, hit))
+        longest = hit if self._full else 0
         others = self._others
         changed = True
         while changed and hit:
@@ -106,7 +112,7 @@ class HybridKVCacheManager:
                 n = manager.find_hit(hashes, hit)
                 if n < hit:
                     hit, changed = n, True
-        return hit
+        return hit, longest
 
     def get_computed_blocks(self, request: Request, max_blocks: int | None = None) -> GroupHits:
         """Longest cached prefix valid in every group, capped at num_tokens − 1 tokens (and
@@ -115,7 +121,11 @@ class HybridKVCacheManager:
             return _NO_HIT
         hashes = request.block_hashes
         cap = (request.num_tokens - 1) // self.block_size
-        hit = self.find_hit_blocks(hashes, cap if max_blocks is None else min(max_blocks, cap))
+        hit, longest = self._find_hits(hashes, cap if max_blocks is None else min(max_blocks, cap))
+        if max_blocks is None:
+            # vLLM's shared-prefix boundary: a prefix full attention has cached that a
+            # sparse group (a Mamba state) lacks; a Mamba prefill stops there to save one.
+            request.shared_prefix_boundary = longest * self.block_size if longest > hit else 0
         if not hit:
             return _NO_HIT
         return GroupHits([m.hit_table(hashes, hit) for m in self.managers], hit)

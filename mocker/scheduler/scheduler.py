@@ -416,8 +416,9 @@ class Scheduler:
     def _mamba_aligned(self, request: Request, start: int, num_new: int) -> int:
         """vLLM's _mamba_block_aligned_split: a prefill chunk ends on a block boundary (its
         Mamba state is saved there), never runs past the last boundary before the prompt's
-        end (the state a later prompt with this prefix can hit), and one that starts mid-
-        block stops at the next boundary. The prompt's last chunk is exempt."""
+        end (the state a later prompt with this prefix can hit) nor past a prefix other
+        requests share, and one that starts mid-block stops at the next boundary. The
+        prompt's last chunk is exempt."""
         prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
         if start >= prefill_end:
             return num_new
@@ -430,7 +431,11 @@ class Scheduler:
         last_cache = (request.num_tokens - 1) // bs * bs
         chunk = self._chunk
         next_chunk = (start // chunk + 1) * chunk if chunk else 0
-        for stop in ((start // bs + 1) * bs if start % bs else 0, last_cache, next_chunk):
+        # The shared-prefix junction (block-floored): its state saved, later requests that
+        # share the prefix hit it (vLLM's Marconi-style stop).
+        junction = request.shared_prefix_boundary
+        shared = start + (junction - start) // bs * bs if start < junction < end else 0
+        for stop in ((start // bs + 1) * bs if start % bs else 0, last_cache, next_chunk, shared):
             if start < stop < end:
                 end = stop
         return max(end - start, 0)

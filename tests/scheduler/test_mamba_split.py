@@ -122,3 +122,28 @@ def test_budget_split_prefill_keeps_two_states_per_mamba_group() -> None:
         assert request.group_blocks is not None
         for g in range(3):  # the Mamba groups: the running state and at most one more
             assert sum(b is not None for b in request.group_blocks[g]) <= 2
+
+
+def test_a_shared_prefix_gets_a_state_so_later_requests_hit_it() -> None:
+    # vLLM 0.34 (scheduler.py's junction stop, kv_cache_coordinator.py's longest single-group
+    # hit): five requests share a 3,000-token prefix, each with 1,000 tokens of its own.
+    # The first computes to its last boundary, 3808 (7 × 544), saving no state inside the
+    # prefix; the second finds full attention's 5 blocks (2720) cached but no Mamba state
+    # there: it hits nothing, and its prefill stops at 2720 to save one; the others hit it.
+    core = _core(max_num_batched_tokens=8192)
+    shared = list(range(3000))
+    cached, now = [], 0.0
+    for i in range(5):
+        own = [100_000 * (i + 1) + j for j in range(1000)]
+        core.add_request(EngineRequest(f"r{i}", shared + own, SamplingParams(max_tokens=2)))
+        request = core.requests[f"r{i}"]
+        computed = []
+        while request.num_computed_tokens < 4000:
+            now = core.step(now).end
+            computed.append(request.num_computed_tokens)
+        cached.append(request.num_cached_tokens)
+        if i == 1:
+            assert computed == [2720, 3808, 4000]
+        while f"r{i}" in core.requests:
+            now = core.step(now).end
+    assert cached == [0, 0, 2720, 2720, 2720]
