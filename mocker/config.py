@@ -383,6 +383,9 @@ class EngineConfig:
     # simulated: divided by the speedup ratio.
     kv_role: KVRole = KVRole.NONE
     kv_engine_id: str = ""
+    # "pull" (NixlConnector: the decode engine reads) or "push" (vLLM 0.34's
+    # NixlPushConnector: the prefill engine writes); the two never complete a handshake.
+    kv_transfer_mode: str = "pull"
     pull_gbps: float = 25.0
     pull_latency_ms: float = 0.5
     pull_timeout: float = 30.0
@@ -459,6 +462,8 @@ class EngineConfig:
         if self.load_timeout <= 0:
             _fail("load_timeout", self.load_timeout, "must be > 0")
         self._coerce_enum("kv_role", KVRole)
+        if self.kv_transfer_mode not in ("pull", "push"):
+            _fail("kv_transfer_mode", self.kv_transfer_mode, "must be pull or push")
         if not isinstance(self.kv_engine_id, str):
             _fail("kv_engine_id", self.kv_engine_id, "must be a string")
         _finite("pull_gbps", self.pull_gbps)

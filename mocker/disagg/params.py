@@ -1,5 +1,5 @@
 """The `kv_transfer_params` of vLLM's NixlConnector: what a P/D request carries in, and what
-a prefill engine answers with for the decode engine (vLLM 0.33's field list)."""
+a prefill engine answers with for the decode engine (vLLM 0.34's field lists)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ class RemotePrefill:
     host: str
     port: int
     cached_tokens: int | None = None  # the prefill's prefix hits (vLLM reports them)
+    transfer_mode: str = "pull"  # the prefill engine's connector: pull or push
 
 
 def parse_transfer_params(params: Any) -> tuple[bool, RemotePrefill | None]:
@@ -70,7 +71,14 @@ def parse_transfer_params(params: Any) -> tuple[bool, RemotePrefill | None]:
         host=_string(params, "remote_host"),
         port=_port(params["remote_port"]),
         cached_tokens=_count(params.get("remote_prefill_cached_tokens")),
+        transfer_mode=_mode(params.get("transfer_mode", "pull")),
     )
+
+
+def _mode(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidTransferParams("kv_transfer_params.transfer_mode must be a string")
+    return value
 
 
 def _string(params: Mapping[str, Any], key: str) -> str:
@@ -113,10 +121,27 @@ def _block_ids(value: Any) -> tuple[int, ...]:
 def handoff_params(
     config: EngineConfig, request: Request, hold_id: str, host: str, port: int
 ) -> dict[str, Any]:
-    """What a prefill engine answers for a held request: the keys and order of vLLM 0.33's
-    NixlConnector.request_finished, plus `remote_prefill_cached_tokens` (its scheduler adds
-    the prefill's prefix hits). `remote_request_id` is the hold's id (unique, as vLLM's
+    """What a prefill engine answers for a held request: the keys and order of vLLM 0.34's
+    NixlPullConnector.request_finished (NixlPushConnector's has no expiry time nor
+    registration generation), plus `remote_prefill_cached_tokens` (its scheduler adds the
+    prefill's prefix hits). `remote_request_id` is the hold's id (unique, as vLLM's
     internal request ids are)."""
+    if config.kv_transfer_mode == "push":
+        return {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_block_ids": [block_ids(request.blocks)],
+            "remote_engine_id": config.kv_engine_id,
+            "remote_request_id": hold_id,
+            "remote_host": host,
+            "remote_port": port,
+            "tp_size": 1,
+            "dcp_size": 1,
+            "pp_size": 1,
+            "remote_num_tokens": request.num_computed_tokens,
+            "transfer_mode": "push",
+            "remote_prefill_cached_tokens": max(request.num_cached_tokens, 0),
+        }
     return {
         "do_remote_prefill": True,
         "do_remote_decode": False,

@@ -110,9 +110,15 @@ class RemotePulls:
     replay)."""
 
     def __init__(
-        self, link: Link, block_bytes: int, timeout_s: float, peers: PrefillPeers | None = None
+        self,
+        link: Link,
+        block_bytes: int,
+        timeout_s: float,
+        peers: PrefillPeers | None = None,
+        mode: str = "pull",
     ) -> None:
         self.channel = open_channel(link, PULL_SOURCE, "gpu")
+        self.mode = mode  # this engine's connector; a prefill engine's other mode fails
         self.block_bytes = block_bytes
         self.timeout = timeout_s
         self.peers: PrefillPeers = peers if peers is not None else Unreachable()
@@ -135,8 +141,18 @@ class RemotePulls:
         assert remote is not None
         pull = Pull(request, remote, num_blocks, num_blocks * self.block_bytes, now,
                     now + self.timeout)  # fmt: skip
-        pull.tid = self.channel.start(now, pull.nbytes, lambda end: self._through(pull, end))
         self._pulls[request.request_id] = pull
+        if remote.transfer_mode != self.mode:
+            # A push (WRITE) and a pull (READ) connector never complete a handshake (vLLM
+            # hashes the mode into its compatibility check): the transfer fails at once.
+            pull.end, pull.state = now, PullState.FAILED
+            self.peers.release(remote)
+            self._answered.append(pull)
+            heapq.heappush(self._deadlines, (now, self._order, pull))  # (due at once)
+            self._order += 1
+            self.version += 1
+            return pull
+        pull.tid = self.channel.start(now, pull.nbytes, lambda end: self._through(pull, end))
         heapq.heappush(self._deadlines, (pull.deadline, self._order, pull))
         self._order += 1
         self.version += 1

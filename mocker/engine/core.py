@@ -104,7 +104,8 @@ class EngineCore:
         self.pulls: RemotePulls | None = None
         if config.kv_role.consumes:
             link = Link(config.pull_gbps * 1e9 * scale, config.pull_latency_ms / 1000.0 / scale)
-            self.pulls = RemotePulls(link, config.block_bytes, config.pull_timeout / scale, peers)
+            self.pulls = RemotePulls(link, config.block_bytes, config.pull_timeout / scale, peers,
+                                     config.kv_transfer_mode)  # fmt: skip
         # Where a pull reaches this engine (kv_transfer_params' remote_host / remote_port):
         # the driver's side channel sets it.
         self.side_channel: tuple[str, int] = ("localhost", 5600)

@@ -30,7 +30,7 @@ _CONNECTORS = ("ExampleConnector", "ExampleHiddenStatesConnector", "LMCacheConne
                "MultiConnector", "MoRIIOConnector", "OffloadingConnector", "DecodeBenchConnector",
                "MooncakeConnector", "MooncakeStoreConnector", "FlexKVConnectorV1",
                "SimpleCPUOffloadConnector", "HF3FSKVConnector", "P2pNcclConnector")  # fmt: skip
-_NIXL = ("NixlConnector", "NixlPullConnector")
+_NIXL = ("NixlConnector", "NixlPullConnector", "NixlPushConnector")
 # NixlConnector extra-config keys: vLLM's lease, and the mock's pull link; vLLM's keys that
 # mean nothing here pass.
 _NIXL_KEYS = {"kv_lease_duration", "pull_gbps", "pull_latency_ms", "pull_timeout_s"}
@@ -117,11 +117,11 @@ def parse_kv_transfer_config(
     connector = config.get("kv_connector")
     if connector == "MultiConnector":
         return _multi(config, role, gpu_block_size, kv_bytes_per_token)
-    if connector == "NixlPushConnector":
-        raise _fail("kv_connector", connector,
-                    "push mode is not modelled by mocker: use NixlConnector (pull)")  # fmt: skip
     if connector in _NIXL:
-        return _nixl(config, role)
+        settings = _nixl(config, role)
+        if connector == "NixlPushConnector":
+            settings["kv_transfer_mode"] = "push"
+        return settings
     if config.get("kv_connector") != "OffloadingConnector":
         return OffloadSettings()
     extra = _extra(config, _EXTRA_KEYS | _EXTRA_IGNORED)

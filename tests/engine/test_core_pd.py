@@ -97,6 +97,41 @@ def test_pd_pair_hand_computed_timings() -> None:
     assert not prefill.has_pending_transfers()
 
 
+def test_push_mode_pairs_transfer_as_pull_mode_ones_do() -> None:
+    # vLLM 0.34's NixlPushConnector on both sides: its answer has no expiry time nor
+    # registration generation, says "push", and the KV arrives over the same link.
+    prefill, decode = _pair(kv_transfer_mode="push")
+    end, params = _prefill(prefill)
+    assert params["transfer_mode"] == "push" and params["remote_num_tokens"] == 100
+    assert "remote_blocks_expiry_time" not in params
+    assert "remote_registration_generation" not in params
+    decode.add_request(_decode_request(params))
+    decode.step(end)
+    nbytes = 7 * BS * decode.config.model.kv_bytes_per_token
+    assert decode.next_transfer_deadline() == pytest.approx(end + nbytes / 1e9 + 0.0005)
+    first = decode.step(decode.next_transfer_deadline())  # type: ignore[arg-type]
+    (record,) = first.pulls
+    assert record.ok and first.outputs[0].num_cached_tokens == 100
+    assert not prefill.holds
+
+
+def test_a_push_prefill_and_a_pull_decode_never_transfer() -> None:
+    # Push (WRITE) and pull (READ) connectors never complete vLLM's handshake (the mode is
+    # in its compatibility hash): the transfer fails at once, the decode engine recomputes
+    # (kv_load_failure_policy "recompute") and the prefill engine's hold is released.
+    prefill, _ = _pair(kv_transfer_mode="push")
+    decode = EngineCore(_pair()[1].config, peers=LocalPeers({"P": prefill}))  # pull mode
+    end, params = _prefill(prefill)
+    decode.add_request(_decode_request(params))
+    decode.step(end)
+    assert decode.next_transfer_deadline() == end  # due at once
+    result = decode.step(end)
+    (record,) = result.pulls
+    assert not record.ok and decode.pulls.num_failed == 1  # type: ignore[union-attr]
+    assert result.stats.num_scheduled_tokens == 100  # the whole prompt, computed locally
+    assert not prefill.holds and prefill.pool.num_used == 0
+
+
 def test_a_local_prefix_hit_is_not_pulled_again() -> None:
     prefill, decode = _pair()
     end, params = _prefill(prefill)

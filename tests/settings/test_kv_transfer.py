@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mocker.config import ConfigError, StorageKind
+from mocker.config import ConfigError, KVRole, StorageKind
 from mocker.settings import resolve
 from mocker.settings.engine import engine_config_from
 from mocker.settings.kv_transfer import (
@@ -243,8 +243,9 @@ def test_multi_connector_gives_pd_and_tiers_together() -> None:
                           "kv_connector_extra_config": {"connectors": pair[:1]}})  # fmt: skip
     with pytest.raises(ConfigError, match="only 'recompute'"):
         parse_kv_transfer_config(failing, 16, 131072)
-    with pytest.raises(ConfigError, match="push mode"):
-        parse_kv_transfer_config(nixl("kv_consumer", kv_connector="NixlPushConnector"), 16, 1)
+    # vLLM 0.34's NixlPushConnector (WRITE): the same P/D settings, in push mode.
+    push = parse_kv_transfer_config(nixl("kv_consumer", kv_connector="NixlPushConnector"), 16, 1)
+    assert push["kv_transfer_mode"] == "push" and push["kv_role"] == KVRole.CONSUMER
 
 
 @pytest.mark.parametrize(
