@@ -395,6 +395,9 @@ class EngineConfig:
     hybrid_chunk_size: int | None = None
     # The KV cache groups and the block size they use, derived from the model (not set),
     # and the block size given (before a Mamba hybrid's alignment).
+    # vLLM's --disable-hybrid-kv-cache-manager: every layer's KV is kept as full attention's
+    # (a sliding window saves compute, not memory); a model with Mamba layers cannot start.
+    disable_hybrid_kv_cache_manager: bool = False
     layout: KVLayout = field(init=False, repr=False, compare=False)
     requested_block_size: int = field(init=False, repr=False, compare=False)
 
@@ -404,6 +407,14 @@ class EngineConfig:
             _fail("block_size", bs, "must be a power of two in [1, 1024]")
         if not isinstance(self.model, ModelShape):
             _fail("model", self.model, "must be a ModelShape")
+        if self.disable_hybrid_kv_cache_manager and self.model.layer_types:
+            if any(layer_kind(t) is SpecKind.MAMBA for t in self.model.layer_types):
+                _fail("disable_hybrid_kv_cache_manager", True,
+                      "a model with Mamba layers needs the hybrid KV cache manager (vLLM's "
+                      "hybrid SSM models fail at start-up without it)")  # fmt: skip
+            object.__setattr__(
+                self, "model", replace(self.model, layer_types=(), sliding_window=None)
+            )
         layout = kv_layout(self.model, bs)
         # A hybrid model with Mamba layers enlarges the block (vLLM's "Setting attention
         # block size to N tokens ..."): the given size is then replaced by the aligned one,

@@ -90,3 +90,19 @@ def test_with_changes_validates_and_rejects_unknown() -> None:
         EngineConfig().with_changes(blocksize=32)
     with pytest.raises(ConfigError, match="block_size"):
         EngineConfig().with_changes(block_size=3)
+
+
+def test_disable_hybrid_kv_cache_manager_keeps_every_layer_as_full_attention() -> None:
+    # vLLM's unify_hybrid_kv_cache_specs: a sliding-window model's layers all get full
+    # attention's KV (one group, nothing released outside the window); a model with Mamba
+    # layers does not start (hybrid SSM models need the hybrid manager).
+    gpt_oss = MODEL_PRESETS["gpt-oss-20b"]
+    hybrid = EngineConfig(model=gpt_oss, num_gpu_blocks=1000)
+    assert hybrid.is_hybrid and len(hybrid.layout.groups) == 2
+    unified = EngineConfig(model=gpt_oss, num_gpu_blocks=1000, disable_hybrid_kv_cache_manager=True)
+    assert not unified.is_hybrid and len(unified.layout.groups) == 1
+    assert unified.model.num_layers == gpt_oss.num_layers
+    assert unified.block_bytes == gpt_oss.kv_bytes_per_token * unified.block_size
+    with pytest.raises(ConfigError, match="Mamba layers needs the hybrid KV cache manager"):
+        EngineConfig(model=MODEL_PRESETS["qwen3-next-80b-a3b"], num_gpu_blocks=100,
+                     disable_hybrid_kv_cache_manager=True)  # fmt: skip

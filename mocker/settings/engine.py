@@ -68,6 +68,12 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         "bool",
     ),
     Option(
+        "disable_hybrid_kv_cache_manager",
+        "keep every layer's KV as full attention's (vLLM's; a Mamba model cannot start)",
+        _D.disable_hybrid_kv_cache_manager,
+        "flag",
+    ),
+    Option(
         "enable_chunked_prefill",
         "split long prompts across passes (off: a prompt must fit one pass)",
         _D.enable_chunked_prefill,
@@ -326,6 +332,7 @@ def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
         max_model_len=values["max_model_len"],
         enable_prefix_caching=values["enable_prefix_caching"],
         enable_chunked_prefill=values["enable_chunked_prefill"],
+        disable_hybrid_kv_cache_manager=values["disable_hybrid_kv_cache_manager"],
         seed=values["seed"],
         prefix_caching_hash_algo=values["prefix_caching_hash_algo"],
         enable_lora=values["enable_lora"],
@@ -351,6 +358,13 @@ def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
         **_offload(values),
         **extra,
     )
+    if config.disable_hybrid_kv_cache_manager and values["_shape"].layer_types:
+        logger.warning(
+            "Hybrid KV cache manager is disabled for this hybrid model, This means we do not "
+            "enable any optimizations for saving KV cache memory (e.g., dropping the KV cache "
+            "outside the sliding window). The compute of layers like sliding window is still "
+            "saved."
+        )
     if config.block_size != values["block_size"]:
         logger.info(
             "Setting attention block size to %d tokens to ensure that attention page size is "
