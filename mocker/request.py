@@ -111,6 +111,8 @@ class EngineRequest:
     cache_salt: str | None = None
     # vLLM 0.34's session id: related requests of one conversation (in its BlockStored).
     session_id: str | None = None
+    # vLLM 0.34's kv_cache_report_mode (vllm_xargs): "full" announces the blocks it hits too.
+    report_hits: bool = False
     # Replay: hashes of the prompt's leading full blocks, given by the driver (derived from
     # the trace's hash ids); the engine hashes only the blocks after them.
     block_hashes: Sequence[BlockHash] | None = None
@@ -139,6 +141,7 @@ class Request:
     lora_name: str | None = None
     lora_path: str | None = None
     session_id: str | None = None  # (see EngineRequest)
+    report_hits: bool = False  # (see EngineRequest)
     token_seed: int = 0
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0

@@ -483,6 +483,8 @@ class OpenAIServing:
         except InvalidTransferParams as exc:
             raise OpenAIError(400, str(exc), "kv_transfer_params") from None
         n = body.n
+        # vLLM 0.34: vllm_xargs.kv_cache_report_mode "full" announces the blocks it hits.
+        report_hits = (body.vllm_xargs or {}).get("kv_cache_report_mode") == "full"
         if (remote_prefill is not None or remote_decode) and (len(prompts) > 1 or n > 1):
             # One set of kv_transfer_params answers for one engine request's KV.
             raise OpenAIError(
@@ -517,6 +519,7 @@ class OpenAIServing:
                     priority=body.priority,
                     cache_salt=body.cache_salt,
                     session_id=session_id,
+                    report_hits=report_hits,
                     lora_name=lora.name if lora is not None else None,
                     lora_path=lora.path if lora is not None else None,
                     remote_decode=remote_decode,

@@ -197,6 +197,7 @@ class EngineCore:
             lora_name=spec.lora_name,
             lora_path=spec.lora_path,
             session_id=spec.session_id,
+            report_hits=spec.report_hits,
             token_seed=self.sampler.request_seed(spec.request_id),
             # P/D: a role this engine does not have is ignored, as vLLM's connector would.
             remote_decode=spec.remote_decode and self.holds is not None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from functools import partial
 from itertools import takewhile
 from operator import attrgetter, is_not
@@ -369,6 +370,27 @@ class BlockPool:
                 start, end, block_hashes, token_ids, self.block_size, lora_name, session_id
             )
         )
+
+    def announce_hit(
+        self,
+        n: int,
+        block_hashes: Sequence[BlockHash],
+        token_ids: Sequence[int],
+        lora_name: str | None,
+        session_id: str | None,
+        group: int | None = None,
+    ) -> None:
+        """A BlockStored for a request's first `n` blocks, found cached (vLLM 0.34's
+        kv_cache_report_mode "full": a gateway learns what each request reused)."""
+        if not self.record_events or n <= 0:
+            return
+        event = stored_event(0, n, block_hashes, token_ids, self.block_size, lora_name,
+                             session_id)  # fmt: skip
+        if group is not None and self._group_meta is not None:
+            kind, window = self._group_meta[group]
+            event = replace(event, group_idx=group, kv_cache_spec_kind=kind,
+                            kv_cache_spec_sliding_window=window)  # fmt: skip
+        self._events.append(event)
 
     def _evict(self, block: KVBlock) -> None:
         """Drop a reused block's hash: it is no longer findable."""

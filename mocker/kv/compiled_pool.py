@@ -125,6 +125,17 @@ class CompiledBlockPool(_Pool):
         """As the Python pool's when it keeps no tokens: none."""
         return [((), None) for _ in blocks]
 
+    def announce_hit(
+        self,
+        n: int,
+        block_hashes: Sequence[BlockHash],
+        token_ids: Sequence[int],
+        lora_name: str | None,
+        session_id: str | None,
+        group: int | None = None,
+    ) -> None:
+        """(Records no events: see CompiledEventPool.)"""
+
 
 _NO_TOKENS: tuple[Sequence[int], int, str | None] = ((), 0, None)
 
@@ -178,6 +189,21 @@ class CompiledEventPool(CompiledBlockPool):
             )
             self._events.append(
                 stored_event(lo, hi, block_hashes, token_ids, bs, lora_name, session_id)
+            )
+
+    def announce_hit(
+        self,
+        n: int,
+        block_hashes: Sequence[BlockHash],
+        token_ids: Sequence[int],
+        lora_name: str | None,
+        session_id: str | None,
+        group: int | None = None,
+    ) -> None:
+        """BlockPool.announce_hit's."""
+        if n > 0:
+            self._events.append(
+                stored_event(0, n, block_hashes, token_ids, self.block_size, lora_name, session_id)
             )
 
     def reset_prefix_cache(self) -> int:

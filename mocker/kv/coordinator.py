@@ -128,6 +128,10 @@ class HybridKVCacheManager:
             request.shared_prefix_boundary = longest * self.block_size if longest > hit else 0
         if not hit:
             return _NO_HIT
+        if request.report_hits and max_blocks is None:
+            for g in range(len(self.managers)):
+                self.pool.announce_hit(hit, hashes, request.all_token_ids, request.lora_name,
+                                       request.session_id, g)  # fmt: skip
         return GroupHits([m.hit_table(hashes, hit) for m in self.managers], hit)
 
     # -- allocation -----------------------------------------------------------------------------

@@ -54,6 +54,16 @@ class DevicePool(Protocol):
         session_id: str | None = None,
     ) -> None: ...
 
+    def announce_hit(
+        self,
+        n: int,
+        block_hashes: Sequence[BlockHash],
+        token_ids: Sequence[int],
+        lora_name: str | None,
+        session_id: str | None,
+        group: int | None = None,
+    ) -> None: ...
+
     def free_blocks(self, ordered_blocks: Iterable[Any]) -> None: ...
 
     def free_blocks_reversed(self, blocks: list[Any]) -> None: ...
@@ -138,8 +148,12 @@ class KVCacheManager:
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return []
         cap = (request.num_tokens - 1) // self.block_size
-        max_blocks = cap if max_blocks is None else min(max_blocks, cap)
-        return self.pool.lookup_prefix(request.block_hashes[:max_blocks])
+        hits = self.pool.lookup_prefix(request.block_hashes[: cap if max_blocks is None
+                                                            else min(max_blocks, cap)])  # fmt: skip
+        if hits and request.report_hits and max_blocks is None:
+            self.pool.announce_hit(len(hits), request.block_hashes, request.all_token_ids,
+                                   request.lora_name, request.session_id)  # fmt: skip
+        return hits
 
     def allocate_slots(
         self,

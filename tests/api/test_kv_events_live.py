@@ -284,3 +284,27 @@ def test_vllm_compat_033_serves_033s_forms(tmp_path: Path) -> None:
         else:
             assert all(e.group_idx == 0 for e in stored)
             assert labels == {"device", "host", "p2p", "disk", "external_unspecified"}
+
+
+def test_full_report_mode_announces_the_blocks_a_request_hits(
+    events_server: tuple[ServerThread, str],
+) -> None:
+    # vLLM 0.34's vllm_xargs.kv_cache_report_mode "full": a request that hits the prefix
+    # cache publishes a BlockStored for the blocks it reused (from block 0, no parent, with
+    # its session), so a gateway learns what each request found.
+    srv, replay_url = events_server
+    sub = Subscriber(sources(srv.url)["0"]["connect"])
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    prompt = list(range(21000, 21070))  # 4 full blocks of 16 (and 6 tokens)
+    client.completions.create(model="routed", prompt=prompt, max_tokens=1)
+    again = client.completions.create(model="routed", prompt=prompt, max_tokens=1, extra_body={
+        "vllm_xargs": {"kv_cache_report_mode": "full", "session_id": "reader"}})  # fmt: skip
+    assert again.usage.prompt_tokens_details.cached_tokens == 64  # type: ignore[union-attr]
+    stored = stored_events(replay_url, lambda got: any(e.session_id == "reader" for e in got))
+    sub.close()
+    client.close()
+    first = [e for e in stored if e.token_ids[:1] == [21000] and e.session_id is None]
+    (announced,) = [e for e in stored if e.session_id == "reader"]
+    assert announced.parent_block_hash is None and announced.token_ids == prompt[:64]
+    assert announced.block_hashes == [h for e in first for h in e.block_hashes][:4]
+    assert (announced.group_idx, announced.kv_cache_spec_kind) == (0, "full_attention")
