@@ -112,3 +112,38 @@ def test_the_test_decoder_is_vllms_layout() -> None:
         info = msgspec.structs.fields(struct)
         mine = [(f.name, f.default is not msgspec.NODEFAULT) for f in info]
         assert mine == _fields(struct.__name__), struct.__name__
+
+
+def test_the_families_outside_the_table_are_vllm_034s() -> None:
+    # The API server's admission rejections and the tiering promotion latency: type, help,
+    # labels and buckets as vLLM 0.34 declares them.
+    from mocker.config import StorageTierSpec
+    from mocker.metrics.prometheus import MetricsCollector, admission_counts
+
+    fs = StorageTierSpec("fs", 64, read_gbps=8.0, write_gbps=4.0)  # type: ignore[arg-type]
+    config = make_core(num_cpu_blocks=16, offload_policy="write-through",
+                       storage_tiers=(fs,)).config  # fmt: skip
+    metrics = StatsRecorder(config)
+    metrics.promotion_latency[("fs", "success")] = Histogram(
+        (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+    )
+    collector = MetricsCollector([metrics], "m", rejections=admission_counts())
+    checked = set()
+    for family in collector.collect():
+        reference = METRICS.get(family.name)
+        if reference is None or family.name in {f.name for f in FAMILIES}:
+            continue
+        if family.name in ("vllm:cache_config_info", "vllm:lora_requests_info"):
+            continue
+        checked.add(family.name)
+        assert (
+            reference["type"] == family.type and reference["documentation"] == family.documentation
+        )
+        sample = family.samples[0]
+        labels = [k for k in sample.labels if k != "le"]
+        assert sorted(labels) == sorted(_labels(reference)), family.name
+        if family.type == "histogram":
+            les = [float(s.labels["le"]) for s in family.samples if s.name.endswith("_bucket")]
+            assert les[:-1] == [float(b) for b in reference["buckets"]]
+    assert checked == {"vllm:admission_rejections",
+                       "vllm:kv_offload_tiering_promotion_latency_seconds"}  # fmt: skip

@@ -38,6 +38,9 @@ ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 81
 PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
 TRANSFER_SIZE_BUCKETS = (1e6, 5e6, 1e7, 2e7, 4e7, 6e7, 8e7, 1e8, 1.5e8, 2e8)
+# vLLM 0.34's tiering promotion latency (TieringOffloadingSpec), seconds.
+PROMOTION_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                             60.0)  # fmt: skip
 # vLLM's NixlPromMetrics (nixl/stats.py): transfer seconds, bytes (2^(10+i), i = 1, 3, .. 23)
 # and descriptors per transfer.
 NIXL_XFER_TIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)

@@ -491,8 +491,11 @@ class MetricsCollector(Collector):
     ) -> Iterator[Metric]:
         """The families outside the table: cache config, LoRA, injected failures."""
         yield self._cache_config_info()
-        if self.rejections is not None and self.engines and self.engines[0].release != "0.33":
+        current = bool(self.engines) and self.engines[0].release != "0.33"
+        if self.rejections is not None and current:
             yield self._admission_rejections(self.rejections)
+        if current and self.engines[0].config.storage_tiers:
+            yield self._promotion_latency()
         if self.engines and self.engines[0].config.enable_lora:
             yield self._lora_info([snapshot for _, snapshot, _ in rows])
         if self.failures is not None:
@@ -582,6 +585,22 @@ class MetricsCollector(Collector):
                 1.0,
             )  # fmt: skip
         return info
+
+    def _promotion_latency(self) -> HistogramMetricFamily:
+        """vLLM 0.34's per-promotion latency by tier and result (a series once observed)."""
+        family = HistogramMetricFamily(
+            "vllm:kv_offload_tiering_promotion_latency_seconds",
+            "Histogram of per-job latency for secondary-tier promotion attempts, measured from "
+            "job creation until the tiering manager observes completion so that tier queueing "
+            "is included, labeled by tier and result, in seconds. Includes failed attempts.",
+            labels=[*_LABELS, "tier", "result"],
+        )
+        for m in self.engines:
+            index = {t.name: i for i, t in enumerate(m.config.storage_tiers)}
+            for (tier, result), h in sorted(m.promotion_latency.items()):
+                labels = [self.model_name, m.engine, _tier_label(m, index[tier], tier), result]
+                family.add_metric(labels, h.cumulative(), h.total)
+        return family
 
     def _admission_rejections(self, rejections: Mapping[str, int]) -> CounterMetricFamily:
         # The API server's counter: the model, no engine label (vLLM's).

@@ -17,6 +17,7 @@ from mocker.metrics.histogram import (
     NIXL_XFER_TIME_BUCKETS,
     PARAMS_N_BUCKETS,
     PREEMPTION_BUCKETS,
+    PROMOTION_LATENCY_BUCKETS,
     REQUEST_TIME_BUCKETS,
     TRANSFER_SIZE_BUCKETS,
     TTFT_BUCKETS,
@@ -64,6 +65,8 @@ class StatsRecorder:
     tier_write_time: dict[str, float] = field(default_factory=dict)
     tier_read_bytes: dict[str, int] = field(default_factory=dict)
     tier_read_time: dict[str, float] = field(default_factory=dict)
+    # vLLM 0.34's promotion latency, by (tier, "success" | "failure"), once observed.
+    promotion_latency: dict[tuple[str, str], Histogram] = field(default_factory=dict)
     finished: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS, 0))
     ttft: Histogram = field(default_factory=_histogram(TTFT_BUCKETS))
     itl: Histogram = field(default_factory=_histogram(ITL_BUCKETS))
@@ -145,6 +148,14 @@ class StatsRecorder:
     def _transfer(self, t: TransferRecord) -> None:
         if not t.touches_device:  # CPU ↔ a secondary tier
             tier = t.tier
+            if t.kind is TransferKind.LOAD:  # a promotion: its latency, by result
+                key = (tier, "success" if t.ok else "failure")
+                latency = self.promotion_latency.get(key)
+                if latency is None:
+                    latency = self.promotion_latency[key] = Histogram(PROMOTION_LATENCY_BUCKETS)
+                latency.observe(t.duration)
+                if not t.ok:
+                    return
             nbytes, time = (
                 (self.tier_write_bytes, self.tier_write_time)
                 if t.kind is TransferKind.STORE

@@ -87,6 +87,8 @@ class ReplayResult:
 
     def count_transfers(self, records: list[TransferRecord]) -> None:
         for record in records:
+            if not record.ok:
+                continue  # (a failed promotion moved nothing)
             key = f"{record.src}->{record.dst}"
             self.link_bytes[key] = self.link_bytes.get(key, 0) + record.nbytes
             if not record.touches_device:

@@ -605,7 +605,7 @@ class TierConnector:
         tier = promotion.tier
         if tier.fails():
             self.counters[tier.name].promotion_failures += 1
-            self._unwind(promotion)
+            self._failed_promotion(promotion, end)
             return
         self._end_promotion(promotion)  # bumps the version
         tier.tier.complete_load(promotion.keys)
@@ -619,6 +619,13 @@ class TierConnector:
         request.promoted.update(dict.fromkeys(promotion.keys, tier.name))
         n = len(promotion.keys)
         self._record(TransferKind.LOAD, tier.name, self.cpu.name, n, promotion.start, end)
+
+    def _failed_promotion(self, promotion: _Promotion, end: float) -> None:
+        """A promotion failed (or timed out) at `end`: recorded (its latency, no bytes), then
+        unwound."""
+        self._record(TransferKind.LOAD, promotion.tier.name, self.cpu.name, 0,
+                     promotion.start, end, ok=False)  # fmt: skip
+        self._unwind(promotion)
 
     def _end_promotion(self, promotion: _Promotion) -> None:
         del self._promotions[promotion.request]
@@ -786,7 +793,7 @@ class TierConnector:
         else:
             job.tier.read.cancel(now, job.tid)
             self.counters[job.tier.name].promotion_failures += 1
-            self._unwind(job)
+            self._failed_promotion(job, now)
 
     def _push_timeout(self, deadline: float, job: _Load | _Promotion) -> None:
         heapq.heappush(self._timeouts, (deadline, self._order, job))
@@ -799,10 +806,17 @@ class TierConnector:
         return timeouts[0][0] if timeouts else None
 
     def _record(
-        self, kind: TransferKind, src: str, dst: str, n: int, start: float, end: float
+        self,
+        kind: TransferKind,
+        src: str,
+        dst: str,
+        n: int,
+        start: float,
+        end: float,
+        ok: bool = True,
     ) -> None:
         # (tuple.__new__ directly: a named tuple's own __new__ is a Python function)
-        record = (kind, n, n * self.block_bytes, start, end, src, dst)
+        record = (kind, n, n * self.block_bytes, start, end, src, dst, ok)
         self._records.append(tuple.__new__(TransferRecord, record))
 
 

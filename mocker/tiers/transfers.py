@@ -27,6 +27,7 @@ class TransferRecord(NamedTuple):
     end: float
     src: str = "gpu"
     dst: str = "cpu"
+    ok: bool = True  # False: a promotion that failed or timed out (no bytes counted)
 
     @property
     def duration(self) -> float:

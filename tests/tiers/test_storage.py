@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
+from prometheus_client import generate_latest
 
 from mocker.clock import VirtualClock
 from mocker.config import EngineConfig, StorageTierSpec
@@ -20,6 +21,7 @@ from mocker.engine.stats import FinishedRequestStats
 from mocker.engine.virtual import VirtualDriver, VirtualRun
 from mocker.kv.events import BlockStored
 from mocker.kv.hashing import BlockHash
+from mocker.metrics import MetricsCollector, StatsRecorder, build_registry
 from mocker.request import EngineRequest, SamplingParams
 from mocker.tiers.tier import BlockBatch, TierBlock
 from mocker.tiers.transfers import TransferKind, TransferRecord
@@ -404,3 +406,26 @@ def test_jobs_in_flight_by_tier() -> None:
     fs = core.snapshot().tiers[0]
     assert (fs.active_promotions, fs.primary_write_usage) == (1, LOADABLE / 16)
     assert fs.active_cascades == 0
+
+
+def test_promotion_latency_by_tier_and_result() -> None:
+    # vLLM 0.34's vllm:kv_offload_tiering_promotion_latency_seconds{tier, result}: from the
+    # job's start to its end, a failed (timed-out) one too.
+    for timeout, result in ((10.0, "success"), (0.001, "failure")):
+        core = EngineCore(config(load_timeout=timeout))
+        metrics = StatsRecorder(core.config)
+        driver = VirtualDriver(core)
+        for r in driver.steps([request("a", 0, 0.0), request("b", 1, 1.0)]):
+            metrics.on_step(r)
+        core.reset_prefix_cache(driver.clock.now())
+        for r in driver.steps([request("a2", 0, 10.0)]):
+            metrics.on_step(r)
+        (latency,) = metrics.promotion_latency.items()
+        assert latency[0] == ("fs", result) and latency[1].count == 1
+        expected = copy_s(LOADABLE, 8.0, 0.1) if result == "success" else timeout
+        assert latency[1].total == pytest.approx(expected, abs=1e-9)
+        collector = MetricsCollector([metrics], "m")
+        text = generate_latest(build_registry(collector, process=False)).decode()
+        series = f'engine="0",model_name="m",result="{result}",tier="1:fs"'
+        assert f"vllm:kv_offload_tiering_promotion_latency_seconds_count{{{series}}} 1.0" in text
+        assert collector.text() == text  # (the fast exposition prints the same)
