@@ -25,14 +25,8 @@ REFERENCE: dict[str, Any] = json.loads(
 )
 METRICS = {m["name"]: m for m in REFERENCE["metrics"]}
 BUCKETS: dict[str, list[float] | None] = REFERENCE["histogram_bucket_families"]
-# Families whose help mocker words differently on purpose: what mocker counts differs
-# from vLLM 0.34's meaning, and the help says what mocker counts.
-OWN_HELP = {
-    # vLLM 0.34: the share of CPU blocks pinned by transfers; mocker: the share resident.
-    "vllm:kv_offload_cpu_cache_usage_perc",
-    # vLLM 0.34: stores below the reuse threshold; mocker: stores with no room.
-    "vllm:kv_offload_stores_skipped",
-}
+# Families whose help mocker words differently on purpose (none today: add one with why).
+OWN_HELP: set[str] = set()
 SERVED = [f for f in (*FAMILIES, *NIXL_FAMILIES) if not f.legacy and f.release != "0.33"]
 
 

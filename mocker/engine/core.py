@@ -309,8 +309,11 @@ class EngineCore:
         )  # fmt: skip
         p = connector.primary
         primary = TierSnapshot("primary", connector.cpu.usage, p.block_queries, p.block_hits)
+        reading = sum(len(keys) for _, keys in connector.loading_blocks())
         return {"stores_skipped": connector.stores_skipped, "tiers": tiers,
-                "primary": primary if tiers else None}  # fmt: skip
+                "primary": primary if tiers else None,
+                "cpu_read_usage": reading / capacity,
+                "cpu_write_usage": connector.cpu.num_incoming / capacity}  # fmt: skip
 
     def num_cached_prefix_blocks(self, block_hashes: Sequence[BlockHash]) -> int:
         """How many leading blocks of these hashes the device prefix cache holds."""

@@ -63,6 +63,9 @@ class EngineSnapshot:
     num_waiting: int
     kv_usage: float  # vLLM's kv_cache_usage_perc, 0..1
     cpu_usage: float = 0.0  # CPU tier: used / capacity
+    # The CPU tier's share pinned by loads to the device and by stores landing in it.
+    cpu_read_usage: float = 0.0
+    cpu_write_usage: float = 0.0
     num_unfinished: int = 0  # requests the engine holds (running, waiting, loading)
     num_used_blocks: int = 0  # device blocks referenced by requests
     stores_skipped: int = 0  # blocks the CPU tier had no room for (vLLM's counter)

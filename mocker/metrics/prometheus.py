@@ -220,12 +220,34 @@ FAMILIES: tuple[Family, ...] = (
     Family("vllm:kv_offload_load_time",
            "Total load time from offload storage to GPU, in seconds.", C,
            lambda m, s: m.offload_load_time),
+    # vLLM 0.34's CPU tier gauges are the share its transfers pin, 0.33's its residency.
+    Family("vllm:kv_offload_cpu_cache_usage_perc",
+           "Fraction of CPU KV-cache space currently pinned by active transfers (0.0 = idle, "
+           "1.0 = saturated). Sustained high values indicate transfers (stores or promotions) "
+           "may be dropped due to insufficient capacity.", G,
+           lambda m, s: min(s.cpu_read_usage + s.cpu_write_usage, 1.0), release="0.34"),
+    Family("vllm:kv_offload_cpu_cache_read_usage_perc",
+           "Fraction of CPU KV-cache space currently pinned by in-flight loads that have not "
+           "yet completed (0.0 = idle, 1.0 = saturated).", G, lambda m, s: s.cpu_read_usage,
+           release="0.34"),
+    Family("vllm:kv_offload_cpu_cache_write_usage_perc",
+           "Fraction of CPU KV-cache space currently pinned by in-flight stores that have not "
+           "yet completed (0.0 = idle, 1.0 = saturated).", G, lambda m, s: s.cpu_write_usage,
+           release="0.34"),
     Family("vllm:kv_offload_cpu_cache_usage_perc",
            "CPU tier KV-cache usage. 1 means 100 percent usage.", G,
-           lambda m, s: s.cpu_usage),
+           lambda m, s: s.cpu_usage, release="0.33"),
+    # vLLM 0.34 counts stores a block's reuse threshold held back (mocker's store_threshold,
+    # 0 or 1, holds none back) apart from stores that found no room (allocation failures).
+    Family("vllm:kv_offload_stores_skipped",
+           "Number of KV offload stores skipped because the reuse threshold was not reached.",
+           C, lambda m, s: 0, release="0.34"),
+    Family("vllm:kv_offload_allocation_failure",
+           "Number of KV offload store allocation attempts that failed.", C,
+           lambda m, s: s.stores_skipped, release="0.34"),
     Family("vllm:kv_offload_stores_skipped",
            "Blocks not stored to the CPU tier for want of room (every block pinned).", C,
-           lambda m, s: s.stores_skipped),
+           lambda m, s: s.stores_skipped, release="0.33"),
     Family("vllm:kv_offload_tiering_write_bytes",
            "Total bytes written from the primary tier to secondary tiers, labeled by tier.", C,
            _per_tier(lambda m: m.tier_write_bytes), label="tier"),

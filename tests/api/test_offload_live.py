@@ -81,7 +81,10 @@ def test_working_set_4x_the_device_pool_is_served_from_host(host_server: ServerT
     assert m["vllm:kv_offload_load_bytes_total", None] == host // BLOCK * BLOCK_BYTES
     stored = stored_bytes / BLOCK_BYTES
     assert stored == int(stored) and stored >= 12 * PROMPT // BLOCK
-    assert m["vllm:kv_offload_cpu_cache_usage_perc", None] == stored / 2048
+    # vLLM 0.34's CPU usage is the share in-flight transfers pin: none once they are done.
+    assert m["vllm:kv_offload_cpu_cache_usage_perc", None] == 0.0
+    assert m["vllm:kv_offload_cpu_cache_write_usage_perc", None] == 0.0
+    assert m["vllm:kv_offload_allocation_failure_total", None] == 0.0
     assert m["vllm:kv_cache_usage_perc", None] == 0.0
 
     # The engine's own TTFTs (not the client's). Round 1 computes all 1024 tokens (and,

@@ -56,7 +56,8 @@ def test_every_family_in_the_table_is_rendered_once(release: str) -> None:
 
 
 # Families whose 0.33 and 0.34 forms share a name (and differ in labels and help).
-SHARED = {"vllm:prompt_tokens_cached_by_source"}
+SHARED = {"vllm:prompt_tokens_cached_by_source", "vllm:kv_offload_cpu_cache_usage_perc",
+          "vllm:kv_offload_stores_skipped"}  # fmt: skip
 
 
 def _fed_recorders(**overrides: object) -> list[StatsRecorder]:

@@ -429,3 +429,19 @@ def test_promotion_latency_by_tier_and_result() -> None:
         series = f'engine="0",model_name="m",result="{result}",tier="1:fs"'
         assert f"vllm:kv_offload_tiering_promotion_latency_seconds_count{{{series}}} 1.0" in text
         assert collector.text() == text  # (the fast exposition prints the same)
+
+
+def test_cpu_tier_shares_pinned_by_loads_and_stores() -> None:
+    # vLLM 0.34's kv_offload_cpu_cache_{read,write}_usage_perc: A's 16 blocks land in the CPU
+    # tier (16 slots), then its 15 loadable ones are read back to the device.
+    core = EngineCore(config(storage_tiers=()))
+    driver = VirtualDriver(core)
+    writes = []
+    for _ in driver.steps([request("a", 0, 0.0)]):
+        writes.append(core.snapshot().cpu_write_usage)
+    assert 1.0 in writes and writes[-1] == 0.0
+    core.reset_prefix_cache(driver.clock.now())
+    core.add_request(request("a2", 0, 10.0))
+    core.step(10.0)  # the CPU hit's load starts
+    snapshot = core.snapshot()
+    assert (snapshot.cpu_read_usage, snapshot.cpu_write_usage) == (LOADABLE / 16, 0.0)
