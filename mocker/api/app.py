@@ -18,6 +18,7 @@ from mocker.api.lora import runtime_updates_allowed
 from mocker.api.openapi import describe_openapi
 from mocker.api.raw_send import RawSendApp
 from mocker.api.routes import admin, discovery, inference, lora, openai, operations
+from mocker.api.routes import sleep as sleep_routes
 from mocker.api.routes import tokenizer as tokenizer_routes
 from mocker.api.state import ServerState, build_state
 from mocker.config import EngineConfig
@@ -79,4 +80,8 @@ def create_app(settings: ServerSettings, config: EngineConfig, tokenizer: TextTo
     app.include_router(discovery.router)
     if settings.admin_token:
         app.include_router(admin.router)
+    if sleep_routes.dev_mode():
+        logger.warning("SECURITY WARNING: Development endpoints are enabled! This should NOT "
+                       "be used in production!")  # fmt: skip
+        app.include_router(sleep_routes.router)
     return app

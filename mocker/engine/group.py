@@ -107,6 +107,20 @@ class EngineGroup:
         for engine in self.engines:
             await engine.stop()
 
+    async def fall_asleep(self, level: int, mode: str) -> None:
+        """vLLM's sleep, on every rank."""
+        if self.is_dead:
+            raise EngineDeadError(f"engine is dead: {self.dead_error}")
+        await asyncio.gather(*(e.fall_asleep(level, mode) for e in self.engines))
+
+    def wake_up(self, tags: list[str] | None = None) -> bool:
+        """vLLM's wake_up on every rank; whether all are fully awake."""
+        return all([e.wake_up(tags) for e in self.engines])
+
+    @property
+    def is_sleeping(self) -> bool:
+        return any(e.sleep.sleeping for e in self.engines)
+
     async def reset_prefix_cache(self) -> int:
         """Clear every rank's prefix cache; the number of blocks cleared in all."""
         if self.is_dead:

@@ -26,6 +26,7 @@ from mocker.engine.inbox import (
 )
 from mocker.engine.intake import request_id_in_use
 from mocker.engine.outputs import RequestOutput, StepResult
+from mocker.engine.sleep import SleepState
 from mocker.engine.stats import EngineSnapshot, FinishedRequestStats
 from mocker.engine.stream import EngineDeadError, RequestStream, deliver, deliver_loop, merged
 from mocker.engine.transfer_timer import TransferTimer
@@ -92,6 +93,9 @@ class LiveEngine:
         self._inbox: deque[InboxMessage] = deque()
         self._inbox_requests = 0  # AddRequests in the inbox: waiting, not yet in the core
         self._inbox_tokens = 0  # their prompt tokens
+        # vLLM's sleep mode: while paused, new requests wait here (counted as in the inbox).
+        self.sleep = SleepState()
+        self._asleep: deque[InboxMessage] = deque()
         self._wake = asyncio.Event()
         # Request id -> stream, from add_request until the engine is done with the id
         # (its final output delivered, or its abort applied), so an id is never reused
@@ -120,6 +124,8 @@ class LiveEngine:
     def snapshot(self) -> EngineSnapshot:
         """The core's snapshot, with accepted requests still in the inbox counted waiting."""
         snap = self.core.snapshot()
+        if self.sleep.sleeping:
+            snap = replace(snap, sleep_state=self.sleep.gauges())
         if not self._inbox_requests:
             return snap
         return replace(snap, num_waiting=snap.num_waiting + self._inbox_requests)
@@ -233,6 +239,30 @@ class LiveEngine:
         self._post(ResetPrefixCache(done))
         return await done
 
+    async def fall_asleep(self, level: int, mode: str) -> None:
+        """vLLM's sleep: scheduling pauses (new requests wait), after aborting what is in
+        flight ("abort"), letting it finish ("wait", answered once it has) or freezing it
+        ("keep"); from level 1 the prefix cache is dropped (the KV memory sleeps)."""
+        if self.dead_error is not None:
+            raise EngineDeadError(f"engine is dead: {self.dead_error}")
+        if mode == "abort":
+            self.abort_all()
+        self.sleep.fall_asleep(level, mode)
+        self._wake.set()
+        while mode == "wait" and self.core.has_unfinished_requests() and not self.is_dead:
+            await asyncio.sleep(0.01)  # (the loop runs the in-flight requests out)
+        if level >= 1:
+            await self.reset_prefix_cache()
+
+    def wake_up(self, tags: list[str] | None = None) -> bool:
+        """vLLM's wake_up; once fully awake the requests that waited are taken in."""
+        if not self.sleep.wake(tags):
+            return False
+        self._inbox.extendleft(reversed(self._asleep))
+        self._asleep.clear()
+        self._wake.set()
+        return True
+
     async def release_hold(self, hold_id: str) -> bool:
         """P/D prefill side: free a held request's KV between two passes; whether it was
         still held (False when dead: nothing is held any more)."""
@@ -301,6 +331,8 @@ class LiveEngine:
         transfers_due = False
         while inbox:
             match inbox.popleft():
+                case AddRequest(spec) if self.sleep.paused:
+                    self._asleep.append(AddRequest(spec))  # (still waiting, still counted)
                 case AddRequest(spec):
                     self._inbox_requests -= 1
                     self._inbox_tokens -= len(spec.prompt_token_ids)
@@ -373,7 +405,7 @@ class LiveEngine:
                 # A deadline passed on the wall clock: apply it now, pass or no pass.
                 self._observe(core.advance_transfers(max(clock.now(), core.time)))
                 self._timer.rearm(force=True)
-            if not core.has_unfinished_requests():
+            if not core.has_unfinished_requests() or self.sleep.frozen:
                 prev_end = None
                 await self._idle()
                 continue
@@ -485,6 +517,7 @@ class LiveEngine:
             elif isinstance(message, ReleaseHold) and not message.done.done():
                 message.done.set_result(False)
         self._inbox.clear()
+        self._asleep.clear()
         self._inbox_requests = self._inbox_tokens = 0
         self._held, self._held_passes = {}, 0  # their streams fail below
         failure = (

@@ -74,6 +74,10 @@ class EngineSnapshot:
     # Waiting requests held by something other than room (vLLM 0.34's "deferred"): loading
     # their KV, or passed over for a LoRA slot or a promotion in the last pass.
     num_deferred: int = 0
+    # vLLM's engine_sleep_state series (awake unless a sleep said otherwise).
+    sleep_state: tuple[tuple[str, float], ...] = (
+        ("awake", 1.0), ("weights_offloaded", 0.0), ("discard_all", 0.0)
+    )  # fmt: skip
     # With --enable-lora: the adapters of unfinished requests, oldest request first.
     lora_adapters: tuple[str, ...] = ()
     kv_expired: int = 0  # P/D prefill side: holds that expired unread (cumulative)

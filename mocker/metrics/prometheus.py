@@ -173,6 +173,10 @@ FAMILIES: tuple[Family, ...] = (
            lambda m, s: s.num_waiting),
     Family("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", G,
            lambda m, s: s.kv_usage),
+    Family("vllm:engine_sleep_state",
+           "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is "
+           "awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep "
+           "level 2.", G, lambda m, s: s.sleep_state, label="sleep_state", release="0.34"),
     Family("vllm:num_requests_waiting_by_reason",
            "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for "
            "scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, "

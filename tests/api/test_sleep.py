@@ -1,0 +1,100 @@
+"""vLLM's sleep mode (VLLM_SERVER_DEV_MODE=1): /sleep, /wake_up, /is_sleeping and
+vllm:engine_sleep_state, through the ASGI app with the engine running."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+
+from tests.support.servers import AppClient, make_app
+
+LONG = {"prompt": [1, 2, 3], "max_tokens": 400, "ignore_eos": True}
+
+
+def _sleep_state(metrics: str) -> dict[str, float]:
+    found = re.findall(r'vllm:engine_sleep_state\{[^}]*sleep_state="(\w+)"\} ([\d.]+)', metrics)
+    return {state: float(value) for state, value in found}
+
+
+async def _wait_for(predicate: object, what: str) -> None:
+    async with asyncio.timeout(10):
+        while not predicate():  # type: ignore[operator]
+            await asyncio.sleep(0.005)
+
+
+async def test_the_routes_need_dev_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLLM_SERVER_DEV_MODE", raising=False)
+    async with AppClient(make_app()) as c:
+        assert (await c.http.post("/sleep")).status_code == 404
+        metrics = (await c.http.get("/metrics")).text
+    assert _sleep_state(metrics) == {"awake": 1.0, "weights_offloaded": 0.0, "discard_all": 0.0}
+
+
+async def test_sleep_aborts_drops_the_cache_and_holds_new_requests(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
+    # A tenth of real time: the first request runs for ~25 s, certainly in flight at /sleep.
+    async with AppClient(make_app(speedup_ratio=0.1)) as c:
+        engine = c.state.engines[0]
+        running = asyncio.ensure_future(c.http.post("/v1/completions", json=LONG))
+        await _wait_for(lambda: engine.num_running == 1, "running")
+        r = await c.http.post("/sleep", params={"level": 1})
+        assert r.status_code == 200 and r.json() == {"status": "sleeping", "level": 1}
+        done = await running  # mode "abort": it ends as an aborted request does
+        assert done.status_code == 503 and "aborted" in done.json()["error"]["message"]
+        assert (await c.http.get("/is_sleeping")).json() == {"is_sleeping": True}
+        assert engine.core.pool.cached_hashes() == {}  # level 1: the KV cache is dropped
+        metrics = (await c.http.get("/metrics")).text
+        assert _sleep_state(metrics) == {"awake": 0.0, "weights_offloaded": 1.0,
+                                         "discard_all": 0.0}  # fmt: skip
+        # A request sent while asleep waits: nothing runs.
+        short_body = {"prompt": "x", "max_tokens": 2}
+        short = asyncio.ensure_future(c.http.post("/v1/completions", json=short_body))
+        await _wait_for(lambda: engine.num_waiting == 1, "waiting")
+        await asyncio.sleep(0.05)
+        assert not short.done() and engine.num_running == 0
+        # The weights wake first: still asleep; then the KV cache: awake, and it runs.
+        r = await c.http.post("/wake_up", params={"tags": "weights"})
+        assert r.json() == {"status": "sleeping", "tags": ["weights"]}
+        assert (await c.http.get("/is_sleeping")).json() == {"is_sleeping": True}
+        r = await c.http.post("/wake_up", params={"tags": "kv_cache"})
+        assert r.json() == {"status": "awake", "tags": ["kv_cache"]}
+        answer = await short
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 2
+        assert (await c.http.get("/is_sleeping")).json() == {"is_sleeping": False}
+        metrics = (await c.http.get("/metrics")).text
+        assert _sleep_state(metrics)["awake"] == 1.0
+
+
+async def test_keep_freezes_what_is_in_flight_until_woken(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
+    async with AppClient(make_app(speedup_ratio=0.1)) as c:
+        engine = c.state.engines[0]
+        body = {"prompt": [1, 2, 3], "max_tokens": 20, "ignore_eos": True}
+        running = asyncio.ensure_future(c.http.post("/v1/completions", json=body))
+        await _wait_for(lambda: engine.num_running == 1, "running")
+        r = await c.http.post("/sleep", params={"level": 0, "mode": "keep"})
+        assert r.status_code == 200
+        computed = engine.core.requests[next(iter(engine.core.requests))].num_computed_tokens
+        await asyncio.sleep(0.3)  # (three passes' worth at this speed: none runs)
+        request = next(iter(engine.core.requests.values()))
+        assert request.num_computed_tokens == computed and not running.done()
+        metrics = (await c.http.get("/metrics")).text
+        assert _sleep_state(metrics) == {"awake": 0.0, "weights_offloaded": 0.0,
+                                         "discard_all": 0.0}  # fmt: skip
+        r = await c.http.post("/wake_up", params={"tags": "scheduling"})
+        assert r.json()["status"] == "awake"
+        done = await running
+        assert done.json()["choices"][0]["finish_reason"] == "length"
+
+
+async def test_bad_sleep_parameters_are_400(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
+    async with AppClient(make_app()) as c:
+        for params in ({"level": 3}, {"mode": "later"}, {"level": "x"}):
+            r = await c.http.post("/sleep", params=params)
+            assert 400 <= r.status_code < 500, params
+        assert (await c.http.get("/is_sleeping")).json() == {"is_sleeping": False}
