@@ -98,3 +98,18 @@ async def test_bad_sleep_parameters_are_400(monkeypatch: pytest.MonkeyPatch) -> 
             r = await c.http.post("/sleep", params=params)
             assert 400 <= r.status_code < 500, params
         assert (await c.http.get("/is_sleeping")).json() == {"is_sleeping": False}
+
+
+async def test_wait_lets_what_is_in_flight_finish_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
+    async with AppClient(make_app(speedup_ratio=0.1)) as c:
+        engine = c.state.engines[0]
+        body = {"prompt": [1, 2, 3], "max_tokens": 20, "ignore_eos": True}
+        running = asyncio.ensure_future(c.http.post("/v1/completions", json=body))
+        await _wait_for(lambda: engine.num_running == 1, "running")
+        r = await c.http.post("/sleep", params={"level": 0, "mode": "wait"})
+        assert r.status_code == 200 and not engine.core.has_unfinished_requests()
+        done = await running
+        assert done.json()["choices"][0]["finish_reason"] == "length"
+        assert (await c.http.get("/is_sleeping")).json() == {"is_sleeping": True}
+        assert (await c.http.post("/wake_up")).json() == {"status": "awake", "tags": None}
