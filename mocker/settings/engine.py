@@ -14,10 +14,9 @@ from mocker.config import (
     OffloadPolicy,
 )
 from mocker.kv.hashing import HashAlgo
-from mocker.kv.spec import kv_layout
 from mocker.settings.deployment import DEPLOYMENT_OPTIONS, deployment_of
-from mocker.settings.kv_transfer import parse_kv_transfer_config
 from mocker.settings.model_shape import model_shape_from
+from mocker.settings.offload import offload_settings
 from mocker.settings.option import Option
 from mocker.settings.sizing import derived_values, num_gpu_blocks
 from mocker.timing.spec import TimingSpec
@@ -169,6 +168,14 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         metavar="GIB",
     ),
     Option(
+        "kv_offloading_backend",
+        "what --kv-offloading-size sizes: native, vLLM's OffloadingConnector (write-through "
+        "stores); lmcache is not modelled",
+        "native",
+        "str",
+        choices=("native", "lmcache"),
+    ),
+    Option(
         "num_host_blocks",
         "KV blocks in the CPU tier, instead of --kv-offloading-size (mocker)",
         None,
@@ -178,10 +185,11 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         "offload_policy",
         "evict: copy a cached block to the CPU tier when the device evicts it (KVBM); "
         "write-through: copy new full prompt blocks after their pass (vLLM "
-        "OffloadingConnector) (mocker)",
-        _D.offload_policy.value,
+        "OffloadingConnector); auto: write-through for --kv-offloading-size (as vLLM), evict "
+        "for --num-host-blocks (mocker)",
+        "auto",
         "str",
-        choices=tuple(p.value for p in OffloadPolicy),
+        choices=("auto", *(p.value for p in OffloadPolicy)),
     ),
     Option(
         "host_d2h_bandwidth_gbps",
@@ -259,67 +267,6 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
 )
 
 
-def _num_host_blocks(values: Mapping[str, Any]) -> int:
-    """CPU-tier blocks from --num-host-blocks or --kv-offloading-size GiB (not both)."""
-    blocks, gib = values["num_host_blocks"], values["kv_offloading_size"]
-    if blocks is not None and gib is not None:
-        raise ConfigError(
-            "set either --num-host-blocks or --kv-offloading-size, not both: they size the same "
-            "CPU tier"
-        )
-    if gib is not None:
-        if gib < 0:
-            raise ConfigError(f"invalid kv_offloading_size={gib!r}: must be >= 0 GiB")
-        # One device block's bytes (a hybrid's: a page per layer slot of a group).
-        block_bytes = kv_layout(values["_shape"], values["block_size"]).block_bytes
-        blocks = int(gib * 2**30 // block_bytes)
-        if gib > 0 and blocks == 0:
-            raise ConfigError(
-                f"kv_offloading_size={gib!r} GiB holds no block of {block_bytes} bytes: raise it"
-            )
-        return blocks
-    if blocks is not None and blocks < 0:
-        raise ConfigError(f"invalid num_host_blocks={blocks!r}: must be >= 0")
-    return blocks or 0
-
-
-def _offload(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Tier settings: from an OffloadingConnector --kv-transfer-config, or the flags."""
-    # The engine's block (a Mamba hybrid's is enlarged) and its bytes: a tier's capacity is
-    # counted in those.
-    layout = kv_layout(values["_shape"], values["block_size"])
-    offload = parse_kv_transfer_config(
-        values["kv_transfer_config"], layout.block_size, layout.block_bytes // layout.block_size
-    )
-    chunk = offload.get("hybrid_chunk_size")
-    if chunk is not None and not layout.is_hybrid:
-        logger.warning("hybrid_chunk_size %d is ignored: the model has one KV cache group", chunk)
-        del offload["hybrid_chunk_size"]
-    elif chunk is not None and chunk % layout.block_size:
-        # vLLM's planner warns when a group's block size does not divide the chunk.
-        rounded = max(chunk // layout.block_size, 1) * layout.block_size
-        logger.warning(
-            "hybrid_chunk_size %d is not a multiple of the KV cache groups' block size %d: "
-            "using %d",
-            chunk,
-            layout.block_size,
-            rounded,
-        )
-        offload["hybrid_chunk_size"] = rounded
-    if "num_cpu_blocks" not in offload:  # no OffloadingConnector (none, or P/D alone)
-        return {"num_cpu_blocks": _num_host_blocks(values),
-                "offload_policy": values["offload_policy"],
-                "min_load_blocks": values["min_load_blocks"], **offload}  # fmt: skip
-    for flag in ("num_host_blocks", "kv_offloading_size"):
-        if values[flag] is not None:
-            raise ConfigError(
-                f"set either --{flag.replace('_', '-')} or an OffloadingConnector "
-                "--kv-transfer-config (cpu_bytes_to_use), not both: they size the same CPU tier"
-            )
-    offload["min_load_blocks"] = max(offload["min_load_blocks"], values["min_load_blocks"])
-    return dict(offload)
-
-
 def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
     """The engine configuration from resolved option values (validated)."""
     dep = deployment_of(values)
@@ -355,7 +302,7 @@ def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
         offload_batch_size=values["offload_batch_size"],
         transfer_latency_ms=values["transfer_latency_ms"],
         load_timeout=values["load_timeout"],
-        **_offload(values),
+        **offload_settings(values),
         **extra,
     )
     if config.disable_hybrid_kv_cache_manager and values["_shape"].layer_types:

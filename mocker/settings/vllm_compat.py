@@ -30,7 +30,6 @@ IGNORED_VLLM_FLAGS: dict[str, bool] = {
     # vLLM serves the render and generate routes only with it; mocker always does.
     "enable_scale_out": False,
     # Flags of vLLM deployments (llm-d manifests) that change nothing here.
-    "kv_offloading_backend": True,
     "api_server_count": True,
     "max_log_len": True,
     "reasoning_parser": True,

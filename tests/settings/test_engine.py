@@ -19,9 +19,26 @@ def test_host_tier_flags() -> None:
              "polynomial"]  # fmt: skip
     values, _ = resolve(parse_flags([*small, "--kv-offloading-size", "4"]), ALL, environ={})
     config = engine_config_from(values)
-    # 4 GiB of 2 MiB blocks (block_size 16 × Llama-3-8B's 128 KiB per token).
-    assert config.num_cpu_blocks == 2048 and config.offload_policy == "evict"
+    # 4 GiB of 2 MiB blocks (block_size 16 × Llama-3-8B's 128 KiB per token), stored
+    # write-through: vLLM 0.34 turns --kv-offloading-size into an OffloadingConnector.
+    assert config.num_cpu_blocks == 2048 and config.offload_policy == "write-through"
     assert config.kv_offloading_size == 4.0  # reported in vllm:cache_config_info
+    for flags, policy in (
+        (["--num-host-blocks", "8"], "evict"),  # (KVBM's, mocker's default)
+        (["--kv-offloading-size", "4", "--offload-policy", "evict"], "evict"),
+    ):
+        values, _ = resolve(parse_flags([*small, *flags]), ALL, environ={})
+        assert engine_config_from(values).offload_policy == policy
+    lmcache = [*small, "--kv-offloading-size", "4", "--kv-offloading-backend", "lmcache"]
+    values, _ = resolve(parse_flags(lmcache), ALL, environ={})
+    with pytest.raises(ConfigError, match=r"lmcache .* is not modelled"):
+        engine_config_from(values)
+    # A hybrid model's CPU tier from the flag: write-through whole chunks, as vLLM's.
+    hybrid = ["--model-shape", "qwen3-next-80b-a3b", "--num-gpu-blocks-override", "200",
+              "--max-model-len", "8192", "--timing-model", "polynomial",
+              "--kv-offloading-size", "4"]  # fmt: skip
+    values, _ = resolve(parse_flags(hybrid), ALL, environ={})
+    assert engine_config_from(values).offload_policy == "write-through"
     argv = [*small, "--num-host-blocks", "100", "--offload-policy", "write-through",
             "--host-d2h-bandwidth-gbps", "8", "--host-h2d-bandwidth-gbps", "0",
             "--offload-batch-size", "4", "--transfer-latency-ms", "0.5",

@@ -24,7 +24,8 @@ def test_deployment_vllm_flags_are_accepted_and_data_parallel_is_read() -> None:
     ns = parse_flags(["--kv-offloading-backend", "native", "--data-parallel-size", "2",
                       "--kv-transfer-config", '{"kv_connector": "NixlConnector"}'])  # fmt: skip
     values, warnings = resolve(ns, ALL, environ={})
-    assert warnings == ["ignoring --kv-offloading-backend: no meaning for a mock engine"]
+    assert warnings == []  # (--kv-offloading-backend is read: mocker.settings.offload)
+    assert values["kv_offloading_backend"] == "native"
     assert server_settings_from(values).data_parallel_size == 2
     # Read, not ignored (mocker.settings.kv_transfer); a connector other than
     # OffloadingConnector changes nothing yet.
