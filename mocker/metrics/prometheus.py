@@ -34,6 +34,7 @@ from mocker.metrics.exposition import (
     value_lines,
 )
 from mocker.metrics.histogram import Histogram, bound_texts
+from mocker.metrics.offload_info import offload_config_info
 from mocker.metrics.recorder import StatsRecorder
 
 __all__ = [
@@ -522,6 +523,9 @@ class MetricsCollector(Collector):
             yield self._admission_rejections(self.rejections)
         if current and self.engines[0].config.storage_tiers:
             yield self._promotion_latency()
+        if current and self.engines[0].config.has_cpu_tier:
+            yield offload_config_info([(m.engine, m.config) for m in self.engines],
+                                      self.model_name)  # fmt: skip
         if self.engines and self.engines[0].config.enable_lora:
             yield self._lora_info([snapshot for _, snapshot, _ in rows])
         if self.failures is not None:

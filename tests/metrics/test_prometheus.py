@@ -169,3 +169,22 @@ def test_waiting_requests_by_reason_sum_to_the_waiting() -> None:
         in text
     )
     assert 'vllm:num_requests_waiting{engine="0",model_name="m"} 5.0' in text
+
+
+def test_kv_offload_config_info_states_the_cpu_tier() -> None:
+    # vLLM 0.34's CPUOffloadingInfo: 16 chunks of one 4-token block, their bytes, and the
+    # tokens they hold of max_model_len (512) requests: 16 × 512 // cdiv(512, 4) = 64; with
+    # tiers, one series a tier, labelled as the tiering metrics are.
+    config = make_core(num_cpu_blocks=16, offload_policy="write-through",
+                       max_model_len=512).config  # fmt: skip
+    assert config.block_size == 4
+    text = _render(StatsRecorder(config), legacy=False)
+    facts = (f'cpu_blocks_per_chunk="1",cpu_kv_cache_size_bytes="{16 * config.block_bytes}",'
+             'cpu_kv_cache_size_tokens="64",cpu_num_chunks="16"')  # fmt: skip
+    assert f'vllm:kv_offload_config_info{{{facts},engine="0",model_name="m"}} 1.0' in text
+    fs = StorageTierSpec("fs", 64, read_gbps=8.0, write_gbps=4.0)  # type: ignore[arg-type]
+    tiered = _render(StatsRecorder(config.with_changes(storage_tiers=(fs,))), legacy=False)
+    assert f'{facts},engine="0",model_name="m",tier="0:primary"}} 1.0' in tiered
+    assert ('cpu_kv_cache_size_tokens="",cpu_num_chunks="",engine="0",model_name="m",'
+            'tier="1:fs"} 1.0') in tiered  # fmt: skip
+    assert "kv_offload_config_info" not in _render(StatsRecorder(make_core().config), legacy=False)
