@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from mocker.config import VLLM_RELEASES, KVRole, StorageTierSpec
-from mocker.engine.stats import EngineSnapshot
+from mocker.engine.stats import EngineSnapshot, TierSnapshot
 from mocker.engine.virtual import VirtualDriver
 from mocker.faults import FaultType
 from mocker.metrics import (
@@ -17,6 +17,7 @@ from mocker.metrics import (
     build_registry,
     prometheus,
 )
+from mocker.metrics.prometheus import admission_counts
 from tests.support.engines import make_core, req
 
 
@@ -188,3 +189,37 @@ def test_kv_offload_config_info_states_the_cpu_tier() -> None:
     assert ('cpu_kv_cache_size_tokens="",cpu_num_chunks="",engine="0",model_name="m",'
             'tier="1:fs"} 1.0') in tiered  # fmt: skip
     assert "kv_offload_config_info" not in _render(StatsRecorder(make_core().config), legacy=False)
+
+
+@pytest.mark.parametrize(
+    ("release", "present", "absent"),
+    [
+        ("0.34", ['vllm:kv_offload_tiering_chunk_hits_total{engine="0",model_name="m",tier="1:fs"}',
+                  'vllm:kv_offload_tiering_chunk_queries_total{engine="0",model_name="m",'
+                  'tier="0:primary"}',
+                  'vllm:kv_offload_tiering_write_bytes_total{engine="0",model_name="m",tier="1:fs"}'],
+         ["vllm:kv_offload_tiering_block_hits", 'tier="fs"']),
+        ("0.33", ['vllm:kv_offload_tiering_block_hits_total{engine="0",model_name="m",tier="fs"}',
+                  'vllm:kv_offload_tiering_write_bytes_total{engine="0",model_name="m",tier="fs"}'],
+         ["vllm:kv_offload_tiering_chunk_hits", "0:primary", "vllm:engine_sleep_state",
+          "vllm:admission_rejections"]),
+    ],
+)  # fmt: skip
+def test_tiering_names_and_labels_follow_the_release(
+    release: str, present: list[str], absent: list[str]
+) -> None:
+    # --vllm-compat 0.33 keeps the names and labels 0.33-era dashboards read.
+    fs = StorageTierSpec("fs", 64, read_gbps=8.0, write_gbps=4.0)  # type: ignore[arg-type]
+    config = make_core(num_cpu_blocks=16, offload_policy="write-through",
+                       storage_tiers=(fs,)).config  # fmt: skip
+    metrics = StatsRecorder(config, release=release)
+    metrics.snapshot = lambda: EngineSnapshot(
+        0, 0, 0.0, tiers=(TierSnapshot("fs", 0.5, 8, 4),),
+        primary=TierSnapshot("primary", 0.25, 10, 2),
+    )  # fmt: skip
+    collector = MetricsCollector([metrics], "m", rejections=admission_counts())
+    text = generate_latest(build_registry(collector, process=False)).decode()
+    for line in present:
+        assert line in text, line
+    for fragment in absent:
+        assert fragment not in text, fragment
