@@ -143,3 +143,10 @@ def test_the_families_outside_the_table_are_vllm_034s() -> None:
             assert les[:-1] == [float(b) for b in reference["buckets"]]
     assert checked == {"vllm:admission_rejections", "vllm:kv_offload_config_info",
                        "vllm:kv_offload_tiering_promotion_latency_seconds"}  # fmt: skip
+
+
+def test_the_connectors_are_the_ones_vllm_034_registers() -> None:
+    from mocker.settings.kv_transfer import CONNECTORS, NO_HMA_CONNECTORS
+
+    assert sorted(CONNECTORS) == sorted(REFERENCE["kv_connectors"])
+    assert set(NO_HMA_CONNECTORS) <= set(CONNECTORS)

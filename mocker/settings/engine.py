@@ -271,6 +271,7 @@ def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
     """The engine configuration from resolved option values (validated)."""
     dep = deployment_of(values)
     values = derived_values(values, dep)
+    offload = offload_settings(values)
     config = EngineConfig(
         block_size=values["block_size"],
         num_gpu_blocks=num_gpu_blocks(values, dep),
@@ -279,7 +280,8 @@ def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
         max_model_len=values["max_model_len"],
         enable_prefix_caching=values["enable_prefix_caching"],
         enable_chunked_prefill=values["enable_chunked_prefill"],
-        disable_hybrid_kv_cache_manager=values["disable_hybrid_kv_cache_manager"],
+        disable_hybrid_kv_cache_manager=values["disable_hybrid_kv_cache_manager"]
+        or offload.pop("disable_hybrid_kv_cache_manager", False),
         seed=values["seed"],
         prefix_caching_hash_algo=values["prefix_caching_hash_algo"],
         enable_lora=values["enable_lora"],
@@ -302,7 +304,7 @@ def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
         offload_batch_size=values["offload_batch_size"],
         transfer_latency_ms=values["transfer_latency_ms"],
         load_timeout=values["load_timeout"],
-        **offload_settings(values),
+        **offload,
         **extra,
     )
     if config.disable_hybrid_kv_cache_manager and values["_shape"].layer_types:

@@ -14,7 +14,14 @@ from typing import Any
 
 from mocker.config import ConfigError, StorageKind, StorageTierSpec
 
-__all__ = ["STORAGE_DEFAULTS", "OffloadSettings", "parse_kv_transfer_config"]
+__all__ = [
+    "CONNECTORS",
+    "NO_HMA",
+    "NO_HMA_CONNECTORS",
+    "STORAGE_DEFAULTS",
+    "OffloadSettings",
+    "parse_kv_transfer_config",
+]
 
 _ROLES = ("kv_both", "kv_producer", "kv_consumer")
 # vLLM's KVTransferConfig fields: another key is a mistake (a misspelt
@@ -25,11 +32,18 @@ _CONFIG_KEYS = {"kv_connector", "engine_id", "kv_buffer_device", "kv_buffer_size
                 "kv_load_failure_policy"}  # fmt: skip
 # The connectors vLLM's KVConnectorFactory registers; another name needs
 # kv_connector_module_path (vLLM imports the class from it; it changes nothing here).
-_CONNECTORS = ("ExampleConnector", "ExampleHiddenStatesConnector", "LMCacheConnectorV1",
-               "LMCacheMPConnector", "NixlConnector", "NixlPullConnector", "NixlPushConnector",
-               "MultiConnector", "MoRIIOConnector", "OffloadingConnector", "DecodeBenchConnector",
-               "MooncakeConnector", "MooncakeStoreConnector", "FlexKVConnectorV1",
-               "SimpleCPUOffloadConnector", "HF3FSKVConnector", "P2pNcclConnector")  # fmt: skip
+CONNECTORS = ("DecodeBenchConnector", "ExampleConnector", "ExampleHiddenStatesConnector",
+              "FlexKVConnectorV1", "HF3FSKVConnector", "HiSparseConnector", "LMCacheConnectorV1",
+              "LMCacheMPConnector", "MoRIIOConnector", "MooncakeConnector",
+              "MooncakeStoreConnector", "MultiConnector", "NixlConnector", "NixlPullConnector",
+              "NixlPushConnector", "OffloadingConnector", "SimpleCPUOffloadConnector",
+              "UMBPStoreConnector")  # fmt: skip
+# Those that do not support the hybrid KV cache manager (no SupportsHMA): vLLM turns it off
+# for them, and a model with Mamba layers then fails to start.
+NO_HMA_CONNECTORS = ("ExampleConnector", "FlexKVConnectorV1", "HF3FSKVConnector",
+                     "LMCacheConnectorV1", "LMCacheMPConnector")  # fmt: skip
+# The OffloadSettings key that names such a connector (popped before the engine config).
+NO_HMA = "_no_hma_connector"
 _NIXL = ("NixlConnector", "NixlPullConnector", "NixlPushConnector")
 # NixlConnector extra-config keys: vLLM's lease, and the mock's pull link; vLLM's keys that
 # mean nothing here pass.
@@ -105,10 +119,10 @@ def parse_kv_transfer_config(
             raise _fail(key, config[key], "must be a string")
     name = config.get("kv_connector")
     own = "kv_connector_module_path" in config  # vLLM imports the class from it
-    if name is not None and name not in _CONNECTORS and not own:
+    if name is not None and name not in CONNECTORS and not own:
         raise ConfigError(
             f"kv_transfer_config: Unsupported connector type: {name} (vLLM's: "
-            + ", ".join(_CONNECTORS)
+            + ", ".join(CONNECTORS)
             + "; or give kv_connector_module_path)"
         )
     role = config.get("kv_role")
@@ -123,6 +137,8 @@ def parse_kv_transfer_config(
             settings["kv_transfer_mode"] = "push"
         return settings
     if config.get("kv_connector") != "OffloadingConnector":
+        if connector in NO_HMA_CONNECTORS:
+            return OffloadSettings({NO_HMA: connector})
         return OffloadSettings()
     extra = _extra(config, _EXTRA_KEYS | _EXTRA_IGNORED)
     spec_name = extra.get("spec_name", "CPUOffloadingSpec")
@@ -199,7 +215,7 @@ def _multi(
         settings = parse_kv_transfer_config(
             {**inherited, **sub}, gpu_block_size, kv_bytes_per_token
         )
-        clash = sorted(set(settings) & set(merged))
+        clash = sorted(set(settings) & set(merged) - {NO_HMA})
         if clash:
             why = "a second connector of the same kind (sets " + ", ".join(clash) + ")"
             raise _fail(f"connectors[{i}]", sub.get("kv_connector"), why)

@@ -9,7 +9,7 @@ from typing import Any
 
 from mocker.config import ConfigError, OffloadPolicy
 from mocker.kv.spec import kv_layout
-from mocker.settings.kv_transfer import parse_kv_transfer_config
+from mocker.settings.kv_transfer import NO_HMA, parse_kv_transfer_config
 
 __all__ = ["offload_settings"]
 
@@ -48,6 +48,21 @@ def offload_settings(values: Mapping[str, Any]) -> dict[str, Any]:
     offload = parse_kv_transfer_config(
         values["kv_transfer_config"], layout.block_size, layout.block_bytes // layout.block_size
     )
+    no_hma = offload.pop(NO_HMA, None)
+    if no_hma is not None and layout.is_hybrid:
+        if layout.has_mamba:
+            raise ConfigError(
+                f"kv_transfer_config: {no_hma} does not support the hybrid KV cache manager, "
+                "which a model with Mamba layers needs (vLLM's hybrid SSM models fail at "
+                "start-up without it)"
+            )
+        logger.warning(
+            "Turning off hybrid kv cache manager because `--kv-transfer-config` selects a KV "
+            "connector that does not support it (%s): models with sliding window attention "
+            "run with every layer's KV kept.",
+            no_hma,
+        )
+        offload["disable_hybrid_kv_cache_manager"] = True
     chunk = offload.get("hybrid_chunk_size")
     if chunk is not None and not layout.is_hybrid:
         logger.warning("hybrid_chunk_size %d is ignored: the model has one KV cache group", chunk)

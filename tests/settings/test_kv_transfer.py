@@ -14,6 +14,7 @@ from mocker.config import ConfigError, KVRole, StorageKind
 from mocker.settings import resolve
 from mocker.settings.engine import engine_config_from
 from mocker.settings.kv_transfer import (
+    NO_HMA,
     STORAGE_DEFAULTS,
     UNBOUNDED_BLOCKS,
     parse_kv_transfer_config,
@@ -154,8 +155,13 @@ def test_a_connector_vllm_does_not_register_is_refused() -> None:
     # vLLM imports a connector of another name from kv_connector_module_path: accepted.
     own = {"kv_connector": "MyConnector", "kv_connector_module_path": "my.module"}
     assert parse_kv_transfer_config(json.dumps(own), 16, 131072) == {}
-    for name in ("LMCacheConnectorV1", "MooncakeConnector", "DecodeBenchConnector"):
+    for name in ("MooncakeConnector", "DecodeBenchConnector"):
         assert parse_kv_transfer_config(json.dumps({"kv_connector": name}), 16, 131072) == {}
+    # (One without the hybrid KV cache manager is named, for the model's check.)
+    lmcache = {"kv_connector": "LMCacheConnectorV1"}
+    assert parse_kv_transfer_config(json.dumps(lmcache), 16, 131072) == {
+        NO_HMA: "LMCacheConnectorV1"
+    }
 
 
 def test_a_misspelt_key_of_the_config_is_refused() -> None:
@@ -268,3 +274,32 @@ def test_an_fs_tier_whose_disk_cannot_be_read_is_one_line(monkeypatch: pytest.Mo
                      secondary_tiers=[{"type": "fs", "root_dir": "/kv"}])  # fmt: skip
     with pytest.raises(ConfigError, match="root_dir='/kv': its file system's free space"):
         parse_kv_transfer_config(raw, 16, 131072)
+
+
+@pytest.mark.parametrize(
+    "connector",
+    [{"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"},
+     {"kv_connector": "MultiConnector", "kv_role": "kv_both", "kv_connector_extra_config": {
+         "connectors": [{"kv_connector": "OffloadingConnector",
+                         "kv_connector_extra_config": {"cpu_bytes_to_use": 1 << 30}},
+                        {"kv_connector": "LMCacheMPConnector"}]}}],
+)  # fmt: skip
+def test_a_connector_without_hma_turns_the_hybrid_manager_off(connector: dict[str, object]) -> None:
+    # vLLM 0.34 turns the hybrid KV cache manager off for a connector that does not support
+    # it (a MultiConnector: unless all its children do): a sliding-window model keeps every
+    # layer's KV, a model with Mamba layers does not start.
+    flags = ["--model-shape", "gpt-oss-20b", "--timing-model", "polynomial",
+             "--num-gpu-blocks-override", "4096", "--max-model-len", "4096",
+             "--kv-transfer-config", json.dumps(connector)]  # fmt: skip
+    values, _ = resolve(parse_flags(flags), ALL, environ={})
+    config = engine_config_from(values)
+    assert config.disable_hybrid_kv_cache_manager and not config.is_hybrid
+    flags[1] = "qwen3-next-80b-a3b"
+    values, _ = resolve(parse_flags(flags), ALL, environ={})
+    with pytest.raises(ConfigError, match="a model with Mamba layers needs"):
+        engine_config_from(values)
+    offloading = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                  "kv_connector_extra_config": {"cpu_bytes_to_use": 1 << 30}}  # fmt: skip
+    flags[1], flags[-1] = "gpt-oss-20b", json.dumps(offloading)
+    values, _ = resolve(parse_flags(flags), ALL, environ={})
+    assert engine_config_from(values).is_hybrid  # (OffloadingConnector supports it)
