@@ -39,9 +39,10 @@ CONNECTORS = ("DecodeBenchConnector", "ExampleConnector", "ExampleHiddenStatesCo
               "NixlPushConnector", "OffloadingConnector", "SimpleCPUOffloadConnector",
               "UMBPStoreConnector")  # fmt: skip
 # Those that do not support the hybrid KV cache manager (no SupportsHMA): vLLM turns it off
-# for them, and a model with Mamba layers then fails to start.
+# for them, and a model with Mamba layers then fails to start. (LMCacheMPConnector is
+# LMCache's own class when LMCache is installed, which supports it.)
 NO_HMA_CONNECTORS = ("ExampleConnector", "FlexKVConnectorV1", "HF3FSKVConnector",
-                     "LMCacheConnectorV1", "LMCacheMPConnector")  # fmt: skip
+                     "LMCacheConnectorV1")  # fmt: skip
 # The OffloadSettings key that names such a connector (popped before the engine config).
 NO_HMA = "_no_hma_connector"
 _NIXL = ("NixlConnector", "NixlPullConnector", "NixlPushConnector")

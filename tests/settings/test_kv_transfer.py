@@ -282,7 +282,7 @@ def test_an_fs_tier_whose_disk_cannot_be_read_is_one_line(monkeypatch: pytest.Mo
      {"kv_connector": "MultiConnector", "kv_role": "kv_both", "kv_connector_extra_config": {
          "connectors": [{"kv_connector": "OffloadingConnector",
                          "kv_connector_extra_config": {"cpu_bytes_to_use": 1 << 30}},
-                        {"kv_connector": "LMCacheMPConnector"}]}}],
+                        {"kv_connector": "LMCacheConnectorV1"}]}}],
 )  # fmt: skip
 def test_a_connector_without_hma_turns_the_hybrid_manager_off(connector: dict[str, object]) -> None:
     # vLLM 0.34 turns the hybrid KV cache manager off for a connector that does not support
