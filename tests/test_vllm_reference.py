@@ -150,3 +150,19 @@ def test_the_connectors_are_the_ones_vllm_034_registers() -> None:
 
     assert sorted(CONNECTORS) == sorted(REFERENCE["kv_connectors"])
     assert set(NO_HMA_CONNECTORS) <= set(CONNECTORS)
+
+
+def test_every_offload_key_vllm_034_reads_is_accepted() -> None:
+    # An OffloadingConnector / TieringOffloadingSpec config copied from vLLM 0.34 starts: every
+    # extra-config key its source reads, and every key its fs and obj tiers and their factory
+    # read, is one mocker takes (or accepts without a use).
+    from mocker.settings import kv_transfer as kt
+
+    offload = REFERENCE["offload_config"]
+    accepted = kt._EXTRA_KEYS | kt._EXTRA_IGNORED
+    assert set(offload["extra_config_keys"]) <= accepted
+    tier = kt._TIER_KEYS | kt._TIER_IGNORED
+    read = set(offload["tier_keys_read_by_factory_and_spec"]) - {"backpressure_cls", "policy_cls"}
+    for kind in ("fs", "obj"):
+        read |= set(offload["tier_types"][kind]["keys"])
+    assert read <= tier, read - tier
