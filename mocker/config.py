@@ -379,7 +379,7 @@ class EngineConfig:
     # P/D (vLLM's NixlConnector): the role, this engine's id in kv_transfer_params, the
     # decode side's pull link (GB/s = 10^9 bytes/s, processor-shared by its pulls; latency
     # per pull), how long a pull may take before the request recomputes, and how long a
-    # prefill engine holds KV nobody pulls (vLLM 0.33's kv_lease_duration, 30 s). All
+    # prefill engine holds KV nobody pulls (vLLM 0.34's kv_lease_duration, 30 s). All
     # simulated: divided by the speedup ratio.
     kv_role: KVRole = KVRole.NONE
     kv_engine_id: str = ""

@@ -566,7 +566,7 @@ class MetricsCollector(Collector):
 
     def _lora_info(self, snapshots: list[EngineSnapshot]) -> GaugeMetricFamily:
         """vLLM's LoRA gauge: no model_name or engine label; its value the time the label
-        set was last current. As vLLM 0.33 builds them, both adapter labels list every
+        set was last current. As vLLM 0.34 builds them, both adapter labels list every
         adapter with a waiting or running request (comma-joined, oldest first)."""
         names = ",".join(dict.fromkeys(a for s in snapshots for a in s.lora_adapters))
         key = (str(self.engines[0].config.max_loras), names, names)
