@@ -126,23 +126,7 @@ def handoff_params(
     registration generation), plus `remote_prefill_cached_tokens` (its scheduler adds the
     prefill's prefix hits). `remote_request_id` is the hold's id (unique, as vLLM's
     internal request ids are)."""
-    if config.kv_transfer_mode == "push":
-        return {
-            "do_remote_prefill": True,
-            "do_remote_decode": False,
-            "remote_block_ids": [block_ids(request.blocks)],
-            "remote_engine_id": config.kv_engine_id,
-            "remote_request_id": hold_id,
-            "remote_host": host,
-            "remote_port": port,
-            "tp_size": 1,
-            "dcp_size": 1,
-            "pp_size": 1,
-            "remote_num_tokens": request.num_computed_tokens,
-            "transfer_mode": "push",
-            "remote_prefill_cached_tokens": max(request.num_cached_tokens, 0),
-        }
-    return {
+    params: dict[str, Any] = {
         "do_remote_prefill": True,
         "do_remote_decode": False,
         "remote_block_ids": [block_ids(request.blocks)],
@@ -154,8 +138,10 @@ def handoff_params(
         "dcp_size": 1,
         "pp_size": 1,
         "remote_num_tokens": request.num_computed_tokens,
-        "remote_blocks_expiry_time": None,
-        "remote_registration_generation": 0,
-        "transfer_mode": "pull",
-        "remote_prefill_cached_tokens": max(request.num_cached_tokens, 0),
     }
+    if config.kv_transfer_mode == "pull":
+        params["remote_blocks_expiry_time"] = None
+        params["remote_registration_generation"] = 0
+    params["transfer_mode"] = config.kv_transfer_mode
+    params["remote_prefill_cached_tokens"] = max(request.num_cached_tokens, 0)
+    return params

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import re
+from typing import Any
 
 import pytest
 
 from tests.support.servers import AppClient, make_app
-
-LONG = {"prompt": [1, 2, 3], "max_tokens": 400, "ignore_eos": True}
 
 
 def _sleep_state(metrics: str) -> dict[str, float]:
@@ -22,6 +21,15 @@ async def _wait_for(predicate: object, what: str) -> None:
     async with asyncio.timeout(10):
         while not predicate():  # type: ignore[operator]
             await asyncio.sleep(0.005)
+
+
+async def _in_flight(c: AppClient, max_tokens: int) -> asyncio.Future[Any]:
+    """A completion running in the engine (its response's future)."""
+    body = {"prompt": [1, 2, 3], "max_tokens": max_tokens, "ignore_eos": True}
+    running = asyncio.ensure_future(c.http.post("/v1/completions", json=body))
+    engine = c.state.engines[0]
+    await _wait_for(lambda: engine.num_running == 1, "running")
+    return running
 
 
 async def test_the_routes_need_dev_mode(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -39,8 +47,7 @@ async def test_sleep_aborts_drops_the_cache_and_holds_new_requests(
     # A tenth of real time: the first request runs for ~25 s, certainly in flight at /sleep.
     async with AppClient(make_app(speedup_ratio=0.1)) as c:
         engine = c.state.engines[0]
-        running = asyncio.ensure_future(c.http.post("/v1/completions", json=LONG))
-        await _wait_for(lambda: engine.num_running == 1, "running")
+        running = await _in_flight(c, 400)
         r = await c.http.post("/sleep", params={"level": 1})
         assert r.status_code == 200 and r.json() == {"status": "sleeping", "level": 1}
         done = await running  # mode "abort": it ends as an aborted request does
@@ -73,9 +80,7 @@ async def test_keep_freezes_what_is_in_flight_until_woken(monkeypatch: pytest.Mo
     monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
     async with AppClient(make_app(speedup_ratio=0.1)) as c:
         engine = c.state.engines[0]
-        body = {"prompt": [1, 2, 3], "max_tokens": 20, "ignore_eos": True}
-        running = asyncio.ensure_future(c.http.post("/v1/completions", json=body))
-        await _wait_for(lambda: engine.num_running == 1, "running")
+        running = await _in_flight(c, 20)
         r = await c.http.post("/sleep", params={"level": 0, "mode": "keep"})
         assert r.status_code == 200
         computed = engine.core.requests[next(iter(engine.core.requests))].num_computed_tokens
@@ -104,9 +109,7 @@ async def test_wait_lets_what_is_in_flight_finish_first(monkeypatch: pytest.Monk
     monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
     async with AppClient(make_app(speedup_ratio=0.1)) as c:
         engine = c.state.engines[0]
-        body = {"prompt": [1, 2, 3], "max_tokens": 20, "ignore_eos": True}
-        running = asyncio.ensure_future(c.http.post("/v1/completions", json=body))
-        await _wait_for(lambda: engine.num_running == 1, "running")
+        running = await _in_flight(c, 20)
         r = await c.http.post("/sleep", params={"level": 0, "mode": "wait"})
         assert r.status_code == 200 and not engine.core.has_unfinished_requests()
         done = await running

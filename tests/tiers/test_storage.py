@@ -439,7 +439,7 @@ def test_cpu_tier_shares_pinned_by_loads_and_stores() -> None:
     writes = []
     for _ in driver.steps([request("a", 0, 0.0)]):
         writes.append(core.snapshot().cpu_write_usage)
-    assert 1.0 in writes and writes[-1] == 0.0
+    assert writes[-1] == 0.0 and max(writes) == 1.0  # (all 16 slots, while landing)
     core.reset_prefix_cache(driver.clock.now())
     core.add_request(request("a2", 0, 10.0))
     core.step(10.0)  # the CPU hit's load starts
