@@ -233,8 +233,9 @@ def replay_once(cfg: Config, requests: list[EngineRequest]) -> dict[str, Any]:
         t0 = time.perf_counter_ns()
         for result in VirtualDriver(core).steps(requests, run=run):
             for record in result.transfers:
-                moved[record.kind][0] += 1
-                moved[record.kind][1] += record.nbytes
+                if record.ok:  # (a failed promotion moved nothing)
+                    moved[record.kind][0] += 1
+                    moved[record.kind][1] += record.nbytes
             stats_hits[0] += result.stats.prefix_queries
             stats_hits[1] += result.stats.prefix_hits
             stats_hits[2] += result.stats.external_prefix_hits

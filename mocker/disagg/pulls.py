@@ -144,9 +144,9 @@ class RemotePulls:
         self._pulls[request.request_id] = pull
         if remote.transfer_mode != self.mode:
             # A push (WRITE) and a pull (READ) connector never complete a handshake (vLLM
-            # hashes the mode into its compatibility check): the transfer fails at once.
+            # hashes the mode into its compatibility check): the transfer fails at once, and
+            # no word reaches the prefill engine, whose hold lasts until its lease ends.
             pull.end, pull.state = now, PullState.FAILED
-            self.peers.release(remote)
             self._answered.append(pull)
             heapq.heappush(self._deadlines, (now, self._order, pull))  # (due at once)
             self._order += 1

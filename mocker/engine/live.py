@@ -247,11 +247,14 @@ class LiveEngine:
             raise EngineDeadError(f"engine is dead: {self.dead_error}")
         if mode == "abort":
             self.abort_all()
-        self.sleep.fall_asleep(level, mode)
+        sleep = self.sleep
+        sleep.fall_asleep(level, mode)
         self._wake.set()
         while mode == "wait" and self.core.has_unfinished_requests() and not self.is_dead:
+            if sleep.frozen or not sleep.paused:
+                break  # a "keep" sleep or a wake came meanwhile: nothing more to wait for
             await asyncio.sleep(0.01)  # (the loop runs the in-flight requests out)
-        if level >= 1:
+        if level >= 1 and sleep.sleeping:
             await self.reset_prefix_cache()
 
     def wake_up(self, tags: list[str] | None = None) -> bool:
@@ -282,9 +285,23 @@ class LiveEngine:
         still wants the KV that `remote` names."""
         return remote in self._wanted_remotes()
 
+    def _drop_asleep(self, request_id: str) -> bool:
+        """A request held while the engine sleeps ended before it ran: it goes, and its
+        prefill engine hears it is not wanted. Whether it was held."""
+        for message in self._asleep:
+            if isinstance(message, AddRequest) and message.spec.request_id == request_id:
+                self._asleep.remove(message)
+                self._inbox_requests -= 1
+                self._inbox_tokens -= len(message.spec.prompt_token_ids)
+                if message.spec.remote_prefill is not None:
+                    self.release_remote(message.spec.remote_prefill)
+                return True
+        return False
+
     def _wanted_remotes(self) -> list[RemotePrefill]:
-        """The prefill KV this engine's requests want: in the core, or still in the inbox."""
-        specs = (m.spec for m in self._inbox if isinstance(m, AddRequest))
+        """The prefill KV this engine's requests want: in the core, or still in the inbox
+        (or held there while the engine sleeps)."""
+        specs = (m.spec for m in (*self._inbox, *self._asleep) if isinstance(m, AddRequest))
         wanted = [r.remote_prefill for r in self.core.requests.values()]
         wanted += [spec.remote_prefill for spec in specs]
         return [remote for remote in wanted if remote is not None]
@@ -345,6 +362,10 @@ class LiveEngine:
                     self.core.add_request(spec, checked=True)  # checked at the door
                     arrival = spec.arrival_time
                     latest = arrival if latest is None else max(latest, arrival)
+                case FinishEarly(request_id, status) if self._asleep and self._drop_asleep(
+                    request_id
+                ):
+                    self._streams.pop(request_id, None)  # (held while asleep: it never ran)
                 case FinishEarly(request_id, status):
                     stats = self.core.finish_request(request_id, self.clock.now(), status)
                     self._streams.pop(request_id, None)

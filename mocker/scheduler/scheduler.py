@@ -576,6 +576,7 @@ class Scheduler:
         a request whose KV loaded still waits to resume: it comes first (vLLM stops at the
         first waiting request it cannot allocate), and a fresh admission would take the
         blocks it waits for, among them those `_unblock` just freed for it."""
+        self.num_deferred = 0
         if self.ready:
             loras = self._batch_loras()
             if any(not self._over_max_loras(loras, r.lora_name) for r in self.ready):

@@ -118,8 +118,9 @@ def test_push_mode_pairs_transfer_as_pull_mode_ones_do() -> None:
 def test_a_push_prefill_and_a_pull_decode_never_transfer() -> None:
     # Push (WRITE) and pull (READ) connectors never complete vLLM's handshake (the mode is
     # in its compatibility hash): the transfer fails at once, the decode engine recomputes
-    # (kv_load_failure_policy "recompute") and the prefill engine's hold is released.
-    prefill, _ = _pair(kv_transfer_mode="push")
+    # (kv_load_failure_policy "recompute"), and no word reaches the prefill engine, which
+    # holds the KV until its lease ends (then counted expired).
+    prefill, _ = _pair(kv_transfer_mode="push", hold_timeout=1.0)
     decode = EngineCore(_pair()[1].config, peers=LocalPeers({"P": prefill}))  # pull mode
     end, params = _prefill(prefill)
     decode.add_request(_decode_request(params))
@@ -129,7 +130,10 @@ def test_a_push_prefill_and_a_pull_decode_never_transfer() -> None:
     (record,) = result.pulls
     assert not record.ok and decode.pulls.num_failed == 1  # type: ignore[union-attr]
     assert result.stats.num_scheduled_tokens == 100  # the whole prompt, computed locally
+    assert prefill.holds and prefill.pool.num_used == 7
+    prefill.advance_transfers(end + 1.0)
     assert not prefill.holds and prefill.pool.num_used == 0
+    assert prefill.holds is not None and prefill.holds.num_expired == 1
 
 
 def test_a_local_prefix_hit_is_not_pulled_again() -> None:
