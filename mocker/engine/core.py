@@ -378,17 +378,24 @@ class EngineCore:
         pulled = self._poll_pd(now)
         return StepResult(now, now, [], self._stats(), [], self._take_events(), records, pulled)
 
-    def reset_prefix_cache(self, now: float) -> tuple[int, StepResult]:
-        """Clear the device prefix cache of blocks nobody references (POST
-        /reset_prefix_cache); returns the number cleared and an idle result carrying the
-        events: AllBlocksCleared, then BlockStored for what every tier still holds."""
+    def reset_prefix_cache(
+        self, now: float, *, whole: bool = False, reset_running: bool = False
+    ) -> tuple[int | None, StepResult]:
+        """Clear the device prefix cache of blocks nobody references; returns the number
+        cleared and an idle result carrying the events: AllBlocksCleared, then BlockStored for
+        what every tier still holds. `whole`: vLLM 0.34's reset, refused (None) while any
+        block is referenced; `reset_running` preempts the running requests first (they
+        recompute)."""
         self.time = max(self.time, now)
+        preempted = self.scheduler.preempt_running() if reset_running else None
+        if whole and self.pool.num_used:
+            return None, StepResult(now, now, [], self._stats(preempted), [], [], [])
         pending = self._take_events()  # recorded before the reset: they go out first
         cleared = self.pool.reset_prefix_cache()
         if self.connector is not None:
             self.connector.announce()
         events = pending + self._take_events()
-        return cleared, StepResult(now, now, [], self._stats(), [], events, [])
+        return cleared, StepResult(now, now, [], self._stats(preempted), [], events, [])
 
     def _poll_pd(self, now: float) -> list[PullRecord]:
         """Pulls that ended (KV landed, or failed: recompute) and holds that expired."""

@@ -121,9 +121,14 @@ class EngineGroup:
     def is_sleeping(self) -> bool:
         return any(e.sleep.sleeping for e in self.engines)
 
-    async def reset_prefix_cache(self) -> int:
-        """Clear every rank's prefix cache; the number of blocks cleared in all."""
+    async def reset_prefix_cache(
+        self, *, whole: bool = False, reset_running: bool = False
+    ) -> tuple[bool, int]:
+        """Clear every rank's prefix cache: whether every rank's reset succeeded (a `whole`
+        one is refused while blocks are referenced), and the blocks cleared in all."""
         if self.is_dead:
             raise EngineDeadError(f"engine is dead: {self.dead_error}")
-        cleared = await asyncio.gather(*(e.reset_prefix_cache() for e in self.engines))
-        return sum(cleared)
+        cleared = await asyncio.gather(
+            *(e.reset_prefix_cache(whole=whole, reset_running=reset_running) for e in self.engines)
+        )
+        return all(n is not None for n in cleared), sum(n or 0 for n in cleared)

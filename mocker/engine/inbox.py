@@ -42,9 +42,12 @@ class TransfersDue:
 
 @dataclass(frozen=True, slots=True)
 class ResetPrefixCache:
-    """Clear the device prefix cache; `done` gets the number of blocks cleared."""
+    """Clear the device prefix cache; `done` gets the number of blocks cleared (None: a
+    `whole` reset refused, some block being referenced). See EngineCore.reset_prefix_cache."""
 
-    done: asyncio.Future[int]
+    done: asyncio.Future[int | None]
+    whole: bool = False
+    reset_running: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -230,13 +230,16 @@ class LiveEngine:
         stream.put(RequestOutput(request_id, [], self.clock.now(), True, reason))
         self._post(FinishEarly(request_id, status))
 
-    async def reset_prefix_cache(self) -> int:
+    async def reset_prefix_cache(
+        self, *, whole: bool = False, reset_running: bool = False
+    ) -> int | None:
         """Clear the device prefix cache of unreferenced blocks, between two passes (so its
-        events follow the last pass's); returns the number of blocks cleared."""
+        events follow the last pass's); returns the number of blocks cleared (None: a
+        `whole` reset refused: EngineCore.reset_prefix_cache)."""
         if self.dead_error is not None:
             raise EngineDeadError(f"engine is dead: {self.dead_error}")
-        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._post(ResetPrefixCache(done))
+        done: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        self._post(ResetPrefixCache(done, whole, reset_running))
         return await done
 
     async def fall_asleep(self, level: int, mode: str) -> None:
@@ -254,8 +257,8 @@ class LiveEngine:
             if sleep.frozen or not sleep.paused:
                 break  # a "keep" sleep or a wake came meanwhile: nothing more to wait for
             await asyncio.sleep(0.01)  # (the loop runs the in-flight requests out)
-        if level >= 1 and sleep.sleeping:
-            await self.reset_prefix_cache()
+        if level >= 1 and sleep.sleeping:  # (what was kept recomputes after the wake)
+            await self.reset_prefix_cache(reset_running=True)
 
     def wake_up(self, tags: list[str] | None = None) -> bool:
         """vLLM's wake_up; once fully awake the requests that waited are taken in."""
@@ -373,8 +376,8 @@ class LiveEngine:
                         self.on_finish(stats)
                 case TransfersDue():
                     transfers_due = True
-                case ResetPrefixCache(done):
-                    self._reset_prefix_cache(done)
+                case ResetPrefixCache(done, whole, reset_running):
+                    self._reset_prefix_cache(done, whole, reset_running)
                 case PreloadLora(name):
                     if self.core.lora is not None:
                         self.core.lora.preload([name])
@@ -391,10 +394,13 @@ class LiveEngine:
                         transfers_due = True  # applied at once, pass or no pass
         return latest, transfers_due
 
-    def _reset_prefix_cache(self, done: asyncio.Future[int]) -> None:
+    def _reset_prefix_cache(
+        self, done: asyncio.Future[int | None], whole: bool, reset_running: bool
+    ) -> None:
         core = self.core
         try:
-            cleared, result = core.reset_prefix_cache(max(self.clock.now(), core.time))
+            now = max(self.clock.now(), core.time)
+            cleared, result = core.reset_prefix_cache(now, whole=whole, reset_running=reset_running)
             self._observe(result)
         except BaseException as exc:
             # The loop dies of this; the caller must not wait for an answer that never comes.

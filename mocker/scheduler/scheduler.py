@@ -480,6 +480,14 @@ class Scheduler:
         self.waiting.push_front(request)
         out.preempted.append(request)
 
+    def preempt_running(self) -> SchedulerOutput:
+        """vLLM's reset_running_requests: every running request preempted (recomputed when
+        it runs again), the last first, so that they wait in their order."""
+        out = SchedulerOutput()
+        while self.running:
+            self._preempt(self.running[-1], out)
+        return out
+
     def _admit(self, request: Request, num_new: int, out: SchedulerOutput) -> None:
         request.status = RequestStatus.RUNNING
         self.running.append(request)

@@ -110,8 +110,30 @@ async def test_reset_prefix_cache_clears_every_rank() -> None:
             pass
     cached = [len(list(e.core.pool.cached_hashes())) for e in g]
     assert all(cached)
-    assert await g.reset_prefix_cache() == sum(cached)
+    assert await g.reset_prefix_cache() == (True, sum(cached))
     assert [len(list(e.core.pool.cached_hashes())) for e in g] == [0, 0]
+    await g.stop()
+
+
+async def test_a_whole_reset_is_refused_while_blocks_are_referenced() -> None:
+    # vLLM 0.34's reset: all or nothing, refused while a request holds blocks; with
+    # reset_running_requests its running requests are preempted first (they recompute).
+    g = group(1, block_size=4, speedup_ratio=0.1)
+    g.start()
+    (engine,) = g
+    async for _ in engine.generate(req("cached", [5] * 12, max_tokens=1)):
+        pass
+    stream = engine.add_request(req("running", [9] * 12, max_tokens=200))
+    while not engine.core.scheduler.running:
+        await asyncio.sleep(0.005)
+    held = len(engine.core.pool.cached_hashes())
+    assert await g.reset_prefix_cache(whole=True) == (False, 0)
+    assert len(engine.core.pool.cached_hashes()) == held
+    ok, cleared = await g.reset_prefix_cache(whole=True, reset_running=True)
+    assert ok and cleared == held  # (the preempted request recomputes at once after)
+    request = engine.core.requests["running"]
+    assert request.num_preemptions == 1
+    engine.abort("running", stream)
     await g.stop()
 
 

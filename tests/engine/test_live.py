@@ -388,7 +388,7 @@ async def test_reset_under_load_is_applied_between_passes_and_stays_true() -> No
 async def test_a_failing_reset_fails_its_caller_instead_of_hanging() -> None:
     engine = LiveEngine(small_config(speedup_ratio=100.0))
 
-    def broken(now: float) -> tuple[int, StepResult]:
+    def broken(now: float, **_: bool) -> tuple[int, StepResult]:
         raise RuntimeError("simulated reset bug")
 
     engine.core.reset_prefix_cache = broken  # type: ignore[method-assign]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Query
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
@@ -56,14 +58,26 @@ async def event_sources(state: State) -> Response:
     return json_response(kv_event_sources(state))
 
 
-async def reset_cache(state: ServerState) -> int:
-    """Drop every device block nobody references, on every rank; returns how many."""
+async def reset_cache(
+    state: ServerState, *, whole: bool = False, reset_running: bool = False
+) -> tuple[bool, int]:
+    """Drop every device block nobody references, on every rank (`whole`: all or nothing,
+    as vLLM 0.34); whether every rank's reset succeeded, and how many blocks went."""
     try:
-        return await state.engines.reset_prefix_cache()
+        return await state.engines.reset_prefix_cache(whole=whole, reset_running=reset_running)
     except EngineDeadError as exc:
         raise OpenAIError(503, f"The engine is not running: {exc}") from None
 
 
 @router.post("/reset_prefix_cache")
-async def reset_prefix_cache(state: State) -> Response:
-    return json_response({"cleared_blocks": await reset_cache(state)})
+async def reset_prefix_cache(
+    state: State,
+    reset_running_requests: Annotated[bool, Query()] = False,
+    reset_external: Annotated[bool, Query()] = False,
+) -> Response:
+    """vLLM 0.34's: the device prefix cache cleared only when no block is referenced (else
+    `success` false, nothing cleared), after preempting the running requests with
+    `reset_running_requests`; `cleared_blocks` is mocker's. (`reset_external`, vLLM's
+    connector reset, is accepted: the tiers keep what they hold.)"""
+    ok, cleared = await reset_cache(state, whole=True, reset_running=reset_running_requests)
+    return json_response({"success": ok, "cleared_blocks": cleared})
