@@ -56,13 +56,17 @@ class Dialect:
 CURRENT = Dialect()  # vLLM 0.34's
 
 
+def _group(event: BlockStored | BlockRemoved, dialect: Dialect) -> int | None:
+    """The event's group as written: a dense model's is 0 from vLLM 0.34 (None before)."""
+    group = event.group_idx
+    return 0 if group is None and dialect.dense_group else group
+
+
 def _stored(
     event: BlockStored, dialect: Dialect
 ) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]]:
     """(every event's fields, the optional tail) of the wire events one BlockStored makes."""
-    group = event.group_idx
-    if group is None and dialect.dense_group:
-        group = 0
+    group = _group(event, dialect)
     if event.medium != _GPU and dialect.placeholders:
         for block_hash in event.block_hashes:  # one a chunk (an offload key)
             yield ((block_hash,), None, (), 0, None, event.medium, None), (
@@ -81,9 +85,7 @@ def _stored(
 
 
 def _removed_tail(event: BlockRemoved, dialect: Dialect) -> tuple[Any, ...]:
-    group = event.group_idx
-    if group is None and dialect.dense_group:
-        group = 0
+    group = _group(event, dialect)
     return group, event.locality, event.ownership
 
 
@@ -106,9 +108,7 @@ def _as_map(event: KVEvent, dialect: Dialect, out: list[Any]) -> None:
             "block_size": event.block_size, "lora_id": None, "medium": event.medium,
             "lora_name": event.lora_name,
         }  # fmt: skip
-        group = event.group_idx
-        if group is None and dialect.dense_group:
-            group = 0
+        group = _group(event, dialect)
         if group is not None:
             stored["group_idx"] = group
             stored["kv_cache_spec_kind"] = event.kv_cache_spec_kind or "full_attention"
@@ -125,9 +125,7 @@ def _as_map(event: KVEvent, dialect: Dialect, out: list[Any]) -> None:
         removed: dict[str, Any] = {
             "type": "BlockRemoved", "block_hashes": event.block_hashes, "medium": event.medium,
         }  # fmt: skip
-        group = event.group_idx
-        if group is None and dialect.dense_group:
-            group = 0
+        group = _group(event, dialect)
         if group is not None:
             removed["group_idx"] = group
         if event.locality is not None:
