@@ -6,8 +6,9 @@ BIN := $(VENV)/bin
 # targets that run tests or benchmarks) adds the test extras (ruff, pytest, httpx, openai...).
 RUN_STAMP := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
+DOCS_STAMP := $(VENV)/.installed-docs
 
-.PHONY: run test test-busy lint bench clean check-deploy
+.PHONY: run test test-busy lint bench clean check-deploy docs
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mocker needs Python >= 3.11 (set PYTHON=...)")'
@@ -49,6 +50,15 @@ test: $(TEST_STAMP)
 test-busy:
 	bash tools/test-busy.sh
 
+# The documentation site (docs/, mkdocs.yml): a broken link or anchor fails the build.
+$(DOCS_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["docs"])' \
+		| xargs $(BIN)/python -m pip install --quiet
+	touch $@
+
+docs: $(DOCS_STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
+
 # Deploy artifacts: hadolint, compose config, helm lint + kubernetes-validate, and a
 # buildah/podman smoke test of the image (skipped loudly without root+apt). See deploy/check.sh.
 check-deploy: $(TEST_STAMP)
@@ -66,4 +76,4 @@ bench: $(TEST_STAMP)
 	$(BIN)/python bench/metrics_scrape.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build site *.egg-info .pytest_cache .ruff_cache .hypothesis

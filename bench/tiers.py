@@ -104,7 +104,7 @@ GIB = 2**30
 CPU_BYTES = 32 * GIB  # per engine: 16,384 blocks of 2 MiB, as many as the device pool
 # One obj tier for all eight engines, as a storage cluster: 25 GB/s each way, 2 ms a copy.
 # (At the mock's default obj figures, 2 / 1 GB/s, the cascades of eight engines' prompts
-# saturate the shared write link: see the README.)
+# saturate the shared write link: docs/offload.md.)
 OBJ = {"type": "obj", "capacity_bytes": 1024 * GIB, "read_gbps": 25, "write_gbps": 25,
        "latency_ms": 2}  # fmt: skip
 _CHILD = """

@@ -152,7 +152,7 @@ class ModelShape:
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> ModelShape:
-        """A custom shape from JSON/YAML (see the README's "Hybrid models"): ModelShape's
+        """A custom shape from JSON/YAML (docs/hybrid.md): ModelShape's
         fields, and instead of mamba_state_bytes either `mamba2` (intermediate, n_groups,
         d_state, d_conv, n_heads, head_dim[, conv_bytes, ssm_bytes]) or `gated_delta_net`
         (num_k_heads, num_v_heads, head_k_dim, head_v_dim, conv_kernel[, dtype_bytes]),

@@ -69,7 +69,7 @@ HEADER_PARAMETERS: dict[str, Any] = {
             "x-data-parallel-rank",
             "Pins the request to this data-parallel rank (vLLM's header).",
         ),
-        _header("x-mocker-fail", "An injected fault for this request (see the README)."),
+        _header("x-mocker-fail", "An injected fault for this request (docs/fault-injection.md)."),
     ]
 }
 # The routes that read a session (completions, chat, responses, generate), as vLLM 0.34's.

@@ -14,14 +14,11 @@ __all__ = ["MIDDLE_THRESHOLD", "YOUNG_THRESHOLD", "serving_gc"]
 # A young collection walks the objects made since the last one: a few thousand were made
 # moments ago and are still in the CPU's caches, so the walk is cheap. What survives it (the
 # objects of the requests in flight: ~100 a stream) goes to the middle generation, whose
-# collection walks all of it from memory, ~0.4 us an object: 20 ms at 500 streams. Measured
-# in-process (uvicorn's protocol and the app on stand-in transports, 500 streams of 2 and of
-# 200 tokens, one core, a gc.callbacks timer): young collections every 50,000 allocations
-# (each one such walk) cost 36 us of collector a request, and every 700 with the middle
-# generation every 10 cost 97 (the middle and the full collections); every 2,000 with the
-# middle generation every 1,000 cost 9-11 us, and a request's whole CPU time went 193 -> 145
-# us (2 tokens) and 318 -> 288 us (200 tokens). (Instruction counts, which an earlier choice
-# of 50,000 rested on, do not see cache misses.) Streams leave no garbage cycles
+# collection walks all of it from memory, a long stall with hundreds of streams open. Young
+# collections every 2,000 allocations keep their walks in the caches; far rarer ones walk
+# memory like the middle ones, and CPython's 700 with its middle generation every 10 walks
+# the streams' objects too often (timed with a gc.callbacks timer on 500 streams; instruction
+# counts do not see the cache misses). Streams leave no garbage cycles
 # (tests/api/test_responses.py), so the middle collections find little; they still run, for
 # what errors and disconnects leave.
 YOUNG_THRESHOLD = 2_000

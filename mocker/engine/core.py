@@ -57,10 +57,9 @@ _new_output = object.__new__  # (see `_advance`)
 
 T = TypeVar("T")
 
-# A replay's pass draws its tokens as one array from this many sampling requests on. The
-# array costs ~13 us plus ~0.1 us a request (and the pre-pass ~0.15), a token drawn alone
-# ~0.6 us: even at 25-40 requests. Below that a pass draws one at a time. (Measured: -3.8%
-# instructions on one engine, ~90 requests a pass; unchanged on 8 engines' small passes.)
+# A replay's pass draws its tokens as one array from this many sampling requests on: the
+# array has a fixed cost that a token drawn alone does not, and breaks even about here.
+# Below it a pass draws one at a time.
 COLUMN_MIN_REQUESTS = 24
 
 
@@ -638,7 +637,7 @@ class EngineCore:
             tok = column.pop()
         else:
             # A replay: its decode runs draw their own tokens, which would leave most of
-            # a draw ahead unread (+1.9% instructions on 8 engines): this pass's only.
+            # a draw ahead unread, wasted work: this pass's token only.
             tok = sampler.token(request.token_seed, k, not sp.ignore_eos and k >= sp.min_tokens)
         if k < sp.min_tokens and tok in sp.stop_token_ids:
             tok = unmasked(sampler, request, k)

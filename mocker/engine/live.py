@@ -37,10 +37,8 @@ __all__ = ["EngineDeadError", "LiveEngine", "RequestStream"]
 logger = logging.getLogger(__name__)
 
 # With passes merged: a loop that wakes this share of a pass (or more) after the pass ended
-# is behind (timer overshoot is well under it at modelled speed). 500 streams of 200 tokens
-# at speedup 1 on this project's machine, decode ms per token against the model's 9.5-10:
-# 10.20 with a whole pass, 10.12 with a quarter, 10.08 with a twentieth (the chunks 3.0,
-# 3.2, 2.4 tokens; gap p99 136, 61, 55 ms); 14.1 without merging.
+# is behind (timer overshoot is well under it at modelled speed). A smaller share catches a
+# lag sooner but merges more often; `bench/serve_stream.py` measures the pace it keeps.
 BEHIND_SHARE = 0.25
 
 

@@ -16,8 +16,7 @@ DRAW_AHEAD = 256
 DRAW_MIN = 12
 # A request's first window is shorter by its seed modulo this: requests that start together
 # (a load generator's N concurrent streams) then draw their next windows in different passes,
-# instead of all in one (a pass of 2.5 ms instead of 0.35 at 500 streams, every DRAW_AHEAD
-# tokens).
+# instead of all in one pass that would stall every stream once every DRAW_AHEAD tokens.
 DRAW_STAGGER = DRAW_AHEAD // 2
 
 

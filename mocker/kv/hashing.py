@@ -204,8 +204,8 @@ class _FastChain:
                 return
         # `hash_block` inlined (once per full block of every prompt and output): the length
         # of a full block's body is the same for each. tests/kv/test_hashing.py checks the
-        # two agree. Most calls hash one generated block: what runs once per call is plain
-        # reads (it was 3.5 times the block's own hashing, with a call and a cast in it).
+        # two agree. Most calls hash one generated block, so what runs once per call is kept
+        # to plain reads (a call and a cast there would outweigh the block's own hashing).
         extra, first = self._extra, self._first
         seed = self._seed
         # (The digests are BlockHash values: appended as they are, without a NewType call.)

@@ -15,8 +15,8 @@ __all__ = ["Series", "go_float", "header", "histogram_text", "metric_text", "val
 _go_float: Callable[[float], str] = floatToGoString
 
 # A scrape runs on the event loop that also runs the engine's passes: every millisecond it
-# takes delays a pass, and the streams see it as an inter-token gap. generate_latest spends
-# ~15 µs a sample (label-name regexes, a dict and a sort per sample); this spends ~1-2.
+# takes delays a pass, and the streams see it as an inter-token gap. generate_latest runs
+# label-name regexes, a dict and a sort per sample; this writes each sample's known text.
 
 
 def go_float(value: float) -> str:

@@ -106,9 +106,8 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         "model_shape",
         "model dimensions that size KV blocks, instead of --model's: a preset ("
         + ", ".join(MODEL_PRESETS)
-        + "), or a custom shape as a JSON object or a .json/.yaml file (see the README's "
-        "Hybrid models); default: --model's config (llama-3-8b under --timing-model "
-        "polynomial) (mocker)",
+        + "), or a custom shape as a JSON object or a .json/.yaml file (docs/hybrid.md); "
+        "default: --model's config (llama-3-8b under --timing-model polynomial) (mocker)",
         None,
         "json",
         metavar="NAME|JSON|FILE",
@@ -259,7 +258,8 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         "kv_transfer_config",
         "vLLM's KV connector config as JSON; OffloadingConnector builds the CPU tier "
         "(cpu_bytes_to_use) and its secondary_tiers (fs, obj); NixlConnector with kv_role "
-        "kv_producer / kv_consumer / kv_both makes a P/D prefill or decode engine; see the README",
+        "kv_producer / kv_consumer / kv_both makes a P/D prefill or decode engine; see "
+        "docs/offload.md and docs/disaggregation.md",
         None,
         "str",
         metavar="JSON",

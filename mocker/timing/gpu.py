@@ -14,8 +14,8 @@ __all__ = ["GpuDataUnavailable", "GpuTiming", "aic_config"]
 # Memoised answers: a pass's mean context lengths are rounded to 1/32 of themselves and
 # timed at the middle of their step; its prefill tokens are exact up to 2047, then within
 # 1/1024, timed at the step's start (the data's GEMM times jump at powers of two, which a
-# rounded count must not straddle). A replay's passes then share a few thousand answers
-# (an estimate costs 10 us to 1 ms, a lookup well under one).
+# rounded count must not straddle). A replay's passes then share a few thousand answers,
+# and a lookup is far cheaper than the library's estimate.
 CONTEXT_BITS = 5
 TOKEN_BITS = 10
 

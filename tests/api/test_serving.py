@@ -228,7 +228,7 @@ async def test_unknown_fields_are_accepted(client: AppClient) -> None:
 
 async def test_generated_text_round_trips_through_a_client_tokenizer(client: AppClient) -> None:
     # Generated tokens are whole words that encode back to themselves one by one, so a
-    # client re-tokenizing the text counts exactly what the server reports (the README's
+    # client re-tokenizing the text counts exactly what the server reports (docs/serving.md's
     # promise): every one of 200 completions of 1-120 tokens.
     tok = tokenizer()
     for i in range(200):
