@@ -14,9 +14,10 @@ import pytest
 
 from mocker.engine.stats import EngineSnapshot
 from mocker.kvevents import wire
+from mocker.metrics.families import FAMILIES, NIXL_FAMILIES, Family
 from mocker.metrics.histogram import Histogram
-from mocker.metrics.prometheus import CACHE_HIT_SOURCES, FAMILIES, NIXL_FAMILIES, Family
 from mocker.metrics.recorder import StatsRecorder
+from mocker.metrics.sources import CACHE_HIT_SOURCES
 from tests.support.engines import make_core
 from tests.support.kv_consumer import wire_types
 
@@ -112,7 +113,8 @@ def test_the_families_outside_the_table_are_vllm_034s() -> None:
     # The API server's admission rejections and the tiering promotion latency: type, help,
     # labels and buckets as vLLM 0.34 declares them.
     from mocker.config import StorageTierSpec
-    from mocker.metrics.prometheus import MetricsCollector, admission_counts
+    from mocker.metrics.prometheus import MetricsCollector
+    from mocker.metrics.sources import admission_counts
 
     fs = StorageTierSpec("fs", 64, read_gbps=8.0, write_gbps=4.0)  # type: ignore[arg-type]
     config = make_core(num_cpu_blocks=16, offload_policy="write-through",

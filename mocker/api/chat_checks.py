@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mocker.api.chat_bodies import ChatCompletionRequest
 from mocker.api.errors import OpenAIError
-from mocker.api.protocol import ChatCompletionRequest
 
 __all__ = ["check_chat", "check_response_format"]
 

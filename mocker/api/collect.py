@@ -11,13 +11,13 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
+from mocker.api.chat_bodies import ResponsesRequest
 from mocker.api.choice import Choice, cancel_all, totals
 from mocker.api.chunks import usage_dict
 from mocker.api.errors import error_response
 from mocker.api.faults import FaultInjector
 from mocker.api.lifecycle import OpenResponse
 from mocker.api.logprobs import merged
-from mocker.api.protocol import ResponsesRequest
 from mocker.api.responses_api import response_object
 from mocker.api.stream import ABORTED
 from mocker.engine.outputs import RequestOutput

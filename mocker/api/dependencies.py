@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 
 from mocker.api.errors import OpenAIError
-from mocker.api.serving import RequestHeaders
+from mocker.api.headers import RequestHeaders
 from mocker.api.state import ServerState
 
 __all__ = [

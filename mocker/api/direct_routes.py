@@ -20,15 +20,16 @@ from pydantic import BaseModel
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope
 
+from mocker.api.asgi_send import StartWatch
 from mocker.api.auth import check_bearer
+from mocker.api.chat_bodies import ChatCompletionRequest
+from mocker.api.completion_bodies import CompletionRequest
 from mocker.api.dependencies import check_accepting
 from mocker.api.errors import OpenAIError, openai_error_response, unexpected_error_response
+from mocker.api.headers import RequestHeaders
 from mocker.api.json_body import loads
 from mocker.api.lifecycle import OpenResponses
 from mocker.api.prepare import Prepared, prepare_chat, prepare_completion
-from mocker.api.protocol import ChatCompletionRequest, CompletionRequest
-from mocker.api.raw_send import StartWatch
-from mocker.api.serving import RequestHeaders
 from mocker.api.state import ServerState
 from mocker.tokenizer import TextTokenizer
 

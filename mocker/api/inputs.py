@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from mocker.api.chat_bodies import ChatCompletionRequest, ChatMessage
 from mocker.api.errors import OpenAIError
-from mocker.api.protocol import ChatCompletionRequest, ChatMessage
 from mocker.settings import ServerSettings
 from mocker.tokenizer import ChatTemplateError, TextTokenizer
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from mocker.api.protocol import (
+from mocker.api.body_fields import (
     INT64_MAX,
     INT64_MIN,
     MARK_CHAT,

@@ -10,10 +10,11 @@ from typing import Any, NamedTuple, TypeVar
 from pydantic import BaseModel
 
 from mocker.api import responses_api
+from mocker.api.chat_bodies import ChatCompletionRequest, ResponsesRequest
+from mocker.api.completion_bodies import CompletionRequest
 from mocker.api.errors import OpenAIError
 from mocker.api.inputs import chat_prompt, completion_prompts
 from mocker.api.lifecycle import OpenResponses
-from mocker.api.protocol import ChatCompletionRequest, CompletionRequest, ResponsesRequest
 from mocker.tokenizer import UNLOCKED_CHARS, TextTokenizer
 
 __all__ = [

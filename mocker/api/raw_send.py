@@ -13,32 +13,15 @@ import contextlib
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
+from mocker.api.asgi_send import RAW_SEND, StartWatch
 from mocker.api.errors import error_response
 
 if TYPE_CHECKING:
     from mocker.api.direct_routes import DirectRoutes
 
-__all__ = ["RAW_SEND", "RawSendApp", "StartWatch"]
-
-RAW_SEND = "mocker.send"
-
-
-class StartWatch:
-    """A request's `send` that notes whether the response has started (one wrapper for the
-    app and the direct routes: each layer costs every message a coroutine)."""
-
-    __slots__ = ("_send", "started")
-
-    def __init__(self, send: Send) -> None:
-        self._send = send
-        self.started = False
-
-    async def __call__(self, message: Message) -> None:
-        if not self.started:
-            self.started = message["type"] == "http.response.start"
-        await self._send(message)
+__all__ = ["RawSendApp"]
 
 
 class RawSendApp(FastAPI):

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mocker.api.protocol import ChatCompletionRequest, CompletionRequest
+from mocker.api.chat_bodies import ChatCompletionRequest
+from mocker.api.completion_bodies import CompletionRequest
 from mocker.request import SamplingParams
 
 __all__ = ["generate_request"]

@@ -7,9 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from mocker.api.protocol import ModelCard
-
-__all__ = ["RESPONSE_MODELS", "STREAMED"]
+__all__ = ["RESPONSE_MODELS", "STREAMED", "ModelCard"]
 
 
 class _Body(BaseModel):
@@ -163,6 +161,16 @@ class TokenizeResponse(_Body):
 
 class DetokenizeResponse(_Body):
     prompt: str
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "vllm"
+    root: str
+    parent: str | None = None
+    max_model_len: int
 
 
 class ModelList(_Body):

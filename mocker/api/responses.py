@@ -13,8 +13,8 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
+from mocker.api.asgi_send import RAW_SEND
 from mocker.api.direct_write import DirectBody, direct_body
-from mocker.api.raw_send import RAW_SEND
 
 __all__ = ["DeferredResponse", "Emitter", "EventStreamResponse", "json_response"]
 

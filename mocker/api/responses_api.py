@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
+from mocker.api.chat_bodies import ResponsesRequest
 from mocker.api.errors import OpenAIError, error_body
-from mocker.api.protocol import ResponsesRequest
 
 __all__ = ["ResponsesStreamWriter", "chat_fields", "named_as_sent", "response_object"]
 

@@ -11,7 +11,7 @@ __all__ = ["check_sampling", "check_token_params"]
 
 
 class _Knobs(Protocol):
-    """The sampling fields of a completion, chat or generate body (mocker.api.protocol)."""
+    """The sampling fields of a completion, chat or generate body (mocker.api.body_fields)."""
 
     presence_penalty: float | None
     frequency_penalty: float | None

@@ -25,7 +25,7 @@ from mocker.kvevents.config import advertised_host
 from mocker.kvevents.publisher import ZmqEventPublisher
 from mocker.kvevents.wire import Dialect
 from mocker.metrics import Exposition, MetricsCollector, StatsRecorder
-from mocker.metrics.prometheus import admission_counts
+from mocker.metrics.sources import admission_counts
 from mocker.settings import ServerSettings
 from mocker.tiers.storage import StorageTier
 from mocker.tokenizer import TextTokenizer

@@ -1026,7 +1026,7 @@ static PyMethodDef module_methods[] = {
 
 /* decodes(running, start, budget, scheduled, allocate) -> (index, budget, decodes)
  *
- * The head of Scheduler._schedule_running (its Python loop is the reference, and goes on
+ * The head of running.py's schedule_running (its Python loop is the reference, and goes on
  * from the index returned): from running[start] on, while the budget lasts, each request
  * that decodes one token (its computed tokens one short of its tokens, past its prompt) and
  * has room for it in its blocks, or gets it from allocate(request, 1), is scheduled for 1

@@ -35,7 +35,8 @@ from mocker.kv.hashing import BlockHash, make_hasher
 from mocker.kv.manager import KVCacheManager
 from mocker.output_tokens import OutputTokenSampler
 from mocker.request import EngineRequest, Request, RequestId, RequestStatus, SamplingParams
-from mocker.scheduler.scheduler import Scheduler, SchedulerOutput
+from mocker.scheduler.output import SchedulerOutput
+from mocker.scheduler.scheduler import Scheduler
 from mocker.tiers.connector import TierConnector
 from mocker.tiers.link import Link
 from mocker.tiers.lru import LruTier
@@ -308,7 +309,7 @@ class EngineCore:
         )  # fmt: skip
         p = connector.primary
         primary = TierSnapshot("primary", connector.cpu.usage, p.block_queries, p.block_hits)
-        reading = sum(len(keys) for _, keys in connector.loading_blocks())
+        reading = sum(len(keys) for _, keys in connector.loads.blocks())
         return {"stores_skipped": connector.stores_skipped, "tiers": tiers,
                 "primary": primary if tiers else None,
                 "cpu_read_usage": reading / capacity,

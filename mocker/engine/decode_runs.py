@@ -12,7 +12,8 @@ from mocker.engine.core import EngineCore
 from mocker.engine.stats import FinishedRequestStats
 from mocker.kv.manager import KVCacheManager
 from mocker.request import Request, RequestStatus, TokenIds
-from mocker.scheduler.scheduler import SchedulerOutput, decodes_next
+from mocker.scheduler.output import SchedulerOutput
+from mocker.scheduler.running import decodes_next
 
 __all__ = ["DecodeRun", "DecodeRuns", "run_decodes"]
 

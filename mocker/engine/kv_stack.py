@@ -120,7 +120,7 @@ def build_kv_stack(
         )
         # Whole chunks of every group, stored write-through (EngineConfig refuses write-back).
         connector.policy = HybridWriteThrough(
-            connector, hybrid, prompt_only=config.offload_prompt_only
+            connector, connector.stores, hybrid, prompt_only=config.offload_prompt_only
         )
         return KVStack(pool, hybrid, cpu, connector)
     if cpu is None:

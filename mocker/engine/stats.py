@@ -16,7 +16,7 @@ from mocker.request import FinishReason
 if TYPE_CHECKING:
     from mocker.engine.outputs import RequestOutput
     from mocker.request import Request
-    from mocker.scheduler.scheduler import SchedulerOutput
+    from mocker.scheduler.output import SchedulerOutput
 
 __all__ = [
     "EngineSnapshot",

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
+from mocker.metrics.families import FAMILIES, Family
 from mocker.metrics.histogram import BUCKETS, Histogram, one_two_five_buckets
-from mocker.metrics.prometheus import (
-    FAMILIES,
-    Exposition,
-    Family,
-    MetricsCollector,
-    build_registry,
-)
+from mocker.metrics.prometheus import Exposition, MetricsCollector, build_registry
 from mocker.metrics.recorder import StatsRecorder
 
 __all__ = [

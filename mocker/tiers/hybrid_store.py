@@ -10,11 +10,13 @@ from typing import TYPE_CHECKING
 from mocker.kv.block import BlockId, KVBlock
 from mocker.kv.hashing import BlockHash
 from mocker.request import Request
-from mocker.tiers.store_policy import Owners, WriteThrough
+from mocker.tiers.context import TierContext
+from mocker.tiers.policy import Owners
+from mocker.tiers.store_policy import WriteThrough
+from mocker.tiers.stores import Stores
 
 if TYPE_CHECKING:
     from mocker.kv.coordinator import HybridKVCacheManager
-    from mocker.tiers.connector import TierConnector
 
 __all__ = ["ChunkUnit", "HybridWriteThrough", "chunk_keys"]
 
@@ -38,11 +40,16 @@ class HybridWriteThrough(WriteThrough):
     __slots__ = ("_chunk_blocks", "_held_tables", "_kv", "_layout_attention")
 
     def __init__(
-        self, connector: TierConnector, kv: HybridKVCacheManager, *, prompt_only: bool = True
+        self,
+        connector: TierContext,
+        stores: Stores,
+        kv: HybridKVCacheManager,
+        *,
+        prompt_only: bool = True,
     ) -> None:
         """`kv`: the coordinator, through which blocks are released (it counts each group's
         blocks in use)."""
-        super().__init__(connector, prompt_only=prompt_only)
+        super().__init__(connector, stores, prompt_only=prompt_only)
         self._kv = kv
         self._chunk_blocks = connector.unit
         # Per group: attention (a chunk's blocks) or Mamba (the state at its end).
@@ -90,7 +97,7 @@ class HybridWriteThrough(WriteThrough):
         units = [u for c in range(before // m, stop // m) if (u := self._unit(request, c))]
         if not units:
             return
-        chosen, keys, parents = connector.plan_store_keyed(units)
+        chosen, keys, parents = self._stores.plan(units)
         pool = connector.pool
         for unit in chosen:
             assert isinstance(unit, ChunkUnit)

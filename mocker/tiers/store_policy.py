@@ -4,75 +4,17 @@ points."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol, TypeAlias
+from collections.abc import Sequence
 
 from mocker.kv.block import KVBlock
 from mocker.kv.block_pool import BlockPool
 from mocker.kv.hashing import BlockHash
 from mocker.request import Request
+from mocker.tiers.context import TierContext
+from mocker.tiers.policy import Owners
+from mocker.tiers.stores import Stores
 
-if TYPE_CHECKING:
-    from mocker.tiers.connector import TierConnector
-
-__all__ = ["Owners", "StorePolicy", "WriteBack", "WriteThrough"]
-
-# The requests a store's blocks are copied for, as runs: (request, its next n blocks), in the
-# batch's order (a request's blocks are contiguous in a batch).
-Owners: TypeAlias = list[tuple[Request, int]]
-
-
-class StorePolicy(Protocol):
-    """What is copied when, and what a finished copy releases on the device."""
-
-    def on_cached(self, request: Request, before: int) -> None:
-        """The request's blocks [before, num_cached_blocks) became findable on the device."""
-        ...
-
-    @property
-    def after_schedule(self) -> Callable[[float], None] | None:
-        """Told that the scheduling pass at `now` allocated its blocks; None when the policy
-        has nothing to do then (the connector then calls nothing)."""
-        ...
-
-    def end_pass(self, end: float) -> None:
-        """The pass that ends at `end` was applied: stores that follow it are due then."""
-        ...
-
-    @property
-    def make_room(self) -> Callable[[int], None] | None:
-        """Told when an allocation of n blocks found too few reusable device blocks; None
-        when the policy has nothing to do then (the manager's failed allocations then change
-        nothing, so the scheduler's compiled decode head may ask again: mocker.kv.manager)."""
-        ...
-
-    def cpu_evicted(self, keys: Sequence[BlockHash]) -> None:
-        """The CPU tier no longer holds these keys: evicted to make room for a store, or
-        reserved by a promotion that failed or timed out."""
-        ...
-
-    def cpu_gained(self, keys: Sequence[BlockHash]) -> None:
-        """The CPU tier holds these keys now (a promotion reserved them), not from a copy
-        of the device's."""
-        ...
-
-    def stored(self, blocks: list[KVBlock], owners: Owners | None) -> None:
-        """A copy of these device blocks ended (they are in the CPU tier now)."""
-        ...
-
-    def request_finished(self, request: Request) -> bool:
-        """True: the request's blocks wait for its copies (the policy frees them later)."""
-        ...
-
-    @property
-    def has_staged(self) -> bool:
-        """Copies are decided but not yet handed to the connector."""
-        ...
-
-    @property
-    def num_held_blocks(self) -> int:
-        """Blocks of finished requests held until their copies end (for checks)."""
-        ...
+__all__ = ["WriteBack", "WriteThrough"]
 
 
 class WriteThrough:
@@ -82,10 +24,11 @@ class WriteThrough:
     is freed tail first. Eviction from the device is then free."""
 
     __slots__ = ("_connector", "_held", "_owners", "_prompt_only", "_staged", "_staged_keys",
-                 "_staged_parents", "_storing")  # fmt: skip
+                 "_staged_parents", "_stores", "_storing")  # fmt: skip
 
-    def __init__(self, connector: TierConnector, *, prompt_only: bool = True) -> None:
+    def __init__(self, connector: TierContext, stores: Stores, *, prompt_only: bool = True) -> None:
         self._connector = connector
+        self._stores = stores
         self._prompt_only = prompt_only
         # Pinned, copied at the pass's end; each block's key and parent key beside it (lists
         # built at C level: every stored block passes here), and whose blocks they are, as
@@ -124,7 +67,7 @@ class WriteThrough:
             return  # nothing is cached, so nothing can be stored
         # Blocks counted as cached hold their hashes (a duplicate was swapped for the block
         # already cached under its hash).
-        pinned, keys, parents = connector.plan_store_keyed(request.blocks[before:stop])
+        pinned, keys, parents = self._stores.plan(request.blocks[before:stop])
         if pinned:
             connector.pool.touch(pinned)
             self._stage(request, pinned, keys, parents)
@@ -153,7 +96,7 @@ class WriteThrough:
             parents = self._staged_parents
             self._staged, self._staged_keys, self._staged_parents = [], [], []
             self._owners = []
-            self._connector.start_stores(end, blocks, keys, owners, parents)
+            self._stores.start(end, blocks, keys, owners, parents)
 
     # Nothing to do when an allocation finds no room: every free device block is reusable.
     make_room = None
@@ -203,10 +146,11 @@ class WriteBack:
     waiting on copies, about one pass's worth of blocks is kept reusable (or on its way)
     by copying in the background after each pass."""
 
-    __slots__ = ("_connector", "_pool", "evict_ahead")
+    __slots__ = ("_connector", "_pool", "_stores", "evict_ahead")
 
-    def __init__(self, connector: TierConnector, evict_ahead: int) -> None:
+    def __init__(self, connector: TierContext, stores: Stores, evict_ahead: int) -> None:
         self._connector = connector
+        self._stores = stores
         # Retaining and displacing blocks is the Python pool's (the compiled one serves no
         # write-back engine: mocker.kv.compiled_pool.serves).
         pool = connector.pool
@@ -270,12 +214,11 @@ class WriteBack:
     def _store_displaced(self, at: float) -> None:
         """Copy the blocks the pool displaced since the last call, from `at`; those with
         nothing to copy (held already, or no room) go straight back."""
-        connector = self._connector
         displaced = self._pool.take_displaced()
         if not displaced:
             return
-        batch = connector.plan_store(displaced)
+        batch = self._stores.plan(displaced)[0]
         if len(batch) < len(displaced):
             kept = set(map(id, batch))
             self._pool.return_displaced(b for b in displaced if id(b) not in kept)
-        connector.start_stores(at, batch)
+        self._stores.start(at, batch)

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple
 
-__all__ = ["TierCounters", "TransferKind", "TransferRecord"]
+__all__ = ["DEVICE", "TierCounters", "TransferKind", "TransferRecord"]
+
+DEVICE = "gpu"  # the device's name in channel keys and transfer records
 
 
 class TransferKind(IntEnum):

@@ -17,9 +17,10 @@ import pytest
 from fastapi import FastAPI
 from starlette.types import Message, Receive, Scope, Send
 
+from mocker.api.chat_bodies import ChatCompletionRequest
+from mocker.api.completion_bodies import CompletionRequest
 from mocker.api.direct_routes import DirectRoutes
 from mocker.api.prepare import prepare_chat, prepare_completion
-from mocker.api.protocol import ChatCompletionRequest, CompletionRequest
 from mocker.api.raw_send import RawSendApp
 from tests.support.servers import AppClient, ServerThread, make_app, settings
 

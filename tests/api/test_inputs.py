@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from mocker.api.chat_bodies import ChatMessage
 from mocker.api.errors import OpenAIError
 from mocker.api.inputs import check_model, completion_prompts, message_dicts
-from mocker.api.protocol import ChatMessage
 from tests.support.servers import settings, tokenizer
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from mocker.api.protocol import CompletionRequest
+from mocker.api.completion_bodies import CompletionRequest
 
 
 def _errors(body: dict[str, Any]) -> list[dict[str, Any]]:

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from starlette.types import Message
 
-from mocker.api.raw_send import RAW_SEND, RawSendApp
+from mocker.api.asgi_send import RAW_SEND
+from mocker.api.raw_send import RawSendApp
 from mocker.api.responses import Emitter, EventStreamResponse
 
 CHUNKS = [b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"]

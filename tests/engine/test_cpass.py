@@ -1,7 +1,7 @@
 """The compiled pass parts (mocker/engine/_cpass.c) against their Python references: the
 applier against `EngineCore._advance_one` for every request, the scheduler head against
-`Scheduler._schedule_running`'s loop, and the draws against numpy's. (Its hand-out loop:
-tests/engine/test_stream.py.)"""
+`schedule_running`'s loop (mocker/scheduler/running.py), and the draws against numpy's.
+(Its hand-out loop: tests/engine/test_stream.py.)"""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from mocker.metrics import (
     build_registry,
     prometheus,
 )
-from mocker.metrics.prometheus import admission_counts
+from mocker.metrics.sources import admission_counts
 from tests.support.engines import make_core, req
 
 

@@ -18,7 +18,7 @@ from mocker.engine.virtual import Abort, VirtualDriver, VirtualRun
 from mocker.kv.compiled_pool import CompiledBlockPool
 from mocker.kv.events import BlockRemoved, BlockStored
 from mocker.request import EngineRequest, RequestStatus, SamplingParams
-from mocker.tiers.connector import _cut_runs
+from mocker.tiers.stores import _cut_runs
 from mocker.tiers.transfers import TransferKind
 from tests.support.engines import small_config
 from tests.support.pools import all_blocks, free_order
@@ -141,7 +141,7 @@ def test_evictions_are_copied_in_batches_of_offload_batch_size() -> None:
     core.add_request(one("b", prompt(1, 280), end))  # 10 free: 60 must be copied out
     core.step(end)
     assert core.connector is not None
-    sizes = sorted(core.connector.store_batches())
+    sizes = sorted(core.connector.stores.batches())
     assert sizes == [28, 32]
     # Both share the link: the 28-block one ends first, then the other at 60 blocks' time.
     done = core.step(core.next_transfer_deadline()).transfers  # type: ignore[arg-type]
@@ -333,7 +333,7 @@ def test_a_block_without_a_hash_is_never_planned_for_a_store() -> None:
     # (Block 0 of a fresh pool: a `KVBlock` of the Python pool, an id of the compiled one.)
     block = 0 if isinstance(core.pool, CompiledBlockPool) else KVBlock(BlockId(0))
     with pytest.raises(RuntimeError, match="holds no hash"):
-        core.connector.plan_store([block])  # type: ignore[list-item]
+        core.connector.stores.plan([block])  # type: ignore[list-item]
     assert core.connector.cpu.num_incoming == 0
 
 

@@ -42,7 +42,7 @@ def check_invariants(core: EngineCore) -> None:
         return b.ref_cnt > 0 and b.block_id not in free_set
 
     cached = pool.cached_hashes()
-    storing = offload.storing_blocks()
+    storing = offload.stores.blocks()
     if offload.write_back:
         assert isinstance(pool, BlockPool)  # (the compiled pool serves no write-back engine)
         assert sum(1 for b in pool.policy.order() if b.retained) == pool.num_retained_free
@@ -61,7 +61,7 @@ def check_invariants(core: EngineCore) -> None:
     assert host.num_resident + host.num_incoming == host.num_used <= host.capacity
     # Loads: device slots referenced (never on the free side), host blocks pinned.
     pins: Counter[int] = Counter()
-    for request, hashes in offload.loading_blocks():
+    for request, hashes in offload.loads.blocks():
         assert request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
         assert request in core.scheduler.loading
         assert all(map(held, request.blocks))

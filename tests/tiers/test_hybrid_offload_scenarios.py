@@ -92,7 +92,7 @@ def check_invariants(core: EngineCore, known_keys: set[BlockHash]) -> None:
                     assert block.group == g
                     refs[block.block_id] += 1
     assert not policy.has_staged  # pinned at the pass's end, posted with it
-    for unit in connector.storing_blocks():
+    for unit in connector.stores.blocks():
         assert isinstance(unit, ChunkUnit) and unit.block_hash in known_keys
         for block in unit.members:
             refs[block.block_id] += 1

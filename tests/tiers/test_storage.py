@@ -364,21 +364,21 @@ def test_blocks_promoted_twice_count_once_for_their_tier() -> None:
     cpu.complete_store(plan.keys)
     conn.poll(10.0)
     assert conn.num_matched_blocks(req, 0) is None  # promotes blocks 5-14
-    conn.end_schedule()
+    conn.promotions.end_schedule()
     conn.poll(11.0)
     assert conn.num_matched_blocks(req, 0) == LOADABLE
-    conn.end_schedule()  # the scheduler found no device room: no load, the hold goes
+    conn.promotions.end_schedule()  # the scheduler found no device room: no load, the hold goes
     cpu.pin(h[:10])  # (so that the filler below evicts exactly blocks 10-14)
     plan = cpu.prepare_store(BlockBatch.of([TierBlock(-k, None, ()) for k in range(1, 7)]))
     cpu.unpin(h[:10])
     cpu.complete_store(plan.keys)
     assert set(h[10:15]) <= set(plan.evicted)
     assert conn.num_matched_blocks(req, 0) is None  # promotes blocks 10-14 again
-    conn.end_schedule()
+    conn.promotions.end_schedule()
     conn.poll(12.0)
     assert conn.num_matched_blocks(req, 0) == LOADABLE
-    conn.start_load(12.0, req, 0, LOADABLE)
-    conn.end_schedule()
+    conn.loads.start(12.0, req, 0, LOADABLE)
+    conn.promotions.end_schedule()
     assert req.tier_hits == (("cpu", 5 * BLOCK), ("fs", 10 * BLOCK))
 
 

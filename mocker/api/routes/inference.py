@@ -5,13 +5,13 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from mocker.api.completion_bodies import GenerateRequest
 from mocker.api.dependencies import (
     SESSION_HEADER_PARAMETERS,
     check_accepting,
     request_headers,
     server_state,
 )
-from mocker.api.protocol import GenerateRequest
 
 __all__ = ["router"]
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from mocker.api.chat_bodies import ChatCompletionRequest, ResponsesRequest
+from mocker.api.completion_bodies import CompletionRequest
 from mocker.api.dependencies import (
     HEADER_PARAMETERS,
     SESSION_HEADER_PARAMETERS,
@@ -15,12 +17,7 @@ from mocker.api.dependencies import (
     server_state,
 )
 from mocker.api.prepare import prepare_chat, prepare_completion, prepare_responses
-from mocker.api.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    ModelCard,
-    ResponsesRequest,
-)
+from mocker.api.response_schemas import ModelCard
 from mocker.api.responses import json_response
 
 __all__ = ["router"]

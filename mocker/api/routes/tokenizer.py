@@ -9,8 +9,8 @@ from mocker.api.dependencies import State
 from mocker.api.errors import OpenAIError
 from mocker.api.inputs import check_model, check_token_ids, message_dicts, template_kwargs
 from mocker.api.prepare import off_loop_if_long
-from mocker.api.protocol import DetokenizeRequest, TokenizeRequest
 from mocker.api.responses import json_response
+from mocker.api.tokenizer_bodies import DetokenizeRequest, TokenizeRequest
 from mocker.tokenizer import ChatTemplateError, TextTokenizer
 
 __all__ = ["router"]
