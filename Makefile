@@ -40,10 +40,11 @@ test: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	@$(BIN)/python -c 'from mocker.kv.compiled_pool import compiled_available as c; print("compiled pool:", "built" if c() else "NOT BUILT (no C compiler at install): every test runs on the Python pool")'
+	$(BIN)/lint-imports --no-cache
+	@$(BIN)/python -c 'from mocker.compiled import PARTS as p; n = [k for k, v in p.items() if v is None]; print("compiled parts:", f"NOT BUILT: {n} (no C compiler at install?): their Python code serves" if n else "all built")'
 	$(BIN)/python -m pytest -q
-	# Again on the Python pool, the compiled one's reference (MOCKER_KV_POOL: auto by default).
-	MOCKER_KV_POOL=python $(BIN)/python -m pytest -q
+	# Again on the Python pool, the compiled one's reference (MOCKER_COMPILED: auto by default).
+	MOCKER_COMPILED=0 $(BIN)/python -m pytest -q
 
 # Not run by CI: .ci/run three times in a fresh clone of the committed HEAD while two CPU
 # hogs keep the cores busy (tools/test-busy.sh; RUNS=N for another count).

@@ -61,19 +61,19 @@ from harness import (
 )
 from sse_client import KeepAliveClient, Stream, completion_body, completion_request
 
+from mocker.compiled import ENV as COMPILED_ENV
 from mocker.config import EngineConfig, StorageTierSpec
 from mocker.engine.core import EngineCore
 from mocker.engine.outputs import StepResult
 from mocker.engine.stats import FinishedRequestStats
 from mocker.engine.virtual import VirtualDriver, VirtualRun
-from mocker.kv.compiled_pool import POOL_ENV
 from mocker.request import EngineRequest, SamplingParams
 from mocker.tiers.transfers import TransferKind
 
 # Tiered engines run on the Python device pool (the compiled one serves no tiers): so do
 # the tier-free baselines here, and the ratios measure the tiers, not the two pools.
-# (Inherited by the children and servers this starts; set MOCKER_KV_POOL to override.)
-os.environ.setdefault(POOL_ENV, "python")
+# (Inherited by the children and servers this starts; set MOCKER_COMPILED to override.)
+os.environ.setdefault(COMPILED_ENV, "0")
 
 # -- the scenario (shared by all three parts) --
 BLOCK_SIZE = 16  # 2 MiB per block with the default llama-3-8b shape

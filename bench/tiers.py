@@ -26,7 +26,7 @@ Two parts, each comparing configurations in the same run:
     inside `EngineCore.step()` (a deterministic count of work; cache misses are not in it,
     so time ratios run above it; counts do not depend on the load, so these runs are not
     pinned and use both cores). Skipped, saying so, without valgrind.
-  All of the above on the Python code (MOCKER_KV_POOL=python: the device pool, the tiers'
+  All of the above on the Python code (MOCKER_COMPILED=0: the device pool, the tiers'
   LRU order and every other compiled part off, tiered and tier-free engines alike), then
   co-stepped and instructions again on the default build (every compiled part that was
   built: what `mocker serve` and `mocker replay` run).
@@ -72,14 +72,14 @@ from offload import (
     working_set,
 )
 
+from mocker.compiled import ENV as COMPILED_ENV
 from mocker.config import StorageTierSpec
 from mocker.engine.core import EngineCore
 from mocker.engine.outputs import StepResult
 from mocker.engine.virtual import VirtualDriver, VirtualRun
-from mocker.kv.compiled_pool import POOL_ENV
 from mocker.request import EngineRequest
 
-# (Importing offload set MOCKER_KV_POOL=python, unless set: the tier-free baselines run on
+# (Importing offload set MOCKER_COMPILED=0, unless set: the tier-free baselines run on
 # the Python pool as the tiered engines do, so the ratios measure the tiers.)
 
 # -- step cost --
@@ -162,14 +162,14 @@ DEFAULT_BUILD = "auto"
 
 @contextmanager
 def build(pool: str) -> Iterator[None]:
-    """Engines (and their requests' hashes) made inside run on this build: MOCKER_KV_POOL is
+    """Engines (and their requests' hashes) made inside run on this build: MOCKER_COMPILED is
     read when each part is built."""
-    before = os.environ[POOL_ENV]
-    os.environ[POOL_ENV] = pool
+    before = os.environ[COMPILED_ENV]
+    os.environ[COMPILED_ENV] = pool
     try:
         yield
     finally:
-        os.environ[POOL_ENV] = before
+        os.environ[COMPILED_ENV] = before
 
 
 # -- co-stepped timing ------------------------------------------------------------------------
@@ -280,7 +280,8 @@ def count_instructions(name: str, label: str, pool: str | None = None) -> dict[s
             _COUNTED.format(bench=str(ROOT / "bench")), name, label]  # fmt: skip
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=True,
                           timeout=CALLGRIND_TIMEOUT_S,
-                          env={**os.environ, POOL_ENV: pool or os.environ[POOL_ENV]})  # fmt: skip
+                          env={**os.environ,
+                               COMPILED_ENV: pool or os.environ[COMPILED_ENV]})  # fmt: skip
     passes = int(done.stdout.split()[-1])
     collected = next(line for line in done.stderr.splitlines() if "Collected" in line)
     instructions = int(collected.rsplit(":", 1)[1].strip())
@@ -296,7 +297,7 @@ def instructions() -> dict[str, Any]:
         log("  instructions: SKIPPED, valgrind is not installed (apt-get install valgrind)")
         return {"skipped": "valgrind is not installed"}
     names = [c.name for c in (CPU_FS, CPU_FS_EVICT, SMALL_CPU_FS, NONE)]
-    # The four configs on this process's build (the Python code unless MOCKER_KV_POOL was
+    # The four configs on this process's build (the Python code unless MOCKER_COMPILED was
     # set), then the default build's cpu_fs and none.
     runs = [(n, None) for n in names] + [(CPU_FS.name, DEFAULT_BUILD),
                                          (NONE.name, DEFAULT_BUILD)]  # fmt: skip
@@ -323,7 +324,7 @@ def mooncake_once(name: str, flags: list[str]) -> dict[str, Any]:
     started = time.perf_counter()
     # On the default build, as `mocker replay` runs for its users.
     done = subprocess.run(argv, check=True, timeout=TIMEOUT_S, cwd=ROOT, capture_output=True,
-                          env={**os.environ, POOL_ENV: DEFAULT_BUILD})  # fmt: skip
+                          env={**os.environ, COMPILED_ENV: DEFAULT_BUILD})  # fmt: skip
     wall = time.perf_counter() - started
     child = json.loads(done.stdout.decode().strip().splitlines()[-1])
     if child["code"] != 0:
@@ -381,7 +382,7 @@ def main() -> int:
         "step_cost_target": STEP_COST_TARGET,
         # The target is the engine's: the default build, what `mocker serve` and `mocker
         # replay` run (a plain `pip install .` builds every compiled part); the Python code
-        # (MOCKER_KV_POOL=python, the fallback without a C compiler) is reported beside it.
+        # (MOCKER_COMPILED=0, the fallback without a C compiler) is reported beside it.
         "step_cost_target_met": None
         if default_ratio is None
         else default_ratio <= STEP_COST_TARGET,

@@ -6,22 +6,14 @@ import hashlib
 from array import array
 from collections.abc import Collection, Sequence
 from functools import cache
-from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
-from mocker.kv.compiled_pool import use_compiled
+from mocker.compiled import cpass as _cpass
+from mocker.compiled import use_compiled
 from mocker.mixing import GOLDEN, MASK64, splitmix64_array
 from mocker.request import TokenIds
-
-if TYPE_CHECKING:
-    from mocker.engine import _cpass
-else:
-    try:
-        from mocker.engine import _cpass
-    except ImportError:  # built without a C compiler: numpy draws
-        _cpass = None
 
 _COMPILED = "mocker.engine._cpass"
 
@@ -98,7 +90,7 @@ class OutputTokenSampler:
         compiled: bool | None = None,
     ) -> None:
         """`compiled`: draw ahead with the compiled part (mocker/engine/_cpass.c) or not;
-        None: when it was built, unless MOCKER_KV_POOL=python (mocker.kv.compiled_pool)."""
+        None: when it was built, unless MOCKER_COMPILED=0 (mocker.compiled)."""
         self._palette = [t for t in palette if t != eos_token_id]
         if not self._palette:
             raise ValueError("the output token palette needs a token other than EOS")
@@ -109,8 +101,7 @@ class OutputTokenSampler:
         self._seed = seed
         # Compare 53-bit uniforms as integers: u < p  ⇔  bits < p·2^53.
         self._eos_threshold = int(eos_probability * (1 << 53))
-        built = _cpass is not None
-        on = use_compiled(_COMPILED, built, compiled)
+        on = use_compiled(_COMPILED, compiled)
         self._cdraws = _cpass.draws if on else None
         self._crows = _cpass.rows if on else None
         self._ccolumn = _cpass.column if on else None

@@ -43,11 +43,9 @@ def test_bad_setting_exits_2_naming_it(capsys: pytest.CaptureFixture[str]) -> No
 def test_a_bad_pool_choice_exits_2_naming_it(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("MOCKER_KV_POOL", "bogus")
+    monkeypatch.setenv("MOCKER_COMPILED", "bogus")
     assert main(["demo", "--num-requests", "1"]) == 2
-    assert "MOCKER_KV_POOL='bogus': expected one of auto, python, compiled" in (
-        capsys.readouterr().err
-    )
+    assert "MOCKER_COMPILED='bogus': expected one of auto, 0, 1" in (capsys.readouterr().err)
 
 
 def test_serve_bad_settings_exit_2(capsys: pytest.CaptureFixture[str], tmp_path) -> None:

@@ -34,7 +34,7 @@ def test_a_build_without_a_c_compiler_installs_and_runs_on_the_python_pool(
     """`pip install .` with no working compiler: the compiled pool is skipped with a warning,
     the package installs and imports, and every engine gets the Python pool."""
     env = {**os.environ, "CC": "/bin/false", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    env.pop("MOCKER_KV_POOL", None)
+    env.pop("MOCKER_COMPILED", None)
     wheels = tmp_path / "wheels"
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels),
@@ -57,9 +57,9 @@ def test_a_build_without_a_c_compiler_installs_and_runs_on_the_python_pool(
     probe = (
         "import mocker, sys; from mocker.config import EngineConfig;"
         "from mocker.engine.kv_stack import build_kv_stack;"
-        "from mocker.kv.compiled_pool import compiled_available;"
+        "from mocker.compiled import built;"
         "pool = build_kv_stack(EngineConfig(), lambda n: 1.0).pool;"
-        "print(mocker.__file__, compiled_available(), type(pool).__name__)"
+        "print(mocker.__file__, built('mocker.kv._cpool'), type(pool).__name__)"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe], env={**env, "PYTHONPATH": str(target)},

@@ -1,6 +1,6 @@
 /* Token chunks framed for a chunked HTTP body, their text copied from one compact table:
  * mocker.api.text_table's `TextTable` (the Python reference, which serves when this was not
- * built or MOCKER_KV_POOL=python; tests/api/test_text_table.py compares the two).
+ * built or MOCKER_COMPILED=0; tests/api/test_text_table.py compares the two).
  *
  * Why: a streamed token's text came from a dict of ~26k token ids -> escaped bytes, ~2.5 MB of
  * dict, int keys and bytes objects for the default tokenizer. Tokens are drawn at random, so

@@ -12,19 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from mocker.kv.compiled_pool import use_compiled
+from mocker.compiled import ctext as _ctext
+from mocker.compiled import use_compiled
 
 __all__ = ["MAX_ID", "MAX_TEXT", "FramedTable", "SinkFactory", "TextTable", "sinks", "text_table"]
 
-if TYPE_CHECKING:
-    from mocker.api import _ctext
-else:
-    try:
-        from mocker.api import _ctext
-    except ImportError:  # built without a C compiler: the renderer joins chunks in Python
-        _ctext = None
 
 MAX_TEXT = 255  # longer texts are left out of the table (they go the Python way)
 MAX_ID = 2**24  # so are ids from here on
@@ -82,9 +76,9 @@ class TextTable:
 
 def text_table(pieces: Mapping[int, bytes], compiled: bool | None = None) -> FramedTable | None:
     """The compiled table of `pieces` (a snapshot: later entries are not in it), or None when
-    the renderer is to join chunks in Python (not built, MOCKER_KV_POOL=python, or
+    the renderer is to join chunks in Python (not built, MOCKER_COMPILED=0, or
     `compiled=False`). `compiled=True`: the compiled table or an error."""
-    if not use_compiled("mocker.api._ctext", _ctext is not None, compiled):
+    if not use_compiled("mocker.api._ctext", compiled):
         return None
     return _ctext.TextTable(dict(pieces))
 

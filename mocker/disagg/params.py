@@ -3,15 +3,14 @@ a prefill engine answers with for the decode engine (vLLM 0.34's field lists).""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from mocker.kv.block import block_ids
+from mocker.kv.block import KVBlock, block_ids
 
 if TYPE_CHECKING:
     from mocker.config import EngineConfig
-    from mocker.request import Request
 
 __all__ = ["InvalidTransferParams", "RemotePrefill", "handoff_params", "parse_transfer_params"]
 
@@ -119,9 +118,17 @@ def _block_ids(value: Any) -> tuple[int, ...]:
 
 
 def handoff_params(
-    config: EngineConfig, request: Request, hold_id: str, host: str, port: int
+    config: EngineConfig,
+    hold_id: str,
+    host: str,
+    port: int,
+    *,
+    blocks: Iterable[KVBlock | int],
+    num_computed_tokens: int,
+    num_cached_tokens: int,
 ) -> dict[str, Any]:
-    """What a prefill engine answers for a held request: the keys and order of vLLM 0.34's
+    """What a prefill engine answers for a held request (its blocks, computed tokens and
+    prefix hits: negative when unknown): the keys and order of vLLM 0.34's
     NixlPullConnector.request_finished (NixlPushConnector's has no expiry time nor
     registration generation), plus `remote_prefill_cached_tokens` (its scheduler adds the
     prefill's prefix hits). `remote_request_id` is the hold's id (unique, as vLLM's
@@ -129,7 +136,7 @@ def handoff_params(
     params: dict[str, Any] = {
         "do_remote_prefill": True,
         "do_remote_decode": False,
-        "remote_block_ids": [block_ids(request.blocks)],
+        "remote_block_ids": [block_ids(blocks)],
         "remote_engine_id": config.kv_engine_id,
         "remote_request_id": hold_id,
         "remote_host": host,
@@ -137,11 +144,11 @@ def handoff_params(
         "tp_size": 1,
         "dcp_size": 1,
         "pp_size": 1,
-        "remote_num_tokens": request.num_computed_tokens,
+        "remote_num_tokens": num_computed_tokens,
     }
     if config.kv_transfer_mode == "pull":
         params["remote_blocks_expiry_time"] = None
         params["remote_registration_generation"] = 0
     params["transfer_mode"] = config.kv_transfer_mode
-    params["remote_prefill_cached_tokens"] = max(request.num_cached_tokens, 0)
+    params["remote_prefill_cached_tokens"] = max(num_cached_tokens, 0)
     return params

@@ -3,7 +3,7 @@
  * `Advancer`: `EngineCore._advance` (mocker/engine/core.py) hands a pass's scheduled requests
  * to `Advancer.run`, which applies those whose token ends nothing (below) and hands every
  * other one to the Python body (`EngineCore._advance_one`). That body stays the reference:
- * with MOCKER_KV_POOL=python, or when this was not built, it applies every request
+ * with MOCKER_COMPILED=0, or when this was not built, it applies every request
  * (tests/engine/test_cpass.py compares the two pass by pass).
  *
  * Why: in a live server's steady decode the per-token bookkeeping of `_advance` (about 30

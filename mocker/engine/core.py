@@ -6,8 +6,10 @@ import math
 import os
 from array import array
 from collections.abc import Callable, Mapping, MutableSequence, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
+from mocker.compiled import cpass as _cpass
+from mocker.compiled import use_compiled
 from mocker.config import EngineConfig
 from mocker.disagg.holds import KVHolds
 from mocker.disagg.params import RemotePrefill, handoff_params
@@ -28,7 +30,6 @@ from mocker.engine.stats import (
     TierSnapshot,
 )
 from mocker.engine.stopping import draw, stop_status, unmasked
-from mocker.kv.compiled_pool import use_compiled
 from mocker.kv.coordinator import HybridKVCacheManager
 from mocker.kv.events import KVEvent
 from mocker.kv.hashing import BlockHash, make_hasher
@@ -43,14 +44,6 @@ from mocker.tiers.lru import LruTier
 from mocker.tiers.storage import StorageTier
 from mocker.tiers.transfers import TransferRecord
 from mocker.timing import PassShape, TimingModel, load_timing_model, pass_duration_s
-
-if TYPE_CHECKING:
-    from mocker.engine import _cpass
-else:
-    try:
-        from mocker.engine import _cpass
-    except ImportError:  # built without a C compiler: `_advance_one` applies every request
-        _cpass = None
 
 __all__ = ["EngineCore", "RequestRejected"]
 
@@ -774,7 +767,9 @@ class EngineCore:
         if hold_id is None:
             return None
         host, port = self.side_channel
-        return handoff_params(self.config, request, hold_id, host, port)
+        return handoff_params(self.config, hold_id, host, port, blocks=request.blocks,
+                              num_computed_tokens=request.num_computed_tokens,
+                              num_cached_tokens=request.num_cached_tokens)  # fmt: skip
 
 
 def advancer(
@@ -782,8 +777,8 @@ def advancer(
 ) -> _cpass.Advancer | None:
     """The compiled part that applies a pass's plain decode tokens (mocker/engine/_cpass.c),
     or None when `EngineCore._advance_one` applies every request (not built,
-    MOCKER_KV_POOL=python, or `compiled=False`)."""
-    if not use_compiled("mocker.engine._cpass", _cpass is not None, compiled):
+    MOCKER_COMPILED=0, or `compiled=False`)."""
+    if not use_compiled("mocker.engine._cpass", compiled):
         return None
     return _cpass.Advancer(Request, SamplingParams, RequestOutput, block_size, eos_token_id)
 

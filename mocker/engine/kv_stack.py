@@ -7,16 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
+from mocker.compiled import use_compiled
 from mocker.config import EngineConfig, OffloadPolicy, StorageKind
 from mocker.kv.block_pool import BlockPool
-from mocker.kv.compiled_pool import (
-    CompiledBlockPool,
-    CompiledEventPool,
-    PoolImpl,
-    compiled_available,
-    pool_impl,
-    serves,
-)
+from mocker.kv.compiled_pool import CompiledBlockPool, CompiledEventPool, serves
 from mocker.kv.coordinator import HybridKVCacheManager
 from mocker.kv.manager import KVCacheManager, KVManager
 from mocker.tiers.connector import TierConnector
@@ -77,7 +71,7 @@ def _compiled_pool_serves(config: EngineConfig, cpu: LruTier | None) -> bool:
     """The compiled device pool (mocker.kv.compiled_pool) where it is built, chosen, and
     models everything this engine needs (with `cpu`, a CPU tier given from outside); the
     Python pool otherwise."""
-    if pool_impl() is PoolImpl.PYTHON or not compiled_available():
+    if not use_compiled("mocker.kv._cpool"):
         return False
     return serves(config, given_cpu=cpu is not None)
 

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from mocker.disagg.pulls import PullRecord
-from mocker.engine.stats import FinishedRequestStats, SchedulerStats
+from mocker.engine.stats import FinishedRequestStats, IterationStats, SchedulerStats
 from mocker.kv.events import KVEvent
 from mocker.request import FinishReason, Request
 from mocker.tiers.transfers import TransferRecord
 
-__all__ = ["RequestOutput", "StepResult"]
+__all__ = ["RequestOutput", "StepResult", "iteration_stats"]
 
 
 @dataclass(slots=True)
@@ -84,3 +86,24 @@ class StepResult:
             self.transfers or self.pulls or self.kv_events or s.num_preemptions
             or s.prefix_queries
         )  # fmt: skip
+
+
+_NEW_TOKEN_IDS = attrgetter("new_token_ids")
+
+
+def iteration_stats(outputs: Sequence[RequestOutput]) -> IterationStats:
+    """A pass's delivered outputs as vLLM's IterationStats."""
+    # Once per pass over every delivered output: comprehensions and C-level sums, with
+    # a loop only over the (few) outputs that carry a request's first token.
+    stats = IterationStats()
+    stats.num_generation_tokens = sum(map(len, map(_NEW_TOKEN_IDS, outputs)))
+    stats.inter_token_latencies = [
+        out.latency for out in outputs if not out.first_token and out.new_token_ids
+    ]
+    for out in [out for out in outputs if out.first_token and out.new_token_ids]:
+        stats.num_prompt_tokens += out.num_prompt_tokens
+        stats.num_cached_tokens += out.num_cached_tokens
+        for tier, n in out.tier_hits:
+            stats.tier_cached[tier] = stats.tier_cached.get(tier, 0) + n
+        stats.time_to_first_tokens.append(out.latency)
+    return stats

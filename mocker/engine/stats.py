@@ -6,15 +6,13 @@ Prometheus metrics, replay reports) read these records, never live requests or t
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from mocker.request import FinishReason
 
 if TYPE_CHECKING:
-    from mocker.engine.outputs import RequestOutput
     from mocker.request import Request
     from mocker.scheduler.output import SchedulerOutput
 
@@ -25,8 +23,6 @@ __all__ = [
     "SchedulerStats",
     "queue_score",
 ]
-
-_NEW_TOKEN_IDS = attrgetter("new_token_ids")
 
 
 def queue_score(num_waiting: int, num_running: int) -> int:
@@ -153,23 +149,6 @@ class IterationStats:
     tier_cached: dict[str, int] = field(default_factory=dict)  # of which from each tier
     time_to_first_tokens: list[float] = field(default_factory=list)
     inter_token_latencies: list[float] = field(default_factory=list)
-
-    @classmethod
-    def of(cls, outputs: Sequence[RequestOutput]) -> IterationStats:
-        # Once per pass over every delivered output: comprehensions and C-level sums, with
-        # a loop only over the (few) outputs that carry a request's first token.
-        stats = cls()
-        stats.num_generation_tokens = sum(map(len, map(_NEW_TOKEN_IDS, outputs)))
-        stats.inter_token_latencies = [
-            out.latency for out in outputs if not out.first_token and out.new_token_ids
-        ]
-        for out in [out for out in outputs if out.first_token and out.new_token_ids]:
-            stats.num_prompt_tokens += out.num_prompt_tokens
-            stats.num_cached_tokens += out.num_cached_tokens
-            for tier, n in out.tier_hits:
-                stats.tier_cached[tier] = stats.tier_cached.get(tier, 0) + n
-            stats.time_to_first_tokens.append(out.latency)
-        return stats
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,18 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
+from mocker.compiled import cpass as _cpass
+from mocker.compiled import use_compiled
 from mocker.engine.outputs import RequestOutput, StepResult
-from mocker.kv.compiled_pool import use_compiled
-
-if TYPE_CHECKING:
-    from mocker.engine import _cpass
-else:
-    try:
-        from mocker.engine import _cpass
-    except ImportError:  # built without a C compiler: `deliver` hands out in Python
-        _cpass = None
 
 __all__ = [
     "ConsumerError",
@@ -259,7 +251,7 @@ def _hand(streams: dict[str, RequestStream], stream: RequestStream, out: Request
 
 def deliver_loop(compiled: bool | None = None) -> DeliverLoop | None:
     """The compiled hand-out loop (mocker/engine/_cpass.c), or None for `deliver`'s own (not
-    built, MOCKER_KV_POOL=python, or `compiled=False`)."""
-    if not use_compiled("mocker.engine._cpass", _cpass is not None, compiled):
+    built, MOCKER_COMPILED=0, or `compiled=False`)."""
+    if not use_compiled("mocker.engine._cpass", compiled):
         return None
     return _cpass.deliver

@@ -1,6 +1,6 @@
 /* mocker's fast block-hash chain in C: mocker.kv.hashing.BlockHasher's hashes, the same values
  * as its Python code (the reference, which serves when this was not built or
- * MOCKER_KV_POOL=python; tests/kv/test_hashing.py compares the two and this XXH3 against the
+ * MOCKER_COMPILED=0; tests/kv/test_hashing.py compares the two and this XXH3 against the
  * xxhash package).
  *
  * A block's hash is XXH3-64 (seeded) of: its parent's hash (8 bytes, big-endian), the body's

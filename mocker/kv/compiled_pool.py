@@ -4,7 +4,7 @@ A replay's per-block work in the Python pool is bound by memory (block objects, 
 and a map as large as the pool, touched in the order the LRU scatters them); the compiled
 pool keeps the same state in packed arrays. It serves what most runs are: a dense model,
 LRU eviction, no write-back tier (KV events or not, P/D or not, write-through tiers or none).
-Everything else, and every run with `MOCKER_KV_POOL=python`, uses the Python pool, which
+Everything else, and every run with `MOCKER_COMPILED=0`, uses the Python pool, which
 stays the reference: the compiled one does the same operations in the same order
 (tests/kv/test_compiled_pool.py).
 Its blocks are their ids (ints) rather than `KVBlock` objects.
@@ -12,12 +12,11 @@ Its blocks are their ids (ints) rather than `KVBlock` objects.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Sequence
-from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from mocker.config import ConfigError, EngineConfig, EvictionPolicyName, OffloadPolicy
+from mocker.compiled import cpool
+from mocker.config import EngineConfig, EvictionPolicyName, OffloadPolicy
 from mocker.kv.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -28,68 +27,13 @@ from mocker.kv.events import (
 )
 from mocker.kv.hashing import BlockHash
 
-__all__ = [
-    "CompiledBlockPool",
-    "CompiledEventPool",
-    "PoolImpl",
-    "compiled_available",
-    "pool_impl",
-    "serves",
-    "use_compiled",
-]
+__all__ = ["CompiledBlockPool", "CompiledEventPool", "serves"]
 
 if TYPE_CHECKING:
     from mocker.kv._cpool import Pool as _Pool
-
-    _BUILT = True
 else:
-    try:
-        from mocker.kv._cpool import Pool as _Pool
-
-        _BUILT = True
-    except ImportError:  # built without a C compiler: the Python pool serves every run
-        _Pool, _BUILT = object, False
-
-# Set to choose: `auto` (the default: the compiled pool where it can serve, else Python),
-# `python` (every engine), or `compiled` (as auto, but an error when it was not built; an
-# engine it cannot serve still gets the Python pool).
-POOL_ENV = "MOCKER_KV_POOL"
-
-
-class PoolImpl(StrEnum):
-    AUTO = "auto"
-    PYTHON = "python"
-    COMPILED = "compiled"
-
-
-def compiled_available() -> bool:
-    return _BUILT
-
-
-def pool_impl() -> PoolImpl:
-    raw = os.environ.get(POOL_ENV, PoolImpl.AUTO.value).strip().lower() or PoolImpl.AUTO.value
-    try:
-        impl = PoolImpl(raw)
-    except ValueError:
-        choices = ", ".join(p.value for p in PoolImpl)
-        raise ConfigError(f"{POOL_ENV}={raw!r}: expected one of {choices}") from None
-    if impl is PoolImpl.COMPILED and not compiled_available():
-        raise ConfigError(
-            f"{POOL_ENV}=compiled, but mocker.kv._cpool was not built (no C compiler when "
-            "mocker was installed?): reinstall with one, or use auto / python"
-        )
-    return impl
-
-
-def use_compiled(name: str, built: bool, compiled: bool | None) -> bool:
-    """Whether a compiled part (a C module beside its Python reference: the hash chain, replay
-    prompts' mixing) serves: `compiled` None: when it was built, unless MOCKER_KV_POOL=python;
-    True: yes (an error if it was not built); False: no."""
-    if compiled is None:
-        return built and pool_impl() is not PoolImpl.PYTHON
-    if compiled and not built:
-        raise RuntimeError(f"{name} was not built (no C compiler?)")
-    return compiled
+    # (Not built: the class is defined and never made, as the engine asks `use_compiled`.)
+    _Pool = cpool.Pool if cpool is not None else object
 
 
 def serves(config: EngineConfig, *, given_cpu: bool = False) -> bool:

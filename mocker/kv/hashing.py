@@ -17,10 +17,12 @@ import sys
 from array import array
 from collections.abc import Callable, MutableSequence, Sequence
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, NewType, Protocol, TypeAlias, cast
+from typing import Any, NewType, Protocol, TypeAlias, cast
 
 import cbor2
 import xxhash
+
+from mocker.compiled import chash, use_compiled
 
 __all__ = [
     "BlockHash",
@@ -34,14 +36,6 @@ __all__ = [
     "hash_array",
     "make_hasher",
 ]
-
-if TYPE_CHECKING:
-    from mocker.kv import _chash
-else:
-    try:
-        from mocker.kv import _chash
-    except ImportError:  # built without a C compiler: the Python code serves
-        _chash = None
 
 logger = logging.getLogger("mocker.engine")
 
@@ -128,10 +122,8 @@ class BlockHasher:
 
     def __init__(self, seed: int, *, compiled: bool | None = None) -> None:
         """`compiled`: hash in C (mocker/kv/_chash.c) or in Python (the reference), the same
-        values; None: C when it was built, unless MOCKER_KV_POOL=python."""
-        from mocker.kv.compiled_pool import use_compiled  # (it imports this module)
-
-        self._c = _chash if use_compiled("mocker.kv._chash", _chash is not None, compiled) else None
+        values; None: as MOCKER_COMPILED says (mocker.compiled)."""
+        self._c = chash if use_compiled("mocker.kv._chash", compiled) else None
         self._seed = seed
         # The parent of a request's first block, like vLLM's NONE_HASH.
         self.none_hash = BlockHash(self._digest(b"mocker:none-hash"))

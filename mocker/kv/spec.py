@@ -5,14 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from mocker.config import ModelShape
+from typing import Protocol
 
 __all__ = [
     "KVCacheGroup",
     "KVLayout",
+    "LayerShape",
     "SpecKind",
     "gated_delta_net_state_bytes",
     "kv_layout",
@@ -150,7 +148,26 @@ class KVLayout:
         ]
 
 
-def _layer_kinds(shape: ModelShape) -> list[SpecKind]:
+class LayerShape(Protocol):
+    """What a KV layout is computed from (a ModelShape's fields: mocker.config)."""
+
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def num_kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def dtype_bytes(self) -> int: ...
+    @property
+    def layer_types(self) -> Sequence[str]: ...
+    @property
+    def sliding_window(self) -> int | None: ...
+    @property
+    def mamba_state_bytes(self) -> int: ...
+
+
+def _layer_kinds(shape: LayerShape) -> list[SpecKind]:
     if not shape.layer_types:
         return [SpecKind.FULL] * shape.num_layers
     return [layer_kind(t) for t in shape.layer_types]
@@ -175,7 +192,7 @@ def _group_layers(kinds: Sequence[SpecKind]) -> tuple[list[tuple[SpecKind, list[
     return groups, size
 
 
-def kv_layout(shape: ModelShape, block_size: int) -> KVLayout:
+def kv_layout(shape: LayerShape, block_size: int) -> KVLayout:
     """The groups of a model and the block size its engine uses.
 
     Attention layers of every kind share one page size (the presets give every attention

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from mocker.config import VLLM_RELEASES, EngineConfig
 from mocker.disagg.pulls import PdCounters, PullRecord
-from mocker.engine.outputs import StepResult
+from mocker.engine.outputs import StepResult, iteration_stats
 from mocker.engine.stats import EngineSnapshot, FinishedRequestStats, IterationStats
 from mocker.metrics.histogram import (
     ITERATION_TOKEN_BUCKETS,
@@ -129,7 +129,7 @@ class StatsRecorder:
         if result.idle:
             return
         self.iteration_tokens.observe(stats.num_scheduled_tokens)
-        self._iteration(IterationStats.of(result.outputs))
+        self._iteration(iteration_stats(result.outputs))
         for finished in result.finished:
             self.on_finish(finished)
 

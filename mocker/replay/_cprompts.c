@@ -1,6 +1,6 @@
 /* Replay prompts' mixing in C: mocker.replay.prompts.PromptBuilder's block hashes and tail
  * token ids, the same values as its Python code (the reference, which serves when this was
- * not built or MOCKER_KV_POOL=python; tests/replay/test_prompts.py compares the two).
+ * not built or MOCKER_COMPILED=0; tests/replay/test_prompts.py compares the two).
  *
  * Why it exists: the Python code mixes 64-bit values with big-int arithmetic, a dozen
  * objects per trace block of every prompt (the id chain), plus numpy calls whose overhead

@@ -4,24 +4,16 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 import xxhash
 
-from mocker.kv.compiled_pool import use_compiled
+from mocker.compiled import cprompts as _cprompts
+from mocker.compiled import use_compiled
 from mocker.kv.hashing import BlockHash, BlockHashes, hash_array
 from mocker.mixing import GOLDEN, MASK64, splitmix64, splitmix64_array
 from mocker.replay.trace import TraceRequest
 from mocker.request import TokenIds
-
-if TYPE_CHECKING:
-    from mocker.replay import _cprompts
-else:
-    try:
-        from mocker.replay import _cprompts
-    except ImportError:  # built without a C compiler: the Python code serves
-        _cprompts = None
 
 __all__ = ["FILLER_TOKEN", "PromptBuilder"]
 
@@ -70,9 +62,8 @@ class PromptBuilder:
         compiled: bool | None = None,
     ) -> None:
         """`compiled`: mix in C (mocker/replay/_cprompts.c) or in Python (the reference), the
-        same values; None: C when it was built, unless MOCKER_KV_POOL=python."""
-        built = _cprompts is not None
-        self._c = _cprompts if use_compiled("mocker.replay._cprompts", built, compiled) else None
+        same values; None: C when it was built, unless MOCKER_COMPILED=0."""
+        self._c = _cprompts if use_compiled("mocker.replay._cprompts", compiled) else None
         self.block_size = block_size
         self.trace_block_size = trace_block_size
         self.vocab = vocab

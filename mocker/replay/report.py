@@ -7,7 +7,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from mocker.replay.runner import ReplayResult
+from mocker.replay.records import ReplayResult
 
 __all__ = ["summarize", "table", "write_outputs"]
 

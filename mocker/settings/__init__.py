@@ -5,7 +5,8 @@ from __future__ import annotations
 from mocker.settings.engine import ENGINE_OPTIONS, engine_config_from
 from mocker.settings.layers import add_options, resolve
 from mocker.settings.option import ENV_PREFIX, Option
-from mocker.settings.server import SERVER_OPTIONS, ServerSettings, server_settings_from
+from mocker.settings.server import ServerSettings, server_settings_from
+from mocker.settings.server_options import SERVER_OPTIONS
 from mocker.settings.vllm_compat import IGNORED_VLLM_FLAGS, add_ignored_vllm_flags
 
 __all__ = [

@@ -1,7 +1,7 @@
 /* mocker's compiled LRU order for a tier's blocks (resident ones in recency order, incoming
  * ones beside them): mocker.tiers.lru_order.LruOrder's verbs over flat arrays (PyLruOrder, on
  * an OrderedDict and a dict, is the reference and serves when this was not built or
- * MOCKER_KV_POOL=python; tests/tiers/test_lru_order.py compares the two).
+ * MOCKER_COMPILED=0; tests/tiers/test_lru_order.py compares the two).
  *
  * Why: a tier key is a 64-bit block hash, but in an OrderedDict each one is an int object of
  * its own somewhere on the heap (its hash reads it), inside a node that is another allocation

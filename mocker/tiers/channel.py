@@ -7,13 +7,9 @@ import math
 from collections.abc import Callable
 from typing import Protocol
 
-from mocker.kv.compiled_pool import use_compiled
+from mocker.compiled import clink as _clink
+from mocker.compiled import use_compiled
 from mocker.tiers.link import Link, TransferId
-
-try:
-    from mocker.tiers import _clink
-except ImportError:  # built without a C compiler: the Python channel serves
-    _clink = None  # type: ignore[assignment]
 
 __all__ = ["Channel", "Done", "TransferChannel", "earliest", "earliest_of", "finish_due",
            "finish_due_of", "open_channel"]  # fmt: skip
@@ -41,9 +37,9 @@ class TransferChannel(Protocol):
 
 def open_channel(link: Link, src: str, dst: str, compiled: bool | None = None) -> TransferChannel:
     """A channel over a fresh `link`: compiled unless `compiled` is False or
-    MOCKER_KV_POOL=python (mocker.kv.compiled_pool.use_compiled); the compiled one keeps the
+    MOCKER_COMPILED=0 (mocker.compiled); the compiled one keeps the
     link's state itself and takes only its bandwidth and latency."""
-    if use_compiled("mocker.tiers._clink", _clink is not None, compiled):
+    if use_compiled("mocker.tiers._clink", compiled):
         return _clink.Channel(link.bandwidth, link.latency, src, dst)
     return Channel(link, src, dst)
 
@@ -76,8 +72,8 @@ def finish_due(channels: list[TransferChannel], bound: float) -> float:
 def earliest_of(
     compiled: bool | None = None,
 ) -> Callable[[list[TransferChannel]], tuple[float, TransferChannel | None]]:
-    """`earliest`, compiled unless `compiled` is False or MOCKER_KV_POOL=python."""
-    if use_compiled("mocker.tiers._clink", _clink is not None, compiled):
+    """`earliest`, compiled unless `compiled` is False or MOCKER_COMPILED=0."""
+    if use_compiled("mocker.tiers._clink", compiled):
         return _clink.earliest
     return earliest
 
@@ -85,8 +81,8 @@ def earliest_of(
 def finish_due_of(
     compiled: bool | None = None,
 ) -> Callable[[list[TransferChannel], float], float]:
-    """`finish_due`, compiled unless `compiled` is False or MOCKER_KV_POOL=python."""
-    if use_compiled("mocker.tiers._clink", _clink is not None, compiled):
+    """`finish_due`, compiled unless `compiled` is False or MOCKER_COMPILED=0."""
+    if use_compiled("mocker.tiers._clink", compiled):
         return _clink.finish_due
     return finish_due
 

@@ -57,7 +57,7 @@ class LruTier:
         self.record_events = record_events
         # key -> parent key: resident blocks in LRU order (least recently used first), and
         # incoming ones, whose copy has not landed yet (compiled unless `compiled` is False or
-        # MOCKER_KV_POOL=python: mocker.tiers.lru_order).
+        # MOCKER_COMPILED=0: mocker.tiers.lru_order).
         self._order: LruOrder = lru_order(compiled)
         self._meta: dict[BlockKey, BlockMeta] = {}  # resident or incoming; events only
         self._pins = Pins(name)  # reads in flight: never evicted

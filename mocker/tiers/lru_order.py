@@ -8,18 +8,11 @@ from collections import OrderedDict, deque
 from collections.abc import Container, Iterator, Sequence
 from itertools import compress, islice, repeat, takewhile
 from operator import ne
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import Protocol, cast
 
-from mocker.kv.compiled_pool import use_compiled
+from mocker.compiled import clru as _clru
+from mocker.compiled import use_compiled
 from mocker.tiers.tier import BlockKey
-
-if TYPE_CHECKING:
-    from mocker.tiers import _clru
-else:
-    try:
-        from mocker.tiers import _clru
-    except ImportError:  # built without a C compiler: the OrderedDict serves
-        _clru = None
 
 __all__ = ["LruOrder", "PyLruOrder", "chains_children_first", "lru_order"]
 
@@ -315,8 +308,8 @@ class PyLruOrder:
 
 
 def lru_order(compiled: bool | None = None) -> LruOrder:
-    """A new, empty order: the compiled one when it was built (unless MOCKER_KV_POOL=python),
+    """A new, empty order: the compiled one when it was built (unless MOCKER_COMPILED=0),
     else the reference; `compiled` True or False asks for one."""
-    if use_compiled("mocker.tiers._clru", _clru is not None, compiled):
+    if use_compiled("mocker.tiers._clru", compiled):
         return cast("LruOrder", _clru.LruMap())  # (its keys are plain ints)
     return PyLruOrder()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -45,15 +46,33 @@ def _outcome(parse: Any, body: bytes) -> tuple[str, Any]:
     return ("value", _canonical(value))
 
 
-def _canonical(value: Any) -> Any:
-    """Comparable across parsers: types kept (1 is not 1.0), NaN equal to itself, -0.0 apart."""
-    if isinstance(value, float):
-        return ("float", "nan" if math.isnan(value) else repr(value))
-    if isinstance(value, dict):
-        return ("dict", [(k, _canonical(v)) for k, v in value.items()])
-    if isinstance(value, list):
-        return ("list", [_canonical(v) for v in value])
-    return (type(value).__name__, value)
+@dataclass(frozen=True)
+class _Key:
+    name: str
+
+
+def _canonical(value: Any) -> list[tuple[str, Any]]:
+    """Comparable across parsers: types kept (1 is not 1.0), NaN equal to itself, -0.0 apart;
+    flat (a pre-order walk with each container's size), as Python 3.12+ parse nesting deeper
+    than a recursive walk or comparison of it may go."""
+    out: list[tuple[str, Any]] = []
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, _Key):
+            out.append(("key", item.name))
+        elif isinstance(item, float):
+            out.append(("float", "nan" if math.isnan(item) else repr(item)))
+        elif isinstance(item, dict):
+            out.append(("dict", len(item)))
+            for key, member in reversed(list(item.items())):
+                stack += [member, _Key(key)]
+        elif isinstance(item, list):
+            out.append(("list", len(item)))
+            stack += reversed(item)
+        else:
+            out.append((type(item).__name__, item))
+    return out
 
 
 @pytest.mark.parametrize("body", TRICKY, ids=range(len(TRICKY)))

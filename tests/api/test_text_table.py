@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from mocker import compiled
 from mocker.api import text_table as tt
 from mocker.api.text_table import MAX_ID, MAX_TEXT, TextTable, text_table
 
@@ -98,17 +99,17 @@ def test_only_int_to_bytes_pieces_make_a_table(pieces: Any) -> None:
 def test_text_table_serves_the_compiled_one_unless_switched_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.delenv("MOCKER_KV_POOL", raising=False)
+    monkeypatch.delenv("MOCKER_COMPILED", raising=False)
     table = text_table({3: b" three"})
     assert table is not None and type(table).__module__ == "mocker.api._ctext"
     assert table.framed(3, b"a", b"b") == _uvicorn_frame(b"a three" + b"b")
     assert text_table({3: b" three"}, compiled=False) is None
-    monkeypatch.setenv("MOCKER_KV_POOL", "python")
+    monkeypatch.setenv("MOCKER_COMPILED", "0")
     assert text_table({3: b" three"}) is None  # every compiled part off: joined in Python
 
 
 def test_text_table_without_the_build(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tt, "_ctext", None)
+    monkeypatch.setitem(compiled.PARTS, "mocker.api._ctext", None)
     assert text_table({1: b"x"}) is None
     with pytest.raises(RuntimeError, match="not built"):
         text_table({1: b"x"}, compiled=True)

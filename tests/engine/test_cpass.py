@@ -348,9 +348,9 @@ def test_draws_refuses_bad_arguments() -> None:
 
 
 def test_python_pool_setting_turns_both_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MOCKER_KV_POOL", "python")
+    monkeypatch.setenv("MOCKER_COMPILED", "0")
     core = EngineCore(small_config())
     assert core._advancer is None and core.sampler._cdraws is None
-    monkeypatch.setenv("MOCKER_KV_POOL", "auto")
+    monkeypatch.setenv("MOCKER_COMPILED", "auto")
     core = EngineCore(small_config())
     assert core._advancer is not None and core.sampler._cdraws is not None

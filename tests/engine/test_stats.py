@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from mocker.engine.outputs import RequestOutput
-from mocker.engine.stats import FinishedRequestStats, IterationStats, queue_score
+from mocker.engine.outputs import RequestOutput, iteration_stats
+from mocker.engine.stats import FinishedRequestStats, queue_score
 from mocker.engine.virtual import VirtualDriver
 from mocker.request import FinishReason, ParallelSampling, RequestStatus
 from tests.support.engines import make_core, req
@@ -46,7 +46,7 @@ def test_iteration_stats_split_first_tokens_from_later_ones() -> None:
         RequestOutput("b", [6], 1.0, latency=0.05),
         RequestOutput("c", [], 1.0, finished=True, latency=9.0),  # no token: not counted
     ]  # fmt: skip
-    stats = IterationStats.of(outputs)
+    stats = iteration_stats(outputs)
     assert stats.num_generation_tokens == 2
     assert (stats.num_prompt_tokens, stats.num_cached_tokens) == (10, 4)
     assert stats.tier_cached == {"cpu": 1, "fs": 1}

@@ -221,7 +221,7 @@ def test_the_compiled_loop_refuses_bad_arguments() -> None:
 def test_the_python_pool_setting_turns_the_compiled_loop_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("MOCKER_KV_POOL", "python")
+    monkeypatch.setenv("MOCKER_COMPILED", "0")
     assert deliver_loop() is None and deliver_loop(compiled=False) is None
 
 

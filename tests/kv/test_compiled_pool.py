@@ -1,6 +1,6 @@
 """The compiled pool against the Python one (the reference): the same ids, free order, map,
 reference counts and errors after every operation of random workloads; whole replays give
-the same rows; which runs it serves, and how `MOCKER_KV_POOL` chooses."""
+the same rows; which runs it serves, and how `MOCKER_COMPILED` chooses."""
 
 from __future__ import annotations
 
@@ -12,27 +12,22 @@ from typing import Any
 import numpy as np
 import pytest
 
+from mocker import compiled
+from mocker.compiled import ENV
 from mocker.config import (
     MODEL_PRESETS,
-    ConfigError,
     EngineConfig,
     EvictionPolicyName,
     KVRole,
     StorageTierSpec,
 )
 from mocker.engine.kv_stack import build_kv_stack
-from mocker.kv import compiled_pool
 from mocker.kv.block import KVBlock
 from mocker.kv.block_pool import BlockPool
 from mocker.kv.compiled_pool import (
-    POOL_ENV,
     CompiledBlockPool,
     CompiledEventPool,
-    PoolImpl,
-    compiled_available,
-    pool_impl,
     serves,
-    use_compiled,
 )
 from mocker.kv.eviction import LRUPolicy
 from mocker.kv.hashing import BlockHash, BlockHashes, hash_array
@@ -42,7 +37,7 @@ from mocker.tiers.lru import LruTier
 from tests.support.pools import free_order
 
 pytestmark = pytest.mark.skipif(
-    not compiled_available(), reason="mocker.kv._cpool was not built (no C compiler)"
+    not compiled.built("mocker.kv._cpool"), reason="mocker.kv._cpool was not built (no C compiler)"
 )
 
 BS = 4
@@ -363,8 +358,8 @@ def test_replays_give_the_same_rows_with_either_pool(
     cfg = EngineConfig(**{"block_size": 16, "num_gpu_blocks": 2000, "max_num_seqs": 32, **changes})
     trace = _trace()
     runs = {}
-    for impl in ("python", "compiled"):
-        monkeypatch.setenv(POOL_ENV, impl)
+    for impl, switch in (("python", "0"), ("compiled", "1")):
+        monkeypatch.setenv(ENV, switch)
         runs[impl] = replay(trace, cfg, num_engines=engines, router=router, num_samples=50,
                             prefill_engines=prefill_engines)  # fmt: skip
     py, c = runs["python"], runs["compiled"]
@@ -388,36 +383,6 @@ def test_replays_give_the_same_rows_with_either_pool(
 # -- choosing ------------------------------------------------------------------------------------
 
 
-def test_a_compiled_part_serves_when_built_and_not_switched_off(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv(POOL_ENV, "auto")
-    assert use_compiled("part", True, None) and not use_compiled("part", False, None)
-    assert use_compiled("part", True, True) and not use_compiled("part", True, False)
-    with pytest.raises(RuntimeError, match="part was not built"):
-        use_compiled("part", False, True)
-    monkeypatch.setenv(POOL_ENV, "python")
-    assert not use_compiled("part", True, None) and use_compiled("part", True, True)
-
-
-def test_the_env_chooses_and_a_bad_value_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(POOL_ENV, raising=False)
-    assert pool_impl() is PoolImpl.AUTO
-    monkeypatch.setenv(POOL_ENV, " Python ")
-    assert pool_impl() is PoolImpl.PYTHON
-    monkeypatch.setenv(POOL_ENV, "fast")
-    with pytest.raises(ConfigError, match=r"MOCKER_KV_POOL='fast': expected one of auto, python"):
-        pool_impl()
-    monkeypatch.setenv(POOL_ENV, "compiled")
-    monkeypatch.setattr(compiled_pool, "_BUILT", False)
-    with pytest.raises(ConfigError, match="was not built"):
-        pool_impl()
-    monkeypatch.setenv(POOL_ENV, "auto")
-    assert pool_impl() is PoolImpl.AUTO
-    stack = build_kv_stack(EngineConfig(), lambda n: 1.0)
-    assert isinstance(stack.pool, BlockPool)  # not built: Python serves
-
-
 @pytest.mark.parametrize(
     ("changes", "compiled"),
     [
@@ -434,14 +399,14 @@ def test_the_env_chooses_and_a_bad_value_is_named(monkeypatch: pytest.MonkeyPatc
 def test_what_the_compiled_pool_serves(
     monkeypatch: pytest.MonkeyPatch, changes: dict[str, Any], compiled: bool
 ) -> None:
-    monkeypatch.setenv(POOL_ENV, "auto")
+    monkeypatch.setenv(ENV, "auto")
     cfg = EngineConfig(**changes)
     assert serves(cfg) is compiled
     stack = build_kv_stack(cfg, lambda n: 1.0)
     assert isinstance(stack.pool, CompiledBlockPool) is compiled
     if compiled:
         assert isinstance(stack.pool, CompiledEventPool) is cfg.enable_kv_cache_events
-    monkeypatch.setenv(POOL_ENV, "python")
+    monkeypatch.setenv(ENV, "0")
     assert isinstance(build_kv_stack(cfg, lambda n: 1.0).pool, BlockPool)
 
 
@@ -451,7 +416,7 @@ def test_a_cpu_tier_given_from_outside_counts_as_the_engines(
 ) -> None:
     """A CPU tier handed to the stack (shared, built elsewhere) under the config's write-back
     policy gets the Python pool, which retains and displaces; write-through the compiled."""
-    monkeypatch.setenv(POOL_ENV, "auto")
+    monkeypatch.setenv(ENV, "auto")
     cfg = EngineConfig(offload_policy=policy)
     assert serves(cfg) is True and serves(cfg, given_cpu=True) is compiled
     stack = build_kv_stack(cfg, lambda n: 1.0, cpu=LruTier(100, cfg.block_size))

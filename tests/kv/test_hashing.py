@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import xxhash
 
-from mocker.kv.compiled_pool import POOL_ENV
+from mocker.compiled import ENV
 from mocker.kv.hashing import (
     BlockHash,
     BlockHasher,
@@ -230,7 +230,7 @@ def test_a_token_id_of_more_than_32_bits_is_refused_in_c_as_in_python() -> None:
 
 
 def test_the_env_turns_the_compiled_chain_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(POOL_ENV, "python")
+    monkeypatch.setenv(ENV, "0")
     assert BlockHasher(1)._c is None
-    monkeypatch.setenv(POOL_ENV, "auto")
+    monkeypatch.setenv(ENV, "auto")
     assert (BlockHasher(1)._c is None) is (_chash is None)

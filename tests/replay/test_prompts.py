@@ -7,7 +7,7 @@ from array import array
 
 import pytest
 
-from mocker.kv.compiled_pool import POOL_ENV
+from mocker.compiled import ENV
 from mocker.replay.prompts import FILLER_TOKEN, PromptBuilder, _cprompts
 from mocker.replay.trace import TraceRequest
 
@@ -124,7 +124,7 @@ def test_the_compiled_mixing_gives_the_python_prompts(seed: int) -> None:
 
 
 def test_the_env_turns_the_compiled_mixing_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(POOL_ENV, "python")
+    monkeypatch.setenv(ENV, "0")
     assert PromptBuilder(BS, TBS, 1000, 1)._c is None
-    monkeypatch.setenv(POOL_ENV, "auto")
+    monkeypatch.setenv(ENV, "auto")
     assert (PromptBuilder(BS, TBS, 1000, 1)._c is None) is (_cprompts is None)

@@ -13,7 +13,8 @@ from mocker.engine import decode_runs
 from mocker.engine.core import EngineCore
 from mocker.engine.decode_runs import DecodeRun, DecodeRuns, run_decodes
 from mocker.engine.virtual import VirtualDriver
-from mocker.replay.runner import ReplayResult, replay
+from mocker.replay.records import ReplayResult
+from mocker.replay.runner import replay
 from mocker.replay.trace import SyntheticSpec, TraceRequest, synthetic_trace
 from mocker.request import EngineRequest, SamplingParams
 from mocker.timing import PolynomialTiming

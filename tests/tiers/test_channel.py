@@ -183,9 +183,9 @@ def test_bad_arguments_are_errors() -> None:
 
 
 def test_open_channel_follows_the_pool_choice(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MOCKER_KV_POOL", "python")
+    monkeypatch.setenv("MOCKER_COMPILED", "0")
     assert isinstance(open_channel(Link(GB), "cpu", "fs"), Channel)
-    monkeypatch.setenv("MOCKER_KV_POOL", "auto")
+    monkeypatch.setenv("MOCKER_COMPILED", "auto")
     assert isinstance(open_channel(Link(GB), "cpu", "fs"), clink.Channel)
     assert isinstance(open_channel(Link(GB), "cpu", "fs", compiled=False), Channel)
 

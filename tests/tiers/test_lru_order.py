@@ -201,9 +201,9 @@ def test_lru_order_serves_the_compiled_one_unless_switched_off(
         with pytest.raises(RuntimeError, match="not built"):
             lru_order(compiled=True)
         return
-    monkeypatch.setenv("MOCKER_KV_POOL", "auto")
+    monkeypatch.setenv("MOCKER_COMPILED", "auto")
     assert type(lru_order()).__module__ == "mocker.tiers._clru"
-    monkeypatch.setenv("MOCKER_KV_POOL", "python")
+    monkeypatch.setenv("MOCKER_COMPILED", "0")
     assert type(lru_order()) is PyLruOrder
 
 
