@@ -2,7 +2,7 @@
 not, so `pip install .` works either way. The pool (mocker.kv.compiled_pool falls back to the
 Python pool), the fast hash chain (mocker.kv.hashing), replay prompts' mixing
 (mocker.replay.prompts), the streamed chunks' text table (mocker.api.text_table) and a pass's
-plain decode tokens with the draws ahead (mocker.engine.core, mocker.output_tokens) and a
+plain decode tokens with the draws ahead (mocker.engine.core_pass, mocker.output_tokens) and a
 tier's LRU order (mocker.tiers.lru_order) and the channels between tiers (mocker.tiers.channel)
 each fall back to their Python code."""
 

@@ -26,8 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness import emit, log, pin
 
-from mocker.config import MODEL_PRESETS, EngineConfig, ModelShape
+from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore
+from mocker.model_shape import MODEL_PRESETS, ModelShape
 from mocker.request import EngineRequest, SamplingParams
 
 NUM_RUNNING = 256

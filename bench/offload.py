@@ -62,12 +62,13 @@ from harness import (
 from sse_client import KeepAliveClient, Stream, completion_body, completion_request
 
 from mocker.compiled import ENV as COMPILED_ENV
-from mocker.config import EngineConfig, StorageTierSpec
+from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore
 from mocker.engine.outputs import StepResult
 from mocker.engine.stats import FinishedRequestStats
 from mocker.engine.virtual import VirtualDriver, VirtualRun
 from mocker.request import EngineRequest, SamplingParams
+from mocker.storage_spec import StorageTierSpec
 from mocker.tiers.transfers import TransferKind
 
 # Tiered engines run on the Python device pool (the compiled one serves no tiers): so do

@@ -73,11 +73,11 @@ from offload import (
 )
 
 from mocker.compiled import ENV as COMPILED_ENV
-from mocker.config import StorageTierSpec
 from mocker.engine.core import EngineCore
 from mocker.engine.outputs import StepResult
 from mocker.engine.virtual import VirtualDriver, VirtualRun
 from mocker.request import EngineRequest
+from mocker.storage_spec import StorageTierSpec
 
 # (Importing offload set MOCKER_COMPILED=0, unless set: the tier-free baselines run on
 # the Python pool as the tiered engines do, so the ratios measure the tiers.)

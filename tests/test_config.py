@@ -2,14 +2,9 @@
 
 import pytest
 
-from mocker.config import (
-    MODEL_PRESETS,
-    ConfigError,
-    EngineConfig,
-    EvictionPolicyName,
-    ModelShape,
-    PreemptionVictim,
-)
+from mocker.config import ConfigError, EngineConfig
+from mocker.config_choices import EvictionPolicyName, PreemptionVictim
+from mocker.model_shape import MODEL_PRESETS, ModelShape
 
 
 def test_vllm_defaults() -> None:

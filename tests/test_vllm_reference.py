@@ -112,9 +112,9 @@ def test_the_test_decoder_is_vllms_layout() -> None:
 def test_the_families_outside_the_table_are_vllm_034s() -> None:
     # The API server's admission rejections and the tiering promotion latency: type, help,
     # labels and buckets as vLLM 0.34 declares them.
-    from mocker.config import StorageTierSpec
     from mocker.metrics.prometheus import MetricsCollector
     from mocker.metrics.sources import admission_counts
+    from mocker.storage_spec import StorageTierSpec
 
     fs = StorageTierSpec("fs", 64, read_gbps=8.0, write_gbps=4.0)  # type: ignore[arg-type]
     config = make_core(num_cpu_blocks=16, offload_policy="write-through",

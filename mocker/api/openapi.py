@@ -22,7 +22,8 @@ from mocker.api.body_fields import (
     UINT64_MAX,
 )
 from mocker.api.response_schemas import RESPONSE_MODELS, STREAMED
-from mocker.config import EngineConfig, SchedulingPolicy
+from mocker.config import EngineConfig
+from mocker.config_choices import SchedulingPolicy
 from mocker.faults import FAULT_HEADER
 from mocker.settings import ServerSettings
 from mocker.tokenizer import TextTokenizer

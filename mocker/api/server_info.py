@@ -12,8 +12,9 @@ from typing import Any
 
 from mocker import __version__
 from mocker.api.state import ServerState
-from mocker.config import MODEL_PRESETS, KVRole
+from mocker.config_choices import KVRole
 from mocker.kvevents.config import BIND_PREFIX, advertised_host, connectable
+from mocker.model_shape import MODEL_PRESETS
 
 __all__ = ["kv_event_sources", "model_info", "server_info", "sglang_load", "total_load"]
 

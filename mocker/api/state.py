@@ -13,7 +13,8 @@ from mocker.api.errors import OpenAIError
 from mocker.api.faults import FaultInjector
 from mocker.api.lora import LoraAdapters
 from mocker.api.serving import OpenAIServing
-from mocker.config import ConfigError, EngineConfig, KVRole
+from mocker.config import ConfigError, EngineConfig
+from mocker.config_choices import KVRole
 from mocker.disagg.pulls import PdCounters
 from mocker.disagg.side_channel import SideChannelClient, SideChannelServer
 from mocker.engine.core import EngineCore

@@ -213,16 +213,25 @@ class StreamRenderer:
             choice.done = True
             writer = self._writer
             emitter.emit(writer.error(out.status, out.client_message) + writer.done, last=True)
-            return
-        if out.finish_reason is FinishReason.ABORT and not out.new_token_ids:
-            choice.done = True
-            if self._response.disconnected:
-                emitter.close()
-            else:  # aborted by the server (shutdown), not by the client
-                writer = self._writer
-                emitter.emit(writer.error(503, "The request was aborted.") + writer.done,
-                             last=True)  # fmt: skip
-            return
+        elif out.finish_reason is FinishReason.ABORT and not out.new_token_ids:
+            self._aborted(choice, emitter)
+        else:
+            self._general(out, choice, emitter)
+
+    def _aborted(self, choice: Choice, emitter: Emitter | JitteredEmitter) -> None:
+        """The choice ended by an abort before a token: the client left, or the server did."""
+        choice.done = True
+        if self._response.disconnected:
+            emitter.close()
+        else:  # aborted by the server (shutdown), not by the client
+            writer = self._writer
+            emitter.emit(writer.error(503, "The request was aborted.") + writer.done, last=True)
+
+    def _general(
+        self, out: RequestOutput, choice: Choice, emitter: Emitter | JitteredEmitter
+    ) -> None:
+        """Any other output: stop strings, its end, echo, logprobs, ids, usage, a held or cut
+        chunk."""
         if choice.stops is None:
             choice.account(out)
             escaped = self._escaped
@@ -245,7 +254,17 @@ class StreamRenderer:
         if cut:
             self._cut(choice, text, emitter)
             return
-        writer = self._writer
+        chunk = self._chunk(choice, text, ids, echoing)
+        if self._first[index]:
+            self._first_sent(index)
+        if choice.done:
+            self._last(choice, chunk, emitter)
+        else:
+            emitter.emit(chunk)
+
+    def _chunk(self, choice: Choice, text: bytes, ids: list[int], echoing: bool) -> bytes:
+        """The choice's chunk of `text` (and `ids`), with what the request asked to see."""
+        writer, index = self._writer, choice.index
         usage = (
             (choice.num_prompt_tokens, choice.completion_tokens, choice.cached_tokens)
             if writer.continuous_usage
@@ -260,19 +279,16 @@ class StreamRenderer:
         if writer.with_ids:
             prompt = choice.prompt_token_ids if self._prompt_due[index] else None
             self._prompt_due[index] = False
-            chunk = self._first[index] + writer.text(
+            return self._first[index] + writer.text(
                 index, text, choice.finish_reason, choice.stop_reason, usage, ids, prompt,
                 logprobs,
             )  # fmt: skip
-        else:
-            chunk = self._first[index] + writer.text(
-                index, text, choice.finish_reason, choice.stop_reason, usage, logprobs=logprobs
-            )
-        if self._first[index]:
-            self._first_sent(index)
-        if not choice.done:
-            emitter.emit(chunk)
-            return
+        return self._first[index] + writer.text(
+            index, text, choice.finish_reason, choice.stop_reason, usage, logprobs=logprobs
+        )
+
+    def _last(self, choice: Choice, chunk: bytes, emitter: Emitter | JitteredEmitter) -> None:
+        """The choice's last chunk; the response's last one carries the usage and [DONE]."""
         # A P/D prefill's last chunk names its KV (a generate stream has no such field, as
         # vLLM's has none).
         if choice.kv_transfer_params is not None and self._text:
@@ -281,6 +297,7 @@ class StreamRenderer:
         if self._num_open:
             emitter.emit(chunk)
             return
+        writer = self._writer
         if writer.include_usage:
             chunk += writer.usage(*totals(self._response.choices))
         emitter.emit(chunk + writer.done, last=True)

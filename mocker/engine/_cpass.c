@@ -1,6 +1,6 @@
 /* A pass's plain decode tokens in C: applied to their requests, drawn ahead, handed out.
  *
- * `Advancer`: `EngineCore._advance` (mocker/engine/core.py) hands a pass's scheduled requests
+ * `Advancer`: `EngineCore._advance` (mocker/engine/core_pass.py) hands a pass's scheduled requests
  * to `Advancer.run`, which applies those whose token ends nothing (below) and hands every
  * other one to the Python body (`EngineCore._advance_one`). That body stays the reference:
  * with MOCKER_COMPILED=0, or when this was not built, it applies every request

@@ -9,7 +9,8 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 
-from mocker.config import EngineConfig, SchedulingPolicy
+from mocker.config import EngineConfig
+from mocker.config_choices import SchedulingPolicy
 from mocker.kv.hashing import extra_keys_bytes
 from mocker.request import EngineRequest
 

@@ -8,11 +8,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from mocker.compiled import use_compiled
-from mocker.config import EngineConfig, OffloadPolicy, StorageKind
+from mocker.config import EngineConfig
+from mocker.config_choices import OffloadPolicy
 from mocker.kv.block_pool import BlockPool
 from mocker.kv.compiled_pool import CompiledBlockPool, CompiledEventPool, serves
 from mocker.kv.coordinator import HybridKVCacheManager
 from mocker.kv.manager import KVCacheManager, KVManager
+from mocker.storage_spec import StorageKind
 from mocker.tiers.connector import TierConnector
 from mocker.tiers.hybrid_store import HybridWriteThrough
 from mocker.tiers.lru import LruTier

@@ -16,7 +16,8 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from mocker.compiled import cpool
-from mocker.config import EngineConfig, EvictionPolicyName, OffloadPolicy
+from mocker.config import EngineConfig
+from mocker.config_choices import EvictionPolicyName, OffloadPolicy
 from mocker.kv.events import (
     AllBlocksCleared,
     BlockRemoved,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 
-from mocker.config import EvictionPolicyName
+from mocker.config_choices import EvictionPolicyName
 from mocker.kv.block import KVBlock
 from mocker.kv.free_queue import FreeBlockQueue
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import cast
 
-from mocker.config import EvictionPolicyName
+from mocker.config_choices import EvictionPolicyName
 from mocker.kv.block import BlockId, KVBlock
 from mocker.kv.events import KVEvent
 from mocker.kv.eviction import EvictionPolicy, make_policy

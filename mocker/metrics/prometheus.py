@@ -20,7 +20,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from mocker.config import KVRole
+from mocker.config_choices import KVRole
 from mocker.engine.stats import EngineSnapshot
 from mocker.faults import FaultType
 from mocker.metrics.exposition import (

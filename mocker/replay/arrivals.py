@@ -6,7 +6,8 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import replace
 
-from mocker.config import EngineConfig, KVRole
+from mocker.config import EngineConfig
+from mocker.config_choices import KVRole
 from mocker.disagg.local_peers import LocalPeers
 from mocker.disagg.params import RemotePrefill, parse_transfer_params
 from mocker.engine.core import EngineCore

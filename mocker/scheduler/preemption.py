@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mocker.config import PreemptionVictim
+from mocker.config_choices import PreemptionVictim
 from mocker.request import Request, RequestStatus
 
 if TYPE_CHECKING:

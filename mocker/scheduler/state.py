@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from mocker.config import EngineConfig, KVRole, SchedulingPolicy
+from mocker.config import EngineConfig
+from mocker.config_choices import KVRole, SchedulingPolicy
 from mocker.kv.manager import KVManager
 from mocker.request import Request
 from mocker.scheduler.output import SchedulerOutput

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from mocker.config import EngineConfig, ModelShape
+from mocker.config import EngineConfig
 from mocker.deployment import (
     KV_CACHE_DTYPES,
     QUANTIZATIONS,
@@ -21,6 +21,7 @@ from mocker.deployment import (
 from mocker.deployment.capacity import GIB
 from mocker.deployment.models import MODEL_ALIASES
 from mocker.errors import ConfigError
+from mocker.model_shape import ModelShape
 from mocker.settings.option import Option
 from mocker.timing import describe_timing, load_timing_model
 from mocker.timing.spec import TimingKind

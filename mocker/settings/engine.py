@@ -6,14 +6,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from mocker.config import (
-    LORA_RANKS,
-    MODEL_PRESETS,
-    ConfigError,
-    EngineConfig,
-    OffloadPolicy,
-)
+from mocker.config import ConfigError, EngineConfig
+from mocker.config_choices import LORA_RANKS, OffloadPolicy
 from mocker.kv.hashing import HashAlgo
+from mocker.model_shape import MODEL_PRESETS
 from mocker.settings.deployment import DEPLOYMENT_OPTIONS, deployment_of
 from mocker.settings.model_shape import model_shape_from
 from mocker.settings.offload import offload_settings

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mocker.config import ConfigError, StorageKind, StorageTierSpec
+from mocker.config import ConfigError
+from mocker.storage_spec import StorageKind, StorageTierSpec
 
 __all__ = [
     "CONNECTORS",

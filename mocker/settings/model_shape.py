@@ -9,8 +9,8 @@ from typing import Any
 
 import yaml
 
-from mocker.config import MODEL_PRESETS, ModelShape
 from mocker.errors import ConfigError
+from mocker.model_shape import MODEL_PRESETS, ModelShape
 
 __all__ = ["model_shape_from"]
 

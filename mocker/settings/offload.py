@@ -7,7 +7,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from mocker.config import ConfigError, OffloadPolicy
+from mocker.config import ConfigError
+from mocker.config_choices import OffloadPolicy
 from mocker.kv.spec import kv_layout
 from mocker.settings.kv_transfer import NO_HMA, parse_kv_transfer_config
 

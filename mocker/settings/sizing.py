@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mocker.config import MODEL_PRESETS, EngineConfig
+from mocker.config import EngineConfig
 from mocker.deployment import Deployment, kv_capacity
 from mocker.deployment.capacity import block_share
 from mocker.errors import ConfigError
 from mocker.kv.spec import kv_layout
+from mocker.model_shape import MODEL_PRESETS
 from mocker.settings.deployment import arch_shape, scheduler_defaults
 from mocker.settings.model_shape import model_shape_from
 

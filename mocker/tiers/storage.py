@@ -7,8 +7,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import replace
 
-from mocker.config import StorageKind, StorageTierSpec
 from mocker.kv.events import BlockRemoved, BlockStored, KVEvent
+from mocker.storage_spec import StorageKind, StorageTierSpec
 from mocker.tiers.channel import open_channel
 from mocker.tiers.link import Link
 from mocker.tiers.lru import LruTier

@@ -140,6 +140,8 @@ def test_a_10mb_prompt_stalls_neither_health_nor_a_running_stream() -> None:
     # (2M tokens: refused as vLLM refuses it, once counted.)
     assert r.status_code == 400 and "maximum context length" in r.text
     assert took > 1.0 and len(health) >= 5, (took, len(health))  # it did take a while
-    # Never the whole tokenization's time: a busy machine's delays at most.
-    assert max(health) < 1.0, (max(health), took)
-    assert len(gaps) > 2 and max(gaps[1:]) < 1.0, (gaps[:5], took)
+    # Never near the whole tokenization's time: a busy machine's delays at most (a machine
+    # busy enough to stretch the tokenization stretches them alike).
+    bound = max(1.0, took / 10)
+    assert max(health) < bound, (max(health), took)
+    assert len(gaps) > 2 and max(gaps[1:]) < bound, (gaps[:5], took)

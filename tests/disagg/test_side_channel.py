@@ -16,7 +16,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from mocker.config import KVRole
+from mocker.config_choices import KVRole
 from mocker.disagg import side_channel
 from mocker.disagg.params import RemotePrefill, parse_transfer_params
 from mocker.disagg.pulls import PdCounters
@@ -40,11 +40,18 @@ def _engine(role: KVRole, engine_id: str, **changes: object) -> LiveEngine:
 
 @asynccontextmanager
 async def pair(
-    engine_id: str = "P", *, heartbeats: bool = False, **decode_changes: object
+    engine_id: str = "P",
+    *,
+    heartbeats: bool = False,
+    hold_timeout: float | None = None,
+    **decode_changes: object,
 ) -> AsyncIterator[tuple[LiveEngine, LiveEngine, PdCounters]]:
     """A prefill engine serving a side channel on a port of the system's choosing, and a
-    decode engine whose pulls notify it (and, with `heartbeats`, keep its leases alive)."""
-    same = {k: v for k, v in decode_changes.items() if k == "speedup_ratio"}
+    decode engine whose pulls notify it (and, with `heartbeats`, keep its leases alive);
+    `hold_timeout`: the prefill engine's lease (simulated seconds; vLLM's 30 by default)."""
+    same: dict[str, object] = {k: v for k, v in decode_changes.items() if k == "speedup_ratio"}
+    if hold_timeout is not None:
+        same["hold_timeout"] = hold_timeout
     prefill = _engine(KVRole.PRODUCER, engine_id, **same)
     decode = _engine(KVRole.CONSUMER, "D", **decode_changes)
     counters = PdCounters()
@@ -114,8 +121,10 @@ async def test_a_pull_frees_the_prefill_hold() -> None:
 
 
 async def test_a_restarted_prefill_engine_refuses_and_decode_recomputes() -> None:
-    # The same address, another engine id: what a restarted vLLM prefill engine is.
-    async with pair(engine_id="P-restarted") as (prefill, decode, _):
+    # The same address, another engine id: what a restarted vLLM prefill engine is. (A lease
+    # far longer than the test: at speedup 1000 vLLM's 30 s are 30 ms, which a busy machine
+    # may spend before the refusal, and the hold would be gone for that reason instead.)
+    async with pair(engine_id="P-restarted", hold_timeout=1e6) as (prefill, decode, _):
         params = await _prefill(prefill)
         params = {**params, "remote_engine_id": "P"}
         outs = await asyncio.wait_for(_outputs(decode, _decode_spec(params)), 20)

@@ -366,10 +366,10 @@ def _silent_tokens(
 ) -> tuple[dict[str, list[int]], int, float]:
     """Run 40 requests with outputs off (as replay runs a core): every request's tokens,
     how many passes drew theirs as one array, and when the last pass ended."""
-    from mocker.engine import core as core_module
+    from mocker.engine import core_pass
     from mocker.output_tokens import OutputTokenSampler
 
-    monkeypatch.setattr(core_module, "COLUMN_MIN_REQUESTS", column_min)
+    monkeypatch.setattr(core_pass, "COLUMN_MIN_REQUESTS", column_min)
     columns: list[int] = []
     token_column = OutputTokenSampler.token_column
 

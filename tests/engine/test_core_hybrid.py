@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from mocker.config import MODEL_PRESETS, EngineConfig
+from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore
+from mocker.model_shape import MODEL_PRESETS
 from mocker.request import EngineRequest, SamplingParams
 
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from mocker.config import KVRole
+from mocker.config_choices import KVRole
 from mocker.disagg.local_peers import LocalPeers
 from mocker.disagg.params import parse_transfer_params
 from mocker.engine.core import EngineCore

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from mocker.engine.core import EngineCore, advancer
+from mocker.engine.core import EngineCore
+from mocker.engine.core_state import advancer
 from mocker.engine.outputs import RequestOutput, StepResult
 from mocker.kv.block import block_ids
 from mocker.kv.manager import KVCacheManager

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mocker.config import MODEL_PRESETS, EngineConfig
+from mocker.config import EngineConfig
 from mocker.engine.intake import (
     RequestRejected,
     check_min_tokens,
@@ -12,6 +12,7 @@ from mocker.engine.intake import (
     check_request,
     request_id_in_use,
 )
+from mocker.model_shape import MODEL_PRESETS
 from mocker.request import EngineRequest
 from tests.support.engines import req, small_config
 

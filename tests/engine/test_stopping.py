@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mocker.config import EngineConfig
-from mocker.engine import core as core_module
+from mocker.engine import core_pass
 from mocker.engine.core import EngineCore
 from mocker.engine.stopping import DRAW_AHEAD, DRAW_MIN, DRAW_STAGGER, draw
 from mocker.output_tokens import OutputTokenSampler
@@ -80,7 +80,7 @@ def test_requests_started_together_draw_ahead_in_different_passes(
         calls.append(k)
         return draw(sampler, request, k)
 
-    monkeypatch.setattr(core_module, "draw", counted)
+    monkeypatch.setattr(core_pass, "draw", counted)
     core = EngineCore(EngineConfig(max_num_seqs=256, num_gpu_blocks=8192))
     n = 200
     shortened = []  # how much shorter each request's first window is

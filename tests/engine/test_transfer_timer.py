@@ -7,11 +7,11 @@ import asyncio
 from typing import Any, cast
 
 from mocker.clock import WallClock
-from mocker.config import StorageTierSpec
 from mocker.engine.core import EngineCore
 from mocker.engine.kv_stack import build_shared_tiers
 from mocker.engine.transfer_timer import TransferTimer
 from mocker.request import EngineRequest, SamplingParams
+from mocker.storage_spec import StorageTierSpec
 from tests.support.engines import small_config
 
 

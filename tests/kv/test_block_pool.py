@@ -2,7 +2,7 @@
 
 import pytest
 
-from mocker.config import EvictionPolicyName
+from mocker.config_choices import EvictionPolicyName
 from mocker.kv.block_pool import BlockPool
 from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
 from mocker.kv.eviction import LRUPolicy

@@ -14,13 +14,8 @@ import pytest
 
 from mocker import compiled
 from mocker.compiled import ENV
-from mocker.config import (
-    MODEL_PRESETS,
-    EngineConfig,
-    EvictionPolicyName,
-    KVRole,
-    StorageTierSpec,
-)
+from mocker.config import EngineConfig
+from mocker.config_choices import EvictionPolicyName, KVRole
 from mocker.engine.kv_stack import build_kv_stack
 from mocker.kv.block import KVBlock
 from mocker.kv.block_pool import BlockPool
@@ -31,8 +26,10 @@ from mocker.kv.compiled_pool import (
 )
 from mocker.kv.eviction import LRUPolicy
 from mocker.kv.hashing import BlockHash, BlockHashes, hash_array
+from mocker.model_shape import MODEL_PRESETS
 from mocker.replay.runner import replay
 from mocker.replay.trace import SyntheticSpec, synthetic_trace
+from mocker.storage_spec import StorageTierSpec
 from mocker.tiers.lru import LruTier
 from tests.support.pools import free_order
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from mocker.config import EngineConfig, ModelShape
+from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore
 from mocker.kv.block import KVBlock
 from mocker.kv.block_pool import BlockPool
@@ -15,6 +15,7 @@ from mocker.kv.coordinator import HybridKVCacheManager
 from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from mocker.kv.group_managers import NEVER, Table
 from mocker.kv.hashing import BlockHash
+from mocker.model_shape import ModelShape
 from mocker.request import EngineRequest, Request, RequestId, SamplingParams
 
 BS = 4

@@ -1,6 +1,6 @@
 """Eviction order of both policies, exact, including out-of-chain-order releases."""
 
-from mocker.config import EvictionPolicyName
+from mocker.config_choices import EvictionPolicyName
 from mocker.kv.block_pool import BlockPool
 
 BS = 2

@@ -4,7 +4,6 @@ from collections.abc import Iterable
 
 import pytest
 
-from mocker.config import ModelShape
 from mocker.kv.block import KVBlock
 from mocker.kv.block_pool import BlockPool
 from mocker.kv.group_managers import (
@@ -17,6 +16,7 @@ from mocker.kv.group_managers import (
 )
 from mocker.kv.hashing import BlockHash
 from mocker.kv.spec import KVLayout, kv_layout
+from mocker.model_shape import ModelShape
 
 BS = 4
 HASHES = [BlockHash(100 + i) for i in range(10)]

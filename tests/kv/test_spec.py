@@ -4,8 +4,9 @@ from typing import Any
 
 import pytest
 
-from mocker.config import MODEL_PRESETS, ConfigError, EngineConfig, ModelShape
+from mocker.config import ConfigError, EngineConfig
 from mocker.kv.spec import KVLayout, SpecKind, kv_layout
+from mocker.model_shape import MODEL_PRESETS, ModelShape
 
 QWEN3_NEXT = MODEL_PRESETS["qwen3-next-80b-a3b"]
 GRANITE = MODEL_PRESETS["granite-4.0-h-micro"]

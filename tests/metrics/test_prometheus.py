@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client import generate_latest
 
-from mocker.config import VLLM_RELEASES, KVRole, StorageTierSpec
+from mocker.config import VLLM_RELEASES
+from mocker.config_choices import KVRole
 from mocker.engine.stats import EngineSnapshot, TierSnapshot
 from mocker.engine.virtual import VirtualDriver
 from mocker.faults import FaultType
@@ -18,6 +19,7 @@ from mocker.metrics import (
     prometheus,
 )
 from mocker.metrics.sources import admission_counts
+from mocker.storage_spec import StorageTierSpec
 from tests.support.engines import make_core, req
 
 

@@ -8,7 +8,7 @@ import tracemalloc
 
 import pytest
 
-from mocker.config import ConfigError, EngineConfig, StorageTierSpec
+from mocker.config import ConfigError, EngineConfig
 from mocker.engine import decode_runs
 from mocker.engine.core import EngineCore
 from mocker.engine.decode_runs import DecodeRun, DecodeRuns, run_decodes
@@ -17,6 +17,7 @@ from mocker.replay.records import ReplayResult
 from mocker.replay.runner import replay
 from mocker.replay.trace import SyntheticSpec, TraceRequest, synthetic_trace
 from mocker.request import EngineRequest, SamplingParams
+from mocker.storage_spec import StorageTierSpec
 from mocker.timing import PolynomialTiming
 from tests.support.pools import free_order
 

@@ -4,8 +4,9 @@ from typing import Any
 
 import pytest
 
-from mocker.config import MODEL_PRESETS, EngineConfig
+from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore
+from mocker.model_shape import MODEL_PRESETS
 from mocker.request import EngineRequest, SamplingParams
 
 QWEN3_NEXT = MODEL_PRESETS["qwen3-next-80b-a3b"]  # block 544

@@ -6,10 +6,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from mocker.config import ModelShape
 from mocker.kv.block_pool import BlockPool
 from mocker.kv.coordinator import HybridKVCacheManager
 from mocker.kv.manager import KVCacheManager
+from mocker.model_shape import ModelShape
 from mocker.request import Request, RequestId, RequestStatus, SamplingParams
 from mocker.scheduler.scheduler import Scheduler
 from tests.support.engines import small_config

@@ -7,9 +7,10 @@ import logging
 
 import pytest
 
-from mocker.config import EngineConfig, ModelShape
+from mocker.config import EngineConfig
 from mocker.deployment import deployment_from, kv_capacity
 from mocker.errors import ConfigError
+from mocker.model_shape import ModelShape
 from mocker.settings import engine_config_from, resolve
 from mocker.settings.deployment import arch_shape, listing, startup_lines
 from mocker.timing import TimingKind

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mocker.config import MODEL_PRESETS, ConfigError, EngineConfig
+from mocker.config import ConfigError, EngineConfig
+from mocker.model_shape import MODEL_PRESETS
 from mocker.settings import engine_config_from, resolve
 from tests.support.settings import ALL, parse_flags
 

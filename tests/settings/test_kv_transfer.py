@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from mocker.config import ConfigError, KVRole, StorageKind
+from mocker.config import ConfigError
+from mocker.config_choices import KVRole
 from mocker.settings import resolve
 from mocker.settings.engine import engine_config_from
 from mocker.settings.kv_transfer import (
@@ -19,6 +20,7 @@ from mocker.settings.kv_transfer import (
     UNBOUNDED_BLOCKS,
     parse_kv_transfer_config,
 )
+from mocker.storage_spec import StorageKind
 from tests.support.settings import ALL, parse_flags
 
 BLOCK_BYTES = 16 * 131072  # Llama-3-8B, 16-token blocks: 2 MiB

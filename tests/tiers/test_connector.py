@@ -315,7 +315,7 @@ def test_write_through_releases_a_finished_request_tail_first() -> None:
 
 def test_tiers_that_disagree_on_publishing_events_are_refused() -> None:
     # A cascade copies the CPU tier's event records into the tiers below it.
-    from mocker.config import StorageTierSpec
+    from mocker.storage_spec import StorageTierSpec
     from mocker.tiers.lru import LruTier
 
     fs = StorageTierSpec("fs", 64, read_gbps=8.0, write_gbps=4.0)  # type: ignore[arg-type]
@@ -361,7 +361,7 @@ def test_a_cascade_names_each_blocks_parent_as_the_cpu_tier_does(batch: int) -> 
     """A store's parent keys travel with it to its cascades (nothing looks them up again):
     every block in fs has the parent it has in the CPU tier, its chain's previous block,
     also for a store copied in pieces and one of which the CPU tier held a part already."""
-    from mocker.config import StorageTierSpec
+    from mocker.storage_spec import StorageTierSpec
 
     fs = StorageTierSpec("fs", 64, read_gbps=8.0, write_gbps=4.0)  # type: ignore[arg-type]
     config = host_config(offload_policy="write-through", storage_tiers=(fs,),

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mocker.config import EngineConfig, StorageTierSpec
+from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore
 from mocker.engine.outputs import StepResult
 from mocker.engine.virtual import VirtualDriver, VirtualRun
@@ -20,6 +20,7 @@ from mocker.kv.block_pool import BlockPool
 from mocker.kv.events import BlockStored
 from mocker.metrics import StatsRecorder
 from mocker.request import RequestStatus
+from mocker.storage_spec import StorageTierSpec
 from tests.support.kv_index import EventIndex
 from tests.support.pools import all_blocks, free_order, view
 from tests.support.workloads import random_geometry, random_requests

@@ -8,13 +8,16 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from mocker.config import EngineConfig, ModelShape, OffloadPolicy, StorageKind, StorageTierSpec
+from mocker.config import EngineConfig
+from mocker.config_choices import OffloadPolicy
 from mocker.engine.core import EngineCore
 from mocker.engine.outputs import StepResult
 from mocker.kv.coordinator import HybridKVCacheManager
 from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from mocker.kv.hashing import BlockHash
+from mocker.model_shape import ModelShape
 from mocker.request import EngineRequest, SamplingParams
+from mocker.storage_spec import StorageKind, StorageTierSpec
 from mocker.tiers.connector import TierConnector
 from mocker.tiers.hybrid_store import ChunkUnit, HybridWriteThrough, chunk_keys
 from mocker.tiers.lru import LruTier

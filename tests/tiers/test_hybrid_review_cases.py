@@ -3,9 +3,11 @@ inside a chunk."""
 
 from __future__ import annotations
 
-from mocker.config import EngineConfig, ModelShape, OffloadPolicy
+from mocker.config import EngineConfig
+from mocker.config_choices import OffloadPolicy
 from mocker.engine.core import EngineCore
 from mocker.engine.stats import FinishedRequestStats
+from mocker.model_shape import ModelShape
 from mocker.request import EngineRequest, SamplingParams
 
 

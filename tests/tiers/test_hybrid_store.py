@@ -10,22 +10,18 @@ from typing import Any
 
 import pytest
 
-from mocker.config import (
-    MODEL_PRESETS,
-    ConfigError,
-    EngineConfig,
-    ModelShape,
-    OffloadPolicy,
-    StorageTierSpec,
-)
+from mocker.config import ConfigError, EngineConfig
+from mocker.config_choices import OffloadPolicy
 from mocker.engine.core import EngineCore
 from mocker.engine.outputs import RequestOutput
 from mocker.kv.coordinator import HybridKVCacheManager
 from mocker.kv.events import BlockStored
 from mocker.kv.group_managers import Table
 from mocker.kv.hashing import BlockHash
+from mocker.model_shape import MODEL_PRESETS, ModelShape
 from mocker.request import EngineRequest, Request, RequestId, RequestStatus, SamplingParams
 from mocker.settings import engine_config_from, resolve
+from mocker.storage_spec import StorageTierSpec
 from mocker.tiers.connector import TierConnector
 from mocker.tiers.hybrid_store import ChunkUnit, HybridWriteThrough, chunk_keys
 from mocker.tiers.lru import LruTier

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from mocker.clock import VirtualClock
-from mocker.config import EngineConfig, StorageTierSpec
+from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore
 from mocker.engine.stats import FinishedRequestStats
 from mocker.engine.virtual import VirtualDriver, VirtualRun
@@ -23,6 +23,7 @@ from mocker.kv.events import BlockStored
 from mocker.kv.hashing import BlockHash
 from mocker.metrics import MetricsCollector, StatsRecorder, build_registry
 from mocker.request import EngineRequest, SamplingParams
+from mocker.storage_spec import StorageTierSpec
 from mocker.tiers.tier import BlockBatch, TierBlock
 from mocker.tiers.transfers import TransferKind, TransferRecord
 
