@@ -11,7 +11,8 @@ import pytest
 from mocker.config import ConfigError, EngineConfig
 from mocker.engine import decode_runs
 from mocker.engine.core import EngineCore
-from mocker.engine.decode_runs import DecodeRun, DecodeRuns, run_decodes
+from mocker.engine.decode_batch import DecodeRun
+from mocker.engine.decode_runs import DecodeRuns, run_decodes
 from mocker.engine.virtual import VirtualDriver
 from mocker.replay.records import ReplayResult
 from mocker.replay.runner import replay
