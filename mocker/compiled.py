@@ -5,7 +5,9 @@ Each part is a C module beside the Python code that is its reference and its spe
 part's module says which); a part that was not built (no C compiler at install) leaves the
 Python code to serve. `MOCKER_COMPILED` chooses: `auto` (the default: every part that was
 built), `0` (none: the Python code everywhere) or `1` (every part, and an error at start-up
-when one was not built). A caller may force a part on or off (tests compare the two).
+when one was not built). `MOCKER_COMPILED_SKIP` names parts to leave out all the same (`_cpool`,
+`_clink`, ...: what a part buys is measured with and without it, bench/compiled_parts.py).
+A caller may force a part on or off (tests compare the two).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from mocker.errors import ConfigError
 __all__ = [
     "ENV",
     "PARTS",
+    "SKIP_ENV",
     "Mode",
     "built",
     "chash",
@@ -35,6 +38,7 @@ __all__ = [
 ]
 
 ENV = "MOCKER_COMPILED"
+SKIP_ENV = "MOCKER_COMPILED_SKIP"
 
 
 class Mode(StrEnum):
@@ -103,11 +107,23 @@ def mode() -> Mode:
     return chosen
 
 
+def skipped() -> frozenset[str]:
+    """The parts MOCKER_COMPILED_SKIP leaves out, by module name (an unknown name: an error)."""
+    raw = os.environ.get(SKIP_ENV, "")
+    names = {part.strip() for part in raw.split(",") if part.strip()}
+    by_short = {name.rsplit(".", 1)[-1]: name for name in PARTS}
+    unknown = sorted(n for n in names if n not in by_short and n not in PARTS)
+    if unknown:
+        choices = ", ".join(sorted(by_short))
+        raise ConfigError(f"{SKIP_ENV}: unknown part {', '.join(unknown)}: expected {choices}")
+    return frozenset(by_short.get(n, n) for n in names)
+
+
 def use_compiled(name: str, compiled: bool | None = None) -> bool:
     """Whether the part `name` serves: `compiled` None: as the switch says; True: yes (an
     error if it was not built); False: no."""
     if compiled is None:
-        return built(name) and mode() is not Mode.OFF
+        return built(name) and mode() is not Mode.OFF and name not in skipped()
     if compiled and not built(name):
         raise RuntimeError(f"{name} was not built (no C compiler?)")
     return compiled

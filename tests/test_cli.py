@@ -48,7 +48,7 @@ def test_a_bad_pool_choice_exits_2_naming_it(
     assert "MOCKER_COMPILED='bogus': expected one of auto, 0, 1" in (capsys.readouterr().err)
 
 
-def test_serve_bad_settings_exit_2(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+def test_serve_bad_settings_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["serve", "--max-num-seqs", "0"]) == 2
     assert "max_num_seqs" in capsys.readouterr().err
     assert main(["serve", "--tokenizer", str(tmp_path)]) == 2
@@ -62,7 +62,7 @@ def test_serve_bad_settings_exit_2(capsys: pytest.CaptureFixture[str], tmp_path)
 
 
 def test_serve_bad_kv_events_config_exits_2_naming_the_key(
-    capsys: pytest.CaptureFixture[str], tmp_path
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     assert main(["serve", "--kv-events-config", '{"enable_kv_cache_events": tru}']) == 2
     assert "kv_events_config: not valid JSON" in capsys.readouterr().err
@@ -100,7 +100,7 @@ def test_serve_help_explains_every_flag() -> None:
         assert flag in out, flag  # fmt: skip
 
 
-def test_mocker_serve_process_with_env_yaml_and_positional_model(tmp_path) -> None:
+def test_mocker_serve_process_with_env_yaml_and_positional_model(tmp_path: Path) -> None:
     """`python -m mocker serve MODEL` as users run it: settings from a YAML file, the
     environment and flags, vLLM flags warned about, a request served, SIGTERM ends it."""
     cfg = tmp_path / "mocker.yaml"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mocker import compiled
-from mocker.compiled import ENV, Mode, mode, use_compiled
+from mocker.compiled import ENV, SKIP_ENV, Mode, mode, use_compiled
 from mocker.config import ConfigError, EngineConfig
 from mocker.engine.kv_stack import build_kv_stack
 from mocker.kv.block_pool import BlockPool
@@ -28,6 +28,20 @@ def test_a_part_serves_when_built_and_not_switched_off(monkeypatch: pytest.Monke
         use_compiled("missing", True)
     monkeypatch.setenv(ENV, "0")
     assert not use_compiled("built") and use_compiled("built", True)
+
+
+def test_a_part_can_be_left_out_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(compiled.PARTS, "mocker.x._cone", compiled)
+    monkeypatch.setitem(compiled.PARTS, "mocker.x._ctwo", compiled)
+    monkeypatch.setenv(ENV, "auto")
+    monkeypatch.setenv(SKIP_ENV, " _cone, ")
+    assert not use_compiled("mocker.x._cone") and use_compiled("mocker.x._ctwo")
+    assert use_compiled("mocker.x._cone", True)  # (a caller's choice wins)
+    monkeypatch.setenv(SKIP_ENV, "mocker.x._ctwo")
+    assert use_compiled("mocker.x._cone") and not use_compiled("mocker.x._ctwo")
+    monkeypatch.setenv(SKIP_ENV, "_cthree")
+    with pytest.raises(ConfigError, match=r"MOCKER_COMPILED_SKIP: unknown part _cthree"):
+        use_compiled("mocker.x._cone")
 
 
 def test_the_env_chooses_and_a_bad_value_is_named(monkeypatch: pytest.MonkeyPatch) -> None:

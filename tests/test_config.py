@@ -1,5 +1,7 @@
 """Config defaults, validation messages and combinations."""
 
+from typing import Any
+
 import pytest
 
 from mocker.config import ConfigError, EngineConfig
@@ -60,7 +62,7 @@ def test_strings_coerce_to_enums() -> None:
         ({"cpu_write_gbps": float("nan")}, "cpu_write_gbps"),
     ],
 )
-def test_invalid_settings_name_the_setting(changes: dict, names: str) -> None:
+def test_invalid_settings_name_the_setting(changes: dict[str, Any], names: str) -> None:
     pattern = names if ".*" in names else names.replace("(", r"\(").replace(")", r"\)")
     with pytest.raises(ConfigError, match=pattern):
         EngineConfig(**changes)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import orjson
 
 from mocker.api.chunks import DONE, ChunkWriter, GenerateChunkWriter, error_event, usage_dict
 
 
-def _decode(chunk: bytes) -> list[object]:
+def _decode(chunk: bytes) -> list[Any]:
     text = chunk.decode()
     assert text.startswith("data: ") and text.endswith("\n\n")
     return [json.loads(part.removeprefix("data: ")) for part in text.split("\n\n") if part]

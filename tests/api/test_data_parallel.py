@@ -138,7 +138,7 @@ async def test_a_header_that_is_not_a_rank_is_ignored_as_in_vllm() -> None:
 
 async def test_a_request_id_in_use_on_any_rank_is_refused() -> None:
     c = AppClient(make_app(settings(data_parallel_size=2)))
-    c.state.engines.start = lambda: None  # type: ignore[method-assign]  # requests stay open
+    c.state.engines.start = lambda: None  # requests stay open
     async with c:
         c.state.engines[0].add_request(req("same", [5] * 8))
         r = await c.http.post(
@@ -164,7 +164,7 @@ async def test_queue_limit_counts_every_rank() -> None:
     # to (size it as ranks x max_num_seqs plus a queue).
     c = AppClient(make_app(settings(data_parallel_size=2, max_num_queued_reqs=1)))
     # Loops not started: what is added stays waiting. Rank 0 holds the one request allowed.
-    c.state.engines.start = lambda: None  # type: ignore[method-assign]
+    c.state.engines.start = lambda: None
     async with c:
         c.state.engines[0].add_request(req("queued", [5] * 8))
         for rank in (0, 1):

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 import pytest
+from starlette.types import Send
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
@@ -15,7 +17,7 @@ from mocker.api import direct_write
 from mocker.api.direct_write import DirectBody, direct_body
 from mocker.api.responses import Emitter
 
-START = {"type": "http.response.start", "status": 200, "headers": [(b"x-a", b"1")]}
+START: dict[str, Any] = {"type": "http.response.start", "status": 200, "headers": [(b"x-a", b"1")]}
 # Empty, short, and either side of the length where DirectBody stops looking its frame's
 # head up and formats it.
 CHUNKS = [b"data: {}\n\n", b"", b"x" * 300, "data: \u00e9\n\n".encode(), b"y" * 4095,
@@ -36,6 +38,12 @@ class Transport(asyncio.Transport):
         return False
 
 
+def send_of(cycle: RequestResponseCycle) -> Send:
+    """The cycle's `send` as the app is handed it: an ASGI `Send` (uvicorn types its own
+    messages as TypedDicts, the app's are plain mappings)."""
+    return cast("Send", cycle.send)
+
+
 def _cycle(method: str = "POST") -> tuple[RequestResponseCycle, Transport]:
     transport = Transport()
     scope: Any = {"type": "http", "method": method, "path": "/", "headers": []}
@@ -50,11 +58,11 @@ async def test_the_bytes_are_those_uvicorns_send_writes() -> None:
     sent, sent_transport = _cycle()
     direct, direct_transport = _cycle()
     for cycle in (sent, direct):
-        await cycle.send(START)
-    body = direct_body(direct.send)
+        await send_of(cycle)(START)
+    body = direct_body(send_of(direct))
     assert isinstance(body, DirectBody)
     for chunk in CHUNKS:
-        await sent.send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send_of(sent)({"type": "http.response.body", "body": chunk, "more_body": True})
         assert body.write(chunk)
     # (uvicorn writes b"" for the empty chunk, DirectBody nothing: the same bytes.)
     assert b"".join(direct_transport.written) == b"".join(sent_transport.written)
@@ -64,9 +72,9 @@ async def test_the_bytes_are_those_uvicorns_send_writes() -> None:
 
 async def test_it_declines_what_the_send_path_must_take() -> None:
     cycle, transport = _cycle()
-    assert direct_body(cycle.send) is None  # the response has not started
-    await cycle.send(START)
-    body = direct_body(cycle.send)
+    assert direct_body(send_of(cycle)) is None  # the response has not started
+    await send_of(cycle)(START)
+    body = direct_body(send_of(cycle))
     assert body is not None
     cycle.flow.pause_writing()  # the client reads slowly: the send path waits for it
     assert not body.write(b"a")
@@ -75,18 +83,18 @@ async def test_it_declines_what_the_send_path_must_take() -> None:
     cycle.disconnected = True
     assert not body.write(b"b")
     cycle.disconnected = False
-    await cycle.send({"type": "http.response.body", "body": b"", "more_body": False})
+    await send_of(cycle)({"type": "http.response.body", "body": b"", "more_body": False})
     assert not body.write(b"c")  # the response has ended
     assert transport.written[1:] == [b"1\r\na\r\n", b"0\r\n\r\n"]  # "a" once, then the end
 
 
 async def test_only_a_started_chunked_body_of_uvicorns_httptools_cycle() -> None:
     head, _ = _cycle("HEAD")
-    await head.send(START)
-    assert direct_body(head.send) is None
+    await send_of(head)(START)
+    assert direct_body(send_of(head)) is None
     sized, _ = _cycle()
-    await sized.send({**START, "headers": [(b"content-length", b"3")]})
-    assert direct_body(sized.send) is None
+    await send_of(sized)({**START, "headers": [(b"content-length", b"3")]})
+    assert direct_body(send_of(sized)) is None
 
     async def other_server(message: Any) -> None:
         pass
@@ -110,11 +118,11 @@ async def test_a_uvicorn_whose_cycle_reads_differently_is_left_to_its_send(
     monkeypatch.setattr(direct_write, "_COMPATIBLE", {})
     cycle, _ = _cycle()
     cycle.__class__ = Renamed
-    await RequestResponseCycle.send(cycle, START)
-    assert direct_body(cycle.send) is None
+    await cast("Send", partial(RequestResponseCycle.send, cycle))(START)
+    assert direct_body(send_of(cycle)) is None
     plain, _ = _cycle()
-    await plain.send(START)
-    assert isinstance(direct_body(plain.send), DirectBody)  # the installed uvicorn's: direct
+    await send_of(plain)(START)
+    assert isinstance(direct_body(send_of(plain)), DirectBody)  # the installed uvicorn's: direct
     compatible = direct_write._COMPATIBLE
     assert compatible == {Renamed: False, RequestResponseCycle: True}
 
@@ -122,8 +130,8 @@ async def test_a_uvicorn_whose_cycle_reads_differently_is_left_to_its_send(
 @pytest.mark.parametrize("paused", [False, True])
 async def test_the_emitter_writes_directly_unless_the_transport_is_paused(paused: bool) -> None:
     cycle, transport = _cycle()
-    emitter = Emitter(cycle.send, lambda: None)
-    await cycle.send(START)
+    emitter = Emitter(send_of(cycle), lambda: None)
+    await send_of(cycle)(START)
     emitter.started()
     if paused:
         cycle.flow.pause_writing()
@@ -136,10 +144,12 @@ async def test_the_emitter_writes_directly_unless_the_transport_is_paused(paused
     await emitter.drain()
     await asyncio.wait_for(emitter.closed, 5)
     expected, expected_transport = _cycle()
-    await expected.send(START)
+    await send_of(expected)(START)
     for i, chunk in enumerate(CHUNKS):
         last = i == len(CHUNKS) - 1
-        await expected.send({"type": "http.response.body", "body": chunk, "more_body": not last})
+        await send_of(expected)(
+            {"type": "http.response.body", "body": chunk, "more_body": not last}
+        )
     assert b"".join(transport.written) == b"".join(expected_transport.written)
     assert cycle.response_complete
 
@@ -147,8 +157,8 @@ async def test_the_emitter_writes_directly_unless_the_transport_is_paused(paused
 async def test_a_failing_direct_write_ends_the_response_as_a_failing_send_does() -> None:
     cycle, _ = _cycle()
     failed: list[bool] = []
-    emitter = Emitter(cycle.send, lambda: failed.append(True))
-    await cycle.send(START)
+    emitter = Emitter(send_of(cycle), lambda: failed.append(True))
+    await send_of(cycle)(START)
     emitter.started()
 
     def closed(data: Any) -> None:
@@ -166,9 +176,9 @@ async def test_the_emitters_writer_is_offered_only_while_a_chunk_may_go_straight
     # must be None while chunks queue behind a blocked send, come back once they are out,
     # and go for good when the response ends.
     cycle, transport = _cycle()
-    emitter = Emitter(cycle.send, lambda: None)
+    emitter = Emitter(send_of(cycle), lambda: None)
     assert emitter.writer is None  # not started
-    await cycle.send(START)
+    await send_of(cycle)(START)
     emitter.started()
     assert isinstance(emitter.writer, DirectBody)
     cycle.flow.pause_writing()
@@ -192,11 +202,11 @@ async def test_a_framed_chunk_goes_out_as_given_and_only_when_write_would_write(
     sent, sent_transport = _cycle()
     direct, direct_transport = _cycle()
     for cycle in (sent, direct):
-        await cycle.send(START)
-    body = direct_body(direct.send)
+        await send_of(cycle)(START)
+    body = direct_body(send_of(direct))
     assert body is not None
     for chunk in CHUNKS[:1] + CHUNKS[2:]:  # (never an empty one: its frame ends the body)
-        await sent.send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send_of(sent)({"type": "http.response.body", "body": chunk, "more_body": True})
         assert body.write_framed(b"%x\r\n%b\r\n" % (len(chunk), chunk))
     assert direct_transport.written == sent_transport.written
     direct.flow.pause_writing()
@@ -205,6 +215,6 @@ async def test_a_framed_chunk_goes_out_as_given_and_only_when_write_would_write(
     direct.disconnected = True
     assert not body.write_framed(b"1\r\na\r\n")
     direct.disconnected = False
-    await direct.send({"type": "http.response.body", "body": b"", "more_body": False})
+    await send_of(direct)({"type": "http.response.body", "body": b"", "more_body": False})
     assert not body.write_framed(b"1\r\na\r\n")
     assert direct_transport.written[-1] == b"0\r\n\r\n"  # nothing after the end

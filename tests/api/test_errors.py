@@ -195,7 +195,7 @@ async def test_a_prefill_backlog_beyond_max_num_queued_tokens_is_503() -> None:
     # vLLM 0.34: prompts count whole until their first token; refused while they hold the
     # limit (the new prompt's own tokens are not counted).
     c = AppClient(make_app(settings(max_num_queued_tokens=10)))
-    c.state.engines.start = lambda: None  # type: ignore[method-assign]  (nothing runs)
+    c.state.engines.start = lambda: None  # (nothing runs)
     async with c:
         c.state.engines[0].add_request(req("queued", [5] * 8))
         c.state.serving._admit(1)  # 8 tokens < 10: admitted

@@ -309,8 +309,10 @@ async def test_without_jitter_chunks_go_straight_through_and_close_drops_held() 
     plain.emit(b"a")
     assert [c for c, _ in sink.got] == [b"a"]
     sink2 = _Sink()
-    held = JitteredEmitter(  # type: ignore[arg-type]
-        sink2, _Greatest(FaultConfig(ttft_jitter=5.0)), start - 1.0
+    held = JitteredEmitter(
+        sink2,  # type: ignore[arg-type]
+        _Greatest(FaultConfig(ttft_jitter=5.0)),
+        start - 1.0,
     )
     held.emit(b"late")
     held.close()

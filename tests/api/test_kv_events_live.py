@@ -86,12 +86,14 @@ def events_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Se
         yield srv, replay_url
 
 
-def sources(url: str) -> dict:
-    return httpx.get(url + "/kv_event_sources", timeout=10).json()
+def sources(url: str) -> dict[str, Any]:
+    data: dict[str, Any] = httpx.get(url + "/kv_event_sources", timeout=10).json()
+    return data
 
 
 def last_seq(url: str) -> int:
-    return sources(url)["0"]["next_seq"] - 1
+    seq: int = sources(url)["0"]["next_seq"]
+    return seq - 1
 
 
 def engine_cache(srv: ServerThread) -> set[int]:
@@ -231,7 +233,7 @@ def test_stored_blocks_name_the_requests_session(events_server: tuple[ServerThre
     srv, replay_url = events_server
     sub = Subscriber(sources(srv.url)["0"]["connect"])  # (the publisher waits for one)
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
-    asks: list[tuple[int, dict, dict]] = [
+    asks: list[tuple[int, dict[str, Any], dict[str, Any]]] = [
         (11000, {"session_id": "body"}, {"X-Session-ID": "header"}),
         (12000, {}, {"X-Session-ID": "header"}),
         (13000, {"vllm_xargs": {"session_id": "xarg"}}, {}),

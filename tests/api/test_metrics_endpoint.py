@@ -82,7 +82,8 @@ async def _workload(c: AppClient) -> list[dict[str, Any]]:
             json={"prompt": [*shared, *range(1000 + 16 * i, 1016 + 16 * i)], "max_tokens": 120},
         )
         assert r.status_code == 200, r.text
-        return r.json()
+        data: dict[str, Any] = r.json()
+        return data
 
     first = await one(99)  # warms the shared prefix
     return [first, *await asyncio.gather(*(one(i) for i in range(8)))]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import httpx
 import openai
@@ -35,11 +36,11 @@ def scrape(url: str) -> dict[tuple[str, str | None], float]:
 
 
 @pytest.fixture(scope="module")
-def host_server() -> ServerThread:
+def host_server() -> Iterator[ServerThread]:
     # Real time (slowed down), so the engine's own TTFTs can be compared with hand values.
     app = make_app(speedup_ratio=SPEEDUP, block_size=BLOCK, num_gpu_blocks=256, num_cpu_blocks=2048)
     with ServerThread(app) as srv:
-        yield srv  # type: ignore[misc]
+        yield srv
 
 
 def test_working_set_4x_the_device_pool_is_served_from_host(host_server: ServerThread) -> None:

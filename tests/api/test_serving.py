@@ -12,7 +12,8 @@ from tests.support.servers import AppClient, make_app, settings, tokenizer
 async def _complete(c: AppClient, path: str = "/v1/completions", **body: Any) -> dict[str, Any]:
     r = await c.http.post(path, json=body)
     assert r.status_code == 200, r.text
-    return r.json()
+    data: dict[str, Any] = r.json()
+    return data
 
 
 async def test_completion_usage_counts_match_a_client_tokenizer(client: AppClient) -> None:
@@ -173,7 +174,8 @@ async def _words(c: AppClient, request_id: str, n: int) -> list[str]:
     )
     assert r.headers["x-request-id"] == request_id
     assert r.json()["id"] == f"cmpl-{request_id}"
-    return r.json()["choices"][0]["text"].split(" ")[1:]
+    text: str = r.json()["choices"][0]["text"]
+    return text.split(" ")[1:]
 
 
 async def test_stop_strings_end_generation_and_truncate(client: AppClient) -> None:

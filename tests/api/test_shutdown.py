@@ -52,7 +52,7 @@ def test_sigterm_drains_then_exits_0() -> None:
         assert rest[-1] == "[DONE]"
         chunks = [first, *rest[:-1]]
         assert all("error" not in c for c in chunks)  # type: ignore[operator]
-        assert chunks[-1]["choices"][0]["finish_reason"] == "length"  # type: ignore[index]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
         assert proc.wait(timeout=10) == 0
         err = stderr_of(proc)
         assert "Traceback" not in err and "draining: 1 requests in flight" in err
@@ -72,7 +72,7 @@ def test_shutdown_timeout_aborts_with_an_error_event() -> None:
         # 0.5 s (plus a loaded machine's delays), not the ~14 s or more the stream needed.
         assert time.monotonic() - sent < 10
         assert rest[-1] == "[DONE]"
-        error = rest[-2]["error"]  # type: ignore[index]
+        error = rest[-2]["error"]
         assert error["code"] == 503 and "aborted" in error["message"]
         assert proc.wait(timeout=10) == 0
         assert "Traceback" not in stderr_of(proc)
@@ -110,7 +110,7 @@ def test_a_drain_waits_for_output_held_by_jitter_then_sends_it() -> None:
         assert "Traceback" not in stderr_of(proc)
     events = result["events"]
     assert isinstance(events, list) and events[-1] == "[DONE]"
-    assert events[-2]["choices"][0]["finish_reason"] == "length"  # type: ignore[index]
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
 
 
 def test_a_request_stalled_mid_upload_neither_holds_the_drain_nor_leaves_a_traceback() -> None:

@@ -9,19 +9,19 @@ from typing import Any
 
 import pytest
 
-from mocker.api import text_table as text_table_module
 from mocker.api.choice import Choice
 from mocker.api.chunks import ChunkWriter
 from mocker.api.lifecycle import OpenResponse, OpenResponses
 from mocker.api.responses import Emitter
 from mocker.api.stop_strings import StopMatcher
 from mocker.api.stream import StreamRenderer
-from mocker.api.text_table import TextTable, sinks, text_table
+from mocker.api.text_table import FramedTable, TextTable, sinks, text_table
+from mocker.compiled import ctext as _ctext
 from mocker.engine.outputs import RequestOutput, StepResult
 from mocker.engine.stats import SchedulerStats
 from mocker.engine.stream import RequestStream, deliver, deliver_loop
 from mocker.request import FinishReason
-from tests.api.test_direct_write import START, _cycle
+from tests.api.test_direct_write import START, _cycle, send_of
 from tests.support.parsing import sse_events
 from tests.support.servers import AppClient, make_app, settings
 
@@ -207,8 +207,8 @@ async def _render(
         known=_TEXTS, piece=lambda t: texts[t].decode(), record_abort=lambda: None,
         framed=framed, sinks=sinks,
     )  # fmt: skip
-    emitter = Emitter(cycle.send, lambda: None)
-    await cycle.send(START)
+    emitter = Emitter(send_of(cycle), lambda: None)
+    await send_of(cycle)(START)
     emitter.started()
     renderer.attach(emitter)
     if heard is not None:
@@ -242,7 +242,7 @@ async def test_framed_chunks_are_the_bytes_the_python_join_writes(chat: bool) ->
     outputs += [_output([9]), _output([11]), _output([7], end=True)]
     expected = await _render(None, chat, outputs)
     assert expected.count(b"eight") == 3 and expected.endswith(b"0\r\n\r\n")
-    tables: list[Any] = [TextTable(_TEXTS)]
+    tables: list[FramedTable] = [TextTable(_TEXTS)]
     compiled = text_table(_TEXTS)
     if compiled is not None:
         tables.append(compiled)
@@ -250,7 +250,7 @@ async def test_framed_chunks_are_the_bytes_the_python_join_writes(chat: bool) ->
         calls: list[int] = []
 
         def framed(
-            tok: int, head: bytes, tail: bytes, table: Any = table, calls: list[int] = calls
+            tok: int, head: bytes, tail: bytes, table: FramedTable = table, calls: list[int] = calls
         ) -> bytes | None:
             calls.append(tok)
             return table.framed(tok, head, tail)
@@ -269,9 +269,10 @@ async def test_a_sink_writes_the_bytes_the_renderer_writes(chat: bool, compiled_
     the hand-out straight to the transport: the same bytes and count as the renderer's own
     path; the renderer hears the rest (the first, a token not in the table, a paused
     transport and what queues behind it, a two-token output, the last)."""
-    if text_table_module._ctext is None:
+    if _ctext is None:
         pytest.skip("mocker.api._ctext was not built")
     table = text_table(_TEXTS, compiled=True)
+    assert table is not None  # (compiled=True: the table or an error)
     outputs = [_output([t]) for t in (7, 8, 11, 9, 7, 8, 10, 9)] + [_output([8, 7])]
     outputs += [_output([9]), _output([11]), _output([7], end=True)]
     expected = await _render(None, chat, outputs)
@@ -287,9 +288,10 @@ async def test_a_sink_writes_the_bytes_the_renderer_writes(chat: bool, compiled_
 
 async def test_no_sink_for_a_choice_the_renderer_must_watch() -> None:
     """Stop strings (text is matched), a second choice: no sink."""
-    if text_table_module._ctext is None:
+    if _ctext is None:
         pytest.skip("mocker.api._ctext was not built")
     table = text_table(_TEXTS, compiled=True)
+    assert table is not None  # (compiled=True: the table or an error)
     maker = sinks(table)
     cycle, _transport = _cycle()
     writer = ChunkWriter(chat=False, response_id="cmpl-x", created=1, model="m",
@@ -312,9 +314,9 @@ async def test_no_sink_for_a_choice_the_renderer_must_watch() -> None:
             known=_TEXTS, piece=lambda t: texts[t].decode(), record_abort=lambda: None,
             framed=table.framed, sinks=maker,
         )  # fmt: skip
-        emitter = Emitter(cycle.send, lambda: None)
+        emitter = Emitter(send_of(cycle), lambda: None)
         if not cycle.response_started:
-            await cycle.send(START)
+            await send_of(cycle)(START)
         emitter.started()
         renderer.attach(emitter)
         for _ in range(3):

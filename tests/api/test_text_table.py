@@ -11,15 +11,16 @@ import pytest
 from mocker import compiled
 from mocker.api import text_table as tt
 from mocker.api.text_table import MAX_ID, MAX_TEXT, TextTable, text_table
+from mocker.compiled import ctext as _ctext
 
-needs_c = pytest.mark.skipif(tt._ctext is None, reason="mocker.api._ctext was not built")
+needs_c = pytest.mark.skipif(_ctext is None, reason="mocker.api._ctext was not built")
 
 
 def _tables(pieces: dict[int, bytes]) -> list[Any]:
     """The reference, and the compiled table when it was built."""
     tables: list[Any] = [TextTable(pieces)]
-    if tt._ctext is not None:
-        tables.append(tt._ctext.TextTable(pieces))
+    if _ctext is not None:
+        tables.append(_ctext.TextTable(pieces))
     return tables
 
 
@@ -90,7 +91,7 @@ def test_text_takes_an_int(token_id: Any) -> None:
 
 @pytest.mark.parametrize("pieces", [{"1": b"one"}, {1: "one"}, {1: bytearray(b"one")}])
 def test_only_int_to_bytes_pieces_make_a_table(pieces: Any) -> None:
-    for build in [TextTable, *([tt._ctext.TextTable] if tt._ctext is not None else [])]:
+    for build in [TextTable, *([_ctext.TextTable] if _ctext is not None else [])]:
         with pytest.raises(TypeError):
             build(pieces)
 
@@ -143,6 +144,7 @@ class _Cycle:
 
 class _Emitter:
     __slots__ = ("writer",)
+    writer: object
 
 
 class _Choice:
@@ -161,6 +163,7 @@ def _sink(table: Any) -> tuple[Any, _Cycle, _Emitter, _Choice]:
 @needs_c
 def test_a_sink_writes_the_framed_chunk_and_counts_it() -> None:
     table = text_table({7: b" seven", 8: b""}, compiled=True)
+    assert table is not None  # (compiled=True: the table or an error)
     sink, cycle, _emitter, choice = _sink(table)
     assert sink(7) is True and sink(8) is True
     assert cycle.transport.written == [table.framed(7, b"<", b">"), table.framed(8, b"<", b">")]
@@ -258,10 +261,11 @@ def test_a_sink_takes_one_token_id_and_a_cycle_with_a_transport() -> None:
     with pytest.raises(TypeError, match="one token id"):
         sink(token=7)
     table = text_table({7: b" seven"}, compiled=True)
+    assert isinstance(table, _ctext.TextTable)
     with pytest.raises(AttributeError):
-        tt._ctext.Sink(table, b"", b"", _Emitter(), None, object(), _Choice())  # type: ignore[union-attr]
+        _ctext.Sink(table, b"", b"", _Emitter(), None, object(), _Choice())
     with pytest.raises(TypeError):
-        tt._ctext.Sink(TextTable({}), b"", b"", _Emitter(), None, _Cycle(), _Choice())  # type: ignore[union-attr]
+        _ctext.Sink(TextTable({}), b"", b"", _Emitter(), None, _Cycle(), _Choice())  # type: ignore[arg-type]
 
 
 def test_only_the_compiled_table_makes_sinks() -> None:

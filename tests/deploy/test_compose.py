@@ -24,7 +24,8 @@ def _yaml(path: Path) -> Any:
 
 
 def _compose() -> dict[str, Any]:
-    return _yaml(DEPLOY / "docker-compose.yml")
+    data: dict[str, Any] = _yaml(DEPLOY / "docker-compose.yml")
+    return data
 
 
 def _all_replicas() -> dict[str, dict[str, Any]]:

@@ -48,7 +48,8 @@ def _queries(node: Any) -> Iterator[str]:
 
 
 def _dashboard() -> dict[str, Any]:
-    return json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    data: dict[str, Any] = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    return data
 
 
 @pytest.fixture(scope="module")

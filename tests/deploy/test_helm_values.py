@@ -49,7 +49,8 @@ def env_name(dest: str) -> str:
 
 def settings() -> dict[str, Any]:
     values = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
-    return values["settings"]
+    settings: dict[str, Any] = values["settings"]
+    return settings
 
 
 def deployment_template() -> str:
@@ -85,7 +86,9 @@ def test_every_value_is_rendered_as_its_env_var() -> None:
     assert loop is not None, "no range over the role's settings in the deployment"
     body = loop["body"]
     assert "- name: MOCKER_{{ upper $key }}" in body
-    excluded = set(re.findall(r'"(\w+)"', re.search(r"has \$key \(list ([^)]*)\)", body)[1]))
+    listed = re.search(r"has \$key \(list ([^)]*)\)", body)
+    assert listed is not None
+    excluded = set(re.findall(r'"(\w+)"', listed[1]))
     assert excluded == SECRETS
     for key in settings():
         expected = env_name(key)

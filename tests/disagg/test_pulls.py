@@ -47,10 +47,10 @@ def test_two_pulls_share_the_link_and_land_in_order() -> None:
     pulls.start(0.0, b, 4)  # 400 bytes
     # Both at 500 B/s until a is through at 0.4 s; b alone then: 200 bytes left, 0.2 s.
     first = pulls.next_deadline()
-    assert first == pytest.approx(0.4)
+    assert first is not None and first == pytest.approx(0.4)
     assert pulls.poll(first) == ([a], [])
     second = pulls.next_deadline()
-    assert second == pytest.approx(0.6)
+    assert second is not None and second == pytest.approx(0.6)
     assert pulls.poll(second) == ([b], [])
     assert peers.read == ["a", "b"] and not pulls
     records = pulls.take_records()

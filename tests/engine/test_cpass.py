@@ -32,7 +32,7 @@ def _cores(changes: dict[str, Any]) -> tuple[EngineCore, EngineCore]:
     fast.sampler._cdraws = _cpass.draws
     kv = fast.kv
     quiet = isinstance(kv, KVCacheManager) and kv.quiet_failures
-    fast.scheduler.decode_head = fast._advancer.decodes if quiet else None  # type: ignore[union-attr]
+    fast.scheduler.decode_head = fast._advancer.decodes if quiet else None
     slow._advancer = None
     slow.sampler._cdraws = None
     slow.scheduler.decode_head = None
@@ -136,7 +136,7 @@ def test_replay_passes_equal_the_python_body(seed: int) -> None:
     fast, slow = _cores(changes)
     fast.emit_outputs = slow.emit_outputs = False
     for core in (fast, slow):  # handed over as arrays, as replay does (each its own)
-        core.add_request = _handing_over(core)  # type: ignore[method-assign]
+        core.add_request = _handing_over(core)
     assert _step_both(fast, slow, _workload(rng, 40)) > 20
 
 
@@ -169,7 +169,7 @@ def test_steady_decode_takes_the_compiled_path() -> None:
             calls[_name] += 1
             return int(_one(*args))
 
-        core._advance_one = counted  # type: ignore[method-assign]
+        core._advance_one = counted
     # (block size 4: passes in which blocks fill and are registered included)
     for _ in range(8):
         _same_pass(fast.step(now), result := slow.step(now))

@@ -270,7 +270,7 @@ async def test_a_failing_listener_does_not_kill_the_engine_and_its_request_is_ab
     await engine.stop()
 
 
-def _host_config(**overrides):  # type: ignore[no-untyped-def]
+def _host_config(**overrides):
     settings = {
         "num_gpu_blocks": 16,
         "max_num_batched_tokens": 512,

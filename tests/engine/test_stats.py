@@ -10,6 +10,7 @@ from mocker.engine.outputs import RequestOutput, iteration_stats
 from mocker.engine.stats import FinishedRequestStats, queue_score
 from mocker.engine.virtual import VirtualDriver
 from mocker.request import FinishReason, ParallelSampling, RequestStatus
+from tests.support.checks import not_none
 from tests.support.engines import make_core, req
 
 
@@ -25,7 +26,7 @@ def test_a_finished_request_record_carries_its_times_and_counts() -> None:
     assert done.time_to_first_token == pytest.approx(passes[0][1] - 0.5)
     assert done.queued_time == 0.0
     assert done.decode_time == pytest.approx(passes[-1][1] - passes[0][1])
-    assert done.mean_time_per_output_token == pytest.approx(done.decode_time / 2)
+    assert done.mean_time_per_output_token == pytest.approx(not_none(done.decode_time) / 2)
     assert done.e2e_latency == pytest.approx(passes[-1][1] - 0.5)
 
 
@@ -105,7 +106,7 @@ def test_siblings_on_two_engines_are_counted_once_whenever_each_engine_takes_its
     first.add_request(replace(req("0_r", [1] * 8, max_tokens=1), parent=parent))
     [early] = first.step(0.0).finished
     second.add_request(replace(req("1_r", [1] * 8, max_tokens=2), parent=parent))
-    now, late = 0.0, []
+    now, late = 0.0, list[FinishedRequestStats]()
     while not late:
         result = second.step(now)
         late, now = result.finished, result.end

@@ -9,11 +9,11 @@ from mocker.engine import core_pass
 from mocker.engine.core import EngineCore
 from mocker.engine.stopping import DRAW_AHEAD, DRAW_MIN, DRAW_STAGGER, draw
 from mocker.output_tokens import OutputTokenSampler
-from mocker.request import EngineRequest, Request, SamplingParams
+from mocker.request import EngineRequest, Request, RequestId, SamplingParams
 
 
 def _request(max_tokens: int, sampling: SamplingParams) -> Request:
-    return Request("r", [1, 2, 3], 3, max_tokens, sampling, 0.0, token_seed=987654321)
+    return Request(RequestId("r"), [1, 2, 3], 3, max_tokens, sampling, 0.0, token_seed=987654321)
 
 
 @pytest.mark.parametrize(
@@ -58,7 +58,7 @@ def test_a_first_window_is_as_long_as_the_seed_says_and_then_draw_ahead() -> Non
     sampler = OutputTokenSampler(range(300), eos_token_id=5, eos_probability=0.0, seed=1)
     lengths = set()
     for seed in range(0, 10_000, 37):
-        request = Request("r", [1], 1, 1000, SamplingParams(), 0.0, token_seed=seed)
+        request = Request(RequestId("r"), [1], 1, 1000, SamplingParams(), 0.0, token_seed=seed)
         draw(sampler, request, 0)
         assert request.drawn is not None
         first = len(request.drawn)

@@ -48,7 +48,7 @@ def test_a_listener_gets_what_was_merged_before_it_came_then_each_output() -> No
     seen: list[object] = []
     stream.listen(seen.append)
     stream.put(_out([7], 1.2, finished=True, finish_reason=FinishReason.STOP))
-    assert [o.new_token_ids for o in seen] == [[5, 6], [7]]  # type: ignore[attr-defined]
+    assert [o.new_token_ids for o in seen] == [[5, 6], [7]]
     stream.put(_out([8], 1.3))  # after the end: dropped
     assert len(seen) == 2 and stream.finished
 
@@ -157,7 +157,7 @@ def test_deliver_hands_plain_tokens_to_a_sink_and_the_rest_to_the_listener(
     streams = {rid: RequestStream(rid) for rid in ("a", "b", "c", "gone")}
     heard: dict[str, list[list[int]]] = {rid: [] for rid in streams}
     for rid, stream in streams.items():
-        stream.listen(lambda out, rid=rid: heard[rid].append(out.new_token_ids))  # type: ignore[misc]
+        stream.listen(lambda out, rid=rid: heard[rid].append(out.new_token_ids))
     sink = streams["a"].sink = _Sink(takes={1, 2, 3})
     streams["b"].sink = _Sink(takes=set())  # refuses every token: the listener gets them
     streams["gone"].finished = True  # (ended meanwhile: its outputs are dropped)
@@ -280,7 +280,7 @@ def _sinked_run(loop: DeliverLoop | None) -> tuple[Any, ...]:
     streams, cycles, _table = _sinked_streams(16)
     heard: dict[str, list[list[int]]] = {rid: [] for rid in streams}
     for rid, stream in streams.items():
-        stream.listen(lambda out, rid=rid: heard[rid].append(out.new_token_ids))  # type: ignore[misc]
+        stream.listen(lambda out, rid=rid: heard[rid].append(out.new_token_ids))
     outputs = []
     for k in range(60):
         rid = f"s{(k * 7) % 18}"  # s16, s17: no such stream
@@ -369,7 +369,7 @@ def _churned_run(loop: DeliverLoop | None, seed: int) -> tuple[Any, ...]:
             streams[f"new{len(heard)}"] = RequestStream("x")  # the dict grows
 
     for rid, stream in streams.items():
-        stream.listen(lambda out, rid=rid: listener(out, rid))  # type: ignore[misc]
+        stream.listen(lambda out, rid=rid: listener(out, rid))
     outputs = []
     for _ in range(rng.randrange(30, 120)):
         ids = [rng.randrange(1, 60)] if rng.random() < 0.8 else [1, 2]

@@ -10,6 +10,7 @@ from mocker.clock import WallClock
 from mocker.engine.core import EngineCore
 from mocker.engine.kv_stack import build_shared_tiers
 from mocker.engine.transfer_timer import TransferTimer
+from mocker.kv.events import AllBlocksCleared
 from mocker.request import EngineRequest, SamplingParams
 from mocker.storage_spec import StorageTierSpec
 from tests.support.engines import small_config
@@ -101,5 +102,6 @@ async def test_a_shared_tier_change_another_rank_applied_wakes_the_loop() -> Non
     assert rank0.next_transfer_deadline() is None and rank0.has_tier_news
     assert await _wakes_its_loop(rank0)
     events = rank0.advance_transfers(now).kv_events
-    assert len(events) == 1 and (events[0].medium, events[0].locality) == ("STORAGE", "REMOTE")
+    assert len(events) == 1 and not isinstance(events[0], AllBlocksCleared)
+    assert (events[0].medium, events[0].locality) == ("STORAGE", "REMOTE")
     assert not rank0.has_tier_news

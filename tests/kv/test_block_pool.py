@@ -1,17 +1,29 @@
 """Block pool: vLLM's free-queue order, prefix-cache map, reference counts, events."""
 
+from collections.abc import Iterable, Sequence
+
 import pytest
 
 from mocker.config_choices import EvictionPolicyName
+from mocker.kv.block import KVBlock
 from mocker.kv.block_pool import BlockPool
 from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
 from mocker.kv.eviction import LRUPolicy
+from mocker.kv.hashing import BlockHash
+from tests.support.hashes import as_hashes, hash_tuple, hashes
 
 BS = 2
 
 
-def _pool(n: int = 6, **kw) -> BlockPool:
-    return BlockPool(n, BS, record_events=True, **kw)
+def _pool(
+    n: int = 6,
+    *,
+    enable_caching: bool = True,
+    eviction_policy: EvictionPolicyName = EvictionPolicyName.LRU,
+) -> BlockPool:
+    return BlockPool(
+        n, BS, record_events=True, enable_caching=enable_caching, eviction_policy=eviction_policy
+    )
 
 
 def _order(pool: BlockPool) -> list[int]:
@@ -20,11 +32,18 @@ def _order(pool: BlockPool) -> list[int]:
     return [b.block_id for b in policy.order()]
 
 
-def _cache(pool: BlockPool, blocks, hashes, start=0, end=None, tokens=None) -> list:
+def _cache(
+    pool: BlockPool,
+    blocks: Iterable[KVBlock],
+    hashes: Sequence[int],
+    start: int = 0,
+    end: int | None = None,
+    tokens: Sequence[int] | None = None,
+) -> list[KVBlock]:
     table = list(blocks)
     end = len(table) if end is None else end
     tokens = tokens if tokens is not None else list(range(len(hashes) * BS))
-    pool.cache_full_blocks(table, start, end, hashes, tokens)
+    pool.cache_full_blocks(table, start, end, as_hashes(hashes), tokens)
     return table
 
 
@@ -46,12 +65,12 @@ def test_free_order_tail_first_and_unhashed_before_cached() -> None:
     pool.free_blocks(reversed(b))  # 4 is unhashed -> head; 3 is cached -> tail
     assert _order(pool) == [4, 5, 2, 1, 0, 3]
     # A cached block stays findable until it is actually reused.
-    assert pool.lookup(103) is a[2]
+    assert pool.lookup(BlockHash(103)) is a[2]
     pool.take_events()
     got = pool.get_new_blocks(3)
     assert [x.block_id for x in got] == [4, 5, 2]
-    assert pool.lookup(103) is None and pool.lookup(102) is a[1]
-    assert pool.take_events() == [BlockRemoved(block_hashes=(103,))]
+    assert pool.lookup(BlockHash(103)) is None and pool.lookup(BlockHash(102)) is a[1]
+    assert pool.take_events() == [BlockRemoved(block_hashes=hash_tuple(103))]
 
 
 def test_touch_revives_cached_free_block() -> None:
@@ -59,7 +78,7 @@ def test_touch_revives_cached_free_block() -> None:
     a = pool.get_new_blocks(2)
     _cache(pool, a, [1, 2])
     pool.free_blocks(reversed(a))
-    hit = pool.lookup(1)
+    hit = pool.lookup(BlockHash(1))
     assert hit is a[0] and hit.ref_cnt == 0
     pool.touch([hit])
     assert hit.ref_cnt == 1 and pool.num_used == 1
@@ -78,9 +97,17 @@ def test_stored_events_carry_chain_and_tokens() -> None:
     _cache(pool, a, [7, 8, 9], start=2, end=3, tokens=tokens)
     assert pool.take_events() == [
         BlockStored(
-            block_hashes=(7, 8), parent_block_hash=None, token_ids=(10, 11, 12, 13), block_size=BS
+            block_hashes=hash_tuple(7, 8),
+            parent_block_hash=None,
+            token_ids=(10, 11, 12, 13),
+            block_size=BS,
         ),
-        BlockStored(block_hashes=(9,), parent_block_hash=8, token_ids=(14, 15), block_size=BS),
+        BlockStored(
+            block_hashes=hash_tuple(9),
+            parent_block_hash=BlockHash(8),
+            token_ids=(14, 15),
+            block_size=BS,
+        ),
     ]
     assert pool.take_events() == []
 
@@ -96,7 +123,12 @@ def test_duplicate_hash_adopts_the_cached_block() -> None:
     assert first[0].ref_cnt == 2 and second[0].ref_cnt == 0 and second[0].block_hash is None
     # Only the genuinely new block is announced; the released copies are reused first.
     assert pool.take_events() == [
-        BlockStored(block_hashes=(5,), parent_block_hash=2, token_ids=(4, 5), block_size=BS)
+        BlockStored(
+            block_hashes=hash_tuple(5),
+            parent_block_hash=BlockHash(2),
+            token_ids=(4, 5),
+            block_size=BS,
+        )
     ]
     assert _order(pool)[:2] == [3, 2]
     assert pool.num_used == 3
@@ -116,7 +148,7 @@ def test_caching_disabled_keeps_nothing() -> None:
     pool = _pool(enable_caching=False)
     a = pool.get_new_blocks(2)
     _cache(pool, a, [1, 2])
-    assert pool.lookup(1) is None and pool.take_events() == []
+    assert pool.lookup(BlockHash(1)) is None and pool.take_events() == []
 
 
 def test_reset_prefix_cache_clears_everything_when_idle() -> None:
@@ -146,9 +178,21 @@ def test_reset_prefix_cache_keeps_referenced_chains_and_reannounces_them() -> No
     assert set(pool.cached_hashes()) == {1, 2, 3}
     assert pool.take_events() == [
         AllBlocksCleared(),
-        BlockStored(block_hashes=(1,), parent_block_hash=None, token_ids=(0, 1), block_size=BS),
-        BlockStored(block_hashes=(2,), parent_block_hash=1, token_ids=(2, 3), block_size=BS),
-        BlockStored(block_hashes=(3,), parent_block_hash=2, token_ids=(4, 5), block_size=BS),
+        BlockStored(
+            block_hashes=hash_tuple(1), parent_block_hash=None, token_ids=(0, 1), block_size=BS
+        ),
+        BlockStored(
+            block_hashes=hash_tuple(2),
+            parent_block_hash=BlockHash(1),
+            token_ids=(2, 3),
+            block_size=BS,
+        ),
+        BlockStored(
+            block_hashes=hash_tuple(3),
+            parent_block_hash=BlockHash(2),
+            token_ids=(4, 5),
+            block_size=BS,
+        ),
     ]
     # Lineage counts were recounted among the survivors: 2 keeps its cached child 3.
     assert [a[0].num_cached_children, a[1].num_cached_children] == [1, 1]
@@ -170,8 +214,8 @@ def test_lineage_allocation_sees_each_eviction_before_the_next_pick() -> None:
     # parent is the next pick, ahead of the unrelated block behind it.
     pool = BlockPool(3, 1, enable_caching=True, eviction_policy=EvictionPolicyName.LINEAGE)
     parent, child, other = pool.get_new_blocks(3)
-    pool.cache_full_blocks([parent, child], 0, 2, [111, 222], [5, 6])
-    pool.cache_full_blocks([other], 0, 1, [333], [7])
+    pool.cache_full_blocks([parent, child], 0, 2, hashes(111, 222), [5, 6])
+    pool.cache_full_blocks([other], 0, 1, hashes(333), [7])
     for block in (parent, child, other):
         pool.free_blocks([block])
     got = pool.get_new_blocks(2)
@@ -202,26 +246,28 @@ def test_the_all_new_run_path_leaves_what_the_per_block_path_leaves(
         if not fast:  # (after the fast run: the class is patched until the test ends)
             monkeypatch.setattr(BlockPool, "_cache_new_run", lambda *a: False)
         rng = random.Random(11)
-        held: list[list] = []
-        chains: list[list] = []  # every block's hash and parent after each step
+        held: list[list[KVBlock]] = []
+        chains: list[
+            list[tuple[BlockHash | None, BlockHash | None]]
+        ] = []  # every block's hash and parent after each step
         for step in range(300):
             if held and (rng.random() < 0.4 or pool.num_reusable < 8):
                 table = held.pop(rng.randrange(len(held)))
                 pool.free_blocks(reversed(table))
                 continue
             n = rng.randint(1, 6)
-            hashes = [rng.choice([1, 2, 3]) * 100 + k for k in range(n)]
+            run = [rng.choice([1, 2, 3]) * 100 + k for k in range(n)]
             start = rng.randint(0, n - 1)
             r = rng.random()
             if r < 0.4:  # a new prefix, cached in one or two runs
-                hashes = [rng.randrange(10**6, 10**9) + k for k in range(n)]
+                run = [rng.randrange(10**6, 10**9) + k for k in range(n)]
                 if n > 1 and r < 0.15:  # with a hash twice in it
-                    hashes[-1] = hashes[0]
+                    run[-1] = run[0]
                     start = 0
             table = pool.get_new_blocks(n)
             tokens = list(range(step, step + n * BS))  # (each table's own token list)
-            pool.cache_full_blocks(table, 0, start, hashes, tokens, "lora")
-            pool.cache_full_blocks(table, start, n, hashes, tokens, "lora")
+            pool.cache_full_blocks(table, 0, start, as_hashes(run), tokens, "lora")
+            pool.cache_full_blocks(table, start, n, as_hashes(run), tokens, "lora")
             held.append(table)
             chains.append([(b.block_hash, b.parent_hash) for b in pool.blocks])
         return (
@@ -258,7 +304,7 @@ def test_reusing_cached_free_blocks_forgets_them_on_every_allocation_path(
     # events, one map, no tokens: the common replay); each leaves the same pool.
     pool = BlockPool(4, BS, record_events=events, keep_tokens=keep)
     table = pool.get_new_blocks(4)
-    pool.cache_full_blocks(table, 0, 3, [11, 12, 13], list(range(4 * BS)), "lora")
+    pool.cache_full_blocks(table, 0, 3, hashes(11, 12, 13), list(range(4 * BS)), "lora")
     pool.free_blocks(reversed(table))  # unhashed block 3 first, then 13, 12, 11
     got = pool.get_new_blocks(3)
     assert [b.block_id for b in got] == [3, 2, 1]
@@ -283,7 +329,8 @@ def test_a_run_over_blocks_cached_as_themselves_stores_only_the_new_ones() -> No
     _cache(pool, table, [11, 12, 13], end=2)
     pool.take_events()
     _cache(pool, table, [11, 12, 13])
-    assert [e.block_hashes for e in pool.take_events()] == [(13,)]
+    (event,) = pool.take_events()
+    assert isinstance(event, BlockStored) and event.block_hashes == (13,)
     assert [(h, b.block_id, b.block_hash) for h, b in pool._cached.items()] == [
         (11, 0, 11),
         (12, 1, 12),
@@ -296,7 +343,7 @@ def test_a_run_longer_than_its_table_changes_nothing_before_it_fails() -> None:
     pool = BlockPool(8, BS)
     table = pool.get_new_blocks(2)
     with pytest.raises(IndexError):
-        pool.cache_full_blocks(table, 0, 3, [11, 12, 13], list(range(3 * BS)))
+        pool.cache_full_blocks(table, 0, 3, hashes(11, 12, 13), list(range(3 * BS)))
     # As the per-block path leaves it: the blocks it reached are cached, each as itself.
     assert {h: (b.block_id, b.block_hash) for h, b in pool._cached.items()} == {
         11: (0, 11),

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import random
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from mocker import compiled
 from mocker.compiled import ENV
 from mocker.config import EngineConfig
-from mocker.config_choices import EvictionPolicyName, KVRole
+from mocker.config_choices import EvictionPolicyName, KVRole, OffloadPolicy
 from mocker.engine.kv_stack import build_kv_stack
 from mocker.kv.block import KVBlock
 from mocker.kv.block_pool import BlockPool
@@ -29,7 +30,7 @@ from mocker.kv.hashing import BlockHash, BlockHashes, hash_array
 from mocker.model_shape import MODEL_PRESETS
 from mocker.replay.runner import replay
 from mocker.replay.trace import SyntheticSpec, synthetic_trace
-from mocker.storage_spec import StorageTierSpec
+from mocker.storage_spec import StorageKind, StorageTierSpec
 from mocker.tiers.lru import LruTier
 from tests.support.pools import free_order
 
@@ -50,14 +51,14 @@ class _Table:
     cached: int = 0  # blocks registered
 
 
-def _chain(rng: random.Random, n: int) -> list[int]:
+def _chain(rng: random.Random, n: int) -> list[BlockHash]:
     """Hashes of n blocks whose contents come from a 2-letter alphabet: chains share
     prefixes often, and two requests compute the same block."""
-    out: list[int] = []
+    out: list[BlockHash] = []
     parent = 0
     for _ in range(n):
         parent = hash((parent, rng.randrange(2))) & ((1 << 64) - 1)
-        out.append(parent)
+        out.append(BlockHash(parent))
     return out
 
 
@@ -161,13 +162,13 @@ def test_random_workloads_match_the_python_pool(seed: int, events: bool, vector:
                 t.c += got
                 # Its hash, once full: the chain goes on (a generated block).
                 parent = t.hashes[-1] if t.hashes else 0
-                t.hashes.append(hash((parent, rng.randrange(2))) & ((1 << 64) - 1))
+                t.hashes.append(BlockHash(hash((parent, rng.randrange(2))) & ((1 << 64) - 1)))
         elif op < 0.9:  # more than there is
             _both(lambda: py.get_new_blocks(n + 1), lambda: c.get_new_blocks(n + 1))
         elif op < 0.96:
             assert c.reset_prefix_cache() == py.reset_prefix_cache()
         else:
-            h = rng.choice([t.hashes[0] for t in live] or [1])
+            h = rng.choice([t.hashes[0] for t in live] or [BlockHash(1)])
             found = py.lookup(h)
             assert c.lookup(h) == (None if found is None else found.block_id)
         _same_state(py, c)
@@ -189,7 +190,7 @@ def test_the_free_queue_keeps_the_lru_order_through_holes_and_wraparounds(seed: 
     rng = random.Random(seed)
     n = 6
     py, c = BlockPool(n, BS), CompiledBlockPool(n, BS)
-    cached: list[int] = []  # hashes of cached blocks (each a block of its own)
+    cached: list[BlockHash] = []  # hashes of cached blocks (each a block of its own)
     for step in range(3_000):
         op = rng.random()
         if op < 0.55 and cached:  # revive a cached block (a prefix hit) and free it again
@@ -202,7 +203,7 @@ def test_the_free_queue_keeps_the_lru_order_through_holes_and_wraparounds(seed: 
                 py.free_blocks(hits_py)
                 c.free_blocks(hits_c)
         elif op < 0.8 and py.num_reusable:  # a new block, cached under a fresh hash
-            h = rng.getrandbits(64)
+            h = BlockHash(rng.getrandbits(64))
             b_py, b_c = py.get_new_blocks(1), c.get_new_blocks(1)
             assert b_c == _ids(b_py)
             py.cache_full_blocks(b_py, 0, 1, [h], [0] * BS)
@@ -244,10 +245,12 @@ def test_a_block_computed_twice_is_swapped_for_the_cached_one() -> None:
     py, c = BlockPool(6, BS), CompiledBlockPool(6, BS)
     a_py, a_c = py.get_new_blocks(2), c.get_new_blocks(2)
     b_py, b_c = py.get_new_blocks(2), c.get_new_blocks(2)
-    py.cache_full_blocks(a_py, 0, 2, [7, 8], [])
-    c.cache_full_blocks(a_c, 0, 2, [7, 8], [])
-    py.cache_full_blocks(b_py, 0, 2, [7, 9], [])  # block 0 of b is a's block 0
-    c.cache_full_blocks(b_c, 0, 2, [7, 9], [])
+    py.cache_full_blocks(a_py, 0, 2, [BlockHash(7), BlockHash(8)], [])
+    c.cache_full_blocks(a_c, 0, 2, [BlockHash(7), BlockHash(8)], [])
+    py.cache_full_blocks(
+        b_py, 0, 2, [BlockHash(7), BlockHash(9)], []
+    )  # block 0 of b is a's block 0
+    c.cache_full_blocks(b_c, 0, 2, [BlockHash(7), BlockHash(9)], [])
     assert b_c == _ids(b_py) == [0, 3]
     assert c.ref_cnt(0) == 2 and c.free_order() == [2, 4, 5]  # b's own copy reused first
     _same_state(py, c)
@@ -264,9 +267,9 @@ def test_errors_name_the_block_as_the_python_pool_does() -> None:
     with pytest.raises(ValueError, match="not in this pool"):
         c.touch([4])
     with pytest.raises(IndexError):
-        c.cache_full_blocks([0], 0, 2, [1, 2], [])
+        c.cache_full_blocks([0], 0, 2, [BlockHash(1), BlockHash(2)], [])
     with pytest.raises(TypeError):
-        c.cache_full_blocks((0,), 0, 1, [1], [])  # type: ignore[arg-type]
+        c.cache_full_blocks((0,), 0, 1, [BlockHash(1)], [])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="not in this pool"):
         c.block_hashes([0, 4])
     with pytest.raises(TypeError):
@@ -277,8 +280,8 @@ def test_hashes_are_read_from_a_vector_of_uint64_or_as_ints() -> None:
     """A buffer of native uint64 (array('Q'), numpy uint64) is read in place; any other
     buffer or sequence as ints: the same blocks, the same answers, the same errors."""
     hashes = [BlockHash((k * 0x9E3779B97F4A7C15) & (2**64 - 1)) for k in range(1, 7)]
-    forms = [hashes, tuple(hashes), hash_array(array("Q", hashes)),
-             np.asarray(hashes, dtype=np.uint64)]  # fmt: skip
+    forms: list[Sequence[BlockHash]] = [hashes, tuple(hashes), hash_array(array("Q", hashes)),
+             cast("Sequence[BlockHash]", np.asarray(hashes, dtype=np.uint64))]  # fmt: skip
     for form in forms:
         c = CompiledBlockPool(8, BS)
         table = c.get_new_blocks(4)
@@ -291,7 +294,7 @@ def test_hashes_are_read_from_a_vector_of_uint64_or_as_ints() -> None:
     signed = array("q", [h - 2**64 if h >= 2**63 else h for h in hashes])
     assert min(signed) < 0
     with pytest.raises(OverflowError):
-        CompiledBlockPool(8, BS).cache_full_blocks([0, 1, 2], 0, 3, signed, [])
+        CompiledBlockPool(8, BS).cache_full_blocks([0, 1, 2], 0, 3, signed, [])  # type: ignore[arg-type]
     with pytest.raises(IndexError):  # (a vector shorter than the blocks registered)
         CompiledBlockPool(8, BS).cache_full_blocks([0, 1], 0, 2, hash_array(array("Q", [5])), [])
 
@@ -301,7 +304,7 @@ def test_a_pool_of_hashes_in_one_home_slot_still_finds_and_forgets_each() -> Non
     # (multiples of 2**61 all land in slot 0 of any table) are found and removed in any order.
     c = CompiledBlockPool(16, BS)
     table = c.get_new_blocks(16)
-    hashes = [k << 61 for k in range(8)] + list(range(1, 9))
+    hashes = [BlockHash(k << 61) for k in range(8)] + [BlockHash(k) for k in range(1, 9)]
     c.cache_full_blocks(table, 0, 16, hashes, [])
     assert c.num_cached_prefix(hashes) == 16
     c.free_blocks(table[::-3])
@@ -328,7 +331,7 @@ WRITE_THROUGH: dict[str, Any] = {
     "num_cpu_blocks": 200,
     "offload_policy": "write-through",
 }
-FS = StorageTierSpec("fs", 400, read_gbps=8.0, write_gbps=4.0)  # type: ignore[arg-type]
+FS = StorageTierSpec(StorageKind.FS, 400, read_gbps=8.0, write_gbps=4.0)
 
 
 @pytest.mark.parametrize(
@@ -414,7 +417,7 @@ def test_a_cpu_tier_given_from_outside_counts_as_the_engines(
     """A CPU tier handed to the stack (shared, built elsewhere) under the config's write-back
     policy gets the Python pool, which retains and displaces; write-through the compiled."""
     monkeypatch.setenv(ENV, "auto")
-    cfg = EngineConfig(offload_policy=policy)
+    cfg = EngineConfig(offload_policy=OffloadPolicy(policy))
     assert serves(cfg) is True and serves(cfg, given_cpu=True) is compiled
     stack = build_kv_stack(cfg, lambda n: 1.0, cpu=LruTier(100, cfg.block_size))
     assert isinstance(stack.pool, CompiledBlockPool) is compiled
@@ -430,7 +433,7 @@ def test_a_pool_whose_init_never_ran_raises_instead_of_crashing() -> None:
 
     pool = Skips()
     for call in (lambda: pool.get_new_blocks(1), lambda: pool.free_blocks([0]),
-                 lambda: pool.lookup_prefix([1]), pool.reset_prefix_cache):  # fmt: skip
+                 lambda: pool.lookup_prefix([BlockHash(1)]), pool.reset_prefix_cache):  # fmt: skip
         with pytest.raises(RuntimeError, match="not initialised"):
             call()
     assert pool.num_free == 0 and pool.usage == 0.0
@@ -442,11 +445,11 @@ def test_a_failed_registration_leaves_the_event_pool_whole() -> None:
     c = CompiledEventPool(2, BS)
     table = c.get_new_blocks(2)
     with pytest.raises(IndexError):
-        c.cache_full_blocks(table, 0, 2, [5], list(range(2 * BS)))
+        c.cache_full_blocks(table, 0, 2, [BlockHash(5)], list(range(2 * BS)))
     py = BlockPool(2, BS, record_events=True)
     py_table = py.get_new_blocks(2)
     with pytest.raises(IndexError):
-        py.cache_full_blocks(py_table, 0, 2, [5], list(range(2 * BS)))
+        py.cache_full_blocks(py_table, 0, 2, [BlockHash(5)], list(range(2 * BS)))
     assert c.take_events() == py.take_events() == []
     c.reset_prefix_cache()
     c.free_blocks(reversed(table))
@@ -462,7 +465,7 @@ def test_blocks_must_be_plain_ids_and_are_cached_under_one_hash() -> None:
 
     with pytest.raises(TypeError, match="its id"):
         c.touch([Id(0)])
-    c.cache_full_blocks(table, 0, 1, [7], [])
+    c.cache_full_blocks(table, 0, 1, [BlockHash(7)], [])
     with pytest.raises(ValueError, match="under another hash"):
-        c.cache_full_blocks(table, 0, 1, [8], [])  # (the map never outgrows the pool)
+        c.cache_full_blocks(table, 0, 1, [BlockHash(8)], [])  # (the map never outgrows the pool)
     assert c.cached_hashes() == {7: 0}

@@ -17,6 +17,7 @@ from mocker.kv.group_managers import NEVER, Table
 from mocker.kv.hashing import BlockHash
 from mocker.model_shape import ModelShape
 from mocker.request import EngineRequest, Request, RequestId, SamplingParams
+from tests.support.pools import python_pool
 
 BS = 4
 HASHES = [BlockHash(100 + i) for i in range(10)]
@@ -443,7 +444,7 @@ def _random_workload(caching: bool, seed: int, steps: int = 250) -> tuple[int, i
                 assert isinstance(event, AllBlocksCleared)
                 index.clear()
         assert index == {(g, h) for g in groups for h in pool.cached_hashes(g)}, step
-        _check_groups(pool, kv, core.requests.values())
+        _check_groups(python_pool(pool), kv, core.requests.values())
         # Metric identities: the usage gauge is every group's share summed; hits are counted
         # once per admitted request, and never exceed what was queried.
         snap = core.snapshot()

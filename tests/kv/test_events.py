@@ -11,17 +11,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mocker.config import EngineConfig
+from mocker.config_choices import EvictionPolicyName, OffloadPolicy
 from mocker.engine.core import EngineCore
 from mocker.engine.virtual import VirtualDriver, VirtualRun
 from mocker.kv.events import parents_first
+from mocker.kv.hashing import BlockHash, BlockHasher
 from tests.support.kv_index import EventIndex
 from tests.support.workloads import random_geometry, random_requests
+
+
+def _parent(h: int | None) -> BlockHash | None:
+    return None if h is None else BlockHash(h)
 
 
 def test_parents_first_orders_chains_and_forests() -> None:
     # (hash, parent): two chains given leaf first and mixed, one block whose parent is absent.
     items = [(3, 2), (2, 1), (1, None), (12, 11), (11, 10), (10, None), (21, 99)]
-    ordered = parents_first(items, lambda x: x[0], lambda x: x[1])
+    ordered = parents_first(items, lambda x: BlockHash(x[0]), lambda x: _parent(x[1]))
     position = {h: i for i, (h, _) in enumerate(ordered)}
     assert sorted(position) == [1, 2, 3, 10, 11, 12, 21]
     for h, parent in items:
@@ -31,7 +37,9 @@ def test_parents_first_orders_chains_and_forests() -> None:
 
 def test_parents_first_handles_long_chains() -> None:
     chain = [(i, i - 1 if i else None) for i in range(50_000)]  # no recursion limit
-    assert parents_first(reversed(chain), lambda x: x[0], lambda x: x[1]) == chain
+    assert (
+        parents_first(reversed(chain), lambda x: BlockHash(x[0]), lambda x: _parent(x[1])) == chain
+    )
 
 
 def check_index(index: EventIndex, core: EngineCore) -> None:
@@ -41,9 +49,10 @@ def check_index(index: EventIndex, core: EngineCore) -> None:
     host_hashes = core.cpu.resident_keys() if core.cpu is not None else set()
     assert index.hashes("CPU") == host_hashes
     hasher = core.hasher
+    assert isinstance(hasher, BlockHasher)  # (the config's default: the fast chain)
     for medium in ("GPU", "CPU"):
         for h, known in index.media[medium].items():
-            assert hasher.hash_block(known.parent, known.tokens) == h
+            assert hasher.hash_block(_parent(known.parent), known.tokens) == h
     # Each live request's cached blocks were announced with its tokens at those positions.
     bs = core.config.block_size
     for request in core.requests.values():
@@ -60,9 +69,9 @@ def random_workload(seed: int, seen: Counter[str]) -> None:
     block_size = 4
     config = EngineConfig(
         **random_geometry(rng, block_size),
-        eviction_policy=rng.choice(["lru", "lineage"]),
+        eviction_policy=rng.choice([EvictionPolicyName.LRU, EvictionPolicyName.LINEAGE]),
         num_cpu_blocks=rng.choice([0, 0, 8, 64]),  # no host tier half the time
-        offload_policy=rng.choice(["evict", "write-through"]),
+        offload_policy=rng.choice([OffloadPolicy.EVICT, OffloadPolicy.WRITE_THROUGH]),
         cpu_write_gbps=rng.choice([0.0, 1.0, 32.0]),
         cpu_read_gbps=rng.choice([0.0, 1.0, 32.0]),
         enable_kv_cache_events=True,
@@ -79,6 +88,7 @@ def random_workload(seed: int, seen: Counter[str]) -> None:
         if rng.random() < 0.03:
             # POST /reset_prefix_cache between two passes, whatever is running.
             cleared, reset = core.reset_prefix_cache(result.end)
+            assert cleared is not None  # (a partial reset is never refused)
             index.apply(reset.kv_events)
             check_index(index, core)
             seen["resets"] += 1

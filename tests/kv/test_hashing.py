@@ -70,13 +70,13 @@ def test_extra_keys_change_hash_and_do_not_collide() -> None:
 def test_extend_is_incremental_and_matches_one_shot() -> None:
     h = BlockHasher(3)
     tokens = list(range(10))
-    grown: list = []
+    grown: list[BlockHash] = []
     h.extend(grown, tokens[:3], 4)
     assert grown == []  # no full block yet
     h.extend(grown, tokens[:9], 4)
     assert len(grown) == 2
     h.extend(grown, [*tokens, 10, 11], 4)
-    one_shot: list = []
+    one_shot: list[BlockHash] = []
     h.extend(one_shot, [*tokens, 10, 11], 4)
     assert grown == one_shot and len(grown) == 3
     assert grown[1] == h.hash_block(grown[0], [4, 5, 6, 7])
@@ -84,9 +84,9 @@ def test_extend_is_incremental_and_matches_one_shot() -> None:
 
 def test_first_extra_applies_to_block_zero_only() -> None:
     h = BlockHasher(0)
-    salted: list = []
+    salted: list[BlockHash] = []
     h.extend(salted, list(range(8)), 4, first_extra=extra_keys_bytes("salt"))
-    plain: list = []
+    plain: list[BlockHash] = []
     h.extend(plain, list(range(8)), 4)
     assert salted[0] == h.hash_block(None, [0, 1, 2, 3], extra_keys_bytes("salt"))
     assert salted[1] == h.hash_block(salted[0], [4, 5, 6, 7])
@@ -160,14 +160,14 @@ def test_extend_is_the_chain_of_hash_block() -> None:
         tokens = [rng.randrange(2**32) for _ in range(rng.randint(0, 5 * bs))]
         extra = rng.choice([b"", extra_keys_bytes("lora")])
         first = rng.choice([b"", extra_keys_bytes("lora", "salt")])
-        want: list = []
+        want: list[BlockHash] = []
         parent = None
         for i in range(len(tokens) // bs):
             parent = h.hash_block(
                 parent, tokens[i * bs : (i + 1) * bs], first if i == 0 and first else extra
             )
             want.append(parent)
-        got: list = []
+        got: list[BlockHash] = []
         h.extend(got, tokens[: rng.randint(0, len(tokens))], bs, extra, first)
         h.extend(got, tokens, bs, extra, first)
         assert got == want

@@ -1,9 +1,11 @@
 """KV manager: prefix lookup, slot allocation with hits, caching full blocks, freeing."""
 
 from mocker.kv.block_pool import BlockPool
+from mocker.kv.eviction import LRUPolicy
 from mocker.kv.hashing import BlockHasher
 from mocker.kv.manager import KVCacheManager
 from mocker.request import Request, RequestId, SamplingParams
+from tests.support.pools import python_pool
 
 BS = 4
 
@@ -31,7 +33,7 @@ def test_allocate_rounds_up_to_blocks_and_caches_only_full_ones() -> None:
     r = _request("a", list(range(10)))
     _prefill(kv, r)
     assert len(r.blocks) == 3 and r.num_cached_blocks == 2
-    assert kv.pool.lookup(r.block_hashes[1]) is r.blocks[1]
+    assert python_pool(kv.pool).lookup(r.block_hashes[1]) is r.blocks[1]
     assert r.blocks[2].block_hash is None  # partial block: never cached
 
 
@@ -75,5 +77,7 @@ def test_free_releases_tail_first() -> None:
     _prefill(kv, a)
     ids = [b.block_id for b in a.blocks]
     kv.free(a)
-    assert [b.block_id for b in kv.pool.policy.order()] == [3, *reversed(ids)]  # type: ignore[attr-defined]
+    policy = python_pool(kv.pool).policy
+    assert isinstance(policy, LRUPolicy)
+    assert [b.block_id for b in policy.order()] == [3, *reversed(ids)]
     assert a.blocks == [] and a.num_cached_blocks == 0

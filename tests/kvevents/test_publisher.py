@@ -15,20 +15,22 @@ import zmq
 
 from mocker.config import ConfigError
 from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
+from mocker.kv.hashing import BlockHash
 from mocker.kvevents.config import EventFormat, KVEventsConfig, connectable
 from mocker.kvevents.publisher import ZmqEventPublisher
+from tests.support.hashes import hash_tuple
 from tests.support.kv_consumer import Subscriber, replay
 
 LOOPBACK_ANY = "tcp://127.0.0.1:*"  # a port the system picks at bind time
 
 STORED = BlockStored(
-    block_hashes=(2**63 + 5, 11),
-    parent_block_hash=2**64 - 2,
+    block_hashes=hash_tuple(2**63 + 5, 11),
+    parent_block_hash=BlockHash(2**64 - 2),
     token_ids=(10, 11, 12, 13),
     block_size=2,
     lora_name="adapter",
 )
-REMOVED = BlockRemoved(block_hashes=(11,), medium="CPU")
+REMOVED = BlockRemoved(block_hashes=hash_tuple(11), medium="CPU")
 
 
 @pytest.fixture
@@ -120,7 +122,7 @@ def test_replay_serves_the_buffer_with_end_marker(publishers: list[ZmqEventPubli
     assert [type(e).__name__ for e in first[0].batch.events] == ["AllBlocksCleared"]
     assert first[0].topic == b"t"
     for i in range(9):
-        publisher.publish([BlockRemoved(block_hashes=(i,))])
+        publisher.publish([BlockRemoved(block_hashes=hash_tuple(i))])
     deadline = time.monotonic() + 10
     while [m.seq for m in replay(url, 0)] != [4, 5, 6, 7, 8, 9]:  # the last buffer_steps
         assert time.monotonic() < deadline
@@ -144,7 +146,7 @@ def test_replays_run_beside_live_publishing(publishers: list[ZmqEventPublisher])
         replay_url = publisher.replay_endpoint
         assert replay_url is not None
         for i in range(3000):
-            publisher.publish([BlockRemoved(block_hashes=(i,))])
+            publisher.publish([BlockRemoved(block_hashes=hash_tuple(i))])
         sub.wait_for_seq(3000)
         results: list[list[int]] = []
 
@@ -156,7 +158,7 @@ def test_replays_run_beside_live_publishing(publishers: list[ZmqEventPublisher])
         for t in threads:
             t.start()
         for i in range(600):  # a queue of 8 batches: replays must not hold the sender up
-            last = publisher.publish([BlockRemoved(block_hashes=(i,))])
+            last = publisher.publish([BlockRemoved(block_hashes=hash_tuple(i))])
         for t in threads:
             t.join(60)
         assert [m.seq for m in sub.wait_for_seq(last)] == list(range(last + 1))
@@ -194,7 +196,7 @@ def test_full_queue_waits_instead_of_dropping(publishers: list[ZmqEventPublisher
         publisher = ZmqEventPublisher(config)
         publishers.append(publisher)
         for i in range(300):  # most wait: the first batch holds the queue until we subscribe
-            last = publisher.publish([BlockRemoved(block_hashes=(i,))])
+            last = publisher.publish([BlockRemoved(block_hashes=hash_tuple(i))])
         assert [m.seq for m in sub.wait_for_seq(last)] == list(range(last + 1))
     finally:
         sub.close()
@@ -212,7 +214,7 @@ def test_a_stalled_subscriber_never_blocks_the_engine(publishers: list[ZmqEventP
         publisher = ZmqEventPublisher(config, first_subscriber_wait_s=0.05)
         publishers.append(publisher)
         for i in range(20_000):
-            publisher.publish([BlockRemoved(block_hashes=(i,))])
+            publisher.publish([BlockRemoved(block_hashes=hash_tuple(i))])
         publisher.close(timeout=10)
         assert not publisher._sender.is_alive()  # drained and stopped ...
         assert publisher._buffer[-1][0] == 20_000  # ... having sent every batch
@@ -272,7 +274,7 @@ def test_wildcard_ports_bind_ports_the_system_picks_and_report_them(
     for rank, publisher in enumerate(ranks):
         sub = Subscriber(publisher.endpoint)  # the reported endpoint is the real one
         try:
-            seq = publisher.publish([BlockRemoved(block_hashes=(rank,))])
+            seq = publisher.publish([BlockRemoved(block_hashes=hash_tuple(rank))])
             got = sub.wait_for_seq(seq)
             assert got[-1].batch.data_parallel_rank == rank
             assert got[-1].batch.events[0].block_hashes == [rank]

@@ -6,29 +6,31 @@ import msgspec
 import pytest
 
 from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from mocker.kv.hashing import BlockHash
 from mocker.kvevents.config import EventFormat
 from mocker.kvevents.wire import END_SEQ, BatchEncoder, Dialect, seq_bytes
+from tests.support.hashes import hash_tuple
 from tests.support.kv_consumer import decoder
 
 BIG = 2**64 - 1  # hashes are uint64: the top bit set must survive
-EVENTS = [
+EVENTS: list[KVEvent] = [
     AllBlocksCleared(),
     BlockStored(
-        block_hashes=(BIG, 7),
+        block_hashes=hash_tuple(BIG, 7),
         parent_block_hash=None,
         token_ids=(1, 2, 3, 4),
         block_size=2,
     ),
     BlockStored(
-        block_hashes=(9,),
-        parent_block_hash=7,
+        block_hashes=hash_tuple(9),
+        parent_block_hash=BlockHash(7),
         token_ids=(5, 6),
         block_size=2,
         lora_name="sql-lora",
         medium="CPU",
     ),
-    BlockRemoved(block_hashes=(BIG,)),
-    BlockRemoved(block_hashes=(9,), medium="CPU"),
+    BlockRemoved(block_hashes=hash_tuple(BIG)),
+    BlockRemoved(block_hashes=hash_tuple(9), medium="CPU"),
 ]
 
 
@@ -90,8 +92,9 @@ def test_array_form_raw_layout() -> None:
 
 
 def test_an_offload_store_is_one_placeholder_a_chunk_unless_self_describing() -> None:
-    cpu = BlockStored(block_hashes=(3, 4), parent_block_hash=2, token_ids=(1, 2, 3, 4),
-                      block_size=2, lora_name="sql-lora", medium="CPU")  # fmt: skip
+    cpu = BlockStored(block_hashes=hash_tuple(3, 4), parent_block_hash=BlockHash(2),
+                      token_ids=(1, 2, 3, 4), block_size=2, lora_name="sql-lora",
+                      medium="CPU")  # fmt: skip
     _, events, _ = msgspec.msgpack.decode(BatchEncoder().encode(1.0, [cpu]))
     assert [e["block_hashes"] for e in events] == [[3], [4]]
     assert all(e["token_ids"] == [] and e["parent_block_hash"] is None for e in events)
@@ -103,7 +106,7 @@ def test_an_offload_store_is_one_placeholder_a_chunk_unless_self_describing() ->
 
 
 def test_a_session_is_written_after_ownership() -> None:
-    event = BlockStored(block_hashes=(7,), parent_block_hash=None, token_ids=(1, 2),
+    event = BlockStored(block_hashes=hash_tuple(7), parent_block_hash=None, token_ids=(1, 2),
                         block_size=2, session_id="conv-1")  # fmt: skip
     (mapped,) = msgspec.msgpack.decode(BatchEncoder().encode(1.0, [event]))[1]
     assert list(mapped)[-3:] == ["group_idx", "kv_cache_spec_kind", "session_id"]
@@ -149,13 +152,13 @@ def test_sequence_frames() -> None:
     assert END_SEQ == b"\xff" * 8
 
 
-HYBRID = [
-    BlockStored(block_hashes=(5,), parent_block_hash=4, token_ids=(1, 2), block_size=2,
-                group_idx=0, kv_cache_spec_kind="sliding_window",
+HYBRID: list[KVEvent] = [
+    BlockStored(block_hashes=hash_tuple(5), parent_block_hash=BlockHash(4), token_ids=(1, 2),
+                block_size=2, group_idx=0, kv_cache_spec_kind="sliding_window",
                 kv_cache_spec_sliding_window=128),
-    BlockStored(block_hashes=(6,), parent_block_hash=None, token_ids=(3, 4), block_size=2,
+    BlockStored(block_hashes=hash_tuple(6), parent_block_hash=None, token_ids=(3, 4), block_size=2,
                 group_idx=3, kv_cache_spec_kind="mamba"),
-    BlockRemoved(block_hashes=(5,), group_idx=0),
+    BlockRemoved(block_hashes=hash_tuple(5), group_idx=0),
 ]  # fmt: skip
 
 
@@ -230,7 +233,9 @@ def test_a_dense_stored_event_is_byte_for_byte_the_same() -> None:
     # One block of a dense model, array layout: [1.0, [["BlockStored", [7], null, [1, 2],
     # 2, null, "GPU", null]], 0], frozen as bytes (vLLM 0.33's; 0.34's adds null, 0,
     # "full_attention").
-    event = BlockStored(block_hashes=(7,), parent_block_hash=None, token_ids=(1, 2), block_size=2)
+    event = BlockStored(
+        block_hashes=hash_tuple(7), parent_block_hash=None, token_ids=(1, 2), block_size=2
+    )
     payload = BatchEncoder(EventFormat.ARRAY, dialect=V033).encode(1.0, [event])
     assert payload.hex() == (
         "93cb3ff0000000000000"  # [ 1.0,

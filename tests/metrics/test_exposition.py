@@ -27,7 +27,7 @@ class _Collected:
 
 
 def _latest(*metrics: Metric) -> str:
-    return generate_latest(_Collected(*metrics)).decode()  # type: ignore[arg-type]
+    return generate_latest(_Collected(*metrics)).decode()
 
 
 @pytest.mark.parametrize(
@@ -36,7 +36,7 @@ def _latest(*metrics: Metric) -> str:
      0.0, 0.1, 2.5, -2.5, 1e-9, 123456.75, 1234567.0, 1e21, math.inf, -math.inf, math.nan],
 )  # fmt: skip
 def test_go_float_is_prometheus_clients_float_format(value: float) -> None:
-    assert go_float(value) == floatToGoString(value)
+    assert go_float(value) == floatToGoString(value)  # type: ignore[no-untyped-call]
 
 
 def test_label_values_are_escaped_and_names_sorted() -> None:

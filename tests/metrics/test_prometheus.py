@@ -19,7 +19,7 @@ from mocker.metrics import (
     prometheus,
 )
 from mocker.metrics.sources import admission_counts
-from mocker.storage_spec import StorageTierSpec
+from mocker.storage_spec import StorageKind, StorageTierSpec
 from tests.support.engines import make_core, req
 
 
@@ -81,7 +81,7 @@ def _fed_recorders(**overrides: object) -> list[StatsRecorder]:
     "overrides",
     [
         {},
-        {"num_cpu_blocks": 64, "storage_tiers": (StorageTierSpec("fs", 128, 4.0, 2.0),)},
+        {"num_cpu_blocks": 64, "storage_tiers": (StorageTierSpec(StorageKind.FS, 128, 4.0, 2.0),)},
         {"kv_role": KVRole.CONSUMER},
         {"kv_role": KVRole.PRODUCER, "enable_lora": True},
     ],

@@ -25,6 +25,7 @@ from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore
 from mocker.engine.outputs import StepResult
 from mocker.engine.stats import FinishedRequestStats
+from mocker.engine.stream import RequestStream
 from mocker.mixing import splitmix64
 from mocker.replay.runner import replay
 from mocker.replay.trace import TraceRequest
@@ -134,12 +135,13 @@ def test_live_and_replay_agree() -> None:
         if observe is not None:
             observe(result)
 
-    def record(spec: EngineRequest, **options: bool):  # type: ignore[no-untyped-def]
+    def record(spec: EngineRequest, **options: bool) -> RequestStream:
         sent[spec.request_id] = spec
-        return add(spec, **options)
+        stream: RequestStream = add(spec, **options)
+        return stream
 
     engine.on_step = tap
-    engine.add_request = record  # type: ignore[method-assign]
+    engine.add_request = record
     with ServerThread(app) as server:
         asyncio.run(send_live(server.url, trace))
     assert set(finished) == set(sent) == set(ids)

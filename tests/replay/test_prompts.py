@@ -8,7 +8,8 @@ from array import array
 import pytest
 
 from mocker.compiled import ENV
-from mocker.replay.prompts import FILLER_TOKEN, PromptBuilder, _cprompts
+from mocker.compiled import cprompts as _cprompts
+from mocker.replay.prompts import FILLER_TOKEN, PromptBuilder
 from mocker.replay.trace import TraceRequest
 
 BS, TBS = 16, 64

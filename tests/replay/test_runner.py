@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import tracemalloc
+from typing import Any
 
 import pytest
 
@@ -18,25 +19,26 @@ from mocker.replay.records import ReplayResult
 from mocker.replay.runner import replay
 from mocker.replay.trace import SyntheticSpec, TraceRequest, synthetic_trace
 from mocker.request import EngineRequest, SamplingParams
-from mocker.storage_spec import StorageTierSpec
+from mocker.storage_spec import StorageKind, StorageTierSpec
 from mocker.timing import PolynomialTiming
+from tests.support.checks import not_none
 from tests.support.pools import free_order
 
 BS = 16
 TBS = 64  # tokens per trace hash id in these tests
 MODEL = PolynomialTiming()
 FS_TIER = StorageTierSpec("fs", 400, 1.0, 0.5, 0.2)  # type: ignore[arg-type]  # (a str kind)
-SHARED_OBJ = StorageTierSpec("obj", 600, 2.0, 1.0, 0.5)  # type: ignore[arg-type]
+SHARED_OBJ = StorageTierSpec(StorageKind.OBJ, 600, 2.0, 1.0, 0.5)
 
 
-def config(**changes: object) -> EngineConfig:
-    base: dict[str, object] = {"block_size": BS, "num_gpu_blocks": 256, "max_model_len": 2048}
+def config(**changes: Any) -> EngineConfig:
+    base: dict[str, Any] = {"block_size": BS, "num_gpu_blocks": 256, "max_model_len": 2048}
     base.update(changes)
-    return EngineConfig(**base)  # type: ignore[arg-type]
+    return EngineConfig(**base)
 
 
-def run(trace: list[TraceRequest], cfg: EngineConfig, **kw: object) -> ReplayResult:
-    return replay(trace, cfg, trace_block_size=TBS, **kw)  # type: ignore[arg-type]
+def run(trace: list[TraceRequest], cfg: EngineConfig, **kw: Any) -> ReplayResult:
+    return replay(trace, cfg, trace_block_size=TBS, **kw)
 
 
 def prefill_s(tokens: int) -> float:
@@ -117,7 +119,7 @@ def test_host_tier_hit_by_hand(h2d_gbps: float) -> None:
     assert again.admit == pytest.approx(3.0 + load_s, abs=1e-12)  # it computes from then
     assert again.ttft == pytest.approx(load_s + prefill_s(1), abs=1e-12)
     if not h2d_gbps:
-        assert again.ttft < prefill_s(257)  # recomputing would take longer
+        assert not_none(again.ttft) < prefill_s(257)  # recomputing would take longer
 
 
 def test_rejected_requests_keep_their_row() -> None:
@@ -185,7 +187,7 @@ def test_replay_skips_output_objects_and_hands_its_prompts_over(
     # Its fast switches: no RequestOutput per token (rows and samples read the requests),
     # prompts built in range (no per-id check) and handed over (not copied). Dropping one
     # would change no row, only the replay's speed: nothing else would notice.
-    added: list[tuple[bool, dict[str, object]]] = []
+    added: list[tuple[bool, dict[str, bool]]] = []
     outputs: list[int] = []
     real_add, real_step = EngineCore.add_request, EngineCore.step
 
@@ -327,7 +329,8 @@ def test_decode_runs_change_nothing(
             assert a.snapshot() == b.snapshot()
     if "num_cpu_blocks" in changes:  # loads from each tier, between the runs
         hits = [r.cached_tokens_by_tier for r in fast.records]
-        assert all(any(h.get(t.name) for h in hits) for t in fast.cores[0].connector.storage)
+        connector = not_none(fast.cores[0].connector)
+        assert all(any(h.get(t.name) for h in hits) for t in connector.storage)
         assert any(h.get("cpu") for h in hits)
 
 
@@ -409,7 +412,7 @@ def test_shared_obj_tier_serves_another_engine_by_hand() -> None:
     # (stored to its CPU tier, cascaded to obj); A's prompt plus one token then lands on
     # engine 1, whose own tiers never saw it: it promotes the 16 blocks obj → CPU, loads
     # them CPU → device, and prefills one token.
-    obj = StorageTierSpec("obj", 1024, read_gbps=8.0, write_gbps=4.0, latency_ms=1.0)  # type: ignore[arg-type]
+    obj = StorageTierSpec(StorageKind.OBJ, 1024, read_gbps=8.0, write_gbps=4.0, latency_ms=1.0)
     cfg = config(num_gpu_blocks=64, max_model_len=512, num_cpu_blocks=64,
                  offload_policy="write-through", storage_tiers=(obj,))  # fmt: skip
     trace = [
@@ -438,7 +441,7 @@ def test_bytes_of_a_copy_another_engine_ended_are_counted() -> None:
     # tier ends; engine 0, still decoding then, polls the shared channel first at that
     # instant (the lower index), so the copy ends in its poll and the record waits in
     # engine 1's connector, whose engine has nothing left to step. The bytes still count.
-    obj = StorageTierSpec("obj", 1024, read_gbps=8.0, write_gbps=0.05, latency_ms=1.0)  # type: ignore[arg-type]
+    obj = StorageTierSpec(StorageKind.OBJ, 1024, read_gbps=8.0, write_gbps=0.05, latency_ms=1.0)
     cfg = config(num_gpu_blocks=64, max_model_len=512, num_cpu_blocks=64,
                  offload_policy="write-through", storage_tiers=(obj,))  # fmt: skip
     trace = [
@@ -448,7 +451,8 @@ def test_bytes_of_a_copy_another_engine_ended_are_counted() -> None:
     result = run(trace, cfg, num_engines=2)
     done = result.records[1]
     cascade_s = 1e-3 + 8 * cfg.block_bytes / 0.05e9
-    assert done.engine == 1 and done.finish < 0.01 + cascade_s < result.records[0].finish
+    finish_0, finish_1 = not_none(result.records[0].finish), not_none(done.finish)
+    assert done.engine == 1 and finish_1 < 0.01 + cascade_s < finish_0
     assert result.link_bytes["cpu->obj"] == (4 + 8) * cfg.block_bytes
     assert result.link_bytes["gpu->cpu"] == (4 + 8) * cfg.block_bytes
 
@@ -464,7 +468,7 @@ def test_trace_adapters_by_hand() -> None:
     ]
     cold, warm, other = run(trace, config(enable_lora=True)).records
     load_s = 0.032
-    assert (cold.lora, cold.lora_wait) == ("sql", pytest.approx(load_s))
+    assert cold.lora == "sql" and cold.lora_wait == pytest.approx(load_s)
     assert cold.ttft == pytest.approx(prefill_s(150) + load_s, abs=1e-12)
     assert warm.lora_wait == 0.0 and warm.cached_tokens_device == 144  # 9 full blocks
     assert other.lora_wait == pytest.approx(load_s) and other.cached_tokens_device == 0
@@ -489,7 +493,7 @@ def test_pd_pair_by_hand() -> None:
     assert r.cached_tokens_by_tier == {"p2p": 100}
     # Both engines end with nothing held.
     assert [c.pool.num_used for c in result.cores] == [0, 0]
-    assert result.sim_duration == pytest.approx(0.5 + r.e2e, abs=1e-12)
+    assert result.sim_duration == pytest.approx(0.5 + not_none(r.e2e), abs=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -530,9 +534,9 @@ def test_pd_closed_loop_is_not_held_up_by_leases() -> None:
              TraceRequest(0.0, 100, 3, (11, 12), 3)]  # fmt: skip
     closed = run(trace, config(), num_engines=2, prefill_engines=1, concurrency=1)
     assert [r.status for r in closed.records] == ["finished"] * 3
-    ttfts = [r.ttft for r in closed.records]
+    ttfts = [not_none(r.ttft) for r in closed.records]
     assert max(ttfts) < 0.2, ttfts  # each: a prefill, a pull and a first pass (not 30 s)
-    assert closed.sim_duration == pytest.approx(max(r.finish for r in closed.records))
+    assert closed.sim_duration == pytest.approx(max(not_none(r.finish) for r in closed.records))
 
 
 def test_pd_prefill_pool_full_of_held_kv_waits_for_the_pulls() -> None:
@@ -561,7 +565,7 @@ def test_pd_pulls_that_overlap_share_the_decode_link() -> None:
     assert both[1].pull_time > alone[0].pull_time * 1.2  # it shared the link with r0's
 
 
-_OBJ = StorageTierSpec("obj", 1024, read_gbps=8.0, write_gbps=4.0, latency_ms=1.0)  # type: ignore[arg-type]
+_OBJ = StorageTierSpec(StorageKind.OBJ, 1024, read_gbps=8.0, write_gbps=4.0, latency_ms=1.0)
 _TIERS = {"num_gpu_blocks": 64, "num_cpu_blocks": 64, "offload_policy": "write-through",
           "storage_tiers": (_OBJ,)}  # fmt: skip
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from mocker.replay.trace import (
 )
 
 
-def write(path: Path, rows: list[object]) -> Path:
+def write(path: Path, rows: Sequence[object]) -> Path:
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
     return path
 

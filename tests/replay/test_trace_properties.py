@@ -23,7 +23,7 @@ numbers = st.one_of(
     st.sampled_from([0, 1, 7, 512, 10**6, 10**12, 2**63, 2**64 + 1, -1]),
     st.floats(allow_nan=True, allow_infinity=True),
 )
-field = st.one_of(
+field: st.SearchStrategy[object] = st.one_of(
     numbers,
     numbers.map(str),
     st.sampled_from(["inf", "nan", "1e400", "", "many", None, True, [], {}]),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from mocker.config import ConfigError
@@ -44,7 +46,7 @@ def test_fault_and_data_parallel_mistakes_fail_at_start_up(argv: list[str], mess
         server_settings_from(values)
 
 
-def test_kv_events_config_from_flag_env_and_yaml(tmp_path) -> None:
+def test_kv_events_config_from_flag_env_and_yaml(tmp_path: Path) -> None:
     text = '{"enable_kv_cache_events": true, "endpoint": "tcp://*:6000"}'
     values, warnings = resolve(parse_flags(["--kv-events-config", text]), ALL, environ={})
     assert warnings == []

@@ -61,7 +61,7 @@ class EventIndex:
                 blocks, keys = self.media[event.medium], self.keys[event.medium]
                 for h in event.block_hashes:
                     assert h in blocks, f"{event.medium} block {h} removed but never stored"
-                    keys.discard(blocks.pop(h).key)  # type: ignore[arg-type]
+                    keys.discard(blocks.pop(h).key)
                     if not any(h in self.media[m] for m in MEDIA):
                         del self.key_of[h]
             elif kind == "AllBlocksCleared":

@@ -36,3 +36,10 @@ def all_blocks(pool: BlockPool | CompiledBlockPool) -> list[BlockView]:
     if isinstance(pool, BlockPool):
         return [view(pool, b) for b in pool.blocks]
     return [view(pool, i) for i in range(pool.num_blocks)]
+
+
+def python_pool(pool: object) -> BlockPool:
+    """The Python device pool, where a test's stack has it (a hybrid model's, a retaining
+    tier's): narrowed from the engine's union or protocol type."""
+    assert isinstance(pool, BlockPool), type(pool)
+    return pool

@@ -24,7 +24,7 @@ from mocker.config import EngineConfig
 from mocker.settings import ServerSettings
 from mocker.tokenizer import TextTokenizer, load_tokenizer
 
-FAST = {"speedup_ratio": 200.0, "num_gpu_blocks": 4096, "max_model_len": 4096}
+FAST: dict[str, Any] = {"speedup_ratio": 200.0, "num_gpu_blocks": 4096, "max_model_len": 4096}
 # `mocker serve` as these tests knew it: a model name only, timed by Dynamo's polynomial.
 AGNOSTIC = ("--model", "mocker", "--timing-model", "polynomial")
 

@@ -8,6 +8,7 @@ import math
 import random
 import weakref
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -19,20 +20,23 @@ from mocker.tiers.channel import (
     finish_due_of,
     open_channel,
 )
-from mocker.tiers.link import Link
+from mocker.tiers.link import Link, TransferId
 
-clink = pytest.importorskip("mocker.tiers._clink", reason="built without a C compiler")
+if TYPE_CHECKING:
+    from mocker.tiers import _clink as clink
+else:
+    clink = pytest.importorskip("mocker.tiers._clink", reason="built without a C compiler")
 
 GB = 1e9
 MB = 1_000_000
 
 
-def both(bandwidth: float, latency: float = 0.0) -> tuple[TransferChannel, TransferChannel]:
+def both(bandwidth: float, latency: float = 0.0) -> tuple[Channel, clink.Channel]:
     link = Link(bandwidth, latency)
     return Channel(link, "cpu", "gpu"), clink.Channel(bandwidth, latency, "cpu", "gpu")
 
 
-def recorder(log: list[tuple[int, float]], tid: list[int]) -> Callable[[float], None]:
+def recorder(log: list[tuple[int, float]], tid: list[TransferId]) -> Callable[[float], None]:
     def done(end: float) -> None:
         log.append((tid[0], end))
 
@@ -47,7 +51,7 @@ def test_random_verbs_give_the_same_answers_bit_for_bit(seed: int) -> None:
     tick = MB / (bandwidth or GB)  # a MB's time alone: many transfers overlap
     py, c = both(bandwidth, latency)
     logs: tuple[list[tuple[int, float]], list[tuple[int, float]]] = ([], [])
-    live: list[int] = []
+    live: list[TransferId] = []
     now = 0.0
     for _ in range(400):
         verb = rng.random()
@@ -57,8 +61,9 @@ def test_random_verbs_give_the_same_answers_bit_for_bit(seed: int) -> None:
         if verb < 0.4:
             nbytes = rng.choice([0, MB, 2 * MB, rng.randrange(1, 64 * MB)])
             tids = []
-            for channel, log in zip((py, c), logs, strict=True):
-                box = [0]
+            pair: tuple[TransferChannel, TransferChannel] = (py, c)
+            for channel, log in zip(pair, logs, strict=True):
+                box = [TransferId(0)]
                 box[0] = channel.start(now, nbytes, recorder(log, box))
                 tids.append(box[0])
             assert tids[0] == tids[1]
@@ -106,7 +111,7 @@ def test_callbacks_may_start_and_cancel_transfers(compiled: bool) -> None:
     it; one that had not ended is not."""
     channel = open_channel(Link(1 * GB), "cpu", "fs", compiled=compiled)
     ended: list[str] = []
-    tids: dict[str, int] = {}
+    tids: dict[str, TransferId] = {}
 
     def first(end: float) -> None:
         ended.append("a")
@@ -130,7 +135,7 @@ def test_a_callback_that_raises_stops_the_rest_and_leaves_the_channel_whole(
     compiled: bool,
 ) -> None:
     channel = open_channel(Link(1 * GB), "cpu", "fs", compiled=compiled)
-    ended: list[int] = []
+    ended: list[float] = []
 
     def boom(end: float) -> None:
         raise RuntimeError("boom")
@@ -178,7 +183,7 @@ def test_bad_arguments_are_errors() -> None:
         c.start("now", MB, print)  # type: ignore[arg-type]
     assert len(c) == 0  # nothing half-started
     tid = c.start(0.0, MB, print)
-    c.cancel(0.0, tid + 1)  # no such transfer: nothing happens
+    c.cancel(0.0, TransferId(tid + 1))  # no such transfer: nothing happens
     assert len(c) == 1
 
 
@@ -250,13 +255,15 @@ def _world(
 
         channel.start(now, rng.choice([MB, 3 * MB, rng.randrange(1, 8 * MB)]), done)
 
+    now = 0.0
+
     def run(bound: float) -> float:
+        nonlocal now
         for _ in range(rng.randrange(0, 4)):
-            start(channels[rng.randrange(4)], run.now, 0)  # type: ignore[attr-defined]
-        run.now = bound  # type: ignore[attr-defined]
+            start(channels[rng.randrange(4)], now, 0)
+        now = bound
         return finish_due_of(compiled)(channels, bound)
 
-    run.now = 0.0  # type: ignore[attr-defined]
     return channels, log, run
 
 

@@ -8,6 +8,7 @@ bytes, never by calling the code under test.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -52,7 +53,9 @@ def one(rid: str, tokens: list[int], at: float, max_tokens: int = 1) -> EngineRe
     return EngineRequest(rid, tokens, SamplingParams(max_tokens=max_tokens, ignore_eos=True), at)
 
 
-def run(core: EngineCore, requests: list[EngineRequest], aborts: list[Abort] = ()) -> VirtualRun:
+def run(
+    core: EngineCore, requests: list[EngineRequest], aborts: Sequence[Abort] = ()
+) -> VirtualRun:
     result = VirtualRun()
     for _ in VirtualDriver(core).steps(requests, list(aborts), run=result):
         pass
@@ -104,7 +107,7 @@ def test_evict_while_copying_counts_the_slot_as_used() -> None:
     assert sum(len(e.block_hashes) for e in removed) == 6
     assert all(e.medium == "GPU" for e in removed)
     deadline = core.next_transfer_deadline()
-    assert deadline == pytest.approx(end + 6 * BLOCK_S)
+    assert deadline is not None and deadline == pytest.approx(end + 6 * BLOCK_S)
     assert core.cpu is not None and core.cpu.num_resident == 0  # nothing visible yet
     landed = core.step(deadline)
     stored = [e for e in landed.kv_events if isinstance(e, BlockStored) and e.medium == "CPU"]
@@ -144,7 +147,9 @@ def test_evictions_are_copied_in_batches_of_offload_batch_size() -> None:
     sizes = sorted(core.connector.stores.batches())
     assert sizes == [28, 32]
     # Both share the link: the 28-block one ends first, then the other at 60 blocks' time.
-    done = core.step(core.next_transfer_deadline()).transfers  # type: ignore[arg-type]
+    deadline = core.next_transfer_deadline()
+    assert deadline is not None
+    done = core.step(deadline).transfers
     assert [t.num_blocks for t in done] == [28]
     assert done[0].end == pytest.approx(end + 2 * 28 * BLOCK_S)
 
@@ -161,6 +166,7 @@ def test_write_through_holds_a_finished_request_until_its_stores_end() -> None:
     # though the request is gone.
     assert core.pool.num_used == 8
     assert core.cpu is not None and core.cpu.num_incoming == 7
+    assert core.connector is not None
     assert core.cpu.num_resident == 0  # not visible until the copy ends
     # The copy is an event at the pass's end, not a transfer started in the future: the
     # link sees nothing until the clock gets there.
@@ -168,8 +174,8 @@ def test_write_through_holds_a_finished_request_until_its_stores_end() -> None:
     assert core.advance_transfers(result.end).transfers == []
     assert len(core.connector.d2h) == 1
     deadline = core.next_transfer_deadline()
-    assert deadline == pytest.approx(result.end + 7 * BLOCK_S)
-    idle = core.advance_transfers(deadline)  # type: ignore[arg-type]
+    assert deadline is not None and deadline == pytest.approx(result.end + 7 * BLOCK_S)
+    idle = core.advance_transfers(deadline)
     assert core.cpu.num_resident == 7 and core.pool.num_used == 0
     assert [t.num_blocks for t in idle.transfers] == [7]
     assert_quiescent(core)
@@ -315,10 +321,10 @@ def test_write_through_releases_a_finished_request_tail_first() -> None:
 
 def test_tiers_that_disagree_on_publishing_events_are_refused() -> None:
     # A cascade copies the CPU tier's event records into the tiers below it.
-    from mocker.storage_spec import StorageTierSpec
+    from mocker.storage_spec import StorageKind, StorageTierSpec
     from mocker.tiers.lru import LruTier
 
-    fs = StorageTierSpec("fs", 64, read_gbps=8.0, write_gbps=4.0)  # type: ignore[arg-type]
+    fs = StorageTierSpec(StorageKind.FS, 64, read_gbps=8.0, write_gbps=4.0)
     config = small_config(num_cpu_blocks=16, offload_policy="write-through",
                           storage_tiers=(fs,), enable_kv_cache_events=True)  # fmt: skip
     with pytest.raises(ValueError, match="only the fs tier records KV events"):
@@ -361,9 +367,9 @@ def test_a_cascade_names_each_blocks_parent_as_the_cpu_tier_does(batch: int) -> 
     """A store's parent keys travel with it to its cascades (nothing looks them up again):
     every block in fs has the parent it has in the CPU tier, its chain's previous block,
     also for a store copied in pieces and one of which the CPU tier held a part already."""
-    from mocker.storage_spec import StorageTierSpec
+    from mocker.storage_spec import StorageKind, StorageTierSpec
 
-    fs = StorageTierSpec("fs", 64, read_gbps=8.0, write_gbps=4.0)  # type: ignore[arg-type]
+    fs = StorageTierSpec(StorageKind.FS, 64, read_gbps=8.0, write_gbps=4.0)
     config = host_config(offload_policy="write-through", storage_tiers=(fs,),
                          enable_kv_cache_events=False, offload_batch_size=batch)  # fmt: skip
     core = EngineCore(config)

@@ -13,14 +13,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mocker.config import EngineConfig
+from mocker.config_choices import EvictionPolicyName, OffloadPolicy
 from mocker.engine.core import EngineCore
 from mocker.engine.outputs import StepResult
 from mocker.engine.virtual import VirtualDriver, VirtualRun
 from mocker.kv.block_pool import BlockPool
-from mocker.kv.events import BlockStored
+from mocker.kv.events import AllBlocksCleared, BlockStored
+from mocker.kv.eviction import LRUPolicy
+from mocker.kv.hashing import BlockHash
 from mocker.metrics import StatsRecorder
 from mocker.request import RequestStatus
-from mocker.storage_spec import StorageTierSpec
+from mocker.storage_spec import StorageKind, StorageTierSpec
 from tests.support.kv_index import EventIndex
 from tests.support.pools import all_blocks, free_order, view
 from tests.support.workloads import random_geometry, random_requests
@@ -46,7 +49,9 @@ def check_invariants(core: EngineCore) -> None:
     storing = offload.stores.blocks()
     if offload.write_back:
         assert isinstance(pool, BlockPool)  # (the compiled pool serves no write-back engine)
-        assert sum(1 for b in pool.policy.order() if b.retained) == pool.num_retained_free
+        policy = pool.policy
+        assert isinstance(policy, LRUPolicy)  # (lineage's too)
+        assert sum(1 for b in policy.order() if b.retained) == pool.num_retained_free
         # Retained: exactly the cached device blocks the CPU tier does not hold.
         for block in pool.blocks:
             if block.block_hash is not None and cached.get(block.block_hash) == block.block_id:
@@ -54,14 +59,14 @@ def check_invariants(core: EngineCore) -> None:
         assert len(storing) == pool.num_displaced
         for block in storing:  # evicted: slot held, findable nowhere on the device
             assert block.ref_cnt == 0 and block.prev_free is None
-            assert cached.get(block.block_hash) != block.block_id  # type: ignore[arg-type]
+            assert block.block_hash is None or cached.get(block.block_hash) != block.block_id
     else:
         assert pool.num_displaced == 0 and pool.num_retained_free == 0
         assert all(map(held, storing))  # pinned
     # Host: resident + incoming = used <= capacity.
     assert host.num_resident + host.num_incoming == host.num_used <= host.capacity
     # Loads: device slots referenced (never on the free side), host blocks pinned.
-    pins: Counter[int] = Counter()
+    pins: Counter[BlockHash] = Counter()
     for request, hashes in offload.loads.blocks():
         assert request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
         assert request in core.scheduler.loading
@@ -137,15 +142,15 @@ def random_workload(seed: int, seen: Seen) -> None:
     rng = random.Random(seed)
     block_size = 4
     failure = rng.choice([0.0, 0.0, 0.2])
-    fs = StorageTierSpec("fs", rng.choice([16, 64, 512]), rng.choice([0.0, 0.1, 8.0]),  # type: ignore[arg-type]
+    fs = StorageTierSpec(StorageKind.FS, rng.choice([16, 64, 512]), rng.choice([0.0, 0.1, 8.0]),
                          rng.choice([0.0, 0.1, 4.0]), rng.choice([0.0, 0.2]), failure)  # fmt: skip
-    obj = StorageTierSpec("obj", rng.choice([32, 1024]), 1.0, 0.5, 1.0, failure)  # type: ignore[arg-type]
+    obj = StorageTierSpec(StorageKind.OBJ, rng.choice([32, 1024]), 1.0, 0.5, 1.0, failure)
     storage = rng.choice([(), (fs,), (fs, obj)])
     config = EngineConfig(
         **random_geometry(rng, block_size),
         num_cpu_blocks=rng.choice([8, 24, 64, 256]),
-        offload_policy=rng.choice(["evict", "write-through"]),
-        eviction_policy=rng.choice(["lru", "lineage"]),
+        offload_policy=rng.choice([OffloadPolicy.EVICT, OffloadPolicy.WRITE_THROUGH]),
+        eviction_policy=rng.choice([EvictionPolicyName.LRU, EvictionPolicyName.LINEAGE]),
         cpu_write_gbps=rng.choice([0.0, 0.05, 1.0, 32.0]),
         cpu_read_gbps=rng.choice([0.0, 0.05, 1.0, 32.0]),
         offload_batch_size=rng.choice([1, 3, 32]),
@@ -178,9 +183,9 @@ def random_workload(seed: int, seen: Seen) -> None:
             seen.counts["events"] += len(result.kv_events)
             # STORAGE events count copies (a key can be in fs and obj at once).
             for event in result.kv_events:
-                if getattr(event, "medium", None) == "STORAGE":
+                if not isinstance(event, AllBlocksCleared) and event.medium == "STORAGE":
                     delta = 1 if isinstance(event, BlockStored) else -1
-                    for h in event.block_hashes:  # type: ignore[union-attr]
+                    for h in event.block_hashes:
                         storage_index[h] += delta
             assert core.connector is not None
             truth: Counter[int] = Counter()

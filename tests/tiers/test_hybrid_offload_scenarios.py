@@ -22,6 +22,7 @@ from mocker.tiers.connector import TierConnector
 from mocker.tiers.hybrid_store import ChunkUnit, HybridWriteThrough, chunk_keys
 from mocker.tiers.lru import LruTier
 from mocker.tiers.transfers import TransferKind
+from tests.support.pools import python_pool
 
 # Sliding window (24 tokens), Mamba, full attention: one layer each, 32 bytes of KV per
 # token, a 64-byte state: 16-token blocks.
@@ -74,7 +75,7 @@ def _hybrid(core: EngineCore) -> tuple[HybridKVCacheManager, TierConnector, LruT
 
 def check_invariants(core: EngineCore, known_keys: set[BlockHash]) -> None:
     """After a step: every group's count, every block's references, the tiers' books."""
-    pool = core.pool
+    pool = python_pool(core.pool)
     kv, connector, cpu = _hybrid(core)
     policy = connector.policy
     assert isinstance(policy, HybridWriteThrough)

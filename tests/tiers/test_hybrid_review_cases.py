@@ -28,8 +28,10 @@ class Run:
             result = core.step(self.now)
             done += result.finished
             deadline = core.next_transfer_deadline()
-            idle = result.idle and deadline is not None
-            self.now = max(self.now, deadline) if idle else max(result.end, self.now + 1e-6)  # type: ignore[type-var]
+            if result.idle and deadline is not None:
+                self.now = max(self.now, deadline)
+            else:
+                self.now = max(result.end, self.now + 1e-6)
             if not core.has_unfinished_requests() and not core.has_pending_transfers():
                 (stats,) = done
                 return stats

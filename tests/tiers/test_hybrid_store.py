@@ -25,6 +25,7 @@ from mocker.storage_spec import StorageTierSpec
 from mocker.tiers.connector import TierConnector
 from mocker.tiers.hybrid_store import ChunkUnit, HybridWriteThrough, chunk_keys
 from mocker.tiers.lru import LruTier
+from tests.support.pools import python_pool
 from tests.support.settings import ALL, parse_flags
 
 GPT_OSS = MODEL_PRESETS["gpt-oss-20b"]  # block 16; groups: sliding (window 128), full
@@ -110,7 +111,7 @@ def _held(r: Request) -> list[list[bool]]:
 
 def _check_groups(core: EngineCore) -> None:
     """Each group's `used` is the number of referenced pool blocks of that group."""
-    pool, kv = core.pool, _kv(core)
+    pool, kv = python_pool(core.pool), _kv(core)
     counts = Counter(b.group for b in pool.blocks if b.ref_cnt > 0)
     assert kv.used == [counts[g] for g in range(len(kv.used))]
     assert pool.num_used == sum(kv.used)
@@ -416,9 +417,11 @@ def test_cpu_hit_loads_whole_chunks_into_every_group() -> None:
     core.advance_transfers(deadline)  # the load ends; no pass
     assert _status(a2) == RequestStatus.WAITING and a2.num_computed_tokens == 64
     swa, mamba, full = _tables(a2)
-    assert [core.pool.group_map(2)[hashes[i]] for i in range(4)] == full  # loaded, cached
-    assert core.pool.group_map(0)[hashes[3]] is swa[3]
-    assert core.pool.group_map(1)[hashes[3]] is mamba[3]
+    assert [
+        python_pool(core.pool).group_map(2)[hashes[i]] for i in range(4)
+    ] == full  # loaded, cached
+    assert python_pool(core.pool).group_map(0)[hashes[3]] is swa[3]
+    assert python_pool(core.pool).group_map(1)[hashes[3]] is mamba[3]
     assert kv.used == [1, 1, 4]
     _check_groups(core)
     run.step()
@@ -498,7 +501,7 @@ def test_tier_continues_from_the_groups_minimum_hit() -> None:
     # every group, the full group's block 2 included (the device's is not counted).
     assert p2.status == RequestStatus.WAITING_FOR_REMOTE_KVS
     assert _held(p2) == [[False, True, False, True], [True] * 4]
-    device_block_2 = e2.pool.group_map(1)[hashes[2]]
+    device_block_2 = python_pool(e2.pool).group_map(1)[hashes[2]]
     assert _tables(p2)[1][2] is not device_block_2  # reserved for the load
     run.drain()
     out = run.final["p2"]

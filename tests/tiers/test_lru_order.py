@@ -6,26 +6,26 @@ from __future__ import annotations
 import random
 from array import array
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from mocker.kv.hashing import BlockHash
-from mocker.tiers import lru_order as lo
+from mocker.compiled import clru as _clru
+from mocker.kv.hashing import BlockHash, hash_array
 from mocker.tiers.lru import _children_first
 from mocker.tiers.lru_order import LruOrder, PyLruOrder, chains_children_first, lru_order
 
-needs_c = pytest.mark.skipif(lo._clru is None, reason="mocker.tiers._clru was not built")
+needs_c = pytest.mark.skipif(_clru is None, reason="mocker.tiers._clru was not built")
 
 # Keys from a small pool (so verbs meet present, incoming and absent keys alike), with the
 # edges of the range: 0, 2**64 - 1 and negative ones (which must not meet 2**64 - 1).
-POOL = [0, 1, 2, 3, 5, 8, 13, 21, 2**63, 2**64 - 1, -1, -2, 2**64 - 2]
+POOL = [BlockHash(k) for k in (0, 1, 2, 3, 5, 8, 13, 21, 2**63, 2**64 - 1, -1, -2, 2**64 - 2)]
 
 
 def _orders() -> list[LruOrder]:
     orders: list[LruOrder] = [PyLruOrder()]
-    if lo._clru is not None:
-        orders.append(lo._clru.LruMap())  # type: ignore[arg-type]
+    if _clru is not None:
+        orders.append(cast("LruOrder", _clru.LruMap()))  # (its keys are plain ints)
     return orders
 
 
@@ -135,10 +135,10 @@ def test_resident_verbs_raise_at_the_first_missing_key(order: LruOrder) -> None:
 def test_the_compiled_order_reads_8_byte_buffers_and_refuses_other_ones() -> None:
     order = lru_order(compiled=True)
     order.add([BlockHash(5), BlockHash(2**64 - 1)], [None, BlockHash(5)])
-    words = array("Q", [5, 2**64 - 1, 7])
+    words = hash_array(array("Q", [5, 2**64 - 1, 7]))
     assert order.count_run(words, 0, 3) == 2 and order.present(words) == [5, 2**64 - 1]
     with pytest.raises(TypeError, match="8-byte unsigned"):
-        order.count_run(array("I", [5]), 0, 1)
+        order.count_run(array("I", [5]), 0, 1)  # type: ignore[arg-type]
     with pytest.raises(OverflowError):
         order.add([BlockHash(2**64)], [None])
     with pytest.raises(TypeError):
@@ -190,14 +190,14 @@ def test_a_key_whose_index_changes_things_meets_a_consistent_order() -> None:
         order.scan(5, PopsWhileAsked(), ())
     # The walk stopped before following the freed node: the order's list is whole, in order.
     assert order.keys() == list(range(1000, 1063))
-    assert order.scan(2, {1000}, ()) == ([1001, 1002], [1000])
+    assert order.scan(2, {BlockHash(1000)}, ()) == ([1001, 1002], [1000])
 
 
 def test_lru_order_serves_the_compiled_one_unless_switched_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     assert type(lru_order(compiled=False)) is PyLruOrder
-    if lo._clru is None:
+    if _clru is None:
         with pytest.raises(RuntimeError, match="not built"):
             lru_order(compiled=True)
         return
@@ -217,7 +217,7 @@ def _outcome(call: Callable[[], Any]) -> Any:
         return ("raised", type(exc))
 
 
-def _run(rng: random.Random, n: int) -> list[int]:
+def _run(rng: random.Random, n: int) -> list[BlockHash]:
     """n neighbouring keys of the pool, either way: a batch of them is given neighbouring
     nodes, so walking such runs again meets the compiled order's look beside the last node
     found (a hit, a freed node that held the key, a node reused for another)."""

@@ -14,6 +14,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mocker.config import EngineConfig
+from mocker.config_choices import OffloadPolicy
 from mocker.engine.core import EngineCore
 from mocker.engine.virtual import VirtualDriver
 from mocker.kv.events import BlockRemoved, BlockStored
@@ -55,7 +56,7 @@ def test_second_round_is_served_from_host(policy: str) -> None:
         num_gpu_blocks=DEVICE_BLOCKS,
         max_model_len=4096,
         num_cpu_blocks=HOST_BLOCKS,
-        offload_policy=policy,
+        offload_policy=OffloadPolicy(policy),
         enable_kv_cache_events=True,
     )
     core = EngineCore(config)
@@ -74,6 +75,7 @@ def test_second_round_is_served_from_host(policy: str) -> None:
 
     def ttft(rid: str) -> float:
         r = finished[rid]
+        assert r.first_token_time is not None
         return r.first_token_time - r.arrival_time
 
     # Round 1 computes every prompt. Under `evict`, once the pool is full each admission

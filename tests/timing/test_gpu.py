@@ -21,6 +21,7 @@ from mocker.timing import (
 )
 from mocker.timing.gpu import aic_config
 from mocker.timing.serving import SERVING
+from mocker.timing.spec import TimingKind
 
 
 def _gpu(model: str, gpu: str = "h100_sxm", **kw: object) -> GpuTiming:
@@ -33,7 +34,7 @@ def _gpu(model: str, gpu: str = "h100_sxm", **kw: object) -> GpuTiming:
 
 def test_the_engine_adds_servings_costs_to_the_kernels(tmp_path: Path) -> None:
     dep = deployment_from("meta-llama/Llama-3.1-8B-Instruct", "h100_sxm")
-    served = load_timing_model(TimingSpec("gpu", dep))
+    served = load_timing_model(TimingSpec(TimingKind.GPU, dep))
     kernels = _gpu("meta-llama/Llama-3.1-8B-Instruct")
     decode, prefill = _decode(32, 1000), _prefill(2048)
     assert served.pass_ms(decode) == pytest.approx(
@@ -118,7 +119,7 @@ def test_a_gpu_without_vllm_data_is_timed_by_a_roofline_with_a_warning(
 ) -> None:
     dep = deployment_from("meta-llama/Llama-3.1-8B-Instruct", "h100_pcie")
     with caplog.at_level(logging.WARNING, logger="mocker"):
-        model = load_timing_model(TimingSpec("gpu", dep))
+        model = load_timing_model(TimingSpec(TimingKind.GPU, dep))
     assert isinstance(model, RooflineTiming)
     assert "cannot time meta-llama/Llama-3.1-8B-Instruct" in caplog.text
     assert "no measured vLLM kernels for h100_pcie" in caplog.text and "roofline" in caplog.text

@@ -1,5 +1,7 @@
 """Interpolation over a measured profile in Dynamo's NPZ layout, and its loading errors."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -40,7 +42,7 @@ def test_profile_decode_bilinear() -> None:
     assert p.decode_ms(0, 10_000, 0) == 0.0
 
 
-def test_profile_npz_roundtrip(tmp_path) -> None:
+def test_profile_npz_roundtrip(tmp_path: Path) -> None:
     path = tmp_path / "profile.npz"
     np.savez(
         path,
@@ -57,7 +59,7 @@ def test_profile_npz_roundtrip(tmp_path) -> None:
     assert model.pass_ms(both) == pytest.approx(55.0 + model.decode_ms(1000, 10_000, 5))
 
 
-def test_profile_errors_name_the_problem(tmp_path) -> None:
+def test_profile_errors_name_the_problem(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no such file"):
         _load(tmp_path / "missing.npz")
     bad = tmp_path / "bad.npz"
