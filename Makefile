@@ -75,6 +75,7 @@ bench: $(TEST_STAMP)
 	$(BIN)/python bench/hashing.py
 	$(BIN)/python bench/hybrid_step.py
 	$(BIN)/python bench/metrics_scrape.py
+	$(BIN)/python bench/compiled_parts.py
 
 clean:
 	rm -rf $(VENV) build site *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -2,7 +2,7 @@
 out (MOCKER_COMPILED_SKIP), in the same run.
 
 Run from the repo root with no arguments: `.venv/bin/python bench/compiled_parts.py`
-(about 8 minutes). Each run is a child pinned to the server core; progress goes to stderr,
+(about 3 minutes). Each run is a child pinned to the server core; progress goes to stderr,
 the last stdout line is one JSON object. The project keeps a compiled part only where it
 buys at least 10% on such a figure.
 
