@@ -13,7 +13,6 @@ setup(
         Extension(
             "mocker.kv._cpool",
             ["mocker/kv/_cpool.c"],
-            depends=["mocker/_cuint64.h"],
             optional=True,
             extra_compile_args=["-O2"],
         ),
@@ -40,7 +39,6 @@ setup(
         Extension(
             "mocker.tiers._clru",
             ["mocker/tiers/_clru.c"],
-            depends=["mocker/_cuint64.h"],
             optional=True,
             extra_compile_args=["-O2"],
         ),

@@ -764,20 +764,12 @@ static PyObject *column(PyObject *Py_UNUSED(module), PyObject *const *args, Py_s
  * sink's own parts, then what those point to (the Warmable protocol, mocker/_cslots.h).
  * Prefetching changes nothing: the hand-out below reads everything again as before.
  *
- * What a stage found is kept for the next in `Ahead`. Taking a reference to a stream or a
- * sink the moment it is found would write to a line that is not there yet (the stall this
- * is here to avoid), so each is first kept borrowed, with what proves it alive at the next
- * step: the stream while the dict is unchanged (its version tag: any insertion or removal
- * changes it), then held; the sink while the held stream still names it, then held. */
+ * What a stage found is kept for the next in `Ahead`: the stream held from the stage that
+ * finds it (nothing public proves a borrowed one alive later), the sink first kept borrowed
+ * while the held stream still names it, then held. */
 enum { STAGES = 6, RING = STAGES + 1 };
 
-#if PY_VERSION_HEX < 0x030C0000
-#define DICT_VERSION(d) ((d)->ma_version_tag)
-#endif /* (3.12 deprecates the tag: there a stream is held from the stage that finds it) */
-
 typedef struct {
-    PyObject *found;  /* the stream found, borrowed (alive while the dict's version is) */
-    uint64_t version; /* the dict's version when it was found */
     PyObject *stream; /* a new reference, or NULL */
     PyObject *named;  /* the stream's sink, borrowed (alive while `stream` names it) */
     PyObject *sink;   /* a new reference, or NULL */
@@ -807,7 +799,7 @@ static void release(Ahead *a)
 {
     Py_CLEAR(a->stream);
     Py_CLEAR(a->sink);
-    a->found = a->named = NULL;
+    a->named = NULL;
     a->id = -1;
 }
 
@@ -832,8 +824,6 @@ static void look_ahead(PyObject *streams, PyObject *outputs, Py_ssize_t j, int s
     if (rid == NULL || !PyUnicode_CheckExact(rid))
         return;
     Ahead *a = &ahead[j % RING];
-    PyDictObject *dict = (PyDictObject *)streams;
-    (void)dict; /* (read only where the dict's version tag is) */
     switch (stage) {
     case STAGES - 2: {
         PyObject *stream = PyDict_GetItemWithError(streams, rid);
@@ -841,12 +831,7 @@ static void look_ahead(PyObject *streams, PyObject *outputs, Py_ssize_t j, int s
             PyErr_Clear();
             return;
         }
-#ifdef DICT_VERSION
-        a->found = stream;
-        a->version = DICT_VERSION(dict);
-#else
         Py_XSETREF(a->stream, Py_NewRef(stream));
-#endif
         __builtin_prefetch(stream, 1); /* (for the reference taken next) */
         if (Py_TYPE(stream) == stream_layout.type && stream_layout.off[1] >= 0)
             __builtin_prefetch((char *)stream + stream_layout.off[1]);
@@ -857,11 +842,6 @@ static void look_ahead(PyObject *streams, PyObject *outputs, Py_ssize_t j, int s
         return;
     }
     case STAGES - 3: {
-#ifdef DICT_VERSION
-        if (a->found == NULL || DICT_VERSION(dict) != a->version)
-            return; /* (the dict changed: the stream may be gone) */
-        Py_XSETREF(a->stream, Py_NewRef(a->found));
-#endif
         PyObject *stream = a->stream;
         if (stream == NULL || Py_TYPE(stream) != stream_layout.type || stream_layout.off[1] < 0)
             return;
@@ -911,7 +891,7 @@ static PyObject *deliver(PyObject *Py_UNUSED(module), PyObject *const *args, Py_
     PyObject *kept = NULL;
     PyObject *const out_names[3] = {str_request_id, str_finished, str_new_token_ids};
     PyObject *const stream_names[2] = {str_finished, str_sink};
-    Ahead ahead[RING] = {{NULL, 0, NULL, NULL, NULL, -1}};
+    Ahead ahead[RING] = {{NULL, NULL, NULL, -1}};
     for (int k = 1; k < RING; k++)
         ahead[k] = ahead[0];
     int warm = PyList_GET_SIZE(outputs) >= PREFETCH_FROM;

@@ -20,7 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../_cuint64.h"
 
 #define F_HASHED 1u
 #define F_PARENT 2u
@@ -77,12 +76,9 @@ typedef struct {
 
 /* -- hashes -------------------------------------------------------------------------------- */
 
-/* A hash (an int in [0, 2**64)) as a uint64 (mocker/_cuint64.h: an exact int's digits read
- * directly on 3.11). */
+/* A hash (an int in [0, 2**64)) as a uint64. */
 static inline int hash_of(PyObject *obj, uint64_t *out)
 {
-    if (uint64_digits(obj, out))
-        return 0;
     unsigned long long h = PyLong_AsUnsignedLongLong(obj);
     if (h == (unsigned long long)-1 && PyErr_Occurred())
         return -1;
@@ -90,17 +86,9 @@ static inline int hash_of(PyObject *obj, uint64_t *out)
     return 0;
 }
 
-/* An exact int's value, for a block id: an id of one digit (every pool below 2**30 blocks) is
- * read directly, not through PyLong_AsSsize_t's call (once per block per walk). */
+/* An int's value, for a block id. */
 static inline Py_ssize_t id_value(PyObject *obj)
 {
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
-    Py_ssize_t size = Py_SIZE(obj);
-    if (size == 0)
-        return 0;
-    if (size == 1)
-        return (Py_ssize_t)((PyLongObject *)obj)->ob_digit[0];
-#endif
     return PyLong_AsSsize_t(obj);
 }
 

@@ -17,7 +17,6 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "../_cuint64.h"
 
 #define NIL (-1)
 #define GOLDEN 0x9E3779B97F4A7C15ull
@@ -84,12 +83,7 @@ typedef struct {
 /* An int's key (no Python code runs: the int's value is read, never its __index__). */
 static int long_key(PyObject *obj, Key *out)
 {
-    uint64_t v;
-    if (uint64_digits(obj, &v)) { /* (the common key: a hash, read from its digits) */
-        *out = (Key){v, 0};
-        return 0;
-    }
-    v = PyLong_AsUnsignedLongLong(obj);
+    uint64_t v = PyLong_AsUnsignedLongLong(obj);
     if (v == (uint64_t)-1 && PyErr_Occurred()) {
         if (!PyErr_ExceptionMatches(PyExc_OverflowError)) {
             return -1;
