@@ -8,7 +8,7 @@ RUN_STAMP := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 DOCS_STAMP := $(VENV)/.installed-docs
 
-.PHONY: run test test-busy lint bench clean check-deploy docs
+.PHONY: run test test-busy test-sanitize lint bench clean check-deploy docs
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mocker needs Python >= 3.11 (set PYTHON=...)")'
@@ -22,7 +22,7 @@ $(BIN)/python:
 # tiers (mocker/tiers/_clink.c), built in place by the editable install when a C compiler is
 # there (mocker runs without them, on their Python code).
 C_SOURCES := mocker/kv/_cpool.c mocker/kv/_chash.c mocker/replay/_cprompts.c mocker/api/_ctext.c \
-	mocker/engine/_cpass.c mocker/tiers/_clru.c mocker/tiers/_clink.c mocker/_cslots.h
+	mocker/engine/_cpass.c mocker/tiers/_clru.c mocker/tiers/_clink.c mocker/_cfields.h
 $(RUN_STAMP): pyproject.toml setup.py $(C_SOURCES) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
@@ -44,6 +44,11 @@ test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q
 	# Again on the Python pool, the compiled one's reference (MOCKER_COMPILED: auto by default).
 	MOCKER_COMPILED=0 $(BIN)/python -m pytest -q
+
+# The compiled parts built with ASan + UBSan in a scratch copy, their differential tests run
+# on those builds (tools/test-sanitize.sh; CI runs it).
+test-sanitize: $(TEST_STAMP)
+	bash tools/test-sanitize.sh
 
 # Not run by CI: .ci/run three times in a fresh clone of the committed HEAD while two CPU
 # hogs keep the cores busy (tools/test-busy.sh; RUNS=N for another count).

@@ -25,14 +25,14 @@ setup(
         Extension(
             "mocker.api._ctext",
             ["mocker/api/_ctext.c"],
-            depends=["mocker/_cslots.h"],
+            depends=["mocker/_cfields.h"],
             optional=True,
             extra_compile_args=["-O2"],
         ),
         Extension(
             "mocker.engine._cpass",
             ["mocker/engine/_cpass.c"],
-            depends=["mocker/_cslots.h"],
+            depends=["mocker/_cfields.h"],
             optional=True,
             extra_compile_args=["-O2"],
         ),

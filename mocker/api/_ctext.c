@@ -10,7 +10,7 @@
  * uint32 per token id, and the framed chunk (`<hex length>\r\n<head><text><tail>\r\n`, as
  * uvicorn frames a body chunk) is one allocation.
  */
-#include "../_cslots.h"
+#include "../_cfields.h"
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -207,11 +207,10 @@ static PyTypeObject TextTableType = {
  * the renderer's Python path then takes the output, as it takes every other one. */
 typedef struct {
     PyObject_HEAD
-    vectorcallfunc vectorcall; /* (these two first: a Warmable, mocker/_cslots.h) */
-    warmfunc warm;
+    vectorcallfunc vectorcall;
     TextTable *table;
     PyObject *head, *tail, *emitter, *direct, *cycle, *flow, *write, *choice;
-    Py_ssize_t writer_at, count_at; /* emitter.writer's, choice.completion_tokens' slots */
+    Field writer, count; /* emitter.writer, choice.completion_tokens (descr NULL: looked up) */
 } Sink;
 
 static PyObject *s_writer, *s_disconnected, *s_write_paused, *s_response_complete,
@@ -228,6 +227,8 @@ static int sink_traverse(Sink *self, visitproc visit, void *arg)
     Py_VISIT(self->flow);
     Py_VISIT(self->write);
     Py_VISIT(self->choice);
+    Py_VISIT(self->writer.descr);
+    Py_VISIT(self->count.descr);
     return 0;
 }
 
@@ -242,6 +243,8 @@ static int sink_clear(Sink *self)
     Py_CLEAR(self->flow);
     Py_CLEAR(self->write);
     Py_CLEAR(self->choice);
+    Py_CLEAR(self->writer.descr);
+    Py_CLEAR(self->count.descr);
     return 0;
 }
 
@@ -273,20 +276,16 @@ static PyObject *sink_push(Sink *self, PyObject *tok)
 {
     if (!PyLong_Check(tok))
         Py_RETURN_FALSE;
-    /* emitter.writer compared by identity: read without touching the object it names */
-    if (self->writer_at >= 0) {
-        if (SLOT(self->emitter, self->writer_at) != self->direct)
-            Py_RETURN_FALSE;
-    } else {
-        PyObject *writer = PyObject_GetAttr(self->emitter, s_writer);
-        if (writer == NULL) {
-            PyErr_Clear();
-            Py_RETURN_FALSE;
-        }
-        Py_DECREF(writer);
-        if (writer != self->direct)
-            Py_RETURN_FALSE;
+    /* emitter.writer compared by identity */
+    PyObject *writer = self->writer.descr != NULL ? field_get(&self->writer, self->emitter)
+                                                  : PyObject_GetAttr(self->emitter, s_writer);
+    if (writer == NULL) {
+        PyErr_Clear();
+        Py_RETURN_FALSE;
     }
+    Py_DECREF(writer); /* (only its identity is compared: the emitter holds it) */
+    if (writer != self->direct)
+        Py_RETURN_FALSE;
     if (flag(self->cycle, s_disconnected) || flag(self->flow, s_write_paused) ||
         flag(self->cycle, s_response_complete))
         Py_RETURN_FALSE;
@@ -303,7 +302,9 @@ static PyObject *sink_push(Sink *self, PyObject *tok)
         Py_RETURN_FALSE; /* (not in the table: the Python path escapes it) */
     }
     /* The count is made before the write: nothing after the write may fail but the store. */
-    PyObject *count = read_slot(self->choice, self->count_at, s_completion_tokens);
+    PyObject *count = self->count.descr != NULL
+                          ? field_get(&self->count, self->choice)
+                          : PyObject_GetAttr(self->choice, s_completion_tokens);
     PyObject *one = count == NULL ? NULL : PyLong_FromLong(1);
     PyObject *counted = one == NULL ? NULL : PyNumber_Add(count, one);
     Py_XDECREF(count);
@@ -322,7 +323,9 @@ static PyObject *sink_push(Sink *self, PyObject *tok)
         Py_RETURN_FALSE;
     }
     Py_DECREF(written);
-    int set = write_slot(self->choice, self->count_at, s_completion_tokens, counted);
+    int set = self->count.descr != NULL
+                  ? field_set(&self->count, self->choice, counted)
+                  : PyObject_SetAttr(self->choice, s_completion_tokens, counted);
     Py_DECREF(counted);
     if (set < 0)
         return NULL;
@@ -337,50 +340,6 @@ static PyObject *sink_vectorcall(PyObject *callable, PyObject *const *args, size
         return NULL;
     }
     return sink_push((Sink *)callable, args[0]);
-}
-
-/* Prefetch what pushing token `id` will touch (a Warmable's `warm`): stage 0 the objects the
- * sink names and the token's slot in the table; stage 1 the token's text, and the inline
- * attribute values of the cycle and flow control (behind the pointer before each object's
- * header, as CPython 3.11 keeps them). */
-static void sink_warm(PyObject *obj, Py_ssize_t id, int stage)
-{
-    Sink *self = (Sink *)obj;
-    TextTable *table = self->table;
-    if (table == NULL || self->cycle == NULL || self->flow == NULL || self->write == NULL)
-        return; /* (cleared by the collector: nothing to fetch) */
-    int known = id >= 0 && id < table->num_ids;
-    if (stage == 0) {
-        if (self->writer_at >= 0)
-            __builtin_prefetch((char *)self->emitter + self->writer_at);
-        __builtin_prefetch(self->cycle);
-        __builtin_prefetch((char *)self->cycle - 3 * sizeof(PyObject *));
-        __builtin_prefetch(self->flow);
-        __builtin_prefetch((char *)self->flow - 3 * sizeof(PyObject *));
-        __builtin_prefetch(self->choice);
-        if (self->count_at >= 0)
-            __builtin_prefetch((char *)self->choice + self->count_at);
-        __builtin_prefetch(self->write);
-        if (known)
-            __builtin_prefetch(&table->slots[id]);
-        return;
-    }
-    if (known && table->slots[id] != 0)
-        __builtin_prefetch(table->blob + (table->slots[id] >> 8));
-#if PY_VERSION_HEX < 0x030C0000 /* (3.11's layout; later versions keep them elsewhere) */
-    PyObject *objs[2] = {self->cycle, self->flow};
-    for (int i = 0; i < 2; i++)
-        if (Py_TYPE(objs[i])->tp_flags & Py_TPFLAGS_MANAGED_DICT) {
-            void *values = ((void **)objs[i])[-4]; /* the values, then the dict */
-            if (values != NULL)
-                __builtin_prefetch(values);
-        }
-#endif
-    /* the transport (uvloop's write is a built-in method, asyncio's a bound one) */
-    if (PyCFunction_Check(self->write))
-        __builtin_prefetch(PyCFunction_GET_SELF(self->write));
-    else if (PyMethod_Check(self->write))
-        __builtin_prefetch(PyMethod_GET_SELF(self->write));
 }
 
 static PyObject *sink_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -407,7 +366,6 @@ static PyObject *sink_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return NULL;
     }
     self->vectorcall = sink_vectorcall;
-    self->warm = sink_warm;
     self->table = (TextTable *)Py_NewRef(table);
     self->head = Py_NewRef(head);
     self->tail = Py_NewRef(tail);
@@ -417,8 +375,11 @@ static PyObject *sink_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->flow = flow;
     self->write = write;
     self->choice = Py_NewRef(choice);
-    self->writer_at = slot_offset(Py_TYPE(emitter), "writer");
-    self->count_at = slot_offset(Py_TYPE(choice), "completion_tokens");
+    if (field_find(&self->writer, Py_TYPE(emitter), "writer") < 0 ||
+        field_find(&self->count, Py_TYPE(choice), "completion_tokens") < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
     return (PyObject *)self;
 }
 

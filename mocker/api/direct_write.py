@@ -7,7 +7,10 @@ a third of the Python work of streaming one token. `DirectBody` does the same wr
 same checks for the common case (the connection open, its buffer not over the high-water mark)
 and says no otherwise, so flow control, the last chunk (which ends the response and decides
 keep-alive) and every other server go through `send` as before.
-tests/api/test_direct_write.py fails if uvicorn's cycle stops looking the way this assumes.
+These are uvicorn's own attributes, not an interface it promises: pyproject.toml pins uvicorn
+to the range the tests prove (tests/api/test_direct_write.py fails if the cycle stops looking
+the way this assumes; tools/check-interpreters.sh runs it on the range's lowest version, the
+suite on its newest), and a cycle that lacks one is left to its `send`.
 """
 
 from __future__ import annotations

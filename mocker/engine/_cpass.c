@@ -7,9 +7,9 @@
  * (tests/engine/test_cpass.py compares the two pass by pass).
  *
  * Why: in a live server's steady decode the per-token bookkeeping of `_advance` (about 30
- * attribute reads and writes, an output object) was ~460 ns of the ~3 us of user CPU a
- * streamed token costs (500 streams); ~200 with this. Here the request's slots are read and
- * written at the offsets their member descriptors name, with no bytecode between them.
+ * attribute reads and writes, an output object) is a large share of the Python work a
+ * streamed token costs. Here the request's slots are read and written through their member
+ * descriptors (mocker/_cfields.h), with no bytecode and no name lookup between them.
  *
  * A request takes the plain path when, with its scheduled tokens, it reaches the end of its
  * known tokens (it samples) and: the store policy hears of no block registered as scheduled
@@ -25,15 +25,15 @@
  *
  * `deliver`: mocker.engine.stream's `deliver` loop (a pass's outputs to their streams), whose
  * plain tokens go to their streams' sinks (mocker/api/_ctext.c's Sink writes them to the
- * socket) without a Python frame; everything else goes to the Python `_hand`.
+ * socket) without a Python frame; everything else goes to the Python `hand`.
  *
  * `draws`: OutputTokenSampler.draws (a request's next tokens drawn ahead) without numpy's
- * fixed cost (11.5 us a window of 256 against 1.0 here), its list holding the palette's ints.
+ * fixed cost per call, its list holding the palette's ints.
  */
-#include "../_cslots.h"
+#include "../_cfields.h"
 #include <stdint.h>
 
-/* The slots read or written, by name (the classes' member descriptors give the offsets). */
+/* The slots read or written, by name (each class's member descriptors serve them). */
 enum {
     R_NUM_COMPUTED, R_TOKENS, R_NUM_CACHED_BLOCKS, R_FIRST_TOKEN_TIME, R_SAMPLING,
     R_NUM_PROMPT, R_MAX_TOKENS, R_DRAWN, R_DRAWN_FROM, R_TOKEN_SEED, R_HASH_CHAIN,
@@ -62,9 +62,9 @@ typedef struct {
     PyTypeObject *request_type;
     PyTypeObject *sampling_type;
     PyTypeObject *output_type;
-    Py_ssize_t r[R_COUNT];
-    Py_ssize_t s[S_COUNT];
-    Py_ssize_t o[O_COUNT];
+    Field r[R_COUNT];
+    Field s[S_COUNT];
+    Field o[O_COUNT];
     Py_ssize_t block_size;
     PyObject *eos;  /* an int, or None */
 } Advancer;
@@ -72,10 +72,45 @@ typedef struct {
 /* Interned names */
 static PyObject *str_extend, *str_request_id, *str_finished, *str_sink, *str_new_token_ids;
 
-/* An attribute's truth, read at `off` if >= 0 (-1: an error is set). */
-static int flag_of(PyObject *obj, Py_ssize_t off, PyObject *name)
+/* Where `deliver` reads the outputs' and streams' attributes: the fields of the last type
+ * seen (held), a field's descr NULL where that type has no plain slot of the name (then
+ * looked up by name). */
+enum { LAYOUT_FIELDS = 3 };
+typedef struct {
+    PyTypeObject *type;
+    Field f[LAYOUT_FIELDS];
+} Layout;
+
+static Layout out_layout, stream_layout;
+
+/* Make `layout` describe `type`: 0, or -1 with an error set. */
+static int layout_of(Layout *layout, PyTypeObject *type, PyObject *const *names, int n)
 {
-    PyObject *v = read_slot(obj, off, name);
+    if (layout->type == type)
+        return 0;
+    fields_clear(layout->f, LAYOUT_FIELDS);
+    Py_CLEAR(layout->type);
+    for (int i = 0; i < n; i++)
+        if (field_find(&layout->f[i], type, PyUnicode_AsUTF8(names[i])) < 0) {
+            fields_clear(layout->f, LAYOUT_FIELDS);
+            return -1;
+        }
+    layout->type = (PyTypeObject *)Py_NewRef(type);
+    return 0;
+}
+
+/* A new reference to `obj`'s attribute `name`, the layout's field `i` (NULL: an error). */
+static inline PyObject *layout_get(const Layout *layout, int i, PyObject *obj, PyObject *name)
+{
+    if (layout->f[i].descr != NULL)
+        return field_get(&layout->f[i], obj);
+    return PyObject_GetAttr(obj, name);
+}
+
+/* An attribute's truth (-1: an error is set). */
+static int flag_of(const Layout *layout, int i, PyObject *obj, PyObject *name)
+{
+    PyObject *v = layout_get(layout, i, obj, name);
     if (v == NULL)
         return -1;
     int truth = PyObject_IsTrue(v);
@@ -83,41 +118,15 @@ static int flag_of(PyObject *obj, Py_ssize_t off, PyObject *name)
     return truth;
 }
 
-/* Where `deliver` reads the outputs' and streams' attributes: the slot offsets of the last
- * type seen (held, so that its address is never another type's), -1 where it has no plain
- * slot of that name (then looked up). */
-typedef struct {
-    PyTypeObject *type;
-    Py_ssize_t off[3];
-} Layout;
-
-static void layout_of(Layout *layout, PyTypeObject *type, PyObject *const *names, int n)
-{
-    if (layout->type == type)
-        return;
-    Py_INCREF(type);
-    Py_XSETREF(layout->type, type);
-    for (int i = 0; i < n; i++)
-        layout->off[i] = slot_offset(type, PyUnicode_AsUTF8(names[i]));
-}
-
-static Layout out_layout, stream_layout;
-
-/* Replace a slot's object (a new reference is stolen). */
-static inline void set_slot(PyObject *obj, Py_ssize_t off, PyObject *value)
-{
-    PyObject *old = SLOT(obj, off);
-    SLOT(obj, off) = value;
-    Py_XDECREF(old);
-}
-
-
 static void advancer_dealloc(Advancer *self)
 {
     Py_XDECREF(self->request_type);
     Py_XDECREF(self->sampling_type);
     Py_XDECREF(self->output_type);
     Py_XDECREF(self->eos);
+    fields_clear(self->r, R_COUNT);
+    fields_clear(self->s, S_COUNT);
+    fields_clear(self->o, O_COUNT);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -143,33 +152,32 @@ static PyObject *advancer_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     Advancer *self = (Advancer *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
-    if (slot_offsets(rt, request_slots, self->r, R_COUNT, "Advancer") < 0 ||
-        slot_offsets(st, sampling_slots, self->s, S_COUNT, "Advancer") < 0 ||
-        slot_offsets(ot, output_slots, self->o, O_COUNT, "Advancer") < 0) {
+    if (fields_find(self->r, rt, request_slots, R_COUNT, "Advancer") < 0 ||
+        fields_find(self->s, st, sampling_slots, S_COUNT, "Advancer") < 0 ||
+        fields_find(self->o, ot, output_slots, O_COUNT, "Advancer") < 0) {
         Py_DECREF(self);
         return NULL;
     }
-    Py_INCREF(rt);
-    Py_INCREF(st);
-    Py_INCREF(ot);
-    Py_INCREF(eos);
-    self->request_type = rt;
-    self->sampling_type = st;
-    self->output_type = ot;
+    self->request_type = (PyTypeObject *)Py_NewRef(rt);
+    self->sampling_type = (PyTypeObject *)Py_NewRef(st);
+    self->output_type = (PyTypeObject *)Py_NewRef(ot);
     self->block_size = bs;
-    self->eos = eos;
+    self->eos = Py_NewRef(eos);
     return (PyObject *)self;
 }
 
-/* An int slot as a C value; -1 with *ok = 0 when it is not a small exact int. */
-static inline Py_ssize_t int_slot(PyObject *obj, Py_ssize_t off, int *ok)
+/* An int field as a C value; -1 with *ok = 0 (no error set) when it is not a small exact
+ * int or cannot be read. */
+static inline Py_ssize_t int_field(const Field *f, PyObject *obj, int *ok)
 {
-    PyObject *v = SLOT(obj, off);
+    PyObject *v = field_peek(f, obj);
     if (v == NULL || !PyLong_CheckExact(v)) {
+        Py_XDECREF(v);
         *ok = 0;
         return -1;
     }
     Py_ssize_t x = PyLong_AsSsize_t(v);
+    Py_DECREF(v);
     if (x == -1 && PyErr_Occurred()) {
         PyErr_Clear();
         *ok = 0;
@@ -177,227 +185,255 @@ static inline Py_ssize_t int_slot(PyObject *obj, Py_ssize_t off, int *ok)
     return x;
 }
 
+/* Whether `obj`'s field is `value` (by identity): 1, 0, or -1 (no error set) when it cannot
+ * be read. */
+static inline int field_is(const Field *f, PyObject *obj, PyObject *value)
+{
+    PyObject *v = field_peek(f, obj);
+    if (v == NULL)
+        return -1;
+    Py_DECREF(v); /* (only its address is compared) */
+    return v == value;
+}
+
 enum { PLAIN_NO = 0, PLAIN_YES = 1, PLAIN_ERROR = -1 };
+
+/* The request's output for its plain token `ids` (stolen), appended to `outputs`: 0, or -1
+ * with an error set. */
+static int emit_output(Advancer *self, PyObject *req, PyObject *ids, PyObject *end,
+                       PyObject *latency, PyObject *outputs)
+{
+    const Field *r = self->r;
+    PyTypeObject *ot = self->output_type;
+    PyObject *out = ot->tp_alloc(ot, 0);
+    PyObject *rid = NULL, *nprompt = NULL, *ncached = NULL, *hits = NULL;
+    int result = -1;
+    if (out == NULL || (rid = field_get(&r[R_REQUEST_ID], req)) == NULL ||
+        (nprompt = field_get(&r[R_NUM_PROMPT], req)) == NULL ||
+        (ncached = field_get(&r[R_NUM_CACHED_TOKENS], req)) == NULL ||
+        (hits = field_get(&r[R_TIER_HITS], req)) == NULL)
+        goto done;
+    PyObject *values[O_COUNT] = {
+        [O_REQUEST_ID] = rid, [O_NEW_IDS] = ids, [O_TIME] = end, [O_FINISHED] = Py_False,
+        [O_FINISH_REASON] = Py_None, [O_NUM_PROMPT] = nprompt, [O_NUM_CACHED] = ncached,
+        [O_TIER_HITS] = hits, [O_FIRST] = Py_False, [O_LATENCY] = latency,
+        [O_KV_PARAMS] = Py_None,
+    };
+    for (int i = 0; i < O_COUNT; i++)
+        if (field_set(&self->o[i], out, values[i]) < 0)
+            goto done;
+    result = PyList_Append(outputs, out);
+done:
+    Py_XDECREF(out);
+    Py_DECREF(ids);
+    Py_XDECREF(rid);
+    Py_XDECREF(nprompt);
+    Py_XDECREF(ncached);
+    Py_XDECREF(hits);
+    return result;
+}
+
+/* chain.extend(block_hashes, tokens, hash_block_size), the fields read when called (Python
+ * code ran since they were checked): 0, or -1 with an error set. */
+static int extend_chain(Advancer *self, PyObject *req, PyObject *tokens)
+{
+    const Field *r = self->r;
+    PyObject *chain = NULL, *hashes = NULL, *size = NULL;
+    int result = -1;
+    if ((chain = field_get(&r[R_HASH_CHAIN], req)) != NULL &&
+        (hashes = field_get(&r[R_BLOCK_HASHES], req)) != NULL &&
+        (size = field_get(&r[R_HASH_BLOCK_SIZE], req)) != NULL) {
+        PyObject *argv[4] = {chain, hashes, tokens, size};
+        PyObject *done = PyObject_VectorcallMethod(str_extend, argv, 4, NULL);
+        if (done != NULL) {
+            Py_DECREF(done);
+            result = 0;
+        }
+    }
+    Py_XDECREF(chain);
+    Py_XDECREF(hashes);
+    Py_XDECREF(size);
+    return result;
+}
+
+/* The request's token, known without a draw (a new reference), or NULL: PLAIN_NO (no error
+ * set) or, with an error set, PLAIN_ERROR. `k`: its index among the generated tokens. */
+static PyObject *known_token(Advancer *self, PyObject *req, PyObject *sp, Py_ssize_t k,
+                             int emit, PyObject *column, PyObject *token)
+{
+    const Field *r = self->r, *s = self->s;
+    int ok = 1;
+    if (emit) { /* its drawn-ahead window (past it: `draw`) */
+        PyObject *drawn = field_peek(&r[R_DRAWN], req), *tok = NULL;
+        Py_ssize_t j = k - int_field(&r[R_DRAWN_FROM], req, &ok);
+        if (ok && drawn != NULL && PyList_CheckExact(drawn) && j >= 0 &&
+            j < PyList_GET_SIZE(drawn))
+            tok = Py_NewRef(PyList_GET_ITEM(drawn, j));
+        Py_XDECREF(drawn);
+        return tok;
+    }
+    if (column != Py_None) {
+        Py_ssize_t m = PyList_GET_SIZE(column);
+        return m == 0 ? NULL : Py_NewRef(PyList_GET_ITEM(column, m - 1));
+    }
+    Py_ssize_t min_tokens = int_field(&s[S_MIN_TOKENS], sp, &ok);
+    PyObject *ignore = ok ? field_peek(&s[S_IGNORE_EOS], sp) : NULL;
+    if (ignore == NULL)
+        return NULL;
+    int ignored = PyObject_IsTrue(ignore);
+    Py_DECREF(ignore);
+    if (ignored < 0)
+        return NULL;
+    PyObject *seed = field_peek(&r[R_TOKEN_SEED], req);
+    if (seed == NULL)
+        return NULL;
+    PyObject *kk = PyLong_FromSsize_t(k), *tok = NULL;
+    if (kk != NULL) {
+        PyObject *argv[3] = {seed, kk, (!ignored && k >= min_tokens) ? Py_True : Py_False};
+        tok = PyObject_Vectorcall(token, argv, 3, NULL);
+        Py_DECREF(kk);
+    }
+    Py_DECREF(seed);
+    return tok;
+}
 
 /* Apply one request's plain token, or answer PLAIN_NO having changed nothing. */
 static int plain(Advancer *self, PyObject *req, Py_ssize_t n, PyObject *end, double end_s,
                  int emit, PyObject *column, PyObject *registered, PyObject *token,
                  PyObject *cache, PyObject *outputs)
 {
-    const Py_ssize_t *r = self->r;
-    int ok = 1;
+    const Field *r = self->r, *s = self->s;
+    int ok = 1, answer = PLAIN_NO;
+    PyObject *tokens = NULL, *sp = NULL, *tok = NULL, *latency = NULL;
     if (Py_TYPE(req) != self->request_type)
         return PLAIN_NO;
-    Py_ssize_t computed = int_slot(req, r[R_NUM_COMPUTED], &ok) + n;
-    PyObject *tokens = SLOT(req, r[R_TOKENS]);
-    if (!ok || tokens == NULL)
+    Py_ssize_t computed = int_field(&r[R_NUM_COMPUTED], req, &ok) + n;
+    if (!ok || (tokens = field_peek(&r[R_TOKENS], req)) == NULL)
         return PLAIN_NO;
     Py_ssize_t num_tokens = PyList_CheckExact(tokens) ? PyList_GET_SIZE(tokens)
                                                         : PyObject_Size(tokens);
     if (num_tokens < 0) {
         PyErr_Clear();
-        return PLAIN_NO;
+        goto done;
     }
     if (computed != num_tokens) /* a prefill chunk short of the prompt's end */
-        return PLAIN_NO;
+        goto done;
     if (registered != Py_None) {
         int in = PyDict_Contains(registered, req);
-        if (in != 0)
-            return in < 0 ? PLAIN_ERROR : PLAIN_NO;
+        if (in != 0) {
+            answer = in < 0 ? PLAIN_ERROR : PLAIN_NO;
+            goto done;
+        }
     }
-    Py_ssize_t cached = int_slot(req, r[R_NUM_CACHED_BLOCKS], &ok);
-    if (!ok)
-        return PLAIN_NO;
+    Py_ssize_t cached = int_field(&r[R_NUM_CACHED_BLOCKS], req, &ok);
+    if (!ok || field_is(&r[R_FIRST_TOKEN_TIME], req, Py_None) != 0)
+        goto done; /* (or its first token) */
     int fills = computed / self->block_size > cached; /* a block is full: registered */
-    if (SLOT(req, r[R_FIRST_TOKEN_TIME]) == Py_None)
-        return PLAIN_NO; /* its first token */
-    PyObject *last = SLOT(req, r[R_LAST_TOKEN_TIME]);
-    PyObject *sp = SLOT(req, r[R_SAMPLING]);
-    if (last == NULL || !PyFloat_CheckExact(last) || sp == NULL ||
-        Py_TYPE(sp) != self->sampling_type)
-        return PLAIN_NO;
-    PyObject *stops = SLOT(sp, self->s[S_STOP_IDS]);
-    if (stops == NULL || !PyTuple_CheckExact(stops) || PyTuple_GET_SIZE(stops) != 0)
-        return PLAIN_NO; /* stop ids: the Python body checks them */
-    Py_ssize_t k = num_tokens - int_slot(req, r[R_NUM_PROMPT], &ok);
-    Py_ssize_t max_tokens = int_slot(req, r[R_MAX_TOKENS], &ok);
+    PyObject *last = field_peek(&r[R_LAST_TOKEN_TIME], req);
+    if (last == NULL)
+        goto done;
+    int timed = PyFloat_CheckExact(last);
+    double last_s = timed ? PyFloat_AS_DOUBLE(last) : 0.0; /* (before `cache` runs) */
+    Py_DECREF(last);
+    sp = field_peek(&r[R_SAMPLING], req);
+    if (!timed || sp == NULL || Py_TYPE(sp) != self->sampling_type)
+        goto done;
+    PyObject *stops = field_peek(&s[S_STOP_IDS], sp);
+    int stopless = stops != NULL && PyTuple_CheckExact(stops) && PyTuple_GET_SIZE(stops) == 0;
+    Py_XDECREF(stops);
+    if (!stopless)
+        goto done; /* stop ids: the Python body checks them */
+    Py_ssize_t k = num_tokens - int_field(&r[R_NUM_PROMPT], req, &ok);
+    Py_ssize_t max_tokens = int_field(&r[R_MAX_TOKENS], req, &ok);
     if (!ok || k + 1 >= max_tokens)
-        return PLAIN_NO; /* its last token */
-    PyObject *chain = SLOT(req, r[R_HASH_CHAIN]);
-    if (chain == NULL)
-        return PLAIN_NO;
+        goto done; /* its last token */
     int hashes = 0; /* the token fills a block to hash */
-    if (chain != Py_None) {
-        Py_ssize_t hbs = int_slot(req, r[R_HASH_BLOCK_SIZE], &ok);
-        if (!ok || hbs <= 0 || SLOT(req, r[R_BLOCK_HASHES]) == NULL)
-            return PLAIN_NO;
+    int chained = field_is(&r[R_HASH_CHAIN], req, Py_None);
+    if (chained < 0)
+        goto done;
+    if (!chained) {
+        Py_ssize_t hbs = int_field(&r[R_HASH_BLOCK_SIZE], req, &ok);
+        PyObject *known = ok && hbs > 0 ? field_peek(&r[R_BLOCK_HASHES], req) : NULL;
+        if (known == NULL)
+            goto done;
+        Py_DECREF(known);
         hashes = (num_tokens + 1) % hbs == 0;
     }
-    /* The token (a new reference). */
-    PyObject *tok;
-    if (emit) {
-        PyObject *drawn = SLOT(req, r[R_DRAWN]);
-        if (drawn == NULL || !PyList_CheckExact(drawn))
-            return PLAIN_NO;
-        Py_ssize_t j = k - int_slot(req, r[R_DRAWN_FROM], &ok);
-        if (!ok || j < 0 || j >= PyList_GET_SIZE(drawn))
-            return PLAIN_NO; /* past its window: `draw` */
-        tok = PyList_GET_ITEM(drawn, j);
-        Py_INCREF(tok);
-    } else if (column != Py_None) {
-        Py_ssize_t m = PyList_GET_SIZE(column);
-        if (m == 0)
-            return PLAIN_NO;
-        tok = PyList_GET_ITEM(column, m - 1);
-        Py_INCREF(tok);
-    } else {
-        Py_ssize_t min_tokens = int_slot(sp, self->s[S_MIN_TOKENS], &ok);
-        PyObject *ignore = SLOT(sp, self->s[S_IGNORE_EOS]);
-        if (!ok || ignore == NULL)
-            return PLAIN_NO;
-        int ignored = PyObject_IsTrue(ignore);
-        if (ignored < 0)
-            return PLAIN_ERROR;
-        PyObject *seed = SLOT(req, r[R_TOKEN_SEED]);
-        if (seed == NULL)
-            return PLAIN_NO;
-        PyObject *kk = PyLong_FromSsize_t(k);
-        if (kk == NULL)
-            return PLAIN_ERROR;
-        PyObject *argv[3] = {seed, kk, (!ignored && k >= min_tokens) ? Py_True : Py_False};
-        tok = PyObject_Vectorcall(token, argv, 3, NULL);
-        Py_DECREF(kk);
-        if (tok == NULL)
-            return PLAIN_ERROR;
+    tok = known_token(self, req, sp, k, emit, column, token);
+    if (tok == NULL) {
+        answer = PyErr_Occurred() ? PLAIN_ERROR : PLAIN_NO;
+        goto done;
     }
-    if (!PyLong_CheckExact(tok)) {
-        Py_DECREF(tok);
-        return PLAIN_NO;
-    }
+    if (!PyLong_CheckExact(tok))
+        goto done;
     if (self->eos != Py_None) {
         int same = PyObject_RichCompareBool(tok, self->eos, Py_EQ);
         if (same != 0) {
-            Py_DECREF(tok);
-            return same < 0 ? PLAIN_ERROR : PLAIN_NO; /* EOS ends it (unless ignored) */
+            answer = same < 0 ? PLAIN_ERROR : PLAIN_NO; /* EOS ends it (unless ignored) */
+            goto done;
         }
     }
     /* Everything is known: apply it (as `_advance_one` would, in its order). */
-    double last_s = PyFloat_AS_DOUBLE(last); /* (read before `cache` runs Python code) */
-    PyObject *latency = NULL;
+    answer = PLAIN_ERROR;
     PyObject *computed_obj = PyLong_FromSsize_t(computed);
-    if (computed_obj == NULL)
-        goto fail;
-    set_slot(req, r[R_NUM_COMPUTED], computed_obj);
-    computed_obj = NULL;
+    if (computed_obj == NULL || field_put(&r[R_NUM_COMPUTED], req, computed_obj) < 0)
+        goto done;
     if (fills) {
-        PyObject *done = PyObject_Vectorcall(cache, &req, 1, NULL);
-        if (done == NULL)
-            goto fail;
-        Py_DECREF(done);
-        tokens = SLOT(req, r[R_TOKENS]);
-        if (tokens == NULL) {
-            PyErr_SetString(PyExc_AttributeError, "Advancer: a request slot is unset");
-            goto fail;
-        }
+        PyObject *cached_now = PyObject_Vectorcall(cache, &req, 1, NULL);
+        if (cached_now == NULL)
+            goto done;
+        Py_DECREF(cached_now);
+        Py_SETREF(tokens, field_get(&r[R_TOKENS], req));
+        if (tokens == NULL)
+            goto done;
     }
-    latency = PyFloat_FromDouble(end_s - last_s);
-    if (latency == NULL)
-        goto fail;
+    if ((latency = PyFloat_FromDouble(end_s - last_s)) == NULL)
+        goto done;
     if (PyList_CheckExact(tokens)) {
         if (PyList_Append(tokens, tok) < 0)
-            goto fail;
+            goto done;
     } else {
-        PyObject *done = PyObject_CallMethod(tokens, "append", "O", tok);
-        if (done == NULL)
-            goto fail;
-        Py_DECREF(done);
+        PyObject *appended = PyObject_CallMethod(tokens, "append", "O", tok);
+        if (appended == NULL)
+            goto done;
+        Py_DECREF(appended);
     }
     if (!emit && column != Py_None) {
         /* (the column's last item is `tok`: dropped as `pop` would) */
         if (PyList_SetSlice(column, PyList_GET_SIZE(column) - 1, PyList_GET_SIZE(column),
                             NULL) < 0)
-            goto fail;
+            goto done;
     }
-    if (hashes) {
-        /* chain.extend(block_hashes, tokens, hash_block_size) (the slots read again: `cache`
-         * ran Python code in between) */
-        PyObject *argv[4] = {SLOT(req, r[R_HASH_CHAIN]), SLOT(req, r[R_BLOCK_HASHES]),
-                             tokens, SLOT(req, r[R_HASH_BLOCK_SIZE])};
-        if (argv[0] == NULL || argv[1] == NULL || argv[3] == NULL) {
-            PyErr_SetString(PyExc_AttributeError, "Advancer: a request slot is unset");
-            goto fail;
-        }
-        PyObject *done = PyObject_VectorcallMethod(str_extend, argv, 4, NULL);
-        if (done == NULL)
-            goto fail;
-        Py_DECREF(done);
+    if (hashes && extend_chain(self, req, tokens) < 0)
+        goto done;
+    if (field_set(&r[R_LAST_TOKEN_TIME], req, end) < 0)
+        goto done;
+    if (emit) {
+        PyObject *ids = PyList_New(1);
+        if (ids == NULL)
+            goto done;
+        PyList_SET_ITEM(ids, 0, tok); /* (steals it) */
+        tok = NULL;
+        if (emit_output(self, req, ids, end, latency, outputs) < 0)
+            goto done;
     }
-    Py_INCREF(end);
-    set_slot(req, r[R_LAST_TOKEN_TIME], end);
-    if (!emit) {
-        Py_DECREF(tok);
-        Py_DECREF(latency);
-        return PLAIN_YES;
-    }
-    PyTypeObject *ot = self->output_type;
-    PyObject *out = ot->tp_alloc(ot, 0);
-    PyObject *ids = PyList_New(1);
-    if (out == NULL || ids == NULL) {
-        Py_XDECREF(out);
-        Py_XDECREF(ids);
-        goto fail;
-    }
-    PyList_SET_ITEM(ids, 0, tok); /* (steals it) */
-    tok = NULL;
-    const Py_ssize_t *o = self->o;
-    PyObject *rid = SLOT(req, r[R_REQUEST_ID]);
-    PyObject *nprompt = SLOT(req, r[R_NUM_PROMPT]);
-    PyObject *ncached = SLOT(req, r[R_NUM_CACHED_TOKENS]);
-    PyObject *hits = SLOT(req, r[R_TIER_HITS]);
-    if (rid == NULL || ncached == NULL || hits == NULL) {
-        Py_DECREF(ids);
-        Py_DECREF(out);
-        PyErr_SetString(PyExc_AttributeError, "Advancer: a request slot is unset");
-        goto fail;
-    }
-    Py_INCREF(rid);
-    Py_INCREF(nprompt);
-    Py_INCREF(ncached);
-    Py_INCREF(hits);
-    Py_INCREF(end);
-    SLOT(out, o[O_REQUEST_ID]) = rid;
-    SLOT(out, o[O_NEW_IDS]) = ids;
-    SLOT(out, o[O_TIME]) = end;
-    SLOT(out, o[O_FINISHED]) = Py_NewRef(Py_False);
-    SLOT(out, o[O_FINISH_REASON]) = Py_NewRef(Py_None);
-    SLOT(out, o[O_NUM_PROMPT]) = nprompt;
-    SLOT(out, o[O_NUM_CACHED]) = ncached;
-    SLOT(out, o[O_TIER_HITS]) = hits;
-    SLOT(out, o[O_FIRST]) = Py_NewRef(Py_False);
-    SLOT(out, o[O_LATENCY]) = latency;
-    SLOT(out, o[O_KV_PARAMS]) = Py_NewRef(Py_None);
-    int appended = PyList_Append(outputs, out);
-    Py_DECREF(out);
-    return appended < 0 ? PLAIN_ERROR : PLAIN_YES;
-fail:
+    answer = PLAIN_YES;
+done:
+    Py_XDECREF(tokens);
+    Py_XDECREF(sp);
     Py_XDECREF(tok);
-    Py_XDECREF(computed_obj);
     Py_XDECREF(latency);
-    return PLAIN_ERROR;
+    return answer;
 }
 
 /* Prefetching a pass's requests ahead of the one being advanced. With hundreds of streams,
- * everything a request's token touches has left the caches since the last pass (the other
- * requests' objects and the kernel's socket writes came between), and the token waited on
- * each object in turn: the request's slots (on all five of its cache lines: CPython lays
- * `__slots__` out by name), then its sampling parameters, its lists, their items. So the
- * loop asks for the request FAR_AHEAD entries on and, once that has had time to arrive, for
- * the objects its slots name NEAR_AHEAD entries on; the loads then overlap other requests'
- * work. A prefetch never faults and changes nothing; a slot not of the expected type is
- * simply not followed. */
-enum { FAR_AHEAD = 16, NEAR_AHEAD = 8, ITEM_AHEAD = 4, TOKEN_AHEAD = 2, REQUEST_LINES = 6 };
+ * a request's object has left the caches since the last pass (the other requests' objects
+ * and the kernel's socket writes came between), so the loop asks for the request FAR_AHEAD
+ * entries on; the load then overlaps other requests' work. A prefetch never faults and
+ * changes nothing. */
+enum { FAR_AHEAD = 16, REQUEST_LINES = 6 };
 /* Smaller passes (a replay's engines run a few requests each) stay in the caches from one
- * pass to the next, and the cursors' walk would cost them more than it could save. */
+ * pass to the next, and the cursor's walk would cost them more than it could save. */
 enum { PREFETCH_FROM = 32 };
 
 static inline void prefetch_request(PyObject *req)
@@ -405,78 +441,6 @@ static inline void prefetch_request(PyObject *req)
     const char *at = (const char *)req;
     for (int line = 0; line < REQUEST_LINES; line++)
         __builtin_prefetch(at + 64 * line);
-}
-
-static inline void prefetch_parts(Advancer *self, PyObject *req)
-{
-    const Py_ssize_t *r = self->r;
-    if (Py_TYPE(req) != self->request_type)
-        return;
-    PyObject *sp = SLOT(req, r[R_SAMPLING]);
-    if (sp != NULL) {
-        __builtin_prefetch(sp);
-        __builtin_prefetch((char *)sp + self->s[S_STOP_IDS]);
-    }
-    PyObject *v = SLOT(req, r[R_LAST_TOKEN_TIME]);
-    if (v != NULL)
-        __builtin_prefetch(v);
-    v = SLOT(req, r[R_NUM_COMPUTED]);
-    if (v != NULL)
-        __builtin_prefetch(v);
-    PyObject *tokens = SLOT(req, r[R_TOKENS]);
-    if (tokens != NULL && PyList_CheckExact(tokens)) /* (its header: size, items) */
-        __builtin_prefetch(tokens);
-    PyObject *drawn = SLOT(req, r[R_DRAWN]);
-    if (drawn != NULL && PyList_CheckExact(drawn))
-        __builtin_prefetch(drawn);
-}
-
-/* Where the request's next drawn token is (&drawn[j], as `plain` finds it), or NULL. */
-static inline PyObject **next_drawn(Advancer *self, PyObject *req)
-{
-    const Py_ssize_t *r = self->r;
-    if (Py_TYPE(req) != self->request_type)
-        return NULL;
-    PyObject *tokens = SLOT(req, r[R_TOKENS]), *drawn = SLOT(req, r[R_DRAWN]);
-    PyObject *prompt = SLOT(req, r[R_NUM_PROMPT]), *from = SLOT(req, r[R_DRAWN_FROM]);
-    if (tokens == NULL || drawn == NULL || prompt == NULL || from == NULL ||
-        !PyList_CheckExact(tokens) || !PyList_CheckExact(drawn) || !PyLong_CheckExact(prompt) ||
-        !PyLong_CheckExact(from))
-        return NULL;
-    Py_ssize_t p = PyLong_AsSsize_t(prompt), f = p == -1 ? -1 : PyLong_AsSsize_t(from);
-    if (p < 0 || f < 0) { /* (what `plain` would refuse: nothing to fetch) */
-        if (PyErr_Occurred())
-            PyErr_Clear();
-        return NULL;
-    }
-    Py_ssize_t j = PyList_GET_SIZE(tokens) - p; /* (a list's size is far from the bounds) */
-    if (j < f)
-        return NULL;
-    j -= f;
-    return j < PyList_GET_SIZE(drawn) ? &PyList_GET_ITEM(drawn, j) : NULL;
-}
-
-/* A cursor `ahead` entries past the loop's in `scheduled` (0 once past the end). */
-typedef struct {
-    Py_ssize_t pos;
-    int live;
-} Cursor;
-
-static inline void cursor_start(Cursor *c, PyObject *scheduled, int ahead)
-{
-    PyObject *key, *value;
-    c->pos = 0;
-    c->live = 1;
-    for (int i = 0; i < ahead && c->live; i++)
-        c->live = PyDict_Next(scheduled, &c->pos, &key, &value);
-}
-
-static inline PyObject *cursor_next(Cursor *c, PyObject *scheduled)
-{
-    PyObject *key, *value;
-    if (c->live && (c->live = PyDict_Next(scheduled, &c->pos, &key, &value)))
-        return key;
-    return NULL;
 }
 
 /* run(scheduled, end, emit, column, registered, token, cache, outputs, slow) -> partial
@@ -510,31 +474,14 @@ static PyObject *advancer_run(Advancer *self, PyObject *const *args, Py_ssize_t 
     /* An end that is not a float (a test's int): every request takes the Python body. */
     int floats = PyFloat_CheckExact(end);
     double end_s = floats ? PyFloat_AS_DOUBLE(end) : 0.0;
-    Py_ssize_t pos = 0, partial = 0;
-    PyObject *req, *num;
-    /* Cursors ahead of this one, each fetching the next link of a request's chain (see
-     * `prefetch_request`); the first few requests are fetched as the cursors start. */
-    Cursor far = {0, 0}, near = {0, 0}, item = {0, 0}, tok_at = {0, 0};
-    PyObject *ahead;
-    if (PyDict_GET_SIZE(scheduled) >= PREFETCH_FROM) {
-        cursor_start(&far, scheduled, 0);
-        for (int i = 0; i < FAR_AHEAD; i++)
-            if ((ahead = cursor_next(&far, scheduled)) != NULL)
-                prefetch_request(ahead);
-        cursor_start(&near, scheduled, NEAR_AHEAD);
-        cursor_start(&item, scheduled, ITEM_AHEAD);
-        cursor_start(&tok_at, scheduled, TOKEN_AHEAD);
-    }
+    Py_ssize_t pos = 0, far = 0, partial = 0;
+    PyObject *req, *num, *ahead, *value;
+    int prefetch = PyDict_GET_SIZE(scheduled) >= PREFETCH_FROM;
+    for (int i = 0; prefetch && i < FAR_AHEAD && PyDict_Next(scheduled, &far, &ahead, &value); i++)
+        prefetch_request(ahead);
     while (PyDict_Next(scheduled, &pos, &req, &num)) {
-        if ((ahead = cursor_next(&far, scheduled)) != NULL)
+        if (prefetch && PyDict_Next(scheduled, &far, &ahead, &value))
             prefetch_request(ahead);
-        if ((ahead = cursor_next(&near, scheduled)) != NULL)
-            prefetch_parts(self, ahead);
-        PyObject **next;
-        if ((ahead = cursor_next(&item, scheduled)) != NULL && (next = next_drawn(self, ahead)))
-            __builtin_prefetch(next);
-        if ((ahead = cursor_next(&tok_at, scheduled)) != NULL && (next = next_drawn(self, ahead)))
-            __builtin_prefetch(*next);
         int done = PLAIN_NO;
         if (floats && PyLong_CheckExact(num)) {
             Py_ssize_t n = PyLong_AsSsize_t(num);
@@ -756,127 +703,6 @@ static PyObject *column(PyObject *Py_UNUSED(module), PyObject *const *args, Py_s
  * nothing to the stream's `sink` when it has one and the sink takes it (returns True), every
  * other one to hand(streams, stream, out). Outputs whose stream is gone or finished are not
  * kept. */
-/* Prefetching the outputs ahead of the one handed out, as `advancer_run` does its requests:
- * each output's stream, its sink and what the sink touches have left the caches since the
- * stream's last token (the other streams' writes came between). An output `stage` entries
- * ahead goes through one stage a step, each reading what the one before fetched: the output
- * and its request id's string (whose hash the lookup reads), its stream, its sink, the
- * sink's own parts, then what those point to (the Warmable protocol, mocker/_cslots.h).
- * Prefetching changes nothing: the hand-out below reads everything again as before.
- *
- * What a stage found is kept for the next in `Ahead`: the stream held from the stage that
- * finds it (nothing public proves a borrowed one alive later), the sink first kept borrowed
- * while the held stream still names it, then held. */
-enum { STAGES = 6, RING = STAGES + 1 };
-
-typedef struct {
-    PyObject *stream; /* a new reference, or NULL */
-    PyObject *named;  /* the stream's sink, borrowed (alive while `stream` names it) */
-    PyObject *sink;   /* a new reference, or NULL */
-    Py_ssize_t id;    /* the token id, -1 if none */
-} Ahead;
-
-static PyTypeObject *warmable; /* the last type found to be a Warmable (held) */
-
-static Py_ssize_t warm_calls; /* sinks warmed (`_warm_calls`: tests see the path run) */
-
-/* Whether `type` is the Warmable: its name, and what only a C extension's static type can
- * have (a Python class can take any name, not this layout), checked once per type. */
-static int is_warmable(PyTypeObject *type)
-{
-    if (type == warmable)
-        return 1;
-    if ((type->tp_flags & Py_TPFLAGS_HEAPTYPE) || strcmp(type->tp_name, WARMABLE_TYPE) != 0 ||
-        type->tp_basicsize < (Py_ssize_t)sizeof(Warmable) ||
-        type->tp_vectorcall_offset != offsetof(Warmable, vectorcall))
-        return 0;
-    Py_INCREF(type);
-    Py_XSETREF(warmable, type);
-    return 1;
-}
-
-static void release(Ahead *a)
-{
-    Py_CLEAR(a->stream);
-    Py_CLEAR(a->sink);
-    a->named = NULL;
-    a->id = -1;
-}
-
-/* Output `j`, `stage` steps before it is handed out (stages STAGES .. 1). */
-static void look_ahead(PyObject *streams, PyObject *outputs, Py_ssize_t j, int stage,
-                       Ahead *ahead)
-{
-    if (j >= PyList_GET_SIZE(outputs))
-        return;
-    PyObject *out = PyList_GET_ITEM(outputs, j);
-    if (stage == STAGES) {
-        __builtin_prefetch(out);
-        return;
-    }
-    if (Py_TYPE(out) != out_layout.type || out_layout.off[0] < 0)
-        return;
-    PyObject *rid = SLOT(out, out_layout.off[0]);
-    if (stage == STAGES - 1) {
-        __builtin_prefetch(rid); /* (a prefetch never faults: checked at the next stage) */
-        return;
-    }
-    if (rid == NULL || !PyUnicode_CheckExact(rid))
-        return;
-    Ahead *a = &ahead[j % RING];
-    switch (stage) {
-    case STAGES - 2: {
-        PyObject *stream = PyDict_GetItemWithError(streams, rid);
-        if (stream == NULL) {
-            PyErr_Clear();
-            return;
-        }
-        Py_XSETREF(a->stream, Py_NewRef(stream));
-        __builtin_prefetch(stream, 1); /* (for the reference taken next) */
-        if (Py_TYPE(stream) == stream_layout.type && stream_layout.off[1] >= 0)
-            __builtin_prefetch((char *)stream + stream_layout.off[1]);
-        /* and the token's int, read two stages on */
-        PyObject *ids = out_layout.off[2] >= 0 ? SLOT(out, out_layout.off[2]) : NULL;
-        if (ids != NULL && PyList_CheckExact(ids) && PyList_GET_SIZE(ids) == 1)
-            __builtin_prefetch(PyList_GET_ITEM(ids, 0));
-        return;
-    }
-    case STAGES - 3: {
-        PyObject *stream = a->stream;
-        if (stream == NULL || Py_TYPE(stream) != stream_layout.type || stream_layout.off[1] < 0)
-            return;
-        PyObject *sink = SLOT(stream, stream_layout.off[1]);
-        if (sink != NULL) {
-            a->named = sink;
-            __builtin_prefetch(sink, 1);
-            __builtin_prefetch((char *)sink + 64);
-        }
-        return;
-    }
-    case STAGES - 4: {
-        PyObject *stream = a->stream;
-        if (stream == NULL || a->named == NULL || Py_TYPE(stream) != stream_layout.type ||
-            SLOT(stream, stream_layout.off[1]) != a->named || !is_warmable(Py_TYPE(a->named)))
-            return;
-        Py_XSETREF(a->sink, Py_NewRef(a->named));
-        PyObject *ids = out_layout.off[2] >= 0 ? SLOT(out, out_layout.off[2]) : NULL;
-        a->id = -1;
-        if (ids != NULL && PyList_CheckExact(ids) && PyList_GET_SIZE(ids) == 1 &&
-            PyLong_CheckExact(PyList_GET_ITEM(ids, 0))) {
-            a->id = PyLong_AsSsize_t(PyList_GET_ITEM(ids, 0));
-            if (a->id == -1 && PyErr_Occurred())
-                PyErr_Clear();
-        }
-        ((Warmable *)a->sink)->warm(a->sink, a->id, 0);
-        warm_calls++;
-        return;
-    }
-    default: /* the last: what the sink's parts point to */
-        if (a->sink != NULL)
-            ((Warmable *)a->sink)->warm(a->sink, a->id, 1);
-    }
-}
-
 static PyObject *deliver(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 3) {
@@ -891,33 +717,21 @@ static PyObject *deliver(PyObject *Py_UNUSED(module), PyObject *const *args, Py_
     PyObject *kept = NULL;
     PyObject *const out_names[3] = {str_request_id, str_finished, str_new_token_ids};
     PyObject *const stream_names[2] = {str_finished, str_sink};
-    Ahead ahead[RING] = {{NULL, NULL, NULL, -1}};
-    for (int k = 1; k < RING; k++)
-        ahead[k] = ahead[0];
-    int warm = PyList_GET_SIZE(outputs) >= PREFETCH_FROM;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(outputs); i++) {
         PyObject *out = Py_NewRef(PyList_GET_ITEM(outputs, i));
         PyObject *stream = NULL, *sink = NULL;
-        layout_of(&out_layout, Py_TYPE(out), out_names, 3);
-        if (warm) {
-            if (i == 0) /* the first outputs: the stages they had no steps for, at once */
-                for (Py_ssize_t j = 0; j < STAGES; j++)
-                    for (int stage = STAGES; stage > j; stage--)
-                        look_ahead(streams, outputs, j, stage, ahead);
-            for (int stage = STAGES; stage >= 1; stage--)
-                look_ahead(streams, outputs, i + stage, stage, ahead);
-            release(&ahead[i % RING]);
-        }
-        const Py_ssize_t *o = out_layout.off;
-        PyObject *rid = read_slot(out, o[0], str_request_id);
+        if (layout_of(&out_layout, Py_TYPE(out), out_names, 3) < 0)
+            goto fail;
+        PyObject *rid = layout_get(&out_layout, 0, out, str_request_id);
         if (rid == NULL)
             goto fail;
         stream = Py_XNewRef(PyDict_GetItemWithError(streams, rid));
         Py_DECREF(rid);
         int open = 0;
         if (stream != NULL) {
-            layout_of(&stream_layout, Py_TYPE(stream), stream_names, 2);
-            int ended = flag_of(stream, stream_layout.off[0], str_finished);
+            if (layout_of(&stream_layout, Py_TYPE(stream), stream_names, 2) < 0)
+                goto fail;
+            int ended = flag_of(&stream_layout, 0, stream, str_finished);
             if (ended < 0)
                 goto fail;
             open = !ended;
@@ -932,15 +746,19 @@ static PyObject *deliver(PyObject *Py_UNUSED(module), PyObject *const *args, Py_
             continue;
         }
         int taken = 0;
-        sink = read_slot(stream, stream_layout.off[1], str_sink);
-        if (sink == NULL)
+        /* (the layouts are read again: the calls between may have run Python code) */
+        if (layout_of(&stream_layout, Py_TYPE(stream), stream_names, 2) < 0 ||
+            (sink = layout_get(&stream_layout, 1, stream, str_sink)) == NULL)
             goto fail;
         if (sink != Py_None) {
-            int finished = flag_of(out, o[1], str_finished);
+            if (layout_of(&out_layout, Py_TYPE(out), out_names, 3) < 0)
+                goto fail;
+            int finished = flag_of(&out_layout, 1, out, str_finished);
             if (finished < 0)
                 goto fail;
-            PyObject *ids = finished ? NULL : read_slot(out, o[2], str_new_token_ids);
-            if (!finished && ids == NULL)
+            PyObject *ids = NULL;
+            if (!finished && (layout_of(&out_layout, Py_TYPE(out), out_names, 3) < 0 ||
+                              (ids = layout_get(&out_layout, 2, out, str_new_token_ids)) == NULL))
                 goto fail;
             if (ids != NULL && PyList_CheckExact(ids) && PyList_GET_SIZE(ids) == 1) {
                 PyObject *tok = PyList_GET_ITEM(ids, 0);
@@ -974,20 +792,11 @@ static PyObject *deliver(PyObject *Py_UNUSED(module), PyObject *const *args, Py_
         Py_XDECREF(stream);
         Py_XDECREF(sink);
         Py_XDECREF(kept);
-        for (int k = 0; k < RING; k++)
-            release(&ahead[k]);
         return NULL;
     }
-    for (int k = 0; k < RING; k++)
-        release(&ahead[k]);
     if (kept == NULL)
         Py_RETURN_NONE;
     return kept;
-}
-
-static PyObject *warm_count(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
-{
-    return PyLong_FromSsize_t(warm_calls);
 }
 
 static PyMethodDef module_methods[] = {
@@ -997,8 +806,6 @@ static PyMethodDef module_methods[] = {
      "rows(seeds, starts, count, palette_ids) -> bytes of uint32"},
     {"column", (PyCFunction)(void (*)(void))column, METH_FASTCALL,
      "column(seeds, indexes, palette) -> list"},
-    {"_warm_calls", (PyCFunction)warm_count, METH_NOARGS,
-     "How many sinks `deliver` has warmed ahead (for tests)."},
     {"deliver", (PyCFunction)(void (*)(void))deliver, METH_FASTCALL,
      "deliver(streams, outputs, hand) -> the kept outputs, or None when every one was kept"},
     {NULL, NULL, 0, NULL},
@@ -1027,7 +834,7 @@ static PyObject *advancer_decodes(Advancer *self, PyObject *const *args, Py_ssiz
         PyErr_SetString(PyExc_TypeError, "decodes(list, start >= 0, budget, dict, allocate)");
         return NULL;
     }
-    const Py_ssize_t *r = self->r;
+    const Field *r = self->r;
     Py_ssize_t bs = self->block_size, count = 0;
     PyObject *one = PyLong_FromLong(1);
     if (one == NULL)
@@ -1037,21 +844,25 @@ static PyObject *advancer_decodes(Advancer *self, PyObject *const *args, Py_ssiz
         if (Py_TYPE(req) != self->request_type)
             break;
         int ok = 1;
-        PyObject *tokens = SLOT(req, r[R_TOKENS]), *blocks = SLOT(req, r[R_BLOCKS]);
-        if (tokens == NULL || blocks == NULL || !PyList_CheckExact(blocks))
-            break;
-        Py_ssize_t num_tokens = PyList_CheckExact(tokens) ? PyList_GET_SIZE(tokens)
-                                                            : PyObject_Size(tokens);
-        if (num_tokens < 0) {
-            PyErr_Clear();
-            break;
+        PyObject *tokens = field_peek(&r[R_TOKENS], req), *blocks = field_peek(&r[R_BLOCKS], req);
+        Py_ssize_t num_tokens = -1, num_blocks = -1;
+        if (tokens != NULL && blocks != NULL && PyList_CheckExact(blocks)) {
+            num_blocks = PyList_GET_SIZE(blocks);
+            num_tokens = PyList_CheckExact(tokens) ? PyList_GET_SIZE(tokens)
+                                                   : PyObject_Size(tokens);
+            if (num_tokens < 0)
+                PyErr_Clear();
         }
-        Py_ssize_t computed = int_slot(req, r[R_NUM_COMPUTED], &ok);
-        Py_ssize_t prompt = int_slot(req, r[R_NUM_PROMPT], &ok);
-        Py_ssize_t recheck = int_slot(req, r[R_KV_RECHECK], &ok);
+        Py_XDECREF(tokens);
+        Py_XDECREF(blocks);
+        if (num_tokens < 0)
+            break;
+        Py_ssize_t computed = int_field(&r[R_NUM_COMPUTED], req, &ok);
+        Py_ssize_t prompt = int_field(&r[R_NUM_PROMPT], req, &ok);
+        Py_ssize_t recheck = int_field(&r[R_KV_RECHECK], req, &ok);
         if (!ok || computed != num_tokens - 1 || num_tokens <= prompt || computed >= recheck)
             break;
-        if (computed + 1 > PyList_GET_SIZE(blocks) * bs) {
+        if (computed + 1 > num_blocks * bs) {
             PyObject *argv[2] = {req, one};
             PyObject *got = PyObject_Vectorcall(allocate, argv, 2, NULL);
             if (got == NULL) {

@@ -258,10 +258,8 @@ def test_advancer_needs_plain_slots() -> None:
 
 
 def _read_only_time() -> type:
-    """RequestOutput's slots, but `time` a builtin type's read-only member (slice.start)."""
-    names = {name: RequestOutput.__dict__[name] for name in RequestOutput.__slots__}
-    names["time"] = slice.__dict__["start"]
-    return type("ReadOnlyTime", (), names)
+    """RequestOutput, but its `time` another class's (read-only) member, slice.start."""
+    return type("ReadOnlyTime", (RequestOutput,), {"time": slice.__dict__["start"]})
 
 
 def test_an_end_that_is_not_a_float_takes_the_python_body() -> None:
