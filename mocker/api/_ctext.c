@@ -2,13 +2,13 @@
  * mocker.api.text_table's `TextTable` (the Python reference, which serves when this was not
  * built or MOCKER_COMPILED=0; tests/api/test_text_table.py compares the two).
  *
- * Why: a streamed token's text came from a dict of ~26k token ids -> escaped bytes, ~2.5 MB of
- * dict, int keys and bytes objects for the default tokenizer. Tokens are drawn at random, so
- * nearly every lookup missed the caches (5% of a 500-stream server's CPU in `_Py_dict_lookup`,
- * the same in the eval loop when the dict was a list), and the chunk was then joined from
- * its pieces by four concatenations. Here the texts sit in one buffer (~0.2 MB) behind one
- * uint32 per token id, and the framed chunk (`<hex length>\r\n<head><text><tail>\r\n`, as
- * uvicorn frames a body chunk) is one allocation.
+ * Why: in Python a streamed token's text comes from a dict of token ids -> escaped bytes,
+ * megabytes of dict, int keys and bytes objects for a real vocabulary. Tokens are drawn at
+ * random, so nearly every lookup misses the caches, and the chunk is then joined from its
+ * pieces by four concatenations. Here the texts sit in one buffer behind one uint32 per token
+ * id, and the framed chunk (`<hex length>\r\n<head><text><tail>\r\n`, as uvicorn frames a
+ * body chunk) is one allocation.
+ * Kept for: bench/compiled_parts.py's `stream` figure (what it buys: bench/README.md).
  */
 #include "../_cfields.h"
 #include <stddef.h>

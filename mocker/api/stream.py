@@ -183,7 +183,7 @@ class StreamRenderer:
                             if self._first[index]:
                                 self._first_sent(index)
                             elif self._sinks is not None:
-                                self._sink_in()
+                                self._attach_sink()
                             return
                 # The tokenizer's table first: a call per token costs more than the lookup.
                 text = self._known.get(tok) or self._escaped(tok)
@@ -331,7 +331,7 @@ class StreamRenderer:
         if self._heads is not None and isinstance(writer, ChunkWriter):
             self._heads[index] = writer.open_parts(index)[0]
 
-    def _sink_in(self) -> None:
+    def _attach_sink(self) -> None:
         """A plain chunk after the first went out by the framed path: from now on the only
         choice's plain tokens (one token, ends nothing) may go from the engine loop's
         hand-out straight to the socket, through a sink that writes what that path writes

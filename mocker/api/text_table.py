@@ -84,7 +84,7 @@ def text_table(pieces: Mapping[int, bytes], compiled: bool | None = None) -> Fra
 
 
 # sink(head, tail, emitter, direct, cycle, choice): a TokenSink (mocker.engine.stream) writing a
-# response's plain chunks from the engine loop's hand-out (StreamRenderer._sink_in).
+# response's plain chunks from the engine loop's hand-out (StreamRenderer._attach_sink).
 SinkFactory = Callable[[bytes, bytes, Any, Any, Any, Any], Callable[[int], bool]]
 
 

@@ -1,7 +1,7 @@
-/* A pass's plain decode tokens in C: applied to their requests, drawn ahead, handed out.
+/* A pass's simple decode tokens in C: applied to their requests, drawn ahead, handed out.
  *
- * `Advancer`: `EngineCore._advance` (mocker/engine/core_pass.py) hands a pass's scheduled requests
- * to `Advancer.run`, which applies those whose token ends nothing (below) and hands every
+ * `DecodeApplier`: `EngineCore._advance` (mocker/engine/core_pass.py) hands a pass's scheduled requests
+ * to `DecodeApplier.run`, which applies those whose token ends nothing (below) and hands every
  * other one to the Python body (`EngineCore._advance_one`). That body stays the reference:
  * with MOCKER_COMPILED=0, or when this was not built, it applies every request
  * (tests/engine/test_cpass.py compares the two pass by pass).
@@ -11,7 +11,7 @@
  * streamed token costs. Here the request's slots are read and written through their member
  * descriptors (mocker/_cfields.h), with no bytecode and no name lookup between them.
  *
- * A request takes the plain path when, with its scheduled tokens, it reaches the end of its
+ * A request takes the simple path when, with its scheduled tokens, it reaches the end of its
  * known tokens (it samples) and: the store policy hears of no block registered as scheduled
  * (not in `registered`), it has had its first token, its token is known without a draw (in
  * its drawn-ahead window; the replay column's next; or `token()`'s answer), that token is not
@@ -20,15 +20,17 @@
  * the way is registered and hashed by the same calls the Python body makes
  * (`EngineCore._cache_computed`, `chain.extend`), in its order.
  *
- * `Advancer.decodes`: the head of the scheduler's pass over its running requests, those that
+ * `DecodeApplier.decodes`: the head of the scheduler's pass over its running requests, those that
  * decode one token, scheduled without bytecode (its Python loop goes on from where it stops).
  *
  * `deliver`: mocker.engine.stream's `deliver` loop (a pass's outputs to their streams), whose
- * plain tokens go to their streams' sinks (mocker/api/_ctext.c's Sink writes them to the
+ * simple tokens go to their streams' sinks (mocker/api/_ctext.c's Sink writes them to the
  * socket) without a Python frame; everything else goes to the Python `hand`.
  *
  * `draws`: OutputTokenSampler.draws (a request's next tokens drawn ahead) without numpy's
  * fixed cost per call, its list holding the palette's ints.
+ *
+ * Kept for: bench/compiled_parts.py's `replay` and `stream` figure (what it buys: bench/README.md).
  */
 #include "../_cfields.h"
 #include <stdint.h>
@@ -67,7 +69,7 @@ typedef struct {
     Field o[O_COUNT];
     Py_ssize_t block_size;
     PyObject *eos;  /* an int, or None */
-} Advancer;
+} DecodeApplier;
 
 /* Interned names */
 static PyObject *str_extend, *str_request_id, *str_finished, *str_sink, *str_new_token_ids;
@@ -118,7 +120,7 @@ static int flag_of(const Layout *layout, int i, PyObject *obj, PyObject *name)
     return truth;
 }
 
-static void advancer_dealloc(Advancer *self)
+static void applier_dealloc(DecodeApplier *self)
 {
     Py_XDECREF(self->request_type);
     Py_XDECREF(self->sampling_type);
@@ -130,31 +132,31 @@ static void advancer_dealloc(Advancer *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* Advancer(request_type, sampling_type, output_type, block_size, eos_token_id) */
-static PyObject *advancer_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+/* DecodeApplier(request_type, sampling_type, output_type, block_size, eos_token_id) */
+static PyObject *applier_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"request_type", "sampling_type", "output_type", "block_size",
                              "eos_token_id", NULL};
     PyTypeObject *rt, *st, *ot;
     Py_ssize_t bs;
     PyObject *eos;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!nO:Advancer", kwlist, &PyType_Type, &rt,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!nO:DecodeApplier", kwlist, &PyType_Type, &rt,
                                      &PyType_Type, &st, &PyType_Type, &ot, &bs, &eos))
         return NULL;
     if (bs <= 0) {
-        PyErr_SetString(PyExc_ValueError, "Advancer: block_size must be > 0");
+        PyErr_SetString(PyExc_ValueError, "DecodeApplier: block_size must be > 0");
         return NULL;
     }
     if (eos != Py_None && !PyLong_CheckExact(eos)) {
-        PyErr_SetString(PyExc_TypeError, "Advancer: eos_token_id must be an int or None");
+        PyErr_SetString(PyExc_TypeError, "DecodeApplier: eos_token_id must be an int or None");
         return NULL;
     }
-    Advancer *self = (Advancer *)type->tp_alloc(type, 0);
+    DecodeApplier *self = (DecodeApplier *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
-    if (fields_find(self->r, rt, request_slots, R_COUNT, "Advancer") < 0 ||
-        fields_find(self->s, st, sampling_slots, S_COUNT, "Advancer") < 0 ||
-        fields_find(self->o, ot, output_slots, O_COUNT, "Advancer") < 0) {
+    if (fields_find(self->r, rt, request_slots, R_COUNT, "DecodeApplier") < 0 ||
+        fields_find(self->s, st, sampling_slots, S_COUNT, "DecodeApplier") < 0 ||
+        fields_find(self->o, ot, output_slots, O_COUNT, "DecodeApplier") < 0) {
         Py_DECREF(self);
         return NULL;
     }
@@ -196,11 +198,11 @@ static inline int field_is(const Field *f, PyObject *obj, PyObject *value)
     return v == value;
 }
 
-enum { PLAIN_NO = 0, PLAIN_YES = 1, PLAIN_ERROR = -1 };
+enum { NOT_APPLIED = 0, APPLIED = 1, APPLY_FAILED = -1 };
 
-/* The request's output for its plain token `ids` (stolen), appended to `outputs`: 0, or -1
+/* The request's output for its simple token `ids` (stolen), appended to `outputs`: 0, or -1
  * with an error set. */
-static int emit_output(Advancer *self, PyObject *req, PyObject *ids, PyObject *end,
+static int emit_output(DecodeApplier *self, PyObject *req, PyObject *ids, PyObject *end,
                        PyObject *latency, PyObject *outputs)
 {
     const Field *r = self->r;
@@ -235,7 +237,7 @@ done:
 
 /* chain.extend(block_hashes, tokens, hash_block_size), the fields read when called (Python
  * code ran since they were checked): 0, or -1 with an error set. */
-static int extend_chain(Advancer *self, PyObject *req, PyObject *tokens)
+static int extend_chain(DecodeApplier *self, PyObject *req, PyObject *tokens)
 {
     const Field *r = self->r;
     PyObject *chain = NULL, *hashes = NULL, *size = NULL;
@@ -256,9 +258,9 @@ static int extend_chain(Advancer *self, PyObject *req, PyObject *tokens)
     return result;
 }
 
-/* The request's token, known without a draw (a new reference), or NULL: PLAIN_NO (no error
- * set) or, with an error set, PLAIN_ERROR. `k`: its index among the generated tokens. */
-static PyObject *known_token(Advancer *self, PyObject *req, PyObject *sp, Py_ssize_t k,
+/* The request's token, known without a draw (a new reference), or NULL: NOT_APPLIED (no error
+ * set) or, with an error set, APPLY_FAILED. `k`: its index among the generated tokens. */
+static PyObject *known_token(DecodeApplier *self, PyObject *req, PyObject *sp, Py_ssize_t k,
                              int emit, PyObject *column, PyObject *token)
 {
     const Field *r = self->r, *s = self->s;
@@ -297,19 +299,19 @@ static PyObject *known_token(Advancer *self, PyObject *req, PyObject *sp, Py_ssi
     return tok;
 }
 
-/* Apply one request's plain token, or answer PLAIN_NO having changed nothing. */
-static int plain(Advancer *self, PyObject *req, Py_ssize_t n, PyObject *end, double end_s,
+/* Apply one request's simple token, or answer NOT_APPLIED having changed nothing. */
+static int apply_simple(DecodeApplier *self, PyObject *req, Py_ssize_t n, PyObject *end, double end_s,
                  int emit, PyObject *column, PyObject *registered, PyObject *token,
                  PyObject *cache, PyObject *outputs)
 {
     const Field *r = self->r, *s = self->s;
-    int ok = 1, answer = PLAIN_NO;
+    int ok = 1, answer = NOT_APPLIED;
     PyObject *tokens = NULL, *sp = NULL, *tok = NULL, *latency = NULL;
     if (Py_TYPE(req) != self->request_type)
-        return PLAIN_NO;
+        return NOT_APPLIED;
     Py_ssize_t computed = int_field(&r[R_NUM_COMPUTED], req, &ok) + n;
     if (!ok || (tokens = field_peek(&r[R_TOKENS], req)) == NULL)
-        return PLAIN_NO;
+        return NOT_APPLIED;
     Py_ssize_t num_tokens = PyList_CheckExact(tokens) ? PyList_GET_SIZE(tokens)
                                                         : PyObject_Size(tokens);
     if (num_tokens < 0) {
@@ -321,7 +323,7 @@ static int plain(Advancer *self, PyObject *req, Py_ssize_t n, PyObject *end, dou
     if (registered != Py_None) {
         int in = PyDict_Contains(registered, req);
         if (in != 0) {
-            answer = in < 0 ? PLAIN_ERROR : PLAIN_NO;
+            answer = in < 0 ? APPLY_FAILED : NOT_APPLIED;
             goto done;
         }
     }
@@ -361,7 +363,7 @@ static int plain(Advancer *self, PyObject *req, Py_ssize_t n, PyObject *end, dou
     }
     tok = known_token(self, req, sp, k, emit, column, token);
     if (tok == NULL) {
-        answer = PyErr_Occurred() ? PLAIN_ERROR : PLAIN_NO;
+        answer = PyErr_Occurred() ? APPLY_FAILED : NOT_APPLIED;
         goto done;
     }
     if (!PyLong_CheckExact(tok))
@@ -369,12 +371,12 @@ static int plain(Advancer *self, PyObject *req, Py_ssize_t n, PyObject *end, dou
     if (self->eos != Py_None) {
         int same = PyObject_RichCompareBool(tok, self->eos, Py_EQ);
         if (same != 0) {
-            answer = same < 0 ? PLAIN_ERROR : PLAIN_NO; /* EOS ends it (unless ignored) */
+            answer = same < 0 ? APPLY_FAILED : NOT_APPLIED; /* EOS ends it (unless ignored) */
             goto done;
         }
     }
     /* Everything is known: apply it (as `_advance_one` would, in its order). */
-    answer = PLAIN_ERROR;
+    answer = APPLY_FAILED;
     PyObject *computed_obj = PyLong_FromSsize_t(computed);
     if (computed_obj == NULL || field_put(&r[R_NUM_COMPUTED], req, computed_obj) < 0)
         goto done;
@@ -417,7 +419,7 @@ static int plain(Advancer *self, PyObject *req, Py_ssize_t n, PyObject *end, dou
         if (emit_output(self, req, ids, end, latency, outputs) < 0)
             goto done;
     }
-    answer = PLAIN_YES;
+    answer = APPLIED;
 done:
     Py_XDECREF(tokens);
     Py_XDECREF(sp);
@@ -453,7 +455,7 @@ static inline void prefetch_request(PyObject *req)
  * where outputs go. Every other request goes to slow(request, n), which
  * answers 1 for a prefill chunk short of its prompt's end, else 0. Returns how many answered
  * 1. */
-static PyObject *advancer_run(Advancer *self, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *applier_run(DecodeApplier *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 9) {
         PyErr_SetString(PyExc_TypeError, "run() takes 9 arguments");
@@ -482,18 +484,18 @@ static PyObject *advancer_run(Advancer *self, PyObject *const *args, Py_ssize_t 
     while (PyDict_Next(scheduled, &pos, &req, &num)) {
         if (prefetch && PyDict_Next(scheduled, &far, &ahead, &value))
             prefetch_request(ahead);
-        int done = PLAIN_NO;
+        int done = NOT_APPLIED;
         if (floats && PyLong_CheckExact(num)) {
             Py_ssize_t n = PyLong_AsSsize_t(num);
             if (n == -1 && PyErr_Occurred())
                 PyErr_Clear();
             else
-                done = plain(self, req, n, end, end_s, emit, column, registered, token, cache,
+                done = apply_simple(self, req, n, end, end_s, emit, column, registered, token, cache,
                              outputs);
         }
-        if (done == PLAIN_ERROR)
+        if (done == APPLY_FAILED)
             return NULL;
-        if (done == PLAIN_YES)
+        if (done == APPLIED)
             continue;
         /* (The slow body may not change `scheduled`: the pass's requests are fixed.) */
         PyObject *argv[2] = {req, num};
@@ -820,7 +822,7 @@ static PyMethodDef module_methods[] = {
  * token (scheduled[request] = 1). Stops, changing nothing for it, at the first request
  * that does not (a prefill, a hybrid group's recheck) or whose allocation fails (the
  * Python loop then preempts; only given an `allocate` that changes nothing when it fails). */
-static PyObject *advancer_decodes(Advancer *self, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *applier_decodes(DecodeApplier *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "decodes() takes 5 arguments");
@@ -890,34 +892,34 @@ static PyObject *advancer_decodes(Advancer *self, PyObject *const *args, Py_ssiz
     return Py_BuildValue("(nnn)", i, budget, count);
 }
 
-static PyMethodDef advancer_methods[] = {
-    {"decodes", (PyCFunction)(void (*)(void))advancer_decodes, METH_FASTCALL,
+static PyMethodDef applier_methods[] = {
+    {"decodes", (PyCFunction)(void (*)(void))applier_decodes, METH_FASTCALL,
      "decodes(running, start, budget, scheduled, allocate) -> (index, budget, decodes)"},
-    {"run", (PyCFunction)(void (*)(void))advancer_run, METH_FASTCALL,
+    {"run", (PyCFunction)(void (*)(void))applier_run, METH_FASTCALL,
      "run(scheduled, end, emit, column, registered, token, cache, outputs, slow) -> partial"},
     {NULL, NULL, 0, NULL},
 };
 
-static PyTypeObject AdvancerType = {
+static PyTypeObject DecodeApplierType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "mocker.engine._cpass.Advancer",
-    .tp_basicsize = sizeof(Advancer),
+    .tp_name = "mocker.engine._cpass.DecodeApplier",
+    .tp_basicsize = sizeof(DecodeApplier),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A pass's plain decode tokens applied in C (EngineCore._advance).",
-    .tp_new = advancer_new,
-    .tp_dealloc = (destructor)advancer_dealloc,
-    .tp_methods = advancer_methods,
+    .tp_doc = "A pass's simple decode tokens applied in C (EngineCore._advance).",
+    .tp_new = applier_new,
+    .tp_dealloc = (destructor)applier_dealloc,
+    .tp_methods = applier_methods,
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "mocker.engine._cpass",
-    "A pass's plain decode tokens applied, and output tokens drawn ahead, in C.", -1,
+    "A pass's simple decode tokens applied, and output tokens drawn ahead, in C.", -1,
     module_methods,
 };
 
 PyMODINIT_FUNC PyInit__cpass(void)
 {
-    if (PyType_Ready(&AdvancerType) < 0)
+    if (PyType_Ready(&DecodeApplierType) < 0)
         return NULL;
     str_extend = PyUnicode_InternFromString("extend");
     str_request_id = PyUnicode_InternFromString("request_id");
@@ -929,9 +931,9 @@ PyMODINIT_FUNC PyInit__cpass(void)
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    Py_INCREF(&AdvancerType);
-    if (PyModule_AddObject(m, "Advancer", (PyObject *)&AdvancerType) < 0) {
-        Py_DECREF(&AdvancerType);
+    Py_INCREF(&DecodeApplierType);
+    if (PyModule_AddObject(m, "DecodeApplier", (PyObject *)&DecodeApplierType) < 0) {
+        Py_DECREF(&DecodeApplierType);
         Py_DECREF(m);
         return NULL;
     }

@@ -15,7 +15,7 @@ def draws(
 def rows(seeds: list[int], starts: list[int], count: int, palette_ids: Any) -> bytes: ...
 def column(seeds: list[int], indexes: list[int], palette: list[int]) -> list[int]: ...
 
-class Advancer:
+class DecodeApplier:
     def __init__(
         self,
         request_type: type,

@@ -161,8 +161,8 @@ class CorePass(CoreResults):
         def one(request: Request, n: int) -> int:
             return self._advance_one(request, n, end, column, registered, outputs, finished)
 
-        if self._advancer is not None:
-            partial = self._advancer.run(scheduled, end, emit, column, registered,
+        if self._applier is not None:
+            partial = self._applier.run(scheduled, end, emit, column, registered,
                                          self.sampler.token, self._cache_computed, outputs,
                                          one)  # fmt: skip
         else:

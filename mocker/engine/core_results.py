@@ -129,7 +129,7 @@ class CoreResults(CoreState):
     def has_tier_news(self) -> bool:
         """Transfer records or tier events that another engine's poll left for this one
         (a tier shared with it), waiting for its next step or `advance_transfers`."""
-        return self.connector is not None and self.connector.has_news
+        return self.connector is not None and self.connector.has_pending_records
 
     @property
     def transfer_version(self) -> int:

@@ -25,7 +25,7 @@ from mocker.tiers.lru import LruTier
 from mocker.tiers.storage import StorageTier
 from mocker.timing import TimingModel, load_timing_model
 
-__all__ = ["CoreState", "advancer"]
+__all__ = ["CoreState", "decode_applier"]
 
 
 class CoreState:
@@ -107,21 +107,21 @@ class CoreState:
             self.kv if isinstance(self.kv, HybridKVCacheManager) else None
         )
         self.total_kv_tokens = config.num_gpu_blocks * config.block_size
-        self._advancer: _cpass.Advancer | None = advancer(
+        self._applier: _cpass.DecodeApplier | None = decode_applier(
             config.block_size, self.sampler.eos_token_id
         )
         # The scheduler's compiled head asks the manager again for what it was refused.
         kv = self.kv
-        if self._advancer is not None and isinstance(kv, KVCacheManager) and kv.quiet_failures:
-            self.scheduler.decode_head = self._advancer.decodes
+        if self._applier is not None and isinstance(kv, KVCacheManager) and kv.quiet_failures:
+            self.scheduler.decode_head = self._applier.decodes
 
 
-def advancer(
+def decode_applier(
     block_size: int, eos_token_id: int | None, compiled: bool | None = None
-) -> _cpass.Advancer | None:
+) -> _cpass.DecodeApplier | None:
     """The compiled part that applies a pass's plain decode tokens (mocker/engine/_cpass.c),
     or None when `EngineCore._advance_one` applies every request (not built,
     MOCKER_COMPILED=0, or `compiled=False`)."""
     if not use_compiled("mocker.engine._cpass", compiled):
         return None
-    return _cpass.Advancer(Request, SamplingParams, RequestOutput, block_size, eos_token_id)
+    return _cpass.DecodeApplier(Request, SamplingParams, RequestOutput, block_size, eos_token_id)

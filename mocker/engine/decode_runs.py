@@ -140,7 +140,7 @@ class DecodeRuns:
             self._new_window()
         else:
             self._join(self.j)  # (the requests whose prompts ended since the last run)
-        passes = self._go(kv, now, stop_at)
+        passes = self._run_passes(kv, now, stop_at)
         if not passes or core.connector is not None:
             # (A tier's transfers may move the engine's clock between two runs.)
             self.settle()
@@ -224,7 +224,7 @@ class DecodeRuns:
 
     # -- the passes -------------------------------------------------------------------------------
 
-    def _go(self, kv: KVCacheManager, now: float, stop_at: float) -> int:
+    def _run_passes(self, kv: KVCacheManager, now: float, stop_at: float) -> int:
         """Run passes from `now`; how many ran."""
         core, scheduler, pool, bs = self.core, self.scheduler, self.core.pool, self.bs
         context = self.context

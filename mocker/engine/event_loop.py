@@ -143,7 +143,7 @@ class EventLoop:
                 result = core.advance_transfers(t)
                 if self._parked:
                     self._unpark(t)
-                if result.newsworthy:
+                if result.worth_reporting:
                     yield k, result
                 continue
             self._idle_from[k] = None
@@ -159,7 +159,7 @@ class EventLoop:
                 self.num_passes += 1
                 yield k, result
                 continue
-            if result.newsworthy:
+            if result.worth_reporting:
                 yield k, result
             # Nothing can run: idle until the next transfer deadline or arrival, or (P/D:
             # its pool holds KV for other engines' pulls) until one of those pulls ends.

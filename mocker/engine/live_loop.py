@@ -209,5 +209,5 @@ class LiveLoop(LiveState):
     def _observe(self, result: StepResult) -> None:
         """A result without a pass: news only if it carries transfers, events or counts."""
         self._timer.rearm()
-        if self.on_step is not None and result.newsworthy:
+        if self.on_step is not None and result.worth_reporting:
             self.on_step(result)

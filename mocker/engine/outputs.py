@@ -79,7 +79,7 @@ class StepResult:
         return self.stats.num_scheduled_tokens == 0
 
     @property
-    def newsworthy(self) -> bool:
+    def worth_reporting(self) -> bool:
         """An idle result still carries something observers count."""
         s = self.stats
         return bool(

@@ -208,11 +208,11 @@ def deliver(
     Outputs of requests that ended during the pass (abort, stop string) are dropped from
     the result too, as vLLM's output processor drops them: no client saw those tokens, so
     no observer counts them. A one-token output that ends nothing goes to the stream's sink
-    when it has one (and the sink takes it), every other one to `_hand`. `loop`: the
+    when it has one (and the sink takes it), every other one to `_put_open`. `loop`: the
     compiled one (`deliver_loop`), which does the same in C; this one is the reference."""
     outputs = result.outputs
     if loop is not None:
-        kept = loop(streams, outputs, _hand)
+        kept = loop(streams, outputs, _put_open)
     else:
         kept = None
         for i, out in enumerate(outputs):
@@ -224,14 +224,14 @@ def deliver(
             sink = stream.sink
             ids = out.new_token_ids
             if sink is None or out.finished or len(ids) != 1 or not sink(ids[0]):
-                _hand(streams, stream, out)
+                _put_open(streams, stream, out)
             if kept is not None:
                 kept.append(out)
     if kept is not None:
         result.outputs = kept
 
 
-def _hand(streams: dict[str, RequestStream], stream: RequestStream, out: RequestOutput) -> None:
+def _put_open(streams: dict[str, RequestStream], stream: RequestStream, out: RequestOutput) -> None:
     """RequestStream.put, inlined, for an open stream (`deliver`)."""
     finished = stream.finished = out.finished
     listener = stream._listener

@@ -7,8 +7,9 @@
  * length (4 bytes, big-endian), its token ids (4 bytes each, little-endian) and the extra
  * keys. With 16-token blocks that is 76 bytes: XXH3's medium-input path (17-240 bytes), written
  * here from the algorithm's specification (doc/xxhash_spec.md of the xxHash project). Why:
- * in Python each generated block cost a dozen objects and calls around one xxh3 call (about
- * 0.75 us, 6% of a Mooncake replay). Other lengths are left to the Python code.
+ * in Python each generated block costs a dozen objects and calls around one xxh3 call. Other
+ * lengths are left to the Python code.
+ * Kept for: bench/compiled_parts.py's `replay` figure (what it buys: bench/README.md).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

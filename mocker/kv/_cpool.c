@@ -13,6 +13,7 @@
  * The Python pool stays the reference: every operation here does exactly what it does, in
  * the same order (the same ids handed out, the same free order, the same map), which
  * tests/kv/test_compiled_pool.py checks operation by operation on random workloads.
+ * Kept for: bench/compiled_parts.py's `replay` figure (what it buys: bench/README.md).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

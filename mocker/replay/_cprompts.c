@@ -4,8 +4,9 @@
  *
  * Why it exists: the Python code mixes 64-bit values with big-int arithmetic, a dozen
  * objects per trace block of every prompt (the id chain), plus numpy calls whose overhead
- * outweighs their work on a prompt's few dozen trace blocks: about 20 us a prompt, 8% of a
- * Mooncake replay. Here it is a loop over machine words.
+ * outweighs their work on a prompt's few dozen trace blocks. Here it is a loop over machine
+ * words.
+ * Kept for: bench/compiled_parts.py's `replay` figure (what it buys: bench/README.md).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

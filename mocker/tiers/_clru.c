@@ -5,12 +5,13 @@
  *
  * Why: a tier key is a 64-bit block hash, but in an OrderedDict each one is an int object of
  * its own somewhere on the heap (its hash reads it), inside a node that is another allocation
- * linked to two more; landing a copy cost ~200 ns a key, mostly cache misses (bench/tiers.py).
+ * linked to two more, so making a copy resident is mostly cache misses.
  * Here a key is 8 bytes (and a sign bit) in a node array, found through one open-addressing
  * table of node indexes (linear probing, backward-shift deletion: no tombstones), and the
  * recency order is a doubly linked list of node indexes. Keys and parents are read from
  * lists, tuples or 8-byte unsigned buffers (a replay's array of hashes) without making int
  * objects.
+ * Kept for: bench/compiled_parts.py's `replay_tiers` figure (what it buys: bench/README.md).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -1256,10 +1257,10 @@ out:
     return result;
 }
 
-/* land(keys): these incoming keys become resident, children before parents (so a parent is
+/* make_resident(keys): these incoming keys become resident, children before parents (so a parent is
  * more recently used than its children) when the batch is chains: None; otherwise nothing
- * changes and their parents are returned, for `land_in_order` after the caller's ordering. */
-static PyObject *LruMap_land(LruMap *m, PyObject *seq)
+ * changes and their parents are returned, for `make_resident_in_order` after the caller's ordering. */
+static PyObject *LruMap_make_resident(LruMap *m, PyObject *seq)
 {
     return incoming_batch(m, seq, LAND_ORDERED);
 }
@@ -1343,10 +1344,10 @@ static PyMethodDef LruMap_methods[] = {
      "reserve(keys, parents): all incoming (ValueError: one is held, or comes twice)."},
     {"incoming_present", (PyCFunction)LruMap_incoming_present, METH_O,
      "The keys that are incoming, in order."},
-    {"land", (PyCFunction)LruMap_land, METH_O,
-     "land(keys): incoming -> resident when the batch is chains (None), else its parents."},
-    {"land_in_order", (PyCFunction)LruMap_land_in_order, METH_O,
-     "land_in_order(keys): incoming -> resident, in this order."},
+    {"make_resident", (PyCFunction)LruMap_make_resident, METH_O,
+     "make_resident(keys): incoming -> resident when the batch is chains (None), else its parents."},
+    {"make_resident_in_order", (PyCFunction)LruMap_land_in_order, METH_O,
+     "make_resident_in_order(keys): incoming -> resident, in this order."},
     {"drop", (PyCFunction)LruMap_drop, METH_O, "drop(keys): incoming keys given up."},
     {"keys", (PyCFunction)LruMap_keys, METH_NOARGS, "Every key, least recently used first."},
     {"items", (PyCFunction)LruMap_items, METH_NOARGS, "(key, parent), least recently used first."},

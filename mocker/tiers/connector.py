@@ -218,7 +218,7 @@ class TierConnector(TierContext):
         return self._deadline
 
     @property
-    def has_news(self) -> bool:
+    def has_pending_records(self) -> bool:
         """Transfer records or secondary-tier events not yet taken (`take_records`,
         `take_events`): what another engine's poll leaves here when it ends this engine's
         copy on a shared channel, or a copy that changes a shared tier."""

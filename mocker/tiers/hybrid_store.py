@@ -11,7 +11,7 @@ from mocker.kv.block import BlockId, KVBlock
 from mocker.kv.hashing import BlockHash
 from mocker.request import Request
 from mocker.tiers.context import TierContext
-from mocker.tiers.policy import Owners
+from mocker.tiers.policy import RequestRuns
 from mocker.tiers.store_policy import WriteThrough
 from mocker.tiers.stores import Stores
 
@@ -105,7 +105,7 @@ class HybridWriteThrough(WriteThrough):
         if chosen:
             self._stage(request, chosen, keys, parents)
 
-    def stored(self, blocks: list[KVBlock], owners: Owners | None) -> None:
+    def stored(self, blocks: list[KVBlock], owners: RequestRuns | None) -> None:
         release = self._kv.release_blocks
         for unit in reversed(blocks):  # tail first, as a request frees its blocks
             assert isinstance(unit, ChunkUnit)

@@ -15,7 +15,7 @@ from mocker.tiers.tier import BlockBatch, BlockKey, BlockMeta, Medium, StorePlan
 __all__ = ["LruTier"]
 
 # Every block any tier stores, loads or pins passes through this class: its per-block work on
-# the common paths (reserve, land, copy out, look up, load) is C-level (the recency order's
+# the common paths (reserve, make resident, copy out, look up, load) is C-level (the recency order's
 # batch verbs, dict and set operations, `map` consumed by `_drain`); Python loops per block
 # are left to events (bench/tiers.py).
 
@@ -220,9 +220,9 @@ class LruTier:
             if self.record_events:
                 _drain(map(self._meta.pop, keys, repeat(None)))
             return
-        parents = order.land(keys)
+        parents = order.make_resident(keys)
         if parents is not None:
-            order.land_in_order(_children_first(list(keys), parents)[0])
+            order.make_resident_in_order(_children_first(list(keys), parents)[0])
         if self.record_events:
             self._record_stored(keys, order.parents(keys) if parents is None else parents)
 

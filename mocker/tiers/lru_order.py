@@ -102,20 +102,20 @@ class LruOrder(Protocol):
         """The keys that are incoming, in the order given."""
         ...
 
-    def land(self, keys: Sequence[BlockKey], /) -> list[BlockKey | None] | None:
+    def make_resident(self, keys: Sequence[BlockKey], /) -> list[BlockKey | None] | None:
         """These incoming keys become resident in the order `chains_children_first` gives
         (children before parents) when the batch is chains: None. Otherwise (a chain
         branches within it) nothing changes and their parents are returned, for
-        `land_in_order` after the caller's ordering. KeyError (nothing changed): a key not
+        `make_resident_in_order` after the caller's ordering. KeyError (nothing changed): a key not
         incoming, or twice."""
         ...
 
-    def land_in_order(self, keys: Sequence[BlockKey], /) -> None:
-        """These incoming keys become resident, in this order (KeyError as `land`)."""
+    def make_resident_in_order(self, keys: Sequence[BlockKey], /) -> None:
+        """These incoming keys become resident, in this order (KeyError as `make_resident`)."""
         ...
 
     def drop(self, keys: Sequence[BlockKey], /) -> None:
-        """These incoming keys are given up (KeyError as `land`)."""
+        """These incoming keys are given up (KeyError as `make_resident`)."""
         ...
 
 
@@ -290,7 +290,7 @@ class PyLruOrder:
             raise
         return parents
 
-    def land(self, keys: Sequence[BlockKey]) -> list[BlockKey | None] | None:
+    def make_resident(self, keys: Sequence[BlockKey]) -> list[BlockKey | None] | None:
         parents = self._take(keys)
         keys = keys if isinstance(keys, list) else list(keys)
         ordered = chains_children_first(keys, parents)
@@ -300,7 +300,7 @@ class PyLruOrder:
         self._d.update(zip(*ordered, strict=True))
         return None
 
-    def land_in_order(self, keys: Sequence[BlockKey]) -> None:
+    def make_resident_in_order(self, keys: Sequence[BlockKey]) -> None:
         self._d.update(zip(keys, self._take(keys), strict=True))
 
     def drop(self, keys: Sequence[BlockKey]) -> None:

@@ -9,11 +9,11 @@ from mocker.kv.block import KVBlock
 from mocker.kv.hashing import BlockHash
 from mocker.request import Request
 
-__all__ = ["Owners", "StorePolicy"]
+__all__ = ["RequestRuns", "StorePolicy"]
 
 # The requests a store's blocks are copied for, as runs: (request, its next n blocks), in the
 # batch's order (a request's blocks are contiguous in a batch).
-Owners: TypeAlias = list[tuple[Request, int]]
+RequestRuns: TypeAlias = list[tuple[Request, int]]
 
 
 class StorePolicy(Protocol):
@@ -50,7 +50,7 @@ class StorePolicy(Protocol):
         of the device's."""
         ...
 
-    def stored(self, blocks: list[KVBlock], owners: Owners | None) -> None:
+    def stored(self, blocks: list[KVBlock], owners: RequestRuns | None) -> None:
         """A copy of these device blocks ended (they are in the CPU tier now)."""
         ...
 

@@ -11,7 +11,7 @@ from mocker.kv.block_pool import BlockPool
 from mocker.kv.hashing import BlockHash
 from mocker.request import Request
 from mocker.tiers.context import TierContext
-from mocker.tiers.policy import Owners
+from mocker.tiers.policy import RequestRuns
 from mocker.tiers.stores import Stores
 
 __all__ = ["WriteBack", "WriteThrough"]
@@ -36,7 +36,7 @@ class WriteThrough:
         self._staged: list[KVBlock] = []
         self._staged_keys: list[BlockHash] = []
         self._staged_parents: list[BlockHash | None] = []
-        self._owners: Owners = []
+        self._owners: RequestRuns = []
         # A request's copies in flight, and the block tables of finished requests held until
         # their last copy ends.
         self._storing: dict[Request, int] = {}
@@ -107,12 +107,12 @@ class WriteThrough:
     def cpu_gained(self, keys: Sequence[BlockHash]) -> None:
         """Nothing: device blocks are not retained under write-through."""
 
-    def stored(self, blocks: list[KVBlock], owners: Owners | None) -> None:
+    def stored(self, blocks: list[KVBlock], owners: RequestRuns | None) -> None:
         # Unpin tail first, as a request frees its blocks, so a chain is evicted leaf first.
         self._connector.pool.free_blocks_reversed(blocks)
         self._copies_ended(owners)
 
-    def _copies_ended(self, owners: Owners | None) -> None:
+    def _copies_ended(self, owners: RequestRuns | None) -> None:
         """Count the ended copies against their requests; a finished request whose last
         copy ended is freed (in the order the batch reaches each one's last block)."""
         if not owners:
@@ -205,7 +205,7 @@ class WriteBack:
         for key in keys:
             set_retained(key, False)
 
-    def stored(self, blocks: list[KVBlock], owners: Owners | None) -> None:
+    def stored(self, blocks: list[KVBlock], owners: RequestRuns | None) -> None:
         self._pool.return_displaced(blocks)
 
     def request_finished(self, request: Request) -> bool:

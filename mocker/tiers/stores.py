@@ -12,7 +12,7 @@ from typing import TypeAlias
 from mocker.kv.block import KVBlock
 from mocker.kv.hashing import BlockHash
 from mocker.tiers.context import TierContext
-from mocker.tiers.policy import Owners
+from mocker.tiers.policy import RequestRuns
 from mocker.tiers.storage import StorageTier
 from mocker.tiers.tier import BlockBatch, BlockKey
 from mocker.tiers.transfers import DEVICE, TransferKind
@@ -21,7 +21,12 @@ __all__ = ["Stores"]
 
 # A store posted for a pass's end: (time, order, blocks, keys, owners, parent keys).
 Posted: TypeAlias = tuple[
-    float, int, list[KVBlock], list[BlockHash], "Owners | None", "list[BlockHash | None] | None"
+    float,
+    int,
+    list[KVBlock],
+    list[BlockHash],
+    "RequestRuns | None",
+    "list[BlockHash | None] | None",
 ]
 
 
@@ -85,7 +90,7 @@ class Stores:
         at: float,
         blocks: list[KVBlock],
         hashes: list[BlockHash] | None = None,
-        owners: Owners | None = None,
+        owners: RequestRuns | None = None,
         parents: list[BlockHash | None] | None = None,
     ) -> None:
         """Copy the blocks (CPU slots reserved by `plan`) from `at`: now if the connector has
@@ -119,7 +124,7 @@ class Stores:
         self.start(at, blocks, hashes, owners, parents)
 
     def _start(
-        self, at: float, blocks: list[KVBlock], hashes: list[BlockHash], owners: Owners | None,
+        self, at: float, blocks: list[KVBlock], hashes: list[BlockHash], owners: RequestRuns | None,
         parents: list[BlockHash | None] | None,
     ) -> None:  # fmt: skip
         c = self._c
@@ -130,7 +135,8 @@ class Stores:
 
     def _ended(
         self, blocks: list[KVBlock], hashes: list[BlockHash],
-        parents: list[BlockHash | None] | None, start: float, owners: Owners | None, end: float,
+        parents: list[BlockHash | None] | None, start: float, owners: RequestRuns | None,
+        end: float,
     ) -> None:  # fmt: skip
         c = self._c
         c.version += 1
@@ -191,10 +197,10 @@ class Stores:
         c.version += 1
 
 
-def _cut_runs(runs: Owners, size: int) -> list[Owners]:
+def _cut_runs(runs: RequestRuns, size: int) -> list[RequestRuns]:
     """Runs of owners cut into pieces of `size` blocks (the last may be shorter)."""
-    pieces: list[Owners] = []
-    piece: Owners = []
+    pieces: list[RequestRuns] = []
+    piece: RequestRuns = []
     room = size
     for owner, n in runs:
         while n >= room:

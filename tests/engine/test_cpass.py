@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from mocker.engine.core import EngineCore
-from mocker.engine.core_state import advancer
+from mocker.engine.core_state import decode_applier
 from mocker.engine.outputs import RequestOutput, StepResult
 from mocker.kv.block import block_ids
 from mocker.kv.manager import KVCacheManager
@@ -28,19 +28,19 @@ def _cores(changes: dict[str, Any]) -> tuple[EngineCore, EngineCore]:
     """The same engine twice: compiled applier, scheduler head and draws, and the Python
     references."""
     fast, slow = EngineCore(small_config(**changes)), EngineCore(small_config(**changes))
-    fast._advancer = _compiled_advancer(fast)
+    fast._applier = _compiled_applier(fast)
     fast.sampler._cdraws = _cpass.draws
     kv = fast.kv
     quiet = isinstance(kv, KVCacheManager) and kv.quiet_failures
-    fast.scheduler.decode_head = fast._advancer.decodes if quiet else None
-    slow._advancer = None
+    fast.scheduler.decode_head = fast._applier.decodes if quiet else None
+    slow._applier = None
     slow.sampler._cdraws = None
     slow.scheduler.decode_head = None
     return fast, slow
 
 
-def _compiled_advancer(core: EngineCore) -> Any:
-    return advancer(core.config.block_size, core.sampler.eos_token_id, compiled=True)
+def _compiled_applier(core: EngineCore) -> Any:
+    return decode_applier(core.config.block_size, core.sampler.eos_token_id, compiled=True)
 
 
 def _state(request: Request) -> dict[str, Any]:
@@ -182,7 +182,7 @@ def test_the_scheduler_head_schedules_decodes_and_stops_where_the_loop_must_go_o
     block for those at a boundary) and stops at a prefill chunk or a refused allocation,
     leaving it and what follows to the Python loop."""
     core = EngineCore(small_config(num_gpu_blocks=16, max_num_seqs=4))
-    head = _compiled_advancer(core).decodes
+    head = _compiled_applier(core).decodes
     for i in range(3):
         core.add_request(req(f"r{i}", [i + 1] * 7, max_tokens=40, ignore_eos=True))
     now = core.step(0.0).end  # prefill: each holds 2 blocks (8 slots for 8 tokens)
@@ -212,7 +212,7 @@ def test_the_scheduler_head_schedules_decodes_and_stops_where_the_loop_must_go_o
     assert head(running, 1, 1, scheduled, refuse) == (2, 0, 1)  # the budget ends first
     # A prompt longer than the budget (32) is still prefilling after its first pass.
     core = EngineCore(small_config(max_num_seqs=4))
-    head = _compiled_advancer(core).decodes
+    head = _compiled_applier(core).decodes
     core.add_request(req("d", [1] * 3, max_tokens=40, ignore_eos=True))
     now = core.step(0.0).end
     core.add_request(req("p", [2] * 60, max_tokens=4, ignore_eos=True))
@@ -238,19 +238,19 @@ def test_a_token_that_ends_the_request_goes_through_the_python_body() -> None:
     assert outs[-1].finish_reason == "length"
 
 
-def test_advancer_needs_plain_slots() -> None:
+def test_the_decode_applier_needs_plain_slots() -> None:
     class NoSlots:
         pass
 
     with pytest.raises(TypeError, match="num_computed_tokens is not a plain slot"):
-        _cpass.Advancer(NoSlots, SamplingParams, RequestOutput, 16, 2)
+        _cpass.DecodeApplier(NoSlots, SamplingParams, RequestOutput, 16, 2)
     with pytest.raises(TypeError, match="time is not a plain slot"):
-        _cpass.Advancer(Request, SamplingParams, _read_only_time(), 16, 2)
+        _cpass.DecodeApplier(Request, SamplingParams, _read_only_time(), 16, 2)
     with pytest.raises(ValueError, match="block_size"):
-        _cpass.Advancer(Request, SamplingParams, RequestOutput, 0, 2)
+        _cpass.DecodeApplier(Request, SamplingParams, RequestOutput, 0, 2)
     with pytest.raises(TypeError, match="eos_token_id"):
-        _cpass.Advancer(Request, SamplingParams, RequestOutput, 16, "2")
-    a = _cpass.Advancer(Request, SamplingParams, RequestOutput, 16, None)
+        _cpass.DecodeApplier(Request, SamplingParams, RequestOutput, 16, "2")
+    a = _cpass.DecodeApplier(Request, SamplingParams, RequestOutput, 16, None)
     with pytest.raises(TypeError, match="takes 9 arguments"):
         a.run({}, 1.0)
     with pytest.raises(TypeError, match="run\\(dict"):
@@ -266,7 +266,7 @@ def test_an_end_that_is_not_a_float_takes_the_python_body() -> None:
     """(The compiled path computes latencies from float ends; any other end is the Python
     body's, which keeps the object as the pass's time.)"""
     core = EngineCore(small_config())
-    core._advancer = advancer(core.config.block_size, core.sampler.eos_token_id, compiled=True)
+    core._applier = decode_applier(core.config.block_size, core.sampler.eos_token_id, compiled=True)
     core.add_request(req("a", [1, 2, 3], max_tokens=8, ignore_eos=True))
     now = core.step(core.step(0.0).end).end  # its first two tokens: now a plain decode
     last = core.requests["a"].last_token_time
@@ -349,7 +349,7 @@ def test_draws_refuses_bad_arguments() -> None:
 def test_python_pool_setting_turns_both_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MOCKER_COMPILED", "0")
     core = EngineCore(small_config())
-    assert core._advancer is None and core.sampler._cdraws is None
+    assert core._applier is None and core.sampler._cdraws is None
     monkeypatch.setenv("MOCKER_COMPILED", "auto")
     core = EngineCore(small_config())
-    assert core._advancer is not None and core.sampler._cdraws is not None
+    assert core._applier is not None and core.sampler._cdraws is not None

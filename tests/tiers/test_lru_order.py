@@ -34,7 +34,7 @@ def test_a_chain_lands_leaf_first_and_evicts_from_its_leaf(order: LruOrder) -> N
     keys = [BlockHash(k) for k in (10, 11, 12)]  # root first: 11's parent is 10, ...
     assert order.reserve_new(keys, [None, keys[0], keys[1]])
     assert order.num_incoming == 3 and len(order) == 0 and keys[0] not in order
-    assert order.holds(keys[0]) and order.land(keys) is None
+    assert order.holds(keys[0]) and order.make_resident(keys) is None
     assert order.keys() == [12, 11, 10] and order.num_incoming == 0  # the root most recent
     assert order.count_run(keys, 0, 3) == 3 and order.parents([keys[2]]) == [keys[1]]
     order.move_to_end([keys[2]])
@@ -45,9 +45,9 @@ def test_a_chain_lands_leaf_first_and_evicts_from_its_leaf(order: LruOrder) -> N
 def test_a_batch_that_is_no_chain_is_handed_back_unchanged(order: LruOrder) -> None:
     keys = [BlockHash(k) for k in (1, 2, 3)]
     order.reserve(keys, [None, None, BlockHash(1)])
-    assert order.land(keys) == [None, None, 1]  # nothing landed: the caller orders them
+    assert order.make_resident(keys) == [None, None, 1]  # nothing landed: the caller orders them
     assert order.num_incoming == 3 and len(order) == 0
-    order.land_in_order([BlockHash(3), BlockHash(1), BlockHash(2)])
+    order.make_resident_in_order([BlockHash(3), BlockHash(1), BlockHash(2)])
     assert order.items() == [(3, 1), (1, None), (2, None)]
 
 
@@ -58,11 +58,11 @@ def test_a_batch_of_chains_lands_each_leaf_first_in_the_order_of_their_roots(
     h = [BlockHash(k) for k in range(10)]
     # Two chains root first (a pass's write-through of two requests): each reversed.
     order.reserve([h[1], h[2], h[3], h[7], h[8]], [None, h[1], h[2], None, h[7]])
-    assert order.land([h[1], h[2], h[3], h[7], h[8]]) is None
+    assert order.make_resident([h[1], h[2], h[3], h[7], h[8]]) is None
     assert order.keys() == [3, 2, 1, 8, 7]
     # Two chains leaf first (an evict batch): as they are.
     order.reserve([h[5], h[4], h[9], h[6]], [h[4], None, h[6], None])
-    assert order.land([h[5], h[4], h[9], h[6]]) is None
+    assert order.make_resident([h[5], h[4], h[9], h[6]]) is None
     assert order.keys()[-4:] == [5, 4, 9, 6]
 
 
@@ -87,10 +87,10 @@ def test_landing_orders_every_batch_as_children_first_does(seed: int) -> None:
         landed = []
         for order in _orders():
             order.reserve(keys, parents)
-            handed_back = order.land(keys)
+            handed_back = order.make_resident(keys)
             if handed_back is not None:
                 assert handed_back == parents and len(order) == 0
-                order.land_in_order(_children_first(keys, handed_back)[0])
+                order.make_resident_in_order(_children_first(keys, handed_back)[0])
             else:
                 assert chains_children_first(keys, parents) is not None
             landed.append(order.items())
@@ -102,7 +102,7 @@ def test_landing_orders_every_batch_as_children_first_does(seed: int) -> None:
 def test_incoming_batches_are_checked_whole_before_anything_changes(order: LruOrder) -> None:
     order.reserve([BlockHash(1), BlockHash(2)], [None, None])
     for bad in ([BlockHash(1), BlockHash(9)], [BlockHash(2), BlockHash(2)]):
-        for verb in (order.land, order.land_in_order, order.drop):
+        for verb in (order.make_resident, order.make_resident_in_order, order.drop):
             with pytest.raises(KeyError):
                 verb(bad)
             assert order.num_incoming == 2 and len(order) == 0
@@ -177,7 +177,7 @@ def test_a_key_whose_index_changes_things_meets_a_consistent_order() -> None:
 
     order.reserve([BlockHash(100)], [None])
     with pytest.raises(KeyError):
-        order.land([BlockHash(100), DropsAKey()])  # type: ignore[list-item]
+        order.make_resident([BlockHash(100), DropsAKey()])  # type: ignore[list-item]
     assert order.num_incoming == 0 and not order.holds(BlockHash(100))
 
     class PopsWhileAsked:
@@ -285,10 +285,10 @@ def _step(order: LruOrder, rng: random.Random, shape: str) -> Callable[[], Any]:
         return lambda: order.reserve(keys, _parents(rng, n))
     if verb == 10:
         return lambda: order.incoming_present(keys)
-    if verb in (11, 12):  # land what is incoming, as one call (a chain or not)
-        return lambda: order.land(order.incoming_present(list(POOL))[: n + 1])
+    if verb in (11, 12):  # make what is incoming resident, as one call (a chain or not)
+        return lambda: order.make_resident(order.incoming_present(list(POOL))[: n + 1])
     if verb == 13:
-        return lambda: order.land_in_order(order.incoming_present(list(POOL))[::-1][:n])
+        return lambda: order.make_resident_in_order(order.incoming_present(list(POOL))[::-1][:n])
     if verb == 14:
         return lambda: order.drop(keys)
     key = BlockHash(rng.choice(POOL))
@@ -321,7 +321,7 @@ def test_the_compiled_order_grows_and_shrinks_through_many_keys() -> None:
         parents = [None, *keys[:-1]]
         for o in (ref, fast):
             if o.reserve_new(keys, parents):
-                assert o.land(keys) is None
+                assert o.make_resident(keys) is None
         if round_ % 3 == 2:
             n = rng.randrange(len(ref) + 1)
             assert ref.pop_lru(n) == fast.pop_lru(n)
@@ -343,7 +343,7 @@ def test_keys_that_share_a_tag_and_a_home_are_told_apart() -> None:
     rng = random.Random(3)
     for o in (ref, fast):
         assert o.reserve_new(keys[:2_000], [None] * 2_000)
-        assert o.land(keys[:2_000]) is None  # (roots: chains of one)
+        assert o.make_resident(keys[:2_000]) is None  # (roots: chains of one)
     gone = rng.sample(keys[:2_000], 700)
     back = rng.sample(keys[:2_000], 300)
     for o in (ref, fast):
