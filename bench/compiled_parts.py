@@ -43,7 +43,7 @@ from mocker.replay.runner import replay
 from mocker.replay.trace import load_trace
 trace, _ = load_trace(sys.argv[1], max_requests=int(sys.argv[2]))
 changes = {"num_cpu_blocks": 16384, "offload_policy": "write-through"} if sys.argv[3] == "1" else {}
-config = EngineConfig(**changes)
+config = EngineConfig.of(**changes)
 started = time.perf_counter()
 replay(trace, config, num_engines=8, router="kv-aware")
 print(time.perf_counter() - started)

@@ -43,7 +43,7 @@ def pin_to_one_core() -> int | None:
 
 def decode_step_costs(events: bool) -> dict[str, float]:
     """(a): 256 requests all decoding; prompt lengths staggered so 1/16 cross a block per step."""
-    config = EngineConfig(enable_kv_cache_events=events)
+    config = EngineConfig.of(enable_kv_cache_events=events)
     core = EngineCore(config)
     for i in range(NUM_RUNNING):
         prompt = [(i * 1009 + j) % 100_000 + 2 for j in range(256 + i % 16)]
@@ -104,7 +104,7 @@ def bare_loop_cost() -> float:
 
 def simulated_throughput(num_requests: int = 10_000) -> dict[str, float]:
     """(b): prompt 1024, output 128, half share a 512-token prefix; arrivals keep the batch full."""
-    config = EngineConfig(enable_kv_cache_events=True)
+    config = EngineConfig.of(enable_kv_cache_events=True)
     shared = [(7 * j) % 100_000 + 2 for j in range(512)]
     requests = []
     for i in range(num_requests):

@@ -89,11 +89,11 @@ def main() -> None:
     for name in HYBRIDS:
         shape = MODEL_PRESETS[name]
         common = {"num_gpu_blocks": 200_000, "max_model_len": 65536}
-        hybrid = EngineConfig(model=shape, **common)
+        hybrid = EngineConfig.of(model=shape, **common)
         # The twin's block: the hybrid's, or (a Mamba hybrid's 544 is no power of two) the
         # largest power of two below it.
         twin_bs = 1 << (hybrid.block_size.bit_length() - 1)
-        dense = EngineConfig(model=dense_twin(shape), block_size=twin_bs, **common)
+        dense = EngineConfig.of(model=dense_twin(shape), block_size=twin_bs, **common)
         dense_ms: list[float] = []
         hybrid_ms: list[float] = []
         ratios: list[float] = []

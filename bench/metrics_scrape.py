@@ -63,7 +63,7 @@ SCRAPE_PERIOD_S = 0.05  # llm-d's endpoint picker refreshes its metrics this oft
 
 def fed_recorder(rank: int) -> StatsRecorder:
     """An engine's recorder after 200 requests on the virtual clock."""
-    core = EngineCore(EngineConfig(num_gpu_blocks=4096))
+    core = EngineCore(EngineConfig.of(num_gpu_blocks=4096))
     metrics = StatsRecorder(core.config, engine=str(rank))
     requests = [
         EngineRequest(

@@ -158,7 +158,7 @@ class Config:
     storage_tiers: tuple[StorageTierSpec, ...] = ()  # below the CPU tier (bench/tiers.py)
 
     def engine(self, speedup: float) -> EngineConfig:
-        return EngineConfig(
+        return EngineConfig.of(
             block_size=BLOCK_SIZE,
             num_gpu_blocks=NUM_GPU_BLOCKS,
             max_num_seqs=256,

@@ -53,7 +53,7 @@ from mocker.replay.report import summarize
 from mocker.replay.trace import load_trace
 started = time.perf_counter()
 trace, _ = load_trace(sys.argv[1], trace_block_size=int(sys.argv[4]))
-config = EngineConfig(num_gpu_blocks=int(sys.argv[2]), block_size=int(sys.argv[3]))
+config = EngineConfig.of(num_gpu_blocks=int(sys.argv[2]), block_size=int(sys.argv[3]))
 result = replay(trace, config, num_engines=1, router="round-robin")
 wall = time.perf_counter() - started
 s = summarize(result)

@@ -132,7 +132,7 @@ async def _mocker(transports: list[Any]) -> dict[str, float]:
 
     tokenizer = load_tokenizer(default_tokenizer_path())
     table = text_table(tokenizer.escaped_pieces)
-    config = EngineConfig(
+    config = EngineConfig.of(
         max_num_seqs=1024, max_num_batched_tokens=8192, num_gpu_blocks=65536, speedup_ratio=1000.0
     )
     core = EngineCore(config, output_palette=tokenizer.palette)

@@ -261,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if getattr(args, name) < 1:
                 raise ConfigError(f"invalid {name}={getattr(args, name)!r}: must be >= 1")
         core = EngineCore(
-            EngineConfig(
+            EngineConfig.of(
                 speedup_ratio=args.speedup_ratio,
                 num_gpu_blocks=args.num_gpu_blocks_override,
                 timing=TimingSpec.with_profile("polynomial", None, args.timing_profile),

@@ -1,4 +1,5 @@
-"""Validated engine configuration: vLLM-compatible names, defaults and start-up checks."""
+"""Validated engine configuration: vLLM-compatible names, defaults and start-up checks, by
+area (mocker.config_areas) as vLLM's VllmConfig composes its configs."""
 
 from __future__ import annotations
 
@@ -6,137 +7,97 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from mocker import config_checks
-from mocker.config_choices import (
-    EvictionPolicyName,
-    KVRole,
-    OffloadPolicy,
-    PreemptionVictim,
-    SchedulingPolicy,
+from mocker.config_areas import (
+    CacheConfig,
+    KVTransferConfig,
+    LoRAConfig,
+    OffloadConfig,
+    OutputConfig,
+    SchedulerConfig,
 )
 from mocker.errors import ConfigError
 from mocker.kv.spec import KVLayout
 from mocker.model_shape import ModelShape
-from mocker.storage_spec import StorageTierSpec
 from mocker.timing.spec import TimingSpec
-from mocker.validation import int_in
 
-__all__ = ["VLLM_RELEASES", "ConfigError", "EngineConfig"]
+__all__ = [
+    "VLLM_RELEASES",
+    "CacheConfig",
+    "ConfigError",
+    "EngineConfig",
+    "KVTransferConfig",
+    "LoRAConfig",
+    "OffloadConfig",
+    "OutputConfig",
+    "SchedulerConfig",
+]
 
 # The vLLM releases whose names and formats mocker serves (--vllm-compat): the current one
 # last, the default.
 VLLM_RELEASES = ("0.33", "0.34")
 
+# Each area's field and the settings it holds, by setting name (the names are unique across
+# areas: `EngineConfig.of` and `with_changes` take them flat, as the flags and files do).
+_AREAS: dict[str, type] = {
+    "cache": CacheConfig,
+    "scheduler": SchedulerConfig,
+    "output": OutputConfig,
+    "offload": OffloadConfig,
+    "lora": LoRAConfig,
+    "transfer": KVTransferConfig,
+}
+_AREA_OF = {f.name: area for area, cls in _AREAS.items() for f in fields(cls)}
+
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    """Everything the engine core needs; frozen, checked once at construction."""
+    """Everything the engine core needs, by area; frozen, each area checked at construction
+    and the combinations here."""
 
-    block_size: int = 16
-    num_gpu_blocks: int = 16384
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    max_model_len: int = 131072
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    preemption_victim: PreemptionVictim = PreemptionVictim.NEWEST
-    scheduling_policy: SchedulingPolicy = SchedulingPolicy.FCFS
-    # vLLM's: a prefill chunk is at most this many tokens (0: only the budget caps it).
-    long_prefill_token_threshold: int = 0
-    eviction_policy: EvictionPolicyName = EvictionPolicyName.LRU
-    speedup_ratio: float = 1.0
-    seed: int = 0
-    # Block hashes: mocker's fast chain, or one of vLLM's algorithms (bit-identical with
-    # vLLM's for the same $PYTHONHASHSEED). A str: checked against HashAlgo below.
-    prefix_caching_hash_algo: str = "fast"
     model: ModelShape = field(default_factory=ModelShape)
     # The pass-time model: Dynamo's polynomial unless set (`mocker serve` and `mocker
     # replay` default to the GPU data of their --model and --gpu).
     timing: TimingSpec = field(default_factory=TimingSpec)
-    # Output-length model: probability that each token after min_tokens is EOS
-    # (0 = run to max_tokens unless a stop applies).
-    eos_probability: float = 0.0
-    vocab_size: int = 129280
-    eos_token_id: int = 1
-    enable_kv_cache_events: bool = False
-    # CPU tier (KVBM's G2, vLLM's CPU offloading): 0 blocks = none. The flags keep vLLM's and
-    # KVBM's names (--num-host-blocks, --host-d2h-bandwidth-gbps, ...); the config speaks of
-    # tiers by name, as the rest of the engine does.
-    num_cpu_blocks: int = 0
-    kv_offloading_size: float | None = None  # GiB, when the CPU tier was sized that way
-    offload_policy: OffloadPolicy = OffloadPolicy.EVICT
-    # Device -> CPU (write) and CPU -> device (read), GB/s = 10^9 bytes per second; <= 0
-    # means instant. Transfer durations are divided by the speedup ratio like every
-    # simulated duration.
-    cpu_write_gbps: float = 32.0
-    cpu_read_gbps: float = 32.0
-    offload_batch_size: int = 32  # blocks per device-to-CPU transfer
-    transfer_latency_ms: float = 0.0  # fixed cost added to every transfer
-    min_load_blocks: int = 1  # shorter tier hits are recomputed
-    load_timeout: float = 10.0  # a longer load is cancelled and the request recomputes
-    # Write-through stores only prompt blocks (vLLM's offload_prompt_only, default true).
-    offload_prompt_only: bool = True
-    # vLLM 0.34's self_describing_kv_events: an offload tier's BlockStored describes its
-    # blocks in full (else it names a chunk's hash only).
-    self_describing_kv_events: bool = False
-    # Tiers below the CPU tier, in lookup order (vLLM's tiering secondary_tiers).
-    storage_tiers: tuple[StorageTierSpec, ...] = ()
-    # LoRA (vLLM's --enable-lora): at most max_loras distinct adapters in a batch (GPU slots);
-    # max_cpu_loras adapters cached on the CPU (None: max_loras); max_lora_rank as vLLM's.
-    enable_lora: bool = False
-    max_loras: int = 1
-    max_cpu_loras: int | None = None
-    max_lora_rank: int = 16
-    # The time a batch waits to bring an adapter into a GPU slot (mocker: vLLM publishes no
-    # figure): from the CPU cache, and from disk into the CPU cache first (both simulated:
-    # divided by the speedup ratio). ~20-40 MB for a rank-16 adapter of an 8B model.
-    lora_load_ms: float = 2.0
-    lora_disk_load_ms: float = 30.0
-    # P/D (vLLM's NixlConnector): the role, this engine's id in kv_transfer_params, the
-    # decode side's pull link (GB/s = 10^9 bytes/s, processor-shared by its pulls; latency
-    # per pull), how long a pull may take before the request recomputes, and how long a
-    # prefill engine holds KV nobody pulls (vLLM 0.34's kv_lease_duration, 30 s). All
-    # simulated: divided by the speedup ratio.
-    kv_role: KVRole = KVRole.NONE
-    kv_engine_id: str = ""
-    # "pull" (NixlConnector: the decode engine reads) or "push" (vLLM 0.34's
-    # NixlPushConnector: the prefill engine writes); the two never complete a handshake.
-    kv_transfer_mode: str = "pull"
-    pull_gbps: float = 25.0
-    pull_latency_ms: float = 0.5
-    pull_timeout: float = 30.0
-    hold_timeout: float = 30.0
-    # Hybrid offload (vLLM PR #38261): the unit a tier stores, in tokens, holding every
-    # group's data for that chunk (None: one block).
-    hybrid_chunk_size: int | None = None
-    # The KV cache groups and the block size they use, derived from the model (not set),
-    # and the block size given (before a Mamba hybrid's alignment).
-    # vLLM's --disable-hybrid-kv-cache-manager: every layer's KV is kept as full attention's
-    # (a sliding window saves compute, not memory); a model with Mamba layers cannot start.
-    disable_hybrid_kv_cache_manager: bool = False
+    speedup_ratio: float = 1.0
+    seed: int = 0
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    transfer: KVTransferConfig = field(default_factory=KVTransferConfig)
+    # The KV cache groups and the block size they use, derived from the model and the
+    # cache settings (not set).
     layout: KVLayout = field(init=False, repr=False, compare=False)
-    requested_block_size: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        model, layout = config_checks.model_and_layout(self)
+        for name, cls in _AREAS.items():
+            if not isinstance(getattr(self, name), cls):
+                raise ConfigError(f"{name} must be a {cls.__name__}")
+        model, layout = config_checks.model_and_layout(self.cache, self.model)
         object.__setattr__(self, "model", model)
-        object.__setattr__(self, "requested_block_size", self.block_size)
-        object.__setattr__(self, "block_size", layout.block_size)
         object.__setattr__(self, "layout", layout)
-        config_checks.check_sizes(self)
-        config_checks.check_choices(self)
-        int_in("num_cpu_blocks", self.num_cpu_blocks, 0, 1 << 30)
-        config_checks.check_lora(self)
-        config_checks.check_offload(self)
-        config_checks.check_transfer(self)
-        config_checks.check_speed_and_eos(self)
+        config_checks.check_engine(self.speedup_ratio, self.seed)
         config_checks.check_combinations(self)
+
+    @classmethod
+    def of(cls, **settings: Any) -> EngineConfig:
+        """A config from settings named flat, as the flags and files name them
+        (`num_gpu_blocks=...`, `kv_role=...`); the rest at their defaults."""
+        return cls().with_changes(**settings)
+
+    @property
+    def block_size(self) -> int:
+        """The block size the engine uses: the one given, or a Mamba hybrid's aligned one."""
+        return self.layout.block_size
 
     @property
     def unit_blocks(self) -> int:
         """Device blocks per position a tier stores as one unit (1 for a dense model)."""
-        if not self.layout.is_hybrid or self.hybrid_chunk_size is None:
+        chunk = self.offload.hybrid_chunk_size
+        if not self.layout.is_hybrid or chunk is None:
             return 1
-        return self.hybrid_chunk_size // self.block_size
+        return chunk // self.block_size
 
     @property
     def unit_bytes(self) -> int:
@@ -161,13 +122,20 @@ class EngineConfig:
 
     @property
     def has_cpu_tier(self) -> bool:
-        return self.num_cpu_blocks > 0
+        return self.offload.num_cpu_blocks > 0
 
     def with_changes(self, **changes: Any) -> EngineConfig:
-        """A copy with some settings changed (validated again)."""
-        known = {f.name for f in fields(self)}
-        unknown = sorted(set(changes) - known)
+        """A copy with some settings changed (validated again): an area's settings named
+        flat, or this config's own fields (`model`, `timing`, `cache`, ...)."""
+        own = {f.name for f in fields(self) if f.init}
+        unknown = sorted(set(changes) - own - set(_AREA_OF))
         if unknown:
             raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
-        changes.setdefault("block_size", self.requested_block_size)
-        return replace(self, **changes)
+        by_area: dict[str, dict[str, Any]] = {}
+        for name, value in changes.items():
+            if name not in own:
+                by_area.setdefault(_AREA_OF[name], {})[name] = value
+        top = {name: value for name, value in changes.items() if name in own}
+        for area, its in by_area.items():
+            top[area] = replace(top.get(area, getattr(self, area)), **its)
+        return replace(self, **top)

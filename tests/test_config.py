@@ -11,11 +11,11 @@ from mocker.model_shape import MODEL_PRESETS, ModelShape
 
 def test_vllm_defaults() -> None:
     c = EngineConfig()
-    assert (c.block_size, c.num_gpu_blocks, c.max_num_seqs) == (16, 16384, 256)
-    assert (c.max_num_batched_tokens, c.max_model_len) == (8192, 131072)
-    assert c.enable_prefix_caching and c.enable_chunked_prefill
-    assert c.preemption_victim is PreemptionVictim.NEWEST
-    assert c.eviction_policy is EvictionPolicyName.LRU
+    assert (c.block_size, c.cache.num_gpu_blocks, c.scheduler.max_num_seqs) == (16, 16384, 256)
+    assert (c.scheduler.max_num_batched_tokens, c.scheduler.max_model_len) == (8192, 131072)
+    assert c.cache.enable_prefix_caching and c.scheduler.enable_chunked_prefill
+    assert c.scheduler.preemption_victim is PreemptionVictim.NEWEST
+    assert c.cache.eviction_policy is EvictionPolicyName.LRU
     assert c.speedup_ratio == 1.0 and c.seed == 0
 
 
@@ -27,9 +27,9 @@ def test_llama3_8b_kv_bytes() -> None:
 
 
 def test_strings_coerce_to_enums() -> None:
-    c = EngineConfig(preemption_victim="oldest", eviction_policy="lineage")  # type: ignore[arg-type]
-    assert c.preemption_victim is PreemptionVictim.OLDEST
-    assert c.eviction_policy is EvictionPolicyName.LINEAGE
+    c = EngineConfig.of(preemption_victim="oldest", eviction_policy="lineage")
+    assert c.scheduler.preemption_victim is PreemptionVictim.OLDEST
+    assert c.cache.eviction_policy is EvictionPolicyName.LINEAGE
 
 
 @pytest.mark.parametrize(
@@ -65,12 +65,12 @@ def test_strings_coerce_to_enums() -> None:
 def test_invalid_settings_name_the_setting(changes: dict[str, Any], names: str) -> None:
     pattern = names if ".*" in names else names.replace("(", r"\(").replace(")", r"\)")
     with pytest.raises(ConfigError, match=pattern):
-        EngineConfig(**changes)
+        EngineConfig.of(**changes)
 
 
 def test_chunked_prefill_off_is_fine_when_budget_covers_context() -> None:
-    c = EngineConfig(enable_chunked_prefill=False, max_model_len=8192)
-    assert not c.enable_chunked_prefill
+    c = EngineConfig.of(enable_chunked_prefill=False, max_model_len=8192)
+    assert not c.scheduler.enable_chunked_prefill
 
 
 def test_model_shape_validation() -> None:
@@ -94,12 +94,14 @@ def test_disable_hybrid_kv_cache_manager_keeps_every_layer_as_full_attention() -
     # attention's KV (one group, nothing released outside the window); a model with Mamba
     # layers does not start (hybrid SSM models need the hybrid manager).
     gpt_oss = MODEL_PRESETS["gpt-oss-20b"]
-    hybrid = EngineConfig(model=gpt_oss, num_gpu_blocks=1000)
+    hybrid = EngineConfig.of(model=gpt_oss, num_gpu_blocks=1000)
     assert hybrid.is_hybrid and len(hybrid.layout.groups) == 2
-    unified = EngineConfig(model=gpt_oss, num_gpu_blocks=1000, disable_hybrid_kv_cache_manager=True)
+    unified = EngineConfig.of(
+        model=gpt_oss, num_gpu_blocks=1000, disable_hybrid_kv_cache_manager=True
+    )
     assert not unified.is_hybrid and len(unified.layout.groups) == 1
     assert unified.model.num_layers == gpt_oss.num_layers
     assert unified.block_bytes == gpt_oss.kv_bytes_per_token * unified.block_size
     with pytest.raises(ConfigError, match="Mamba layers needs the hybrid KV cache manager"):
-        EngineConfig(model=MODEL_PRESETS["qwen3-next-80b-a3b"], num_gpu_blocks=100,
+        EngineConfig.of(model=MODEL_PRESETS["qwen3-next-80b-a3b"], num_gpu_blocks=100,
                      disable_hybrid_kv_cache_manager=True)  # fmt: skip

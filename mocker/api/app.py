@@ -73,7 +73,7 @@ def create_app(settings: ServerSettings, config: EngineConfig, tokenizer: TextTo
     auth = [Depends(require_api_key)] if settings.api_key else []
     app.include_router(openai.router, dependencies=auth)
     app.include_router(inference.router, dependencies=auth)
-    if config.enable_lora and runtime_updates_allowed():
+    if config.lora.enable_lora and runtime_updates_allowed():
         app.include_router(lora.router, dependencies=auth)
     app.include_router(tokenizer_routes.router)
     app.include_router(operations.router)

@@ -56,7 +56,7 @@ class EngineRequests(RequestChecks):
                 check_min_tokens(body.min_tokens, max_tokens)
         except RequestRejected as exc:
             raise OpenAIError(400, str(exc), exc.param) from None
-        room = self.config.max_model_len - num_prompt_tokens
+        room = self.config.scheduler.max_model_len - num_prompt_tokens
         limit = room if max_tokens is None else min(max_tokens, room)
         return SamplingParams(
             max_tokens=limit,
@@ -143,7 +143,7 @@ class EngineRequests(RequestChecks):
         if fault is None or fault is FaultType.ABORT:
             return fault
         self.faults.record(fault)
-        raise failure_error(fault, self.config.max_model_len, param)
+        raise failure_error(fault, self.config.scheduler.max_model_len, param)
 
     def _engine_for(self, rank: int | None) -> LiveEngine:
         """The rank a new engine request goes to."""

@@ -140,7 +140,7 @@ def openapi_with_limits(
         node["maximum"] = tokenizer.vocab_size - 1
 
     def prompt_ids(node: dict[str, Any]) -> None:
-        node["maxItems"] = config.max_model_len - 1  # and one token of room to generate
+        node["maxItems"] = config.scheduler.max_model_len - 1  # and one token of room to generate
 
     def chat(node: dict[str, Any]) -> None:
         if needs_text:
@@ -250,7 +250,7 @@ def _server_rules(document: dict[str, Any], schemas: dict[str, Any], config: Eng
     stop strings, stream options, and a priority only under the priority policy (which the
     render routes, which schedule nothing, do not check: their bodies get schemas of their
     own)."""
-    fcfs = config.scheduling_policy is not SchedulingPolicy.PRIORITY
+    fcfs = config.scheduler.scheduling_policy is not SchedulingPolicy.PRIORITY
     for name in _GENERATION_BODIES:
         schema = schemas.get(name)
         if schema is None:

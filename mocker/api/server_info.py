@@ -90,35 +90,35 @@ def _vllm_config(state: ServerState) -> dict[str, Any]:
     settings, config = state.settings, state.config
     events = settings.kv_events
     transfer = None
-    if config.num_cpu_blocks:
+    if config.offload.num_cpu_blocks:
         transfer = {
             "kv_connector": "OffloadingConnector",
             "kv_role": "kv_both",
             "kv_connector_extra_config": {
-                "num_cpu_blocks": config.num_cpu_blocks,
+                "num_cpu_blocks": config.offload.num_cpu_blocks,
                 "secondary_tiers": [
                     {"type": t.name, "capacity_blocks": t.capacity_blocks}
-                    for t in config.storage_tiers
+                    for t in config.offload.storage_tiers
                 ],
             },
         }
-    if config.kv_role is not KVRole.NONE:
+    if config.transfer.kv_role is not KVRole.NONE:
         nixl = {
             "kv_connector": "NixlConnector",
-            "kv_role": config.kv_role.value,
-            "engine_id": config.kv_engine_id,
+            "kv_role": config.transfer.kv_role.value,
+            "engine_id": config.transfer.kv_engine_id,
             "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": {
-                "kv_lease_duration": config.hold_timeout,
-                "pull_gbps": config.pull_gbps,
-                "pull_latency_ms": config.pull_latency_ms,
-                "pull_timeout_s": config.pull_timeout,
+                "kv_lease_duration": config.transfer.hold_timeout,
+                "pull_gbps": config.transfer.pull_gbps,
+                "pull_latency_ms": config.transfer.pull_latency_ms,
+                "pull_timeout_s": config.transfer.pull_timeout,
             },
         }
         # Both: vLLM composes them with its MultiConnector.
         transfer = nixl if transfer is None else {
             "kv_connector": "MultiConnector",
-            "kv_role": config.kv_role.value,
+            "kv_role": config.transfer.kv_role.value,
             "kv_connector_extra_config": {"connectors": [nixl, transfer]},
         }  # fmt: skip
     return {
@@ -126,17 +126,17 @@ def _vllm_config(state: ServerState) -> dict[str, Any]:
             "model": settings.model,
             "served_model_name": list(settings.served_model_names),
             "tokenizer": settings.tokenizer or settings.model,
-            "max_model_len": config.max_model_len,
+            "max_model_len": config.scheduler.max_model_len,
             "seed": config.seed,
         },
         "instance_id": state.instance_id,
         "cache_config": {
             "block_size": config.block_size,
-            "num_gpu_blocks": config.num_gpu_blocks,
-            "num_gpu_blocks_override": config.num_gpu_blocks,
-            "num_cpu_blocks": config.num_cpu_blocks or None,
-            "enable_prefix_caching": config.enable_prefix_caching,
-            "prefix_caching_hash_algo": config.prefix_caching_hash_algo,
+            "num_gpu_blocks": config.cache.num_gpu_blocks,
+            "num_gpu_blocks_override": config.cache.num_gpu_blocks,
+            "num_cpu_blocks": config.offload.num_cpu_blocks or None,
+            "enable_prefix_caching": config.cache.enable_prefix_caching,
+            "prefix_caching_hash_algo": config.cache.prefix_caching_hash_algo,
         },
         "parallel_config": {
             "data_parallel_size": settings.data_parallel_size,
@@ -144,10 +144,10 @@ def _vllm_config(state: ServerState) -> dict[str, Any]:
             "pipeline_parallel_size": 1,
         },
         "scheduler_config": {
-            "max_num_seqs": config.max_num_seqs,
-            "max_num_batched_tokens": config.max_num_batched_tokens,
-            "max_model_len": config.max_model_len,
-            "enable_chunked_prefill": config.enable_chunked_prefill,
+            "max_num_seqs": config.scheduler.max_num_seqs,
+            "max_num_batched_tokens": config.scheduler.max_num_batched_tokens,
+            "max_model_len": config.scheduler.max_model_len,
+            "enable_chunked_prefill": config.scheduler.enable_chunked_prefill,
         },
         "kv_events_config": {
             **asdict(events),
@@ -179,10 +179,10 @@ def server_info(state: ServerState, config_format: str = "text") -> dict[str, An
         "load_balance_method": "round_robin",
         "disaggregation_mode": "null",
         "page_size": config.block_size,
-        "max_running_requests": config.max_num_seqs,
-        "max_total_num_tokens": config.num_gpu_blocks * config.block_size,
-        "max_prefill_tokens": config.max_num_batched_tokens,
-        "max_req_input_len": config.max_model_len - 1,
+        "max_running_requests": config.scheduler.max_num_seqs,
+        "max_total_num_tokens": config.cache.num_gpu_blocks * config.block_size,
+        "max_prefill_tokens": config.scheduler.max_num_batched_tokens,
+        "max_req_input_len": config.scheduler.max_model_len - 1,
         "status": "ready",
         "version": __version__,
         # vllm-router's ServerInfo

@@ -97,9 +97,9 @@ def _rank_engine(
 ) -> tuple[LiveEngine, StatsRecorder, ZmqEventPublisher | None]:
     """Data-parallel rank `rank`: its core and loop, its metrics, its KV-event publisher.
     `shared`: the process's tiers every rank uses (one `obj`)."""
-    if config.kv_role is not KVRole.NONE and settings.data_parallel_size > 1:
+    if config.transfer.kv_role is not KVRole.NONE and settings.data_parallel_size > 1:
         # vLLM's engine id per data-parallel rank.
-        config = config.with_changes(kv_engine_id=f"{config.kv_engine_id}_dp{rank}")
+        config = config.with_changes(kv_engine_id=f"{config.transfer.kv_engine_id}_dp{rank}")
     core = EngineCore(config, output_palette=tokenizer.palette, shared_tiers=shared, engine_id=rank)
     if core.lora is not None:  # --lora-modules are loaded at start-up, as vLLM loads them
         core.lora.preload(m.name for m in settings.lora_modules)
@@ -111,7 +111,7 @@ def _rank_engine(
         topic = events.topic_for(
             host=advertised_host(settings.host), port=settings.port, model=settings.model_name
         )
-        dialect = Dialect.vllm(settings.vllm_compat, config.self_describing_kv_events)
+        dialect = Dialect.vllm(settings.vllm_compat, config.offload.self_describing_kv_events)
         publisher = ZmqEventPublisher(
             events, topic=topic, rank=rank, fmt=settings.kv_events_format, dialect=dialect
         )
@@ -161,7 +161,7 @@ def side_channels(
 
 def lora_adapters(settings: ServerSettings, config: EngineConfig) -> LoraAdapters:
     """The --lora-modules adapters (they need --enable-lora, as in vLLM)."""
-    if settings.lora_modules and not config.enable_lora:
+    if settings.lora_modules and not config.lora.enable_lora:
         raise ConfigError("--lora-modules needs --enable-lora")
     try:
         return LoraAdapters(settings)
@@ -173,7 +173,7 @@ def build_state(
     settings: ServerSettings, config: EngineConfig, tokenizer: TextTokenizer
 ) -> ServerState:
     config = engine_config_for(config, tokenizer)
-    if settings.kv_events.active and not config.enable_kv_cache_events:
+    if settings.kv_events.active and not config.cache.enable_kv_cache_events:
         config = config.with_changes(enable_kv_cache_events=True)
     if settings.kv_events.active:
         settings.kv_events.check_ranks(settings.data_parallel_size)

@@ -63,7 +63,7 @@ def predict(
     config = engine_config_for(m) if config is None else config
     trace = []
     next_id = _UNIQUE_BASE
-    longest = config.max_model_len
+    longest = config.scheduler.max_model_len
     for prompt, output in m.workload():
         prompt = min(prompt, longest - 1)
         output = min(output, longest - prompt)

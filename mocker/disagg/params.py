@@ -137,7 +137,7 @@ def handoff_params(
         "do_remote_prefill": True,
         "do_remote_decode": False,
         "remote_block_ids": [block_ids(blocks)],
-        "remote_engine_id": config.kv_engine_id,
+        "remote_engine_id": config.transfer.kv_engine_id,
         "remote_request_id": hold_id,
         "remote_host": host,
         "remote_port": port,
@@ -146,9 +146,9 @@ def handoff_params(
         "pp_size": 1,
         "remote_num_tokens": num_computed_tokens,
     }
-    if config.kv_transfer_mode == "pull":
+    if config.transfer.kv_transfer_mode == "pull":
         params["remote_blocks_expiry_time"] = None
         params["remote_registration_generation"] = 0
-    params["transfer_mode"] = config.kv_transfer_mode
+    params["transfer_mode"] = config.transfer.kv_transfer_mode
     params["remote_prefill_cached_tokens"] = max(num_cached_tokens, 0)
     return params

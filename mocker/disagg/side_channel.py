@@ -127,7 +127,7 @@ class SideChannelServer:
             )
         elif kind == HB_MSG and len(message) == 3:
             engine_id, text = message[1], message[2]
-            if engine_id == self.engine.core.config.kv_engine_id and isinstance(text, str):
+            if engine_id == self.engine.core.config.transfer.kv_engine_id and isinstance(text, str):
                 hold_ids = tuple(i for i in text.removeprefix("HB:").split(",") if i)
                 self.engine.extend_holds(hold_ids)
         elif kind == NOTIF_MSG and len(message) == 4:
@@ -140,8 +140,8 @@ class SideChannelServer:
         core = self.engine.core
         config = core.config
         metadata = {
-            "engine_id": config.kv_engine_id,
-            "num_blocks": config.num_gpu_blocks,
+            "engine_id": config.transfer.kv_engine_id,
+            "num_blocks": config.cache.num_gpu_blocks,
             "block_size": config.block_size,
             "block_lens": [config.block_bytes],
             "kv_cache_layout": "HND",
@@ -152,7 +152,7 @@ class SideChannelServer:
     async def _notified(self, engine_id: Any, text: Any) -> bool:
         """A decode engine read (or gave up on) a held request: free it. False when this
         engine is not the one named (restarted: a new engine id) or holds nothing under it."""
-        if not isinstance(text, str) or engine_id != self.engine.core.config.kv_engine_id:
+        if not isinstance(text, str) or engine_id != self.engine.core.config.transfer.kv_engine_id:
             return False
         hold_id = text.rsplit(":", 1)[0]
         held = await self.engine.release_hold(hold_id)
@@ -195,7 +195,7 @@ class SideChannelClient:
         """Heartbeats for the holds this engine's requests want, every sixth of the lease
         (vLLM's interval; the lease simulated, so divided by the speedup ratio)."""
         config = self.engine.core.config
-        interval = config.hold_timeout / config.speedup_ratio / 6
+        interval = config.transfer.hold_timeout / config.speedup_ratio / 6
         self._spawn(self._heartbeats(interval))
 
     async def _heartbeats(self, interval: float) -> None:

@@ -79,7 +79,7 @@ class EngineCore(CorePass):
             parent=spec.parent,
             skip_reading_prefix_cache=spec.skip_reading_prefix_cache,
         )
-        if self.config.enable_prefix_caching:
+        if self.config.cache.enable_prefix_caching:
             if spec.block_hashes is not None:
                 request.block_hashes = _owned(spec.block_hashes, handed_over)
             request.enable_hashing(self.hasher, self.config.block_size, spec.cache_salt)

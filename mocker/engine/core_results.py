@@ -45,7 +45,7 @@ class CoreResults(CoreState):
             cpu_usage=self.cpu.usage if self.cpu is not None else 0.0,
             num_unfinished=len(self.requests),
             num_used_blocks=self.pool.num_used,
-            lora_adapters=self._lora_adapters() if self.config.enable_lora else (),
+            lora_adapters=self._lora_adapters() if self.config.lora.enable_lora else (),
             kv_expired=self.holds.num_expired if self.holds is not None else 0,
             kv_fetch=self._kv_fetch() if self.pulls is not None else (0, 0, 0),
             num_deferred=self.scheduler.num_deferred + len(self.scheduler.loading),

@@ -59,13 +59,17 @@ class CoreState:
         # decode engine pulls prompts' KV over its link.
         scale = config.speedup_ratio
         self.holds: KVHolds | None = None
-        if config.kv_role.produces:
-            self.holds = KVHolds(config.hold_timeout / scale)
+        if config.transfer.kv_role.produces:
+            self.holds = KVHolds(config.transfer.hold_timeout / scale)
         self.pulls: RemotePulls | None = None
-        if config.kv_role.consumes:
-            link = Link(config.pull_gbps * 1e9 * scale, config.pull_latency_ms / 1000.0 / scale)
-            self.pulls = RemotePulls(link, config.block_bytes, config.pull_timeout / scale, peers,
-                                     config.kv_transfer_mode)  # fmt: skip
+        if config.transfer.kv_role.consumes:
+            link = Link(
+                config.transfer.pull_gbps * 1e9 * scale,
+                config.transfer.pull_latency_ms / 1000.0 / scale,
+            )
+            transfer = config.transfer
+            self.pulls = RemotePulls(link, config.block_bytes, transfer.pull_timeout / scale,
+                                     peers, transfer.kv_transfer_mode)  # fmt: skip
         # Where a pull reaches this engine (kv_transfer_params' remote_host / remote_port):
         # the driver's side channel sets it.
         self.side_channel: tuple[str, int] = ("localhost", 5600)
@@ -78,21 +82,21 @@ class CoreState:
         # With --enable-lora: the adapters' GPU slots and CPU cache (a pass waits for its
         # batch's cold adapters to load).
         self.lora: LoraSlots | None = None
-        if config.enable_lora:
+        if config.lora.enable_lora:
             scale = 1000.0 * config.speedup_ratio
             self.lora = LoraSlots(
-                config.max_loras, config.max_cpu_loras or config.max_loras,
-                config.lora_load_ms / scale, config.lora_disk_load_ms / scale,
+                config.lora.max_loras, config.lora.max_cpu_loras or config.lora.max_loras,
+                config.lora.lora_load_ms / scale, config.lora.lora_disk_load_ms / scale,
             )  # fmt: skip
         self.time = 0.0  # the latest time the core was driven to
         # vLLM's algorithms seed their chain with $PYTHONHASHSEED, read once here.
         self.hasher = make_hasher(
-            config.prefix_caching_hash_algo, config.seed, os.environ.get("PYTHONHASHSEED")
+            config.cache.prefix_caching_hash_algo, config.seed, os.environ.get("PYTHONHASHSEED")
         )
         self.sampler = OutputTokenSampler(
-            output_palette if output_palette is not None else range(config.vocab_size),
-            config.eos_token_id,
-            config.eos_probability,
+            output_palette if output_palette is not None else range(config.output.vocab_size),
+            config.output.eos_token_id,
+            config.output.eos_probability,
             config.seed,
         )
         self.requests: dict[str, Request] = {}
@@ -106,7 +110,7 @@ class CoreState:
         self._hybrid: HybridKVCacheManager | None = (
             self.kv if isinstance(self.kv, HybridKVCacheManager) else None
         )
-        self.total_kv_tokens = config.num_gpu_blocks * config.block_size
+        self.total_kv_tokens = config.cache.num_gpu_blocks * config.block_size
         self._applier: _cpass.DecodeApplier | None = decode_applier(
             config.block_size, self.sampler.eos_token_id
         )

@@ -174,7 +174,7 @@ def _would_dedup(core: EngineCore, batch: list[Request], passes: int) -> bool:
     `step()` would then swap in the cached block in mid-run, freeing one and changing
     the pool's order and usage; the run leaves those passes to `step()`. (Generated
     tokens make this all but impossible, except with tiny vocabularies or blocks.)"""
-    if not core.config.enable_prefix_caching:
+    if not core.config.cache.enable_prefix_caching:
         return False
     lookup, bs = core.pool.lookup, core.config.block_size
     seen: set[int] = set()

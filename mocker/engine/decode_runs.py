@@ -171,7 +171,7 @@ class DecodeRuns:
         from pass `at` on, with their rows up to the window's end."""
         core = self.core
         early = core.sampler.can_end_early
-        budget = core.config.max_num_batched_tokens
+        budget = core.config.scheduler.max_num_batched_tokens
         running = self.scheduler.running
         start = i = self.alive
         while i < len(running) and i < budget:

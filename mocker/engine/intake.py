@@ -39,9 +39,10 @@ def request_id_in_use(request_id: str) -> RequestRejected:
 
 def check_prompt_length(config: EngineConfig, num_tokens: int, param: str | None = None) -> None:
     """A prompt of max_model_len tokens or more leaves no room for a single output token."""
-    if num_tokens >= config.max_model_len:
+    if num_tokens >= config.scheduler.max_model_len:
         raise RequestRejected(
-            f"This model's maximum context length is {config.max_model_len} tokens. However, "
+            f"This model's maximum context length is {config.scheduler.max_model_len} tokens. "
+            "However, "
             f"your prompt contains {num_tokens} input tokens, leaving no room for the "
             "completion. Please reduce the length of the prompt.",
             param,
@@ -67,13 +68,14 @@ def _check_prompt_ids(prompt: Sequence[int]) -> int:
 
 
 def _resolve_max_tokens(config: EngineConfig, spec: EngineRequest, n: int) -> int:
-    room = config.max_model_len - n
+    room = config.scheduler.max_model_len - n
     max_tokens = room if spec.sampling.max_tokens is None else spec.sampling.max_tokens
     if max_tokens < 1:
         raise RequestRejected(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
     if max_tokens > room:
         raise RequestRejected(
-            f"This model's maximum context length is {config.max_model_len} tokens. However, "
+            f"This model's maximum context length is {config.scheduler.max_model_len} tokens. "
+            "However, "
             f"you requested {n + max_tokens} tokens ({n} in the prompt, {max_tokens} in "
             "the completion).",
             "max_tokens",
@@ -86,14 +88,16 @@ def _check_fits_the_pool(config: EngineConfig, n: int, max_tokens: int) -> None:
     # n + max_tokens - 1 KV tokens: the last sampled token is never computed.
     # A hybrid model's groups share the pool: every group's blocks count.
     blocks = config.layout.max_blocks_per_request(
-        n + max_tokens - 1, config.max_num_batched_tokens, config.enable_prefix_caching
+        n + max_tokens - 1,
+        config.scheduler.max_num_batched_tokens,
+        config.cache.enable_prefix_caching,
     )
-    if blocks > config.num_gpu_blocks:
+    if blocks > config.cache.num_gpu_blocks:
         groups = f", {len(config.layout.groups)} KV cache groups" if config.is_hybrid else ""
         raise RequestRejected(
             f"the request needs up to {blocks} KV blocks ({n} prompt + {max_tokens} output "
             f"tokens at block_size {config.block_size}{groups}) but the KV cache has only "
-            f"{config.num_gpu_blocks} blocks (num_gpu_blocks); lower max_tokens",
+            f"{config.cache.num_gpu_blocks} blocks (num_gpu_blocks); lower max_tokens",
             "max_tokens",
         )
 
@@ -108,7 +112,7 @@ def check_request(config: EngineConfig, spec: EngineRequest, *, ids_in_range: bo
     use is the holder's to check: `request_id_in_use` words it.) `ids_in_range`: the driver
     built the prompt's ids itself, all ints in [0, 2^32) (replay's prompt builder), so they
     are only counted (checking them cost a twentieth of a replay)."""
-    if spec.priority != 0 and config.scheduling_policy is not SchedulingPolicy.PRIORITY:
+    if spec.priority != 0 and config.scheduler.scheduling_policy is not SchedulingPolicy.PRIORITY:
         # vLLM's words (a ValueError there: a 400 that names no field)
         raise RequestRejected(
             f"Got priority {spec.priority} but Priority scheduling is not enabled."

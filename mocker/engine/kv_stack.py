@@ -37,7 +37,7 @@ def build_shared_tiers(config: EngineConfig) -> dict[str, StorageTier]:
     """The tiers one process builds once and every engine shares: `obj` (by name)."""
     return {
         spec.name: _storage_tier(config, spec.name)
-        for spec in config.storage_tiers
+        for spec in config.offload.storage_tiers
         if spec.kind is StorageKind.OBJ
     }
 
@@ -48,14 +48,14 @@ def _blocks_per_unit(config: EngineConfig) -> int:
 
 
 def _storage_tier(config: EngineConfig, name: str) -> StorageTier:
-    spec = next(t for t in config.storage_tiers if t.name == name)
+    spec = next(t for t in config.offload.storage_tiers if t.name == name)
     per_unit = _blocks_per_unit(config)
     if per_unit > 1:  # capacities are given in device blocks' bytes: count chunks
         spec = replace(spec, capacity_blocks=max(spec.capacity_blocks // per_unit, 1))
     return StorageTier(
         spec, config.block_size * config.unit_blocks, config.unit_bytes,
         speedup=config.speedup_ratio,
-        record_events=config.enable_kv_cache_events and spec.enable_kv_events,
+        record_events=config.cache.enable_kv_cache_events and spec.enable_kv_events,
         seed=config.seed,
     )  # fmt: skip
 
@@ -65,7 +65,7 @@ def _storage(config: EngineConfig, shared: Mapping[str, StorageTier] | None) -> 
     shared = shared or {}
     return [
         shared[spec.name] if spec.name in shared else _storage_tier(config, spec.name)
-        for spec in config.storage_tiers
+        for spec in config.offload.storage_tiers
     ]
 
 
@@ -94,17 +94,19 @@ def build_kv_stack(
     pool: BlockPool | CompiledBlockPool
     if _compiled_pool_serves(config, cpu):
         # (With events it keeps each cached block's tokens: the tiers' events name them.)
-        kind = CompiledEventPool if config.enable_kv_cache_events else CompiledBlockPool
+        kind = CompiledEventPool if config.cache.enable_kv_cache_events else CompiledBlockPool
         pool = kind(
-            config.num_gpu_blocks, config.block_size, enable_caching=config.enable_prefix_caching
+            config.cache.num_gpu_blocks,
+            config.block_size,
+            enable_caching=config.cache.enable_prefix_caching,
         )
     else:
         pool = _python_pool(config, cpu)
     if cpu is None and config.has_cpu_tier:
         cpu = LruTier(
-            config.num_cpu_blocks // _blocks_per_unit(config),
+            config.offload.num_cpu_blocks // _blocks_per_unit(config),
             config.block_size * config.unit_blocks,
-            record_events=config.enable_kv_cache_events,
+            record_events=config.cache.enable_kv_cache_events,
         )
     if config.is_hybrid:
         assert isinstance(pool, BlockPool)  # (the compiled pool serves no hybrid model)
@@ -116,19 +118,19 @@ def build_kv_stack(
         )
         # Whole chunks of every group, stored write-through (EngineConfig refuses write-back).
         connector.policy = HybridWriteThrough(
-            connector, connector.stores, hybrid, prompt_only=config.offload_prompt_only
+            connector, connector.stores, hybrid, prompt_only=config.offload.offload_prompt_only
         )
         return KVStack(pool, hybrid, cpu, connector)
     if cpu is None:
         return KVStack(pool, KVCacheManager(pool))
-    write_back = config.offload_policy is OffloadPolicy.EVICT
+    write_back = config.offload.offload_policy is OffloadPolicy.EVICT
     # Write-back copies in the background, as KVBM does, to keep about one pass's worth
     # of blocks reusable (or on their way): admissions then rarely wait for a copy.
     # Capped at 1/8 of the pool, so the device cache stays mostly intact.
     evict_ahead = 0
     if write_back:
-        pass_blocks = -(-config.max_num_batched_tokens // config.block_size)
-        evict_ahead = min(pass_blocks, config.num_gpu_blocks // 8)
+        pass_blocks = -(-config.scheduler.max_num_batched_tokens // config.block_size)
+        evict_ahead = min(pass_blocks, config.cache.num_gpu_blocks // 8)
     connector = TierConnector(
         config, pool, cpu, prefill_ms, write_back=write_back, evict_ahead=evict_ahead,
         storage=_storage(config, shared), engine_id=engine_id,
@@ -139,11 +141,11 @@ def build_kv_stack(
 
 def _python_pool(config: EngineConfig, cpu: LruTier | None) -> BlockPool:
     return BlockPool(
-        config.num_gpu_blocks,
+        config.cache.num_gpu_blocks,
         config.block_size,
-        enable_caching=config.enable_prefix_caching,
-        eviction_policy=config.eviction_policy,
-        record_events=config.enable_kv_cache_events,
+        enable_caching=config.cache.enable_prefix_caching,
+        eviction_policy=config.cache.eviction_policy,
+        record_events=config.cache.enable_kv_cache_events,
         # A tier's copy records its tokens only for its BlockStored events.
         keep_tokens=cpu is not None and cpu.record_events,
         groups=config.layout.groups,

@@ -42,9 +42,9 @@ def serves(config: EngineConfig, *, given_cpu: bool = False) -> bool:
     to a CPU tier, which retains and displaces device blocks; hybrid groups; lineage
     eviction) sends a run to Python. `given_cpu`: the engine gets a CPU tier from outside
     (its policy is still the config's)."""
-    lru = config.eviction_policy is EvictionPolicyName.LRU
+    lru = config.cache.eviction_policy is EvictionPolicyName.LRU
     has_cpu = config.has_cpu_tier or given_cpu
-    write_back = has_cpu and config.offload_policy is OffloadPolicy.EVICT
+    write_back = has_cpu and config.offload.offload_policy is OffloadPolicy.EVICT
     return lru and not config.is_hybrid and not write_back
 
 

@@ -30,13 +30,13 @@ def _cdiv(a: int, b: int) -> int:
 def cpu_tier_facts(config: EngineConfig) -> dict[str, str]:
     """The CPU tier's chunks, device blocks a chunk, bytes, and the tokens it holds of
     requests of max_model_len (each group's chunks a request, a window's capped)."""
-    per_chunk = max(config.min_load_blocks, config.unit_blocks)
-    chunks = config.num_cpu_blocks // per_chunk
+    per_chunk = max(config.offload.min_load_blocks, config.unit_blocks)
+    chunks = config.offload.num_cpu_blocks // per_chunk
     chunk_bytes = config.unit_bytes if config.is_hybrid else per_chunk * config.block_bytes
     chunk_tokens = per_chunk * config.block_size
     per_request = 0
     for group in config.layout.groups:
-        n = _cdiv(config.max_model_len, chunk_tokens)
+        n = _cdiv(config.scheduler.max_model_len, chunk_tokens)
         if group.kind is SpecKind.MAMBA:
             n = 1
         elif group.sliding_window is not None:
@@ -47,7 +47,7 @@ def cpu_tier_facts(config: EngineConfig) -> dict[str, str]:
         "cpu_num_chunks": str(chunks),
         "cpu_blocks_per_chunk": str(per_chunk),
         "cpu_kv_cache_size_bytes": str(chunks * chunk_bytes),
-        "cpu_kv_cache_size_tokens": str(chunks * config.max_model_len // per_request),
+        "cpu_kv_cache_size_tokens": str(chunks * config.scheduler.max_model_len // per_request),
     }
 
 
@@ -56,7 +56,7 @@ def offload_config_info(
 ) -> GaugeMetricFamily:
     """One series an engine for the CPU tier (and, tiering, one a secondary tier, whose
     facts are empty: vLLM's fs and obj tiers declare none), labelled with its tier."""
-    tiered = any(config.storage_tiers for _, config in configs)
+    tiered = any(config.offload.storage_tiers for _, config in configs)
     keys = [*INFO_KEYS, "tier"] if tiered else list(INFO_KEYS)
     family = GaugeMetricFamily("vllm:kv_offload_config_info", _HELP,
                                labels=["model_name", "engine", *keys])  # fmt: skip
@@ -66,7 +66,7 @@ def offload_config_info(
             family.add_metric([model_name, engine, *facts.values()], 1.0)
             continue
         family.add_metric([model_name, engine, *facts.values(), "0:primary"], 1.0)
-        for i, tier in enumerate(config.storage_tiers):
+        for i, tier in enumerate(config.offload.storage_tiers):
             family.add_metric([model_name, engine, *([""] * len(INFO_KEYS)),
                                f"{i + 1}:{tier.name}"], 1.0)  # fmt: skip
     return family

@@ -148,7 +148,7 @@ class MetricsCollector(Collector):
         for family in FAMILIES:
             if (not family.legacy or self.legacy_names) and family.release in (None, release):
                 yield family
-        role = self.engines[0].config.kv_role if self.engines else KVRole.NONE
+        role = self.engines[0].config.transfer.kv_role if self.engines else KVRole.NONE
         if role is not KVRole.NONE:
             for family in NIXL_FAMILIES:
                 if not family.consumer or role.consumes:
@@ -162,12 +162,12 @@ class MetricsCollector(Collector):
         current = bool(self.engines) and self.engines[0].release != "0.33"
         if self.rejections is not None and current:
             yield self._admission_rejections(self.rejections)
-        if current and self.engines[0].config.storage_tiers:
+        if current and self.engines[0].config.offload.storage_tiers:
             yield self._promotion_latency()
         if current and self.engines[0].config.has_cpu_tier:
             yield offload_config_info([(m.engine, m.config) for m in self.engines],
                                       self.model_name)  # fmt: skip
-        if self.engines and self.engines[0].config.enable_lora:
+        if self.engines and self.engines[0].config.lora.enable_lora:
             yield self._lora_info([snapshot for _, snapshot, _ in rows])
         if self.failures is not None:
             yield self._injected_failures(self.failures)
@@ -210,7 +210,7 @@ class MetricsCollector(Collector):
         set was last current. As vLLM 0.34 builds them, both adapter labels list every
         adapter with a waiting or running request (comma-joined, oldest first)."""
         names = ",".join(dict.fromkeys(a for s in snapshots for a in s.lora_adapters))
-        key = (str(self.engines[0].config.max_loras), names, names)
+        key = (str(self.engines[0].config.lora.max_loras), names, names)
         self._lora_series[key] = time.time()
         info = GaugeMetricFamily(
             "vllm:lora_requests_info", "Running stats on lora requests.",
@@ -233,23 +233,27 @@ class MetricsCollector(Collector):
         for m in self.engines:
             cfg = m.config
             # vLLM renders every value with str(): True/False, None.
-            cpu_blocks = str(cfg.num_cpu_blocks) if cfg.has_cpu_tier else "None"
-            offload_gib = str(cfg.kv_offloading_size)  # as given (None with --num-host-blocks)
-            tiers = ",".join(f"{t.name}={t.capacity_blocks}" for t in cfg.storage_tiers)
+            cpu_blocks = str(cfg.offload.num_cpu_blocks) if cfg.has_cpu_tier else "None"
+            offload_gib = str(
+                cfg.offload.kv_offloading_size
+            )  # as given (None with --num-host-blocks)
+            tiers = ",".join(f"{t.name}={t.capacity_blocks}" for t in cfg.offload.storage_tiers)
             groups = ",".join(
                 f"{g.index}:{g.kind.value}" + (f":{g.sliding_window}" if g.sliding_window else "")
                 for g in cfg.layout.groups
             )
             # vLLM's mode: "align" saves Mamba states for prefix caching, "none" does not.
-            mamba_mode = "align" if cfg.enable_prefix_caching else "none"
+            mamba_mode = "align" if cfg.cache.enable_prefix_caching else "none"
             dep = cfg.timing.deployment
             util = "None" if dep is None else str(dep.gpu_memory_utilization)
             dtype = "auto" if dep is None else dep.kv_cache_dtype
             # vLLM 0.34's: the requests of max_model_len the blocks hold, and their tokens.
-            concurrency = cfg.num_gpu_blocks / -(-cfg.max_model_len // cfg.block_size)
+            concurrency = cfg.cache.num_gpu_blocks / -(
+                -cfg.scheduler.max_model_len // cfg.block_size
+            )
             info.add_metric(
-                [str(cfg.block_size), util, dtype, str(cfg.enable_prefix_caching), cpu_blocks,
-                 str(cfg.num_gpu_blocks), str(int(concurrency * cfg.max_model_len)),
+                [str(cfg.block_size), util, dtype, str(cfg.cache.enable_prefix_caching), cpu_blocks,
+                 str(cfg.cache.num_gpu_blocks), str(int(concurrency * cfg.scheduler.max_model_len)),
                  str(concurrency), offload_gib,
                  mamba_mode if cfg.layout.has_mamba else "none", tiers or "None", groups,
                  m.engine],
@@ -267,7 +271,7 @@ class MetricsCollector(Collector):
             labels=[*_LABELS, "tier", "result"],
         )
         for m in self.engines:
-            index = {t.name: i for i, t in enumerate(m.config.storage_tiers)}
+            index = {t.name: i for i, t in enumerate(m.config.offload.storage_tiers)}
             for (tier, result), h in sorted(m.promotion_latency.items()):
                 labels = [self.model_name, m.engine, tier_label(m, index[tier], tier), result]
                 family.add_metric(labels, h.cumulative(), h.total)

@@ -96,7 +96,7 @@ class StatsRecorder:
     pd: PdCounters = field(default_factory=PdCounters)
 
     def __post_init__(self) -> None:
-        token_buckets = one_two_five_buckets(self.config.max_model_len)
+        token_buckets = one_two_five_buckets(self.config.scheduler.max_model_len)
         self.request_prompt_tokens = Histogram(token_buckets)
         self.request_generation_tokens = Histogram(token_buckets)
         self.request_max_tokens = Histogram(token_buckets)

@@ -44,8 +44,10 @@ def _tier_names(m: StatsRecorder) -> list[str]:
     """The tiers below the device this engine has: cpu, then the secondary tiers (and p2p:
     the KV a P/D decode engine pulls)."""
     config = m.config
-    names = (["cpu"] if config.has_cpu_tier else []) + [t.name for t in config.storage_tiers]
-    return names + ([PULL_SOURCE] if config.kv_role.consumes else [])
+    names = (["cpu"] if config.has_cpu_tier else []) + [
+        t.name for t in config.offload.storage_tiers
+    ]
+    return names + ([PULL_SOURCE] if config.transfer.kv_role.consumes else [])
 
 
 def cached_by_tier(m: StatsRecorder, s: EngineSnapshot) -> Value:
@@ -96,7 +98,7 @@ def per_tier(table: Callable[[StatsRecorder], Mapping[str, float]]) -> Source:
     def source(m: StatsRecorder, s: EngineSnapshot) -> Value:
         values = table(m)
         return [(tier_label(m, i, t.name), values.get(t.name, 0))
-                for i, t in enumerate(m.config.storage_tiers)]  # fmt: skip
+                for i, t in enumerate(m.config.offload.storage_tiers)]  # fmt: skip
 
     return source
 

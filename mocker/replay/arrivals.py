@@ -69,7 +69,7 @@ class TraceArrivals:
         for core in self.cores:
             core.emit_outputs = False  # rows and samples come from the requests themselves
         self.num_prefill = prefill_engines
-        self.max_model_len = config.max_model_len
+        self.max_model_len = config.scheduler.max_model_len
         self.loop = EventLoop(self.cores, self)
         self.pick = make_router(router).pick
         # P/D: the decode pool's router, and the decode legs due: (time, order, request id,
@@ -80,7 +80,7 @@ class TraceArrivals:
         self.prompts: dict[str, tuple[TraceRequest, TokenIds, BlockHashes]] = {}
         self.prefilled_on: dict[str, int] = {}
         self.builder = PromptBuilder(
-            config.block_size, trace_block_size, config.vocab_size, config.seed
+            config.block_size, trace_block_size, config.output.vocab_size, config.seed
         )
         self.result = ReplayResult(cores=self.cores)
         # request id -> (trace line, engine, adapter)

@@ -234,7 +234,7 @@ def run_replay(args: argparse.Namespace) -> int:
             f"({config.block_size})"
         )
     if args.synthetic:
-        _check_synthetic(args, config.max_model_len)
+        _check_synthetic(args, config.scheduler.max_model_len)
     _check_output_dir(args.output_dir)
     trace = _trace(args, config.seed)
     show = not args.quiet and sys.stderr.isatty()

@@ -39,7 +39,7 @@ def summarize(result: ReplayResult) -> dict[str, Any]:
     device = sum(r.cached_tokens_device for r in done)
     config = result.cores[0].config if result.cores else None
     tiers = [] if config is None or not config.has_cpu_tier else ["cpu"]
-    tiers += [t.name for t in config.storage_tiers] if config is not None else []
+    tiers += [t.name for t in config.offload.storage_tiers] if config is not None else []
     by_tier = dict.fromkeys(tiers, 0)
     for r in done:
         for tier, n in r.cached_tokens_by_tier.items():

@@ -57,7 +57,7 @@ def replay(
             f"--prefill-engines ({prefill_engines}) must leave at least one of the "
             f"--num-engines ({num_engines}) to decode"
         )
-    if not config.enable_lora:
+    if not config.lora.enable_lora:
         named = next((t for t in trace if t.lora is not None), None)
         if named is not None:
             raise ConfigError(

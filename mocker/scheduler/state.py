@@ -71,7 +71,7 @@ class SchedulerState:
         self.connector = connector
         self.pulls = pulls  # P/D decode side: prompts whose KV a prefill engine holds
         self.running: list[Request] = []
-        self._by_priority = config.scheduling_policy is SchedulingPolicy.PRIORITY
+        self._by_priority = config.scheduler.scheduling_policy is SchedulingPolicy.PRIORITY
         self.waiting = WaitingQueue(by_arrival=self._by_priority)
         # Tiers: requests waiting for their KV to load, and those whose KV has landed,
         # which resume ahead of fresh admissions.
@@ -81,16 +81,18 @@ class SchedulerState:
         # Prefix counts of loads that ended between passes, reported by the next pass.
         self._carry = SchedulerOutput()
         self.num_preemptions = 0
-        self._token_budget = config.max_num_batched_tokens
+        self._token_budget = config.scheduler.max_num_batched_tokens
         # vLLM's long_prefill_token_threshold: no chunk longer (0: no cap but the budget's).
-        self._long = config.long_prefill_token_threshold or config.max_num_batched_tokens
-        self._max_seqs = config.max_num_seqs
-        self._chunked = config.enable_chunked_prefill
-        self._victim = config.preemption_victim
+        self._long = (
+            config.scheduler.long_prefill_token_threshold or config.scheduler.max_num_batched_tokens
+        )
+        self._max_seqs = config.scheduler.max_num_seqs
+        self._chunked = config.scheduler.enable_chunked_prefill
+        self._victim = config.scheduler.preemption_victim
         self._block_size = config.block_size
         # Mamba layers saving states for prefix caching (vLLM's mamba_cache_mode "align"):
         # prefill chunks end on block boundaries, where states are saved.
-        self._mamba_split = config.layout.has_mamba and config.enable_prefix_caching
+        self._mamba_split = config.layout.has_mamba and config.cache.enable_prefix_caching
         # Device blocks per tier unit (a hybrid model's offload chunk), and (hybrid offload
         # with Mamba groups) the chunk in tokens: prefill chunks stop at each chunk's end
         # too, so that a state is saved there and the chunk can be stored.
@@ -102,9 +104,9 @@ class SchedulerState:
         )
         # A KV connector answers lookups (tiers, or P/D: a prefill engine's answers 0): its
         # queries and hits are counted (vLLM's external_prefix_cache_*).
-        self._external = connector is not None or config.kv_role is not KVRole.NONE
+        self._external = connector is not None or config.transfer.kv_role is not KVRole.NONE
         # vLLM's LoRA rule: at most this many distinct adapters in a batch (0: no LoRA).
-        self._max_loras = config.max_loras if config.enable_lora else 0
+        self._max_loras = config.lora.max_loras if config.lora.enable_lora else 0
         # decode_head(running, start, budget, scheduled, allocate) -> (index, budget,
         # decodes): the compiled head of `schedule_running` (mocker/engine/_cpass.c), set by
         # the engine when its KV manager's failed allocations change nothing; None: that

@@ -182,14 +182,16 @@ def startup_lines(config: EngineConfig) -> list[str]:
         dep,
         block_size=layout.block_size,
         block_bytes=layout.block_bytes,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        max_num_seqs=config.max_num_seqs,
-        max_model_len=min(config.max_model_len, config.num_gpu_blocks * config.block_size),
+        max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
+        max_num_seqs=config.scheduler.max_num_seqs,
+        max_model_len=min(
+            config.scheduler.max_model_len, config.cache.num_gpu_blocks * config.block_size
+        ),
     )
-    if capacity.num_gpu_blocks != config.num_gpu_blocks:  # an override or a byte budget
-        capacity = replace(capacity, num_gpu_blocks=config.num_gpu_blocks)
-        return [*lines, capacity.log_lines(config.max_model_len)[-1]]
-    return [*lines, *capacity.log_lines(config.max_model_len)]
+    if capacity.num_gpu_blocks != config.cache.num_gpu_blocks:  # an override or a byte budget
+        capacity = replace(capacity, num_gpu_blocks=config.cache.num_gpu_blocks)
+        return [*lines, capacity.log_lines(config.scheduler.max_model_len)[-1]]
+    return [*lines, *capacity.log_lines(config.scheduler.max_model_len)]
 
 
 def gpu_table() -> str:

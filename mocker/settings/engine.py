@@ -30,21 +30,21 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         "num_gpu_blocks_override",
         "KV blocks in the device cache, instead of what the model leaves on the GPUs (as "
         "vLLM computes it; under --timing-model polynomial: "
-        f"{_D.num_gpu_blocks}, or what --kv-cache-memory-bytes holds)",
+        f"{_D.cache.num_gpu_blocks}, or what --kv-cache-memory-bytes holds)",
         None,
         "int",
     ),
     Option(
         "max_num_seqs",
         "most requests running in one pass (default: vLLM's for the GPU, 1024 on one with "
-        f"70 GiB or more; {_D.max_num_seqs} under --timing-model polynomial)",
+        f"70 GiB or more; {_D.scheduler.max_num_seqs} under --timing-model polynomial)",
         None,
         "int",
     ),
     Option(
         "max_num_batched_tokens",
         "token budget of one pass, shared by prefill chunks and decodes (default: vLLM's for "
-        f"the GPU, 8192 on an H100, 16384 on a B200; {_D.max_num_batched_tokens} under "
+        f"the GPU, 8192 on an H100, 16384 on a B200; {_D.scheduler.max_num_batched_tokens} under "
         "--timing-model polynomial)",
         None,
         "int",
@@ -52,26 +52,26 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
     Option(
         "max_model_len",
         "context length: prompt + output tokens (default: the model's "
-        f"max_position_embeddings; {_D.max_model_len} without a model config)",
+        f"max_position_embeddings; {_D.scheduler.max_model_len} without a model config)",
         None,
         "int",
     ),
     Option(
         "enable_prefix_caching",
         "reuse cached KV blocks of shared prompt prefixes",
-        _D.enable_prefix_caching,
+        _D.cache.enable_prefix_caching,
         "bool",
     ),
     Option(
         "disable_hybrid_kv_cache_manager",
         "keep every layer's KV as full attention's (vLLM's; a Mamba model cannot start)",
-        _D.disable_hybrid_kv_cache_manager,
+        _D.cache.disable_hybrid_kv_cache_manager,
         "flag",
     ),
     Option(
         "enable_chunked_prefill",
         "split long prompts across passes (off: a prompt must fit one pass)",
-        _D.enable_chunked_prefill,
+        _D.scheduler.enable_chunked_prefill,
         "bool",
     ),
     Option("seed", "seed for block hashes and generated tokens", _D.seed, "int"),
@@ -79,7 +79,7 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         "prefix_caching_hash_algo",
         "block hash: fast (mocker's, seeded by --seed) or vLLM's sha256, sha256_cbor, xxhash, "
         "xxhash_cbor (identical to vLLM's for the same $PYTHONHASHSEED)",
-        _D.prefix_caching_hash_algo,
+        _D.cache.prefix_caching_hash_algo,
         "str",
         choices=tuple(a.value for a in HashAlgo),
     ),
@@ -121,7 +121,7 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         "long_prefill_token_threshold",
         "a prompt computes at most this many tokens a pass (0: as many as the budget allows), "
         "so long prompts take more, shorter passes beside the decodes",
-        _D.long_prefill_token_threshold,
+        _D.scheduler.long_prefill_token_threshold,
         "int",
     ),
     Option(
@@ -129,21 +129,21 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         "fcfs: requests run in arrival order, and one with a priority other than 0 is "
         "refused (400); priority: waiting requests run by (priority, arrival), lower first, "
         "and the running request with the highest (priority, arrival) is preempted",
-        _D.scheduling_policy.value,
+        _D.scheduler.scheduling_policy.value,
         "str",
         choices=("fcfs", "priority"),
     ),
     Option(
         "preemption_victim",
         "running request preempted when a block cannot be allocated under fcfs (mocker)",
-        _D.preemption_victim.value,
+        _D.scheduler.preemption_victim.value,
         "str",
         choices=("newest", "oldest"),
     ),
     Option(
         "eviction_policy",
         "which free cached block is reused first (mocker)",
-        _D.eviction_policy.value,
+        _D.cache.eviction_policy.value,
         "str",
         choices=("lru", "lineage"),
     ),
@@ -151,7 +151,7 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
         "eos_probability",
         "chance that each generated token after min_tokens is EOS; 0 runs every request to "
         "max_tokens (mocker)",
-        _D.eos_probability,
+        _D.output.eos_probability,
         "float",
     ),
     # CPU tier (KVBM G2; vLLM CPU offloading). The flag names are vLLM's and KVBM's.
@@ -189,65 +189,65 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
     Option(
         "host_d2h_bandwidth_gbps",
         "device-to-CPU bandwidth, GB/s (10^9 bytes/s); <= 0: instant (mocker)",
-        _D.cpu_write_gbps,
+        _D.offload.cpu_write_gbps,
         "float",
     ),
     Option(
         "host_h2d_bandwidth_gbps",
         "CPU-to-device bandwidth, GB/s (10^9 bytes/s); <= 0: instant (mocker)",
-        _D.cpu_read_gbps,
+        _D.offload.cpu_read_gbps,
         "float",
     ),
     Option(
         "offload_batch_size",
         "most blocks per device-to-CPU transfer (mocker)",
-        _D.offload_batch_size,
+        _D.offload.offload_batch_size,
         "int",
     ),
     Option(
         "transfer_latency_ms",
         "fixed latency added to every device <-> CPU transfer, ms (mocker)",
-        _D.transfer_latency_ms,
+        _D.offload.transfer_latency_ms,
         "float",
     ),
     Option(
         "min_load_blocks",
         "shortest tier hit worth loading; shorter ones are recomputed (mocker)",
-        _D.min_load_blocks,
+        _D.offload.min_load_blocks,
         "int",
     ),
     Option(
         "load_timeout",
         "seconds a load from the tiers may take before the request recomputes instead "
         "(simulated: divided by the speedup ratio) (mocker)",
-        _D.load_timeout,
+        _D.offload.load_timeout,
         "float",
         metavar="SECONDS",
     ),
     Option(
         "enable_lora",
         "serve LoRA adapters (--lora-modules, runtime loading)",
-        _D.enable_lora,
+        _D.lora.enable_lora,
         "bool",
     ),
-    Option("max_loras", "most distinct LoRA adapters in one batch", _D.max_loras, "int"),
+    Option("max_loras", "most distinct LoRA adapters in one batch", _D.lora.max_loras, "int"),
     Option("max_cpu_loras", "LoRA adapters cached on the CPU (default: --max-loras)", None, "int"),
     Option(
         "max_lora_rank",
         "highest LoRA rank served: " + ", ".join(map(str, LORA_RANKS)),
-        _D.max_lora_rank,
+        _D.lora.max_lora_rank,
         "int",
     ),
     Option(
         "lora_load_ms",
         "ms a batch waits to copy a cold LoRA adapter from the CPU cache to a GPU slot (mocker)",
-        _D.lora_load_ms,
+        _D.lora.lora_load_ms,
         "float",
     ),
     Option(
         "lora_disk_load_ms",
         "ms more when the adapter is not in the CPU cache either (read from disk) (mocker)",
-        _D.lora_disk_load_ms,
+        _D.lora.lora_disk_load_ms,
         "float",
     ),
     Option(
@@ -268,7 +268,7 @@ def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
     dep = deployment_of(values)
     values = derived_values(values, dep)
     offload = offload_settings(values)
-    config = EngineConfig(
+    config = EngineConfig.of(
         block_size=values["block_size"],
         num_gpu_blocks=num_gpu_blocks(values, dep),
         max_num_seqs=values["max_num_seqs"],
@@ -303,7 +303,7 @@ def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
         **offload,
         **extra,
     )
-    if config.disable_hybrid_kv_cache_manager and values["_shape"].layer_types:
+    if config.cache.disable_hybrid_kv_cache_manager and values["_shape"].layer_types:
         logger.warning(
             "Hybrid KV cache manager is disabled for this hybrid model, This means we do not "
             "enable any optimizations for saving KV cache memory (e.g., dropping the KV cache "
@@ -320,22 +320,24 @@ def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
     if config.is_hybrid:
         # vLLM sums every group's max_memory_usage: a request at max_model_len must fit.
         need = config.layout.max_blocks_per_request(
-            config.max_model_len, config.max_num_batched_tokens, config.enable_prefix_caching
+            config.scheduler.max_model_len,
+            config.scheduler.max_num_batched_tokens,
+            config.cache.enable_prefix_caching,
         )
-        if need > config.num_gpu_blocks:
+        if need > config.cache.num_gpu_blocks:
             raise ConfigError(
-                f"max_model_len ({config.max_model_len}) needs {need} KV blocks of "
+                f"max_model_len ({config.scheduler.max_model_len}) needs {need} KV blocks of "
                 f"{config.block_size} tokens across the model's {len(config.layout.groups)} "
-                f"KV cache groups, but num_gpu_blocks_override is {config.num_gpu_blocks}: "
+                f"KV cache groups, but num_gpu_blocks_override is {config.cache.num_gpu_blocks}: "
                 "lower --max-model-len or raise --num-gpu-blocks-override"
             )
         return config
-    kv_tokens = config.num_gpu_blocks * config.block_size
-    if kv_tokens < config.max_model_len:
+    kv_tokens = config.cache.num_gpu_blocks * config.block_size
+    if kv_tokens < config.scheduler.max_model_len:
         # As vLLM refuses to start: a request using the whole context could never run.
         raise ConfigError(
-            f"max_model_len ({config.max_model_len}) is larger than the KV cache holds "
-            f"({kv_tokens} tokens = num_gpu_blocks_override {config.num_gpu_blocks} × "
+            f"max_model_len ({config.scheduler.max_model_len}) is larger than the KV cache holds "
+            f"({kv_tokens} tokens = num_gpu_blocks_override {config.cache.num_gpu_blocks} × "
             f"block_size {config.block_size}): lower --max-model-len or raise "
             "--num-gpu-blocks-override"
         )

@@ -43,7 +43,7 @@ def num_gpu_blocks(values: Mapping[str, Any], dep: Deployment | None) -> int:
             )
         return int(nbytes // block_bytes)
     if dep is None:
-        return _D.num_gpu_blocks
+        return _D.cache.num_gpu_blocks
     capacity = kv_capacity(
         dep,
         block_size=layout.block_size,
@@ -69,7 +69,9 @@ def derived_values(values: Mapping[str, Any], dep: Deployment | None) -> dict[st
     else:
         out["_shape"] = MODEL_PRESETS["llama-3-8b"]
     tokens, seqs = (
-        (_D.max_num_batched_tokens, _D.max_num_seqs) if dep is None else (scheduler_defaults(dep))
+        (_D.scheduler.max_num_batched_tokens, _D.scheduler.max_num_seqs)
+        if dep is None
+        else (scheduler_defaults(dep))
     )
     if out["max_num_batched_tokens"] is None:
         out["max_num_batched_tokens"] = tokens
@@ -77,6 +79,6 @@ def derived_values(values: Mapping[str, Any], dep: Deployment | None) -> dict[st
         out["max_num_seqs"] = seqs
     if out["max_model_len"] is None:
         out["max_model_len"] = (
-            dep.model.max_position_embeddings if dep is not None else _D.max_model_len
+            dep.model.max_position_embeddings if dep is not None else _D.scheduler.max_model_len
         )
     return out

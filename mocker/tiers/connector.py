@@ -76,7 +76,7 @@ class TierConnector(TierContext):
         self.policy = (
             WriteBack(self, self.stores, evict_ahead)
             if write_back
-            else WriteThrough(self, self.stores, prompt_only=config.offload_prompt_only)
+            else WriteThrough(self, self.stores, prompt_only=config.offload.offload_prompt_only)
         )
         self.loads = Loads(self)
         pricing = LoadPricing(config, self.block_bytes, prefill_ms)

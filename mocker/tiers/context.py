@@ -51,14 +51,14 @@ class TierContext:
         # KV cache group (mocker.tiers.hybrid_store); sizes and lookups count in units.
         self.unit = config.unit_blocks
         self.block_bytes = config.unit_bytes
-        self.batch_size = config.offload_batch_size
+        self.batch_size = config.offload.offload_batch_size
         self.block_size = config.block_size * self.unit
         speedup = config.speedup_ratio
-        latency_s = config.transfer_latency_ms / 1000.0
+        latency_s = config.offload.transfer_latency_ms / 1000.0
         # The channels carry transfers, keyed by (source tier, destination tier), at the
         # modelled bandwidths times the speedup.
-        d2h_link = Link(config.cpu_write_gbps * 1e9 * speedup, latency_s / speedup)
-        h2d_link = Link(config.cpu_read_gbps * 1e9 * speedup, latency_s / speedup)
+        d2h_link = Link(config.offload.cpu_write_gbps * 1e9 * speedup, latency_s / speedup)
+        h2d_link = Link(config.offload.cpu_read_gbps * 1e9 * speedup, latency_s / speedup)
         self.d2h = open_channel(d2h_link, DEVICE, cpu.name)
         self.h2d = open_channel(h2d_link, cpu.name, DEVICE)
         self.channels: list[TransferChannel] = [self.d2h, self.h2d]
@@ -73,7 +73,7 @@ class TierContext:
         self.counters: dict[str, TierCounters] = {t.name: TierCounters() for t in self.storage}
         self.primary = TierCounters()  # the CPU tier's lookups (tiering's primary tier)
         self.time = -math.inf  # the latest time the connector was driven to
-        self.load_timeout = config.load_timeout / speedup
+        self.load_timeout = config.offload.load_timeout / speedup
         # Bumped whenever a transfer starts, ends or is cancelled: the live driver re-arms
         # its transfer timer when it changes.
         self.version = 0

@@ -16,11 +16,13 @@ class LoadPricing:
     def __init__(
         self, config: EngineConfig, block_bytes: int, prefill_ms: Callable[[int], float]
     ) -> None:
-        self._min_blocks = config.min_load_blocks
+        self._min_blocks = config.offload.min_load_blocks
         self._unit = config.unit_blocks
         self._block_bytes = block_bytes
         self._block_size = config.block_size * config.unit_blocks
-        self._h2d = Link(config.cpu_read_gbps * 1e9, config.transfer_latency_ms / 1000.0)
+        self._h2d = Link(
+            config.offload.cpu_read_gbps * 1e9, config.offload.transfer_latency_ms / 1000.0
+        )
         self._prefill_ms = prefill_ms
 
     def pays_off(self, num_blocks: int, promote_s: float = 0.0) -> bool:

@@ -83,7 +83,7 @@ async def test_client_rendering_equals_the_default_server(
 
 
 async def test_a_server_on_the_exported_folder_counts_the_same(folder: Path) -> None:
-    app = create_app(ServerSettings(), EngineConfig(**FAST), load_tokenizer(folder))
+    app = create_app(ServerSettings(), EngineConfig.of(**FAST), load_tokenizer(folder))
     async with AppClient(app) as exported, AppClient(make_app()) as default:
         for messages in CONVERSATIONS:
             ids = await _server_ids(exported, messages)

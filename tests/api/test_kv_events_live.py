@@ -212,7 +212,7 @@ def test_events_disabled_publishes_nothing_and_binds_nothing(tmp_path: Path) -> 
     config = KVEventsConfig(enable_kv_cache_events=False, endpoint=f"ipc://{tmp_path}/never")
     app = make_app(settings(kv_events=config))
     state = app.state.mocker
-    assert state.publishers == [] and not state.config.enable_kv_cache_events
+    assert state.publishers == [] and not state.config.cache.enable_kv_cache_events
     assert not (tmp_path / "never").exists()
 
 

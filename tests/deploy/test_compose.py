@@ -120,7 +120,7 @@ def test_pd_profile_runs_one_prefill_and_two_decode_replicas_with_lora() -> None
         assert transfer["kv_connector"] == "NixlConnector"
         flags = parse_flags(["--kv-transfer-config", env["MOCKER_KV_TRANSFER_CONFIG"]])
         config = engine_config_from(resolve(flags, ALL, environ={})[0])
-        roles[name] = config.kv_role.value
+        roles[name] = config.transfer.kv_role.value
         assert env["MOCKER_ENABLE_LORA"] == "true" and env["MOCKER_MAX_LORAS"] == "2"
         modules = parse_lora_modules(env["MOCKER_LORA_MODULES"].split(","))
         assert [m.name for m in modules] == ["sql-lora", "chat-lora"]

@@ -152,7 +152,7 @@ def test_pass_duration_follows_composition() -> None:
     assert res.duration == pytest.approx(m.prefill_ms(20) / 1000 / 2)
     res = core.step(res.end)
     used_tokens = core.pool.num_used * cfg.block_size
-    expected = m.decode_ms(used_tokens, cfg.num_gpu_blocks * cfg.block_size, 1) / 1000 / 2
+    expected = m.decode_ms(used_tokens, cfg.cache.num_gpu_blocks * cfg.block_size, 1) / 1000 / 2
     assert res.duration == pytest.approx(expected)
     assert res.outputs[0].time == res.end
 

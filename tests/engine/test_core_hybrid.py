@@ -34,7 +34,7 @@ def test_a_sliding_window_caps_the_context_a_decode_reads() -> None:
     # gpt-oss-20b: 24 layers in two groups of 12 (sliding window 128, full), block 16, a
     # pool of 1000 blocks. Weight: group_size / num_layers = 12 / 24 = 0.5; the pool holds
     # 0.5 × 16 × 1000 = 8000 whole-model KV tokens.
-    config = EngineConfig(model=MODEL_PRESETS["gpt-oss-20b"], num_gpu_blocks=1000,
+    config = EngineConfig.of(model=MODEL_PRESETS["gpt-oss-20b"], num_gpu_blocks=1000,
                           max_model_len=4096)  # fmt: skip
     prefill, decode = durations(config, 1000, 2)
     # Pass 1: the whole 1000-token prompt (no decode term).
@@ -51,7 +51,7 @@ def test_a_sliding_window_caps_the_context_a_decode_reads() -> None:
 def test_a_mamba_group_reads_nothing_that_grows_with_context() -> None:
     # qwen3-next-80b-a3b: 48 layers in four groups of 12 (three Mamba, one full), block 544,
     # a pool of 100 blocks: weight 12 / 48 = 0.25, 0.25 × 544 × 100 = 13600 tokens.
-    config = EngineConfig(model=MODEL_PRESETS["qwen3-next-80b-a3b"], num_gpu_blocks=100,
+    config = EngineConfig.of(model=MODEL_PRESETS["qwen3-next-80b-a3b"], num_gpu_blocks=100,
                           max_model_len=8192)  # fmt: skip
     first, second, decode = durations(config, 2000, 3)
     # The prompt is split where its Mamba state is saved: 1632 = 3 × 544, then 368.
@@ -65,6 +65,6 @@ def test_a_mamba_group_reads_nothing_that_grows_with_context() -> None:
 
 def test_a_dense_model_keeps_its_formula() -> None:
     # llama-3-8b: active = used blocks × 16 (every layer), total = 1000 × 16.
-    config = EngineConfig(num_gpu_blocks=1000, max_model_len=4096)
+    config = EngineConfig.of(num_gpu_blocks=1000, max_model_len=4096)
     _, decode = durations(config, 1000, 2)
     assert decode == pytest.approx(poly_decode_ms(63 * 16 / 16000) / 1000)

@@ -74,10 +74,10 @@ def test_a_hybrid_request_fits_by_every_groups_blocks() -> None:
     # 10 full-attention blocks and one state per Mamba group (3) without prefix caching
     # (two with it: the running state and the one it was copied from).
     shape = MODEL_PRESETS["qwen3-next-80b-a3b"]
-    uncached = EngineConfig(model=shape, num_gpu_blocks=13, max_model_len=5440,
+    uncached = EngineConfig.of(model=shape, num_gpu_blocks=13, max_model_len=5440,
                             enable_prefix_caching=False)  # fmt: skip
     assert check_request(uncached, req("a", range(5000), max_tokens=440)) == 440
-    cached = EngineConfig(model=shape, num_gpu_blocks=15, max_model_len=5440)
+    cached = EngineConfig.of(model=shape, num_gpu_blocks=15, max_model_len=5440)
     with pytest.raises(RequestRejected, match="needs up to 16 KV blocks"):
         check_request(cached, req("a", range(5000), max_tokens=440))
 

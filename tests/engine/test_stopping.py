@@ -81,7 +81,7 @@ def test_requests_started_together_draw_ahead_in_different_passes(
         return draw(sampler, request, k)
 
     monkeypatch.setattr(core_pass, "draw", counted)
-    core = EngineCore(EngineConfig(max_num_seqs=256, num_gpu_blocks=8192))
+    core = EngineCore(EngineConfig.of(max_num_seqs=256, num_gpu_blocks=8192))
     n = 200
     shortened = []  # how much shorter each request's first window is
     for i in range(n):

@@ -355,7 +355,7 @@ def test_replays_give_the_same_rows_with_either_pool(
     router: str,
     prefill_engines: int,
 ) -> None:
-    cfg = EngineConfig(**{"block_size": 16, "num_gpu_blocks": 2000, "max_num_seqs": 32, **changes})
+    cfg = EngineConfig.of(**{"block_size": 16, "num_gpu_blocks": 2000, "max_num_seqs": 32, **changes})
     trace = _trace()
     runs = {}
     for impl, switch in (("python", "0"), ("compiled", "1")):
@@ -400,12 +400,12 @@ def test_what_the_compiled_pool_serves(
     monkeypatch: pytest.MonkeyPatch, changes: dict[str, Any], compiled: bool
 ) -> None:
     monkeypatch.setenv(ENV, "auto")
-    cfg = EngineConfig(**changes)
+    cfg = EngineConfig.of(**changes)
     assert serves(cfg) is compiled
     stack = build_kv_stack(cfg, lambda n: 1.0)
     assert isinstance(stack.pool, CompiledBlockPool) is compiled
     if compiled:
-        assert isinstance(stack.pool, CompiledEventPool) is cfg.enable_kv_cache_events
+        assert isinstance(stack.pool, CompiledEventPool) is cfg.cache.enable_kv_cache_events
     monkeypatch.setenv(ENV, "0")
     assert isinstance(build_kv_stack(cfg, lambda n: 1.0).pool, BlockPool)
 
@@ -417,7 +417,7 @@ def test_a_cpu_tier_given_from_outside_counts_as_the_engines(
     """A CPU tier handed to the stack (shared, built elsewhere) under the config's write-back
     policy gets the Python pool, which retains and displaces; write-through the compiled."""
     monkeypatch.setenv(ENV, "auto")
-    cfg = EngineConfig(offload_policy=OffloadPolicy(policy))
+    cfg = EngineConfig.of(offload_policy=OffloadPolicy(policy))
     assert serves(cfg) is True and serves(cfg, given_cpu=True) is compiled
     stack = build_kv_stack(cfg, lambda n: 1.0, cpu=LruTier(100, cfg.block_size))
     assert isinstance(stack.pool, CompiledBlockPool) is compiled

@@ -305,7 +305,7 @@ def _core(types: tuple[str, ...], window: int = 8, **kw: Any) -> EngineCore:
         "max_model_len": 256,
     }
     base.update(kw)
-    return EngineCore(EngineConfig(**base))
+    return EngineCore(EngineConfig.of(**base))
 
 
 def _req(rid: str, prompt: Sequence[int], max_tokens: int) -> EngineRequest:

@@ -67,7 +67,7 @@ def check_index(index: EventIndex, core: EngineCore) -> None:
 def random_workload(seed: int, seen: Counter[str]) -> None:
     rng = random.Random(seed)
     block_size = 4
-    config = EngineConfig(
+    config = EngineConfig.of(
         **random_geometry(rng, block_size),
         eviction_policy=rng.choice([EvictionPolicyName.LRU, EvictionPolicyName.LINEAGE]),
         num_cpu_blocks=rng.choice([0, 0, 8, 64]),  # no host tier half the time

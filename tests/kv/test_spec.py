@@ -165,9 +165,9 @@ def test_groups_follow_the_first_appearance_of_each_kind() -> None:
 def test_a_larger_block_size_than_the_aligned_one_is_kept() -> None:
     # align = 1024: 1024 × ceil(1,097,728 / (1024 × 2048)) = 1024 × 1.
     assert kv_layout(QWEN3_NEXT, 1024).block_size == 1024
-    assert EngineConfig(model=QWEN3_NEXT, block_size=1024).block_size == 1024
+    assert EngineConfig.of(model=QWEN3_NEXT, block_size=1024).block_size == 1024
     # 32: 32 × ceil(1,097,728 / 65,536 = 16.75) = 32 × 17 = 544.
-    assert EngineConfig(model=QWEN3_NEXT, block_size=32).block_size == 544
+    assert EngineConfig.of(model=QWEN3_NEXT, block_size=32).block_size == 544
 
 
 def test_engine_config_takes_the_aligned_block_size() -> None:
@@ -181,20 +181,20 @@ def test_engine_config_takes_the_aligned_block_size() -> None:
 
 def test_a_dense_model_refuses_a_block_size_not_a_power_of_two() -> None:
     with pytest.raises(ConfigError, match="block_size=48"):
-        EngineConfig(block_size=48)
+        EngineConfig.of(block_size=48)
     with pytest.raises(ConfigError, match="block_size=2048"):
-        EngineConfig(block_size=2048)
+        EngineConfig.of(block_size=2048)
 
 
 def test_a_mamba_hybrid_refuses_a_given_block_size_not_a_power_of_two() -> None:
     with pytest.raises(ConfigError, match="block_size=600"):
-        EngineConfig(model=QWEN3_NEXT, block_size=600)
-    assert EngineConfig(model=QWEN3_NEXT, block_size=544).block_size == 544  # aligned: stands
+        EngineConfig.of(model=QWEN3_NEXT, block_size=600)
+    assert EngineConfig.of(model=QWEN3_NEXT, block_size=544).block_size == 544  # aligned: stands
 
 
 def test_with_changes_starts_from_the_given_block_size() -> None:
     qwen = EngineConfig(model=QWEN3_NEXT)
-    assert qwen.block_size == 544 and qwen.requested_block_size == 16
+    assert qwen.block_size == 544 and qwen.cache.block_size == 16
     assert qwen.with_changes(model=MODEL_PRESETS["granite-4.0-h-micro"]).block_size == 528
     assert qwen.with_changes(model=MODEL_PRESETS["llama-3-8b"]).block_size == 16
 

@@ -34,7 +34,7 @@ SHARED_OBJ = StorageTierSpec(StorageKind.OBJ, 600, 2.0, 1.0, 0.5)
 def config(**changes: Any) -> EngineConfig:
     base: dict[str, Any] = {"block_size": BS, "num_gpu_blocks": 256, "max_model_len": 2048}
     base.update(changes)
-    return EngineConfig(**base)
+    return EngineConfig.of(**base)
 
 
 def run(trace: list[TraceRequest], cfg: EngineConfig, **kw: Any) -> ReplayResult:
@@ -168,7 +168,7 @@ def test_one_engine_matches_the_virtual_driver() -> None:
     core = EngineCore(cfg)
     from mocker.replay.prompts import PromptBuilder
 
-    builder = PromptBuilder(BS, TBS, cfg.vocab_size, cfg.seed)
+    builder = PromptBuilder(BS, TBS, cfg.output.vocab_size, cfg.seed)
     specs = []
     for i, t in enumerate(trace):
         tokens, hashes = builder.prompt(t)
@@ -397,7 +397,7 @@ def test_decode_runs_leave_a_cached_duplicate_block_to_step(deferring: bool) -> 
     """With a 2-token vocabulary and 1-token blocks two requests generate identical blocks;
     step() then swaps in the cached one mid-run (freeing a block, changing usage), which a
     decode run cannot foresee: it hands those passes back, and the results stay equal."""
-    cfg = EngineConfig(block_size=1, num_gpu_blocks=64, max_model_len=64, vocab_size=2,
+    cfg = EngineConfig.of(block_size=1, num_gpu_blocks=64, max_model_len=64, vocab_size=2,
                        eos_token_id=1)  # fmt: skip
     trace = [TraceRequest(0.0, 4, 8, (7, 8, 9, 10), 1), TraceRequest(0.0, 4, 8, (7, 8, 9, 10), 2),
              TraceRequest(100.0, 4, 1, (1, 2, 3, 4), 3)]  # fmt: skip

@@ -16,7 +16,7 @@ def _core(model: str = "qwen3-next-80b-a3b", **kw: Any) -> EngineCore:
     base: dict[str, Any] = {"model": MODEL_PRESETS[model], "num_gpu_blocks": 256,
                             "max_num_seqs": 8, "max_model_len": 16384}  # fmt: skip
     base.update(kw)
-    return EngineCore(EngineConfig(**base))
+    return EngineCore(EngineConfig.of(**base))
 
 
 def _computed_per_pass(core: EngineCore, num_tokens: int, rid: str = "a") -> list[int]:
@@ -112,7 +112,7 @@ def test_budget_split_prefill_keeps_two_states_per_mamba_group() -> None:
     # A budget of 1500 splits a 5000-token prompt at 1088, 2176, 3264, 4352 (block
     # boundaries), so each pass saves its state two blocks further on: the Mamba table is
     # sparse, and the state a pass superseded must still be released.
-    config = EngineConfig(model=MODEL_PRESETS["qwen3-next-80b-a3b"], num_gpu_blocks=100,
+    config = EngineConfig.of(model=MODEL_PRESETS["qwen3-next-80b-a3b"], num_gpu_blocks=100,
                           max_model_len=8192, max_num_batched_tokens=1500)  # fmt: skip
     core = EngineCore(config)
     core.add_request(EngineRequest("a", list(range(5000)), SamplingParams(max_tokens=2)))

@@ -31,32 +31,34 @@ def test_the_model_and_gpus_size_the_kv_cache_as_vllm() -> None:
     expected = kv_capacity(dep, block_size=16, block_bytes=config.block_bytes,
                            max_num_batched_tokens=8192, max_num_seqs=1024,
                            max_model_len=131072)  # fmt: skip
-    assert config.num_gpu_blocks == expected.num_gpu_blocks
+    assert config.cache.num_gpu_blocks == expected.num_gpu_blocks
     assert config.model == ModelShape(num_layers=80, num_kv_heads=8, head_dim=128, dtype_bytes=2)
     assert config.timing.kind is TimingKind.GPU and config.timing.deployment == dep
     # An FP8 KV cache holds twice the tokens in the same bytes; more GPUs, more again.
     fp8 = _config(*LLAMA_70B_TP4, "--kv-cache-dtype", "fp8")
-    assert fp8.model.dtype_bytes == 1 and fp8.num_gpu_blocks > 1.9 * config.num_gpu_blocks
+    assert (
+        fp8.model.dtype_bytes == 1 and fp8.cache.num_gpu_blocks > 1.9 * config.cache.num_gpu_blocks
+    )
     tp8 = _config(*LLAMA_70B_TP4[:-4], "--tensor-parallel-size", "8", "--quantization", "fp8")
-    assert tp8.num_gpu_blocks > 2 * config.num_gpu_blocks
+    assert tp8.cache.num_gpu_blocks > 2 * config.cache.num_gpu_blocks
     # The flags that size the cache directly still win, as in vLLM.
     assert _config(*LLAMA_70B_TP4, "--num-gpu-blocks-override", "1000",
-                   "--max-model-len", "4096").num_gpu_blocks == 1000  # fmt: skip
+                   "--max-model-len", "4096").cache.num_gpu_blocks == 1000  # fmt: skip
     # --kv-cache-memory-bytes is per GPU: a quarter of a 70B block (two of eight heads).
     per_gpu = _config(*LLAMA_70B_TP4, "--kv-cache-memory-bytes", str(2**30),
                       "--max-model-len", "4096")  # fmt: skip
-    assert per_gpu.num_gpu_blocks == 2**30 // (config.block_bytes // 4)
+    assert per_gpu.cache.num_gpu_blocks == 2**30 // (config.block_bytes // 4)
 
 
 def test_vllms_limits_follow_the_gpu() -> None:
     h100 = _config()
-    assert (h100.max_num_batched_tokens, h100.max_num_seqs) == (8192, 1024)
+    assert (h100.scheduler.max_num_batched_tokens, h100.scheduler.max_num_seqs) == (8192, 1024)
     b200 = _config("--gpu", "b200_sxm")
-    assert (b200.max_num_batched_tokens, b200.max_num_seqs) == (16384, 1024)
+    assert (b200.scheduler.max_num_batched_tokens, b200.scheduler.max_num_seqs) == (16384, 1024)
     l40s = _config("--gpu", "l40s")
-    assert (l40s.max_num_batched_tokens, l40s.max_num_seqs) == (2048, 256)
+    assert (l40s.scheduler.max_num_batched_tokens, l40s.scheduler.max_num_seqs) == (2048, 256)
     qwen = _config("--model", "Qwen/Qwen3-32B", "--tensor-parallel-size", "2")
-    assert qwen.max_model_len == 40960  # its max_position_embeddings
+    assert qwen.scheduler.max_model_len == 40960  # its max_position_embeddings
 
 
 def test_layouts_from_configs() -> None:
@@ -81,7 +83,7 @@ def test_the_polynomial_knows_no_deployment_and_says_what_it_ignores(
     with caplog.at_level(logging.WARNING, logger="mocker"):
         config = _config("--timing-model", "polynomial", "--gpu", "b200_sxm",
                          "--tensor-parallel-size", "8")  # fmt: skip
-    assert config.timing.deployment is None and config.num_gpu_blocks == 16384
+    assert config.timing.deployment is None and config.cache.num_gpu_blocks == 16384
     assert "ignoring --gpu, --tensor-parallel-size: --timing-model polynomial" in caplog.text
     assert startup_lines(config) == [
         "timing: Dynamo mocker's polynomial (the same for every model and GPU)"
@@ -98,7 +100,7 @@ def test_start_up_says_what_vllm_logs() -> None:
         "(decode x0.977, prefill x1.228, +0.38 ms a pass, +0.034 ms a request)"
     )
     assert lines[2].startswith("Model loading took 16.9") and "GiB memory" in lines[2]
-    tokens = config.num_gpu_blocks * 16
+    tokens = config.cache.num_gpu_blocks * 16
     assert lines[-1] == (f"GPU KV cache size: {tokens:,} tokens, Maximum concurrency for "
                          f"131,072 tokens per request: {tokens / 131072:.2f}x")  # fmt: skip
     override = startup_lines(_config(*LLAMA_70B_TP4, "--num-gpu-blocks-override", "9000"))

@@ -22,14 +22,16 @@ def test_host_tier_flags() -> None:
     config = engine_config_from(values)
     # 4 GiB of 2 MiB blocks (block_size 16 × Llama-3-8B's 128 KiB per token), stored
     # write-through: vLLM 0.34 turns --kv-offloading-size into an OffloadingConnector.
-    assert config.num_cpu_blocks == 2048 and config.offload_policy == "write-through"
-    assert config.kv_offloading_size == 4.0  # reported in vllm:cache_config_info
+    assert (
+        config.offload.num_cpu_blocks == 2048 and config.offload.offload_policy == "write-through"
+    )
+    assert config.offload.kv_offloading_size == 4.0  # reported in vllm:cache_config_info
     for flags, policy in (
         (["--num-host-blocks", "8"], "evict"),  # (KVBM's, mocker's default)
         (["--kv-offloading-size", "4", "--offload-policy", "evict"], "evict"),
     ):
         values, _ = resolve(parse_flags([*small, *flags]), ALL, environ={})
-        assert engine_config_from(values).offload_policy == policy
+        assert engine_config_from(values).offload.offload_policy == policy
     lmcache = [*small, "--kv-offloading-size", "4", "--kv-offloading-backend", "lmcache"]
     values, _ = resolve(parse_flags(lmcache), ALL, environ={})
     with pytest.raises(ConfigError, match=r"lmcache .* is not modelled"):
@@ -39,20 +41,23 @@ def test_host_tier_flags() -> None:
               "--max-model-len", "8192", "--timing-model", "polynomial",
               "--kv-offloading-size", "4"]  # fmt: skip
     values, _ = resolve(parse_flags(hybrid), ALL, environ={})
-    assert engine_config_from(values).offload_policy == "write-through"
+    assert engine_config_from(values).offload.offload_policy == "write-through"
     argv = [*small, "--num-host-blocks", "100", "--offload-policy", "write-through",
             "--host-d2h-bandwidth-gbps", "8", "--host-h2d-bandwidth-gbps", "0",
             "--offload-batch-size", "4", "--transfer-latency-ms", "0.5",
             "--min-load-blocks", "2", "--load-timeout", "3"]  # fmt: skip
     values, _ = resolve(parse_flags(argv), ALL, environ={})
     config = engine_config_from(values)
-    assert (config.num_cpu_blocks, config.offload_policy) == (100, "write-through")
-    assert (config.cpu_write_gbps, config.cpu_read_gbps) == (8.0, 0.0)
-    assert (config.offload_batch_size, config.transfer_latency_ms) == (4, 0.5)
-    assert (config.min_load_blocks, config.load_timeout) == (2, 3.0)
+    assert (config.offload.num_cpu_blocks, config.offload.offload_policy) == (100, "write-through")
+    assert (config.offload.cpu_write_gbps, config.offload.cpu_read_gbps) == (8.0, 0.0)
+    assert (config.offload.offload_batch_size, config.offload.transfer_latency_ms) == (4, 0.5)
+    assert (config.offload.min_load_blocks, config.offload.load_timeout) == (2, 3.0)
     values, _ = resolve(parse_flags(small), ALL, environ={"MOCKER_NUM_HOST_BLOCKS": "7"})
-    assert engine_config_from(values).num_cpu_blocks == 7
-    assert engine_config_from(resolve(parse_flags(small), ALL, environ={})[0]).num_cpu_blocks == 0
+    assert engine_config_from(values).offload.num_cpu_blocks == 7
+    assert (
+        engine_config_from(resolve(parse_flags(small), ALL, environ={})[0]).offload.num_cpu_blocks
+        == 0
+    )
 
 
 @pytest.mark.parametrize(
@@ -137,7 +142,7 @@ def test_kv_offloading_size_counts_a_hybrid_block() -> None:
     # gpt-oss-20b: one device block is 12 layers × 16 tokens × 2 × 8 × 64 × 2 = 393,216 bytes.
     config = _config("--model-shape", "gpt-oss-20b", "--max-model-len", "4096",
                      "--offload-policy", "write-through", "--kv-offloading-size", "1")  # fmt: skip
-    assert config.num_cpu_blocks == 2**30 // 393_216
+    assert config.offload.num_cpu_blocks == 2**30 // 393_216
 
 
 def test_start_up_counts_every_hybrid_group_together() -> None:
@@ -148,14 +153,14 @@ def test_start_up_counts_every_hybrid_group_together() -> None:
              "--max-num-batched-tokens", "256")  # fmt: skip
     with pytest.raises(ConfigError, match="needs 89 KV blocks"):
         _config(*flags, "--num-gpu-blocks-override", "80")
-    assert _config(*flags, "--num-gpu-blocks-override", "89").num_gpu_blocks == 89
+    assert _config(*flags, "--num-gpu-blocks-override", "89").cache.num_gpu_blocks == 89
 
 
 def test_scheduling_policy_is_read_not_ignored() -> None:
     """vLLM's --scheduling-policy was once accepted and ignored; it now orders the queue."""
-    assert _config().scheduling_policy == "fcfs"
+    assert _config().scheduler.scheduling_policy == "fcfs"
     values, warnings = resolve(parse_flags(["--scheduling-policy", "priority"]), ALL, environ={})
-    assert warnings == [] and engine_config_from(values).scheduling_policy == "priority"
+    assert warnings == [] and engine_config_from(values).scheduler.scheduling_policy == "priority"
     with pytest.raises(SystemExit):  # argparse's own error: not a choice
         parse_flags(["--scheduling-policy", "lifo"])
 
@@ -165,8 +170,8 @@ def test_kv_cache_memory_bytes_sizes_the_device_pool() -> None:
     (block_size 16 × Llama-3-8B's 128 KiB a token); --num-gpu-blocks-override wins."""
     gib4 = str(4 * 2**30)
     argv = ["--kv-cache-memory-bytes", gib4, "--max-model-len", "4096"]
-    assert _config(*argv).num_gpu_blocks == 2048
-    assert _config(*argv, "--num-gpu-blocks-override", "1000").num_gpu_blocks == 1000
-    assert _config().num_gpu_blocks == EngineConfig().num_gpu_blocks
+    assert _config(*argv).cache.num_gpu_blocks == 2048
+    assert _config(*argv, "--num-gpu-blocks-override", "1000").cache.num_gpu_blocks == 1000
+    assert _config().cache.num_gpu_blocks == EngineConfig().cache.num_gpu_blocks
     with pytest.raises(ConfigError, match="kv_cache_memory_bytes=1000: holds no block"):
         _config("--kv-cache-memory-bytes", "1000")

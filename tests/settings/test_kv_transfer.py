@@ -181,7 +181,10 @@ def test_flag_builds_the_engine_config_and_conflicts_with_the_host_flags() -> No
     )
     values, _ = resolve(parse_flags(["--kv-transfer-config", raw]), ALL, environ={})
     config = engine_config_from(values)
-    assert config.num_cpu_blocks == 32 and config.storage_tiers[0].capacity_blocks == 64
+    assert (
+        config.offload.num_cpu_blocks == 32
+        and config.offload.storage_tiers[0].capacity_blocks == 64
+    )
     values, _ = resolve(
         parse_flags(["--kv-transfer-config", raw, "--num-host-blocks", "8"]), ALL, environ={}
     )
@@ -203,10 +206,14 @@ def test_nixl_connector_makes_a_pd_role() -> None:
     values, _ = resolve(parse_flags(["--kv-transfer-config", raw, "--num-host-blocks", "8"]),
                         ALL, environ={})  # fmt: skip
     config = engine_config_from(values)
-    assert config.kv_role.consumes and not config.kv_role.produces
-    assert config.kv_engine_id == "d0" and config.pull_gbps == 12.5
-    assert config.pull_latency_ms == 0 and config.pull_timeout == 9 and config.hold_timeout == 60
-    assert config.num_cpu_blocks == 8  # the offload flags still build a CPU tier
+    assert config.transfer.kv_role.consumes and not config.transfer.kv_role.produces
+    assert config.transfer.kv_engine_id == "d0" and config.transfer.pull_gbps == 12.5
+    assert (
+        config.transfer.pull_latency_ms == 0
+        and config.transfer.pull_timeout == 9
+        and config.transfer.hold_timeout == 60
+    )
+    assert config.offload.num_cpu_blocks == 8  # the offload flags still build a CPU tier
     # vLLM's default engine id: a fresh uuid per start.
     one = parse_kv_transfer_config(nixl("kv_producer"), 16, 1)["kv_engine_id"]
     assert one != parse_kv_transfer_config(nixl("kv_producer"), 16, 1)["kv_engine_id"]
@@ -239,8 +246,8 @@ def test_multi_connector_gives_pd_and_tiers_together() -> None:
                       ]}})  # fmt: skip
     values, _ = resolve(parse_flags(["--kv-transfer-config", raw]), ALL, environ={})
     config = engine_config_from(values)
-    assert config.kv_role.consumes and config.kv_engine_id == "d"
-    assert config.num_cpu_blocks == 8 and config.offload_policy == "write-through"
+    assert config.transfer.kv_role.consumes and config.transfer.kv_engine_id == "d"
+    assert config.offload.num_cpu_blocks == 8 and config.offload.offload_policy == "write-through"
     pair = [{"kv_connector": "NixlConnector"}, {"kv_connector": "NixlConnector"}]
     two = json.dumps({"kv_connector": "MultiConnector", "kv_role": "kv_both",
                       "kv_connector_extra_config": {"connectors": pair}})  # fmt: skip
@@ -295,7 +302,7 @@ def test_a_connector_without_hma_turns_the_hybrid_manager_off(connector: dict[st
              "--kv-transfer-config", json.dumps(connector)]  # fmt: skip
     values, _ = resolve(parse_flags(flags), ALL, environ={})
     config = engine_config_from(values)
-    assert config.disable_hybrid_kv_cache_manager and not config.is_hybrid
+    assert config.cache.disable_hybrid_kv_cache_manager and not config.is_hybrid
     flags[1] = "qwen3-next-80b-a3b"
     values, _ = resolve(parse_flags(flags), ALL, environ={})
     with pytest.raises(ConfigError, match="a model with Mamba layers needs"):

@@ -18,19 +18,24 @@ def test_defaults_match_the_engine_and_vllm() -> None:
     polynomial, Dynamo's fixed defaults."""
     values, warnings = resolve(parse_flags([]), ALL, environ={})
     config = engine_config_from(values)
-    limits = (config.block_size, config.max_num_seqs, config.max_num_batched_tokens)
+    limits = (
+        config.block_size,
+        config.scheduler.max_num_seqs,
+        config.scheduler.max_num_batched_tokens,
+    )
     assert limits == (16, 1024, 8192)
-    assert config.max_model_len == 131072  # Llama 3.1's max_position_embeddings
+    assert config.scheduler.max_model_len == 131072  # Llama 3.1's max_position_embeddings
     # 80 GiB less 15 GiB of weights and the reserves: about half a million tokens.
-    assert 450_000 < config.num_gpu_blocks * 16 < 550_000
+    assert 450_000 < config.cache.num_gpu_blocks * 16 < 550_000
     settings = server_settings_from(values)
     assert settings.port == 8000 and settings.max_num_queued_reqs is None
     assert settings.served_model_names == ("meta-llama/Llama-3.1-8B-Instruct",)
     assert settings.access_log and warnings == []
     values, _ = resolve(parse_flags(["--timing-model", "polynomial"]), ALL, environ={})
     config = engine_config_from(values)
-    assert (config.num_gpu_blocks, config.max_num_seqs, config.max_num_batched_tokens) == (
-        16384, 256, 8192)  # fmt: skip
+    scheduler = config.scheduler
+    assert (config.cache.num_gpu_blocks, scheduler.max_num_seqs,
+            scheduler.max_num_batched_tokens) == (16384, 256, 8192)  # fmt: skip
 
 
 def test_flag_beats_env_beats_yaml_beats_default(tmp_path: Path) -> None:

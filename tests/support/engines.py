@@ -20,7 +20,7 @@ def small_config(**overrides: Any) -> EngineConfig:
         "max_model_len": 256,
     }
     base.update(overrides)
-    return EngineConfig(**base)
+    return EngineConfig.of(**base)
 
 
 def make_core(**overrides: Any) -> EngineCore:

@@ -40,7 +40,7 @@ def tokenizer() -> TextTokenizer:
 
 
 def make_app(settings: ServerSettings | None = None, **engine: Any) -> FastAPI:
-    config = EngineConfig(**{**FAST, **engine})
+    config = EngineConfig.of(**{**FAST, **engine})
     return create_app(settings or ServerSettings(), config, tokenizer())
 
 

@@ -146,7 +146,7 @@ def random_workload(seed: int, seen: Seen) -> None:
                          rng.choice([0.0, 0.1, 4.0]), rng.choice([0.0, 0.2]), failure)  # fmt: skip
     obj = StorageTierSpec(StorageKind.OBJ, rng.choice([32, 1024]), 1.0, 0.5, 1.0, failure)
     storage = rng.choice([(), (fs,), (fs, obj)])
-    config = EngineConfig(
+    config = EngineConfig.of(
         **random_geometry(rng, block_size),
         num_cpu_blocks=rng.choice([8, 24, 64, 256]),
         offload_policy=rng.choice([OffloadPolicy.EVICT, OffloadPolicy.WRITE_THROUGH]),
@@ -173,7 +173,7 @@ def random_workload(seed: int, seen: Seen) -> None:
         first_token.update(o.request_id for o in result.outputs if o.first_token)
         check_invariants(core)
         seen.counts["idle"] += result.idle
-        if config.enable_kv_cache_events:
+        if config.cache.enable_kv_cache_events:
             # The events are true: applied in order, they give each tier's cached set.
             # (STORAGE is checked below, as copies per key.)
             indexer.apply(e for e in result.kv_events if getattr(e, "medium", "") != "STORAGE")

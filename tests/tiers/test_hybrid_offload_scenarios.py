@@ -46,7 +46,7 @@ class Seen:
 
 def _config(chunk: int, fs: bool, seed: int) -> EngineConfig:
     rng = random.Random(seed)
-    return EngineConfig(
+    return EngineConfig.of(
         model=SHAPE,
         block_size=16,
         num_gpu_blocks=24,

@@ -42,7 +42,7 @@ def test_a_load_gives_out_of_window_positions_no_block() -> None:
     # A 200-token prompt needs 13 full-attention blocks; the window (16 tokens) 2. A pool of
     # 20 holds it computed (its window released as it goes), but not a load that gave every
     # loaded position a sliding block too (12 + 13 > 20): that request waited for ever.
-    config = EngineConfig(model=shape(16), block_size=16, num_gpu_blocks=20, max_num_seqs=4,
+    config = EngineConfig.of(model=shape(16), block_size=16, num_gpu_blocks=20, max_num_seqs=4,
                           max_num_batched_tokens=32, max_model_len=256, num_cpu_blocks=200,
                           offload_policy=OffloadPolicy.WRITE_THROUGH)  # fmt: skip
     run = Run(EngineCore(config))
@@ -57,7 +57,7 @@ def test_a_load_gives_out_of_window_positions_no_block() -> None:
 def test_a_device_hit_inside_a_chunk_is_cut_back_when_the_tier_reaches_further() -> None:
     # Chunks of 4 blocks (64 tokens). a (300 tokens) is stored as 4 chunks; b evicts most of
     # it, leaving a device hit of 6 blocks: cut back to 4, the tier loads chunks 1..3.
-    config = EngineConfig(model=shape(64), block_size=16, num_gpu_blocks=64, max_num_seqs=4,
+    config = EngineConfig.of(model=shape(64), block_size=16, num_gpu_blocks=64, max_num_seqs=4,
                           max_num_batched_tokens=512, max_model_len=512, num_cpu_blocks=400,
                           offload_policy=OffloadPolicy.WRITE_THROUGH,
                           hybrid_chunk_size=64)  # fmt: skip

@@ -67,7 +67,7 @@ def _config(types: tuple[str, ...], *, window: int = 8, **kw: Any) -> EngineConf
         "enable_kv_cache_events": True,
     }
     base.update(kw)
-    return EngineConfig(**base)
+    return EngineConfig.of(**base)
 
 
 def _req(rid: str, prompt: Sequence[int], max_tokens: int = 1) -> EngineRequest:
@@ -170,11 +170,11 @@ def test_gpt_oss_unit_is_a_chunk_of_both_attention_groups() -> None:
     base: dict[str, Any] = {"model": GPT_OSS, "num_gpu_blocks": 512, "max_model_len": 4096,
                             "num_cpu_blocks": 100, "offload_policy": "write-through"}  # fmt: skip
     for chunk in (None, 16):  # the default chunk is one block
-        config = EngineConfig(**base, hybrid_chunk_size=chunk)
+        config = EngineConfig.of(**base, hybrid_chunk_size=chunk)
         assert config.block_size == 16 and config.block_bytes == GPT_OSS_BLOCK_BYTES
         # One block in each of the 2 attention groups.
         assert config.unit_blocks == 1 and config.unit_bytes == 2 * GPT_OSS_BLOCK_BYTES
-    config = EngineConfig(**base, hybrid_chunk_size=64)
+    config = EngineConfig.of(**base, hybrid_chunk_size=64)
     # 64 tokens: 4 blocks in each of the 2 attention groups = 8 blocks' bytes.
     assert config.unit_blocks == 4 and config.unit_bytes == 8 * GPT_OSS_BLOCK_BYTES == 3145728
     fs = StorageTierSpec("fs", 100, 1.0, 1.0)  # type: ignore[arg-type]
@@ -190,7 +190,7 @@ def test_gpt_oss_unit_is_a_chunk_of_both_attention_groups() -> None:
 def test_qwen3_next_unit_is_a_full_attention_block_and_three_mamba_states() -> None:
     base: dict[str, Any] = {"model": QWEN3_NEXT, "num_gpu_blocks": 64, "max_model_len": 4096,
                             "num_cpu_blocks": 10, "offload_policy": "write-through"}  # fmt: skip
-    config = EngineConfig(**base)
+    config = EngineConfig.of(**base)
     assert config.block_size == 544 and config.block_bytes == QWEN3_NEXT_BLOCK_BYTES
     # 1 full-attention block + the 3 Mamba groups' states at its end: 4 blocks' bytes.
     assert config.unit_blocks == 1 and config.unit_bytes == 4 * QWEN3_NEXT_BLOCK_BYTES
@@ -198,13 +198,13 @@ def test_qwen3_next_unit_is_a_full_attention_block_and_three_mamba_states() -> N
     assert _cpu(core).capacity == 10 // 4 == 2
     assert _connector(core).block_bytes == 53477376
     # A chunk of 2 blocks: 2 full-attention blocks + 3 states (one each, at its end).
-    config = EngineConfig(**base, hybrid_chunk_size=1088)
+    config = EngineConfig.of(**base, hybrid_chunk_size=1088)
     assert config.unit_blocks == 2 and config.unit_bytes == 5 * QWEN3_NEXT_BLOCK_BYTES
     assert _cpu(EngineCore(config)).capacity == 10 // 5 == 2
 
 
 def test_dense_model_unit_is_one_block() -> None:
-    config = EngineConfig(num_cpu_blocks=8, offload_policy=WRITE_THROUGH, hybrid_chunk_size=64)
+    config = EngineConfig.of(num_cpu_blocks=8, offload_policy=WRITE_THROUGH, hybrid_chunk_size=64)
     assert config.unit_blocks == 1 and config.unit_bytes == config.block_bytes
 
 
@@ -344,7 +344,7 @@ def _qwen3_next(**kw: Any) -> EngineCore:
     base: dict[str, Any] = {"model": QWEN3_NEXT, "num_gpu_blocks": 64, "max_model_len": 4096,
                             "num_cpu_blocks": 64, "offload_policy": "write-through"}  # fmt: skip
     base.update(kw)
-    return EngineCore(EngineConfig(**base))
+    return EngineCore(EngineConfig.of(**base))
 
 
 def _passes(core: EngineCore, num_tokens: int) -> list[int]:
@@ -540,16 +540,16 @@ def test_hybrid_offload_mistakes_are_refused(
                             "num_cpu_blocks": 64, "offload_policy": "write-through"}  # fmt: skip
     base.update(changes)
     with pytest.raises(ConfigError, match=message):
-        EngineConfig(**base)
+        EngineConfig.of(**base)
 
 
 def test_largest_fillable_chunk_is_accepted() -> None:
     # 48 < 64: a 49-token prompt fills it.
-    config = EngineConfig(model=GPT_OSS, num_gpu_blocks=256, max_model_len=64,
+    config = EngineConfig.of(model=GPT_OSS, num_gpu_blocks=256, max_model_len=64,
                           num_cpu_blocks=64, offload_policy=WRITE_THROUGH,
                           hybrid_chunk_size=48)  # fmt: skip
     assert config.unit_blocks == 3
-    config = EngineConfig(model=GPT_OSS, num_gpu_blocks=256, max_model_len=65,
+    config = EngineConfig.of(model=GPT_OSS, num_gpu_blocks=256, max_model_len=65,
                           num_cpu_blocks=64, offload_policy=WRITE_THROUGH,
                           hybrid_chunk_size=64)  # fmt: skip
     assert config.unit_blocks == 4
@@ -581,8 +581,8 @@ def test_kv_transfer_config_chunk_not_a_multiple_warns_and_rounds_down(
     raw = _offloading(cpu_bytes_to_use=16 * block_bytes, hybrid_chunk_size=chunk)
     with caplog.at_level(logging.WARNING, logger="mocker.settings.engine"):
         config = _from_flags(model, raw)
-    assert config.hybrid_chunk_size == used and config.num_cpu_blocks == 16
-    assert config.offload_policy == "write-through"
+    assert config.offload.hybrid_chunk_size == used and config.offload.num_cpu_blocks == 16
+    assert config.offload.offload_policy == "write-through"
     assert f"hybrid_chunk_size {chunk} is not a multiple" in caplog.text
     assert f"using {used}" in caplog.text
 
@@ -593,7 +593,7 @@ def test_kv_transfer_config_chunk_that_is_a_multiple_is_kept_silently(
     raw = _offloading(cpu_bytes_to_use=16 * QWEN3_NEXT_BLOCK_BYTES, hybrid_chunk_size=1088)
     with caplog.at_level(logging.WARNING, logger="mocker.settings.engine"):
         config = _from_flags("qwen3-next-80b-a3b", raw)
-    assert config.hybrid_chunk_size == 1088 and config.unit_blocks == 2
+    assert config.offload.hybrid_chunk_size == 1088 and config.unit_blocks == 2
     assert "hybrid_chunk_size" not in caplog.text
 
 

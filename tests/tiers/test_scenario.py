@@ -51,7 +51,7 @@ def scenario_requests() -> list[EngineRequest]:
 
 @pytest.mark.parametrize("policy", ["evict", "write-through"])
 def test_second_round_is_served_from_host(policy: str) -> None:
-    config = EngineConfig(
+    config = EngineConfig.of(
         block_size=BLOCK,
         num_gpu_blocks=DEVICE_BLOCKS,
         max_model_len=4096,

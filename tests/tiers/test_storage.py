@@ -37,7 +37,7 @@ FS = StorageTierSpec(StorageKind.FS, 64, read_gbps=8.0, write_gbps=4.0, latency_
 
 
 def config(**overrides: object) -> EngineConfig:
-    base = EngineConfig(
+    base = EngineConfig.of(
         block_size=BLOCK, num_gpu_blocks=64, max_model_len=512, num_cpu_blocks=16,
         offload_policy=OffloadPolicy.WRITE_THROUGH, storage_tiers=(FS,),
         enable_kv_cache_events=True,

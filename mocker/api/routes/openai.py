@@ -72,7 +72,7 @@ async def models(state: State) -> Response:
             id=name,
             created=state.created,
             root=settings.model,
-            max_model_len=state.config.max_model_len,
+            max_model_len=state.config.scheduler.max_model_len,
         ).model_dump()
         for name in settings.served_model_names
     ]

@@ -52,7 +52,7 @@ async def tokenize(body: TokenizeRequest, state: State) -> Response:
     return json_response(
         {
             "count": len(ids),
-            "max_model_len": state.config.max_model_len,
+            "max_model_len": state.config.scheduler.max_model_len,
             "tokens": ids,
             "token_strs": strs,
         }
