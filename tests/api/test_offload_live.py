@@ -10,6 +10,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.checks import not_none
 from tests.support.servers import ServerThread, make_app
 
 BLOCK = 16
@@ -54,7 +55,7 @@ def test_working_set_4x_the_device_pool_is_served_from_host(host_server: ServerT
                 model="mocker", prompt=prompt, max_tokens=1, extra_body={"ignore_eos": True}
             )
             assert c.usage is not None and c.usage.prompt_tokens_details is not None
-            cached[rnd].append(c.usage.prompt_tokens_details.cached_tokens)
+            cached[rnd].append(not_none(c.usage.prompt_tokens_details.cached_tokens))
         ttft_sums.append(scrape(host_server.url)["vllm:time_to_first_token_seconds_sum", None])
     assert cached[0] == [0] * PROMPTS
     assert cached[1] == [LOADED * BLOCK] * PROMPTS  # every prompt found again

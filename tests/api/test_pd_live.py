@@ -75,7 +75,8 @@ def decode(url: str, body: dict[str, Any], params: dict[str, Any],
            path: str = "/v1/completions") -> dict[str, Any]:  # fmt: skip
     resp = httpx.post(url + path, json={**body, "kv_transfer_params": params}, timeout=60)
     assert resp.status_code == 200, resp.text
-    return resp.json()  # type: ignore[no-any-return]
+    answer: dict[str, Any] = resp.json()
+    return answer
 
 
 def test_prefill_answers_vllms_params_and_decode_pulls_instead_of_computing() -> None:
@@ -231,12 +232,13 @@ async def test_a_streamed_prefill_leg_ends_with_the_params(
     (its generate stream has no such field)."""
     monkeypatch.setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", "0")  # any free port
     async with AppClient(make_app(kv_role="kv_producer")) as c:
-        for path, body in [
+        legs: list[tuple[str, dict[str, Any]]] = [
             ("/v1/completions", {"model": "mocker", "prompt": PROMPT}),
             ("/v1/chat/completions",
              {"model": "mocker", "messages": [{"role": "user", "content": PROMPT}]}),
             ("/inference/v1/generate", {"token_ids": list(range(100, 140))}),
-        ]:  # fmt: skip
+        ]  # fmt: skip
+        for path, body in legs:
             leg = {**body, "stream": True, "kv_transfer_params": ROUTER_PARAMS}
             if path == "/inference/v1/generate":
                 leg["sampling_params"] = {"max_tokens": 2}

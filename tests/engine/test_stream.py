@@ -2,26 +2,42 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import pytest
 
+from mocker.compiled import cpass as _cpass
 from mocker.engine.outputs import RequestOutput, StepResult
 from mocker.engine.stats import SchedulerStats
 from mocker.engine.stream import (
     ConsumerError,
     DeliverLoop,
     EngineDeadError,
+    OutputListener,
     RequestStream,
     StreamError,
+    TokenSink,
     deliver,
     deliver_loop,
 )
 from mocker.request import FinishReason
+from tests.support.checks import only_outputs
 
 
-def _out(tokens: list[int], time: float, **fields: object) -> RequestOutput:
-    return RequestOutput("r", tokens, time, num_prompt_tokens=4, **fields)  # type: ignore[arg-type]
+def _out(tokens: list[int], time: float, **fields: Any) -> RequestOutput:
+    return RequestOutput("r", tokens, time, num_prompt_tokens=4, **fields)
+
+
+def _recorder(heard: list[list[int]]) -> OutputListener:
+    """A listener appending each output's new tokens to `heard` (a failure handed to it
+    raises, as a consumer's bug would)."""
+
+    def listen(out: RequestOutput | StreamError) -> None:
+        assert isinstance(out, RequestOutput), out
+        heard.append(out.new_token_ids)
+
+    return listen
 
 
 async def test_outputs_not_yet_read_are_merged_into_one() -> None:
@@ -45,10 +61,10 @@ def test_a_listener_gets_what_was_merged_before_it_came_then_each_output() -> No
     stream = RequestStream("r")
     stream.put(_out([5], 1.0, first_token=True))
     stream.put(_out([6], 1.1))
-    seen: list[object] = []
+    seen: list[RequestOutput | StreamError] = []
     stream.listen(seen.append)
     stream.put(_out([7], 1.2, finished=True, finish_reason=FinishReason.STOP))
-    assert [o.new_token_ids for o in seen] == [[5, 6], [7]]
+    assert [o.new_token_ids for o in only_outputs(seen)] == [[5, 6], [7]]
     stream.put(_out([8], 1.3))  # after the end: dropped
     assert len(seen) == 2 and stream.finished
 
@@ -123,10 +139,7 @@ def test_the_engines_death_reaches_a_listener_as_a_503() -> None:
 
 # -- deliver: the Python loop and the compiled one (mocker/engine/_cpass.c) ----------------------
 
-try:
-    from mocker.engine import _cpass
-except ImportError:  # not built: the Python loop only
-    _cpass = None  # type: ignore[assignment]
+# (_cpass None: not built, the Python loop only)
 _LOOPS: list[DeliverLoop | None] = [None] if _cpass is None else [None, _cpass.deliver]
 
 
@@ -157,7 +170,7 @@ def test_deliver_hands_plain_tokens_to_a_sink_and_the_rest_to_the_listener(
     streams = {rid: RequestStream(rid) for rid in ("a", "b", "c", "gone")}
     heard: dict[str, list[list[int]]] = {rid: [] for rid in streams}
     for rid, stream in streams.items():
-        stream.listen(lambda out, rid=rid: heard[rid].append(out.new_token_ids))
+        stream.listen(_recorder(heard[rid]))
     sink = streams["a"].sink = _Sink(takes={1, 2, 3})
     streams["b"].sink = _Sink(takes=set())  # refuses every token: the listener gets them
     streams["gone"].finished = True  # (ended meanwhile: its outputs are dropped)
@@ -249,10 +262,12 @@ class _Cycle:
 
 class _Emitter:
     __slots__ = ("writer",)
+    writer: object
 
 
 class _Choice:
     __slots__ = ("completion_tokens",)
+    completion_tokens: int
 
 
 def _sinked_streams(n: int) -> tuple[dict[str, RequestStream], dict[str, _Cycle], Any]:
@@ -260,7 +275,9 @@ def _sinked_streams(n: int) -> tuple[dict[str, RequestStream], dict[str, _Cycle]
 
     table = text_table({t: b" w%d" % t for t in range(1, 50)}, compiled=True)
     maker = sinks(table)
-    streams, cycles = {}, {}
+    assert maker is not None
+    streams: dict[str, RequestStream] = {}
+    cycles: dict[str, _Cycle] = {}
     for i in range(n):
         rid, stream = f"s{i}", RequestStream(f"s{i}")
         emitter, choice, cycle = _Emitter(), _Choice(), _Cycle()
@@ -280,7 +297,7 @@ def _sinked_run(loop: DeliverLoop | None) -> tuple[Any, ...]:
     streams, cycles, _table = _sinked_streams(16)
     heard: dict[str, list[list[int]]] = {rid: [] for rid in streams}
     for rid, stream in streams.items():
-        stream.listen(lambda out, rid=rid: heard[rid].append(out.new_token_ids))
+        stream.listen(_recorder(heard[rid]))
     outputs = []
     for k in range(60):
         rid = f"s{(k * 7) % 18}"  # s16, s17: no such stream
@@ -327,6 +344,12 @@ _Impostor.__module__, _Impostor.__qualname__ = "mocker.api._ctext", "Sink"
 _Impostor.__name__ = "mocker.api._ctext.Sink"
 
 
+def _impostor(sink: TokenSink | None) -> _Impostor:
+    """A stream's sink, asserted to be the impostor it was given."""
+    assert isinstance(sink, _Impostor), sink
+    return sink
+
+
 @pytest.mark.skipif(_cpass is None, reason="mocker/engine/_cpass.c not built")
 def test_the_look_ahead_warms_only_the_compiled_sink() -> None:
     streams = {f"s{i}": RequestStream(f"s{i}") for i in range(40)}
@@ -336,7 +359,8 @@ def test_the_look_ahead_warms_only_the_compiled_sink() -> None:
     warmed = _cpass._warm_calls()
     deliver(streams, _result([_output(f"s{i % 40}", [i + 1]) for i in range(80)]), _cpass.deliver)
     assert _cpass._warm_calls() == warmed
-    assert [s.sink.offered for s in streams.values()] == [[i + 1, i + 41] for i in range(40)]
+    offered = [_impostor(s.sink).offered for s in streams.values()]
+    assert offered == [[i + 1, i + 41] for i in range(40)]
 
 
 def _churned_run(loop: DeliverLoop | None, seed: int) -> tuple[Any, ...]:
@@ -352,7 +376,8 @@ def _churned_run(loop: DeliverLoop | None, seed: int) -> tuple[Any, ...]:
     assert maker is not None
     heard: list[tuple[str, list[int]]] = []
 
-    def listener(out: Any, rid: str) -> None:
+    def listener(out: RequestOutput | StreamError, rid: str) -> None:
+        assert isinstance(out, RequestOutput), out
         heard.append((rid, out.new_token_ids))
         victim = f"s{rng.randrange(30)}"
         action = rng.random()
@@ -369,7 +394,7 @@ def _churned_run(loop: DeliverLoop | None, seed: int) -> tuple[Any, ...]:
             streams[f"new{len(heard)}"] = RequestStream("x")  # the dict grows
 
     for rid, stream in streams.items():
-        stream.listen(lambda out, rid=rid: listener(out, rid))
+        stream.listen(partial(listener, rid=rid))
     outputs = []
     for _ in range(rng.randrange(30, 120)):
         ids = [rng.randrange(1, 60)] if rng.random() < 0.8 else [1, 2]
