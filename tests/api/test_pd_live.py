@@ -19,7 +19,7 @@ import pytest
 
 from tests.api.test_metrics_endpoint import ALLOWED_LINT, _promtool
 from tests.support.parsing import samples, sse_events
-from tests.support.servers import AppClient, make_app, serve, stderr_of
+from tests.support.servers import AppClient, LoggedProcess, make_app, serve, stderr_of
 
 BLOCK = 16
 # The default model shape: bytes of KV per token (32 layers × 8 heads × 128 × 2 × 2 bytes).
@@ -38,7 +38,7 @@ def nixl(role: str, **extra: Any) -> str:
 
 
 @contextmanager
-def replica(role: str, *args: str, **extra: Any) -> Iterator[tuple[subprocess.Popen[str], str]]:
+def replica(role: str, *args: str, **extra: Any) -> Iterator[tuple[LoggedProcess, str]]:
     with serve("--kv-transfer-config", nixl(role, **extra), "--block-size", str(BLOCK),
                *args, env=ENV) as served:  # fmt: skip
         yield served

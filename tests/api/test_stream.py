@@ -17,6 +17,7 @@ from mocker.api.stop_strings import StopMatcher
 from mocker.api.stream import StreamRenderer
 from mocker.api.text_table import FramedTable, TextTable, sinks, text_table
 from mocker.compiled import ctext as _ctext
+from mocker.engine.live import LiveEngine
 from mocker.engine.outputs import RequestOutput, StepResult
 from mocker.engine.stats import SchedulerStats
 from mocker.engine.stream import RequestStream, deliver, deliver_loop
@@ -177,6 +178,9 @@ async def test_the_generate_stream_honours_the_interval_too() -> None:
 _TEXTS = {7: b" seven", 8: b" eight", 9: b' \\"nine\\"', 10: b""}  # 10: an empty text
 _LATE = {11: b" eleven"}  # escaped later: not in the table
 _NO_STATS = SchedulerStats.of(0, 0, 0.0, None, 0)
+# A choice's engine, which these renderings never call (no stop string matches, nothing is
+# cancelled): None in its place, so that a call would fail the test.
+_NO_ENGINE: LiveEngine = None  # type: ignore[assignment]
 
 
 def _output(ids: list[int], end: bool = False) -> RequestOutput:
@@ -200,7 +204,7 @@ async def _render(
     writer = ChunkWriter(chat=chat, response_id="cmpl-x", created=1, model="m",
                          include_usage=True, continuous_usage=False)  # fmt: skip
     stream = RequestStream("r")
-    choice = Choice(index=0, request_id="r", engine=None, stream=stream, num_prompt_tokens=3)  # type: ignore[arg-type]
+    choice = Choice(index=0, request_id="r", engine=_NO_ENGINE, stream=stream, num_prompt_tokens=3)
     texts = {**_TEXTS, **_LATE}
     renderer = StreamRenderer(
         OpenResponse([choice], OpenResponses()), writer, escaped=texts.__getitem__,
@@ -302,7 +306,7 @@ async def test_no_sink_for_a_choice_the_renderer_must_watch() -> None:
             Choice(
                 index=i,
                 request_id=f"r{i}",
-                engine=None,  # type: ignore[arg-type]
+                engine=_NO_ENGINE,
                 stream=RequestStream(f"r{i}"),
                 num_prompt_tokens=3,
                 stops=stops,

@@ -10,7 +10,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import IO, Any
@@ -87,7 +87,23 @@ def wait_healthy(proc: subprocess.Popen[str], url: str, timeout: float = 30) -> 
         time.sleep(0.05)
 
 
-def served_url(proc: subprocess.Popen[str], timeout: float = 30) -> str:
+class LoggedProcess(subprocess.Popen[str]):
+    """A child process in text mode whose stderr goes to `log`, a file read while the child
+    runs (stderr_of): a pipe nobody reads could fill up and block it."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        log: IO[str],
+        *,
+        stdout: int | IO[str] = subprocess.DEVNULL,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(argv, stdout=stdout, stderr=log, text=True, env=env)
+        self.log = log
+
+
+def served_url(proc: LoggedProcess, timeout: float = 30) -> str:
     """The URL `mocker serve` in `proc` (started by serve()) says it listens at, read from its
     start-up line on stderr (fails if the process exits first)."""
     deadline = time.monotonic() + timeout
@@ -99,9 +115,7 @@ def served_url(proc: subprocess.Popen[str], timeout: float = 30) -> str:
 
 
 @contextmanager
-def serve(
-    *args: str, env: dict[str, str] | None = None
-) -> Iterator[tuple[subprocess.Popen[str], str]]:
+def serve(*args: str, env: dict[str, str] | None = None) -> Iterator[tuple[LoggedProcess, str]]:
     """`python -m mocker serve --port 0 ARGS` (the system picks the port, so it cannot be
     taken by the time the server binds it): yields the process once /health answers, and
     its URL as its start-up line names it. Unless ARGS name a model (by flag or first, as
@@ -114,10 +128,8 @@ def serve(
         args = (*AGNOSTIC, *args)
     argv = [sys.executable, "-m", "mocker", "serve", "--port", "0",
             "--disable-uvicorn-access-log", *args]  # fmt: skip
-    # stderr to a file: a pipe nobody reads could fill up and block the server.
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, text=True, env=env)
-        proc.log = log  # type: ignore[attr-defined]
+        proc = LoggedProcess(argv, log, env=env)
         try:
             url = served_url(proc)
             wait_healthy(proc, url)
@@ -128,8 +140,8 @@ def serve(
             proc.wait(timeout=10)
 
 
-def stderr_of(proc: subprocess.Popen[str]) -> str:
-    return read_shared(proc.log)  # type: ignore[attr-defined]
+def stderr_of(proc: LoggedProcess) -> str:
+    return read_shared(proc.log)
 
 
 def read_shared(file: IO[str]) -> str:

@@ -337,9 +337,9 @@ def test_a_block_without_a_hash_is_never_planned_for_a_store() -> None:
     core = EngineCore(small_config(num_cpu_blocks=8, offload_policy="write-through"))
     assert core.connector is not None
     # (Block 0 of a fresh pool: a `KVBlock` of the Python pool, an id of the compiled one.)
-    block = 0 if isinstance(core.pool, CompiledBlockPool) else KVBlock(BlockId(0))
+    block: Any = 0 if isinstance(core.pool, CompiledBlockPool) else KVBlock(BlockId(0))
     with pytest.raises(RuntimeError, match="holds no hash"):
-        core.connector.stores.plan([block])  # type: ignore[list-item]
+        core.connector.stores.plan([block])
     assert core.connector.cpu.num_incoming == 0
 
 

@@ -21,7 +21,7 @@ from mocker.kv.hashing import BlockHash
 from mocker.model_shape import MODEL_PRESETS, ModelShape
 from mocker.request import EngineRequest, Request, RequestId, RequestStatus, SamplingParams
 from mocker.settings import engine_config_from, resolve
-from mocker.storage_spec import StorageTierSpec
+from mocker.storage_spec import StorageKind, StorageTierSpec
 from mocker.tiers.connector import TierConnector
 from mocker.tiers.hybrid_store import ChunkUnit, HybridWriteThrough, chunk_keys
 from mocker.tiers.lru import LruTier
@@ -177,7 +177,7 @@ def test_gpt_oss_unit_is_a_chunk_of_both_attention_groups() -> None:
     config = EngineConfig(**base, hybrid_chunk_size=64)
     # 64 tokens: 4 blocks in each of the 2 attention groups = 8 blocks' bytes.
     assert config.unit_blocks == 4 and config.unit_bytes == 8 * GPT_OSS_BLOCK_BYTES == 3145728
-    fs = StorageTierSpec("fs", 100, 1.0, 1.0)  # type: ignore[arg-type]
+    fs = StorageTierSpec(StorageKind.FS, 100, 1.0, 1.0)
     core = EngineCore(config.with_changes(storage_tiers=(fs,)))
     connector, cpu = _connector(core), _cpu(core)
     # Tiers count chunks: 100 blocks' bytes // 8 blocks' bytes per chunk = 12 chunks.
