@@ -21,8 +21,8 @@ from mocker.engine.live import LiveEngine
 from mocker.engine.outputs import RequestOutput, StepResult
 from mocker.engine.stats import SchedulerStats
 from mocker.engine.stream import RequestStream, deliver, deliver_loop
-from mocker.request import FinishReason
 from tests.api.test_direct_write import START, _cycle, send_of
+from tests.support.engines import output
 from tests.support.parsing import sse_events
 from tests.support.servers import AppClient, make_app, settings
 
@@ -183,10 +183,6 @@ _NO_STATS = SchedulerStats.of(0, 0, 0.0, None, 0)
 _NO_ENGINE: LiveEngine = None  # type: ignore[assignment]
 
 
-def _output(ids: list[int], end: bool = False) -> RequestOutput:
-    return RequestOutput("r", ids, 1.0, end, FinishReason.LENGTH if end else None, 3)
-
-
 async def _render(
     framed: Any,
     chat: bool,
@@ -242,8 +238,8 @@ async def _render(
 
 @pytest.mark.parametrize("chat", [False, True])
 async def test_framed_chunks_are_the_bytes_the_python_join_writes(chat: bool) -> None:
-    outputs = [_output([t]) for t in (7, 8, 11, 9, 7, 8, 10, 9)] + [_output([8, 7])]
-    outputs += [_output([9]), _output([11]), _output([7], end=True)]
+    outputs = [output("r", [t]) for t in (7, 8, 11, 9, 7, 8, 10, 9)] + [output("r", [8, 7])]
+    outputs += [output("r", [9]), output("r", [11]), output("r", [7], end=True)]
     expected = await _render(None, chat, outputs)
     assert expected.count(b"eight") == 3 and expected.endswith(b"0\r\n\r\n")
     tables: list[FramedTable] = [TextTable(_TEXTS)]
@@ -277,8 +273,8 @@ async def test_a_sink_writes_the_bytes_the_renderer_writes(chat: bool, compiled_
         pytest.skip("mocker.api._ctext was not built")
     table = text_table(_TEXTS, compiled=True)
     assert table is not None  # (compiled=True: the table or an error)
-    outputs = [_output([t]) for t in (7, 8, 11, 9, 7, 8, 10, 9)] + [_output([8, 7])]
-    outputs += [_output([9]), _output([11]), _output([7], end=True)]
+    outputs = [output("r", [t]) for t in (7, 8, 11, 9, 7, 8, 10, 9)] + [output("r", [8, 7])]
+    outputs += [output("r", [9]), output("r", [11]), output("r", [7], end=True)]
     expected = await _render(None, chat, outputs)
     loop = deliver_loop(compiled=True) if compiled_loop else None
     heard: list[list[int]] = []
@@ -325,5 +321,5 @@ async def test_no_sink_for_a_choice_the_renderer_must_watch() -> None:
         renderer.attach(emitter)
         for _ in range(3):
             for choice in choices:
-                choice.stream.put(_output([7]))
+                choice.stream.put(output("r", [7]))
         assert all(c.stream.sink is None for c in choices)

@@ -23,6 +23,7 @@ from mocker.engine.stream import (
 )
 from mocker.request import FinishReason
 from tests.support.checks import only_outputs
+from tests.support.engines import output
 
 
 def _out(tokens: list[int], time: float, **fields: Any) -> RequestOutput:
@@ -155,10 +156,6 @@ class _Sink:
         return tok in self.takes
 
 
-def _output(rid: str, ids: list[int], end: bool = False) -> RequestOutput:
-    return RequestOutput(rid, ids, 1.0, end, FinishReason.LENGTH if end else None, 3)
-
-
 def _result(outputs: list[RequestOutput]) -> StepResult:
     return StepResult(0.0, 1.0, outputs, SchedulerStats.of(0, 0, 0.0, None, 0))
 
@@ -175,9 +172,9 @@ def test_deliver_hands_plain_tokens_to_a_sink_and_the_rest_to_the_listener(
     streams["b"].sink = _Sink(takes=set())  # refuses every token: the listener gets them
     streams["gone"].finished = True  # (ended meanwhile: its outputs are dropped)
     outputs = [
-        _output("a", [1]), _output("b", [5]), _output("gone", [6]), _output("a", [4]),
-        _output("a", [2, 3]), _output("c", [7]), _output("nobody", [8]), _output("a", [3]),
-        _output("a", [2], end=True),
+        output("a", [1]), output("b", [5]), output("gone", [6]), output("a", [4]),
+        output("a", [2, 3]), output("c", [7]), output("nobody", [8]), output("a", [3]),
+        output("a", [2], end=True),
     ]  # fmt: skip
     result = _result(outputs)
     deliver(streams, result, loop)
@@ -198,7 +195,7 @@ def test_a_finished_stream_drops_its_sink_and_every_output_is_kept(
     stream = RequestStream("a")
     stream.listen(lambda out: None)
     stream.sink = _Sink(takes={1})
-    result = _result([_output("a", [1]), _output("a", [1], end=True)])
+    result = _result([output("a", [1]), output("a", [1], end=True)])
     outputs = result.outputs
     deliver({"a": stream}, result, loop)
     assert result.outputs is outputs  # nothing dropped: the same list
@@ -219,7 +216,7 @@ def test_a_sink_that_raises_takes_the_loop_down_as_a_listener_bug_does_not(
     stream.listen(lambda out: None)
     stream.sink = broken
     with pytest.raises(RuntimeError, match="sink bug"):
-        deliver({"a": stream}, _result([_output("a", [1])]), loop)
+        deliver({"a": stream}, _result([output("a", [1])]), loop)
 
 
 @pytest.mark.skipif(_cpass is None, reason="mocker/engine/_cpass.c not built")
@@ -302,7 +299,7 @@ def _sinked_run(loop: DeliverLoop | None) -> tuple[Any, ...]:
     for k in range(60):
         rid = f"s{(k * 7) % 18}"  # s16, s17: no such stream
         ids = [k % 60 + 1] if k % 11 else [k, k + 1]
-        outputs.append(_output(rid, ids, end=k in (9, 23, 40)))
+        outputs.append(output(rid, ids, end=k in (9, 23, 40)))
     held = {rid: (sys.getrefcount(s), sys.getrefcount(s.sink)) for rid, s in streams.items()}
     result = _result(outputs)
     warmed = _cpass._warm_calls()
@@ -357,7 +354,7 @@ def test_the_look_ahead_warms_only_the_compiled_sink() -> None:
         stream.listen(lambda out: None)
         stream.sink = _Impostor()
     warmed = _cpass._warm_calls()
-    deliver(streams, _result([_output(f"s{i % 40}", [i + 1]) for i in range(80)]), _cpass.deliver)
+    deliver(streams, _result([output(f"s{i % 40}", [i + 1]) for i in range(80)]), _cpass.deliver)
     assert _cpass._warm_calls() == warmed
     offered = [_impostor(s.sink).offered for s in streams.values()]
     assert offered == [[i + 1, i + 41] for i in range(40)]
@@ -398,7 +395,7 @@ def _churned_run(loop: DeliverLoop | None, seed: int) -> tuple[Any, ...]:
     outputs = []
     for _ in range(rng.randrange(30, 120)):
         ids = [rng.randrange(1, 60)] if rng.random() < 0.8 else [1, 2]
-        outputs.append(_output(f"s{rng.randrange(30)}", ids, end=rng.random() < 0.05))
+        outputs.append(output(f"s{rng.randrange(30)}", ids, end=rng.random() < 0.05))
     result = _result(outputs)
     deliver(streams, result, loop)
     written = {rid: c.transport.written for rid, c in cycles.items()}

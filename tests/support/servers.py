@@ -18,6 +18,7 @@ from typing import IO, Any
 import httpx
 import uvicorn
 from fastapi import FastAPI
+from prometheus_client.parser import text_string_to_metric_families
 
 from mocker.api.app import create_app
 from mocker.config import EngineConfig
@@ -188,3 +189,21 @@ class ServerThread:
         self.server.should_exit = True
         self.thread.join(timeout=20)
         self.sock.close()
+
+
+def scrape(url: str, *labels: str) -> dict[tuple[str, str | None], float]:
+    """Every sample of the server's /metrics by (name, the first of `labels` it has set)."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {
+        (s.name, _first_label(s.labels, labels)): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def _first_label(values: dict[str, str], names: tuple[str, ...]) -> str | None:
+    """`values[names[0]] or values[names[1]] or ...`, a missing name read as None."""
+    value: str | None = None
+    for name in names:
+        value = value or values.get(name)
+    return value
