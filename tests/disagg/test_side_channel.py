@@ -191,9 +191,9 @@ async def test_a_peer_dropped_while_sends_wait_fails_them_and_heartbeats_go_on(
 ) -> None:
     # A prefill replica killed mid-pull: its port refuses connections, so sends to it wait.
     # Whichever send times out first drops the peer, which closes its socket, and pyzmq
-    # cancels the other sends still waiting on it. A release so cut short was lost without
-    # being counted (the test_pd_live flake under load), and a heartbeat so cut short ended
-    # the heartbeat loop for good.
+    # cancels the other sends still waiting on it. A release so cut short must still be
+    # counted (tests/api/test_pd_live.py counts them, on a loaded machine too), and a
+    # heartbeat so cut short must not end the heartbeat loop.
     monkeypatch.setattr(side_channel, "ANSWER_TIMEOUT_S", 0.3)
     dead = socket.socket()  # bound, never listening: connections refused, the port kept
     dead.bind(("127.0.0.1", 0))

@@ -150,7 +150,7 @@ def test_start_up_counts_every_hybrid_group_together() -> None:
 
 
 def test_scheduling_policy_is_read_not_ignored() -> None:
-    """vLLM's --scheduling-policy was once accepted and ignored; it now orders the queue."""
+    """vLLM's --scheduling-policy is read, not ignored: it orders the waiting queue."""
     assert _config().scheduling_policy == "fcfs"
     values, warnings = resolve(parse_flags(["--scheduling-policy", "priority"]), ALL, environ={})
     assert warnings == [] and engine_config_from(values).scheduling_policy == "priority"

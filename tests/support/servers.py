@@ -26,7 +26,8 @@ from mocker.settings import ServerSettings
 from mocker.tokenizer import TextTokenizer, load_tokenizer
 
 FAST: dict[str, Any] = {"speedup_ratio": 200.0, "num_gpu_blocks": 4096, "max_model_len": 4096}
-# `mocker serve` as these tests knew it: a model name only, timed by Dynamo's polynomial.
+# The model-agnostic `mocker serve` the serving tests run: a model name only, timed by
+# Dynamo's polynomial (the GPU timing has tests of its own).
 AGNOSTIC = ("--model", "mocker", "--timing-model", "polynomial")
 
 _TOKENIZER: TextTokenizer | None = None
@@ -120,9 +121,8 @@ def serve(*args: str, env: dict[str, str] | None = None) -> Iterator[tuple[Logge
     """`python -m mocker serve --port 0 ARGS` (the system picks the port, so it cannot be
     taken by the time the server binds it): yields the process once /health answers, and
     its URL as its start-up line names it. Unless ARGS name a model (by flag or first, as
-    `vllm serve MODEL`) or a timing model, the
-    server is the model-agnostic one these tests of serving were written for (model
-    "mocker", Dynamo's polynomial); the GPU timing has tests of its own."""
+    `vllm serve MODEL`) or a timing model, the server is the model-agnostic one (AGNOSTIC:
+    model "mocker", Dynamo's polynomial)."""
     positional_model = bool(args) and not args[0].startswith("-")
     if not positional_model and not any(a.split("=")[0] in ("--model", "--timing-model")
                                         for a in args):  # fmt: skip
@@ -148,8 +148,8 @@ def stderr_of(proc: LoggedProcess) -> str:
 def read_shared(file: IO[str]) -> str:
     """What a running child wrote to `file` (its stdout or stderr) so far. Read with `pread`,
     which leaves the file's offset alone: the child shares that offset, and a `seek(0)` here
-    could land one of its writes over the start of the file (a start-up line lost its first
-    character that way)."""
+    could land one of its writes over the start of the file (a start-up line would lose its
+    first character)."""
     fd = file.fileno()
     return os.pread(fd, os.fstat(fd).st_size, 0).decode("utf-8", errors="replace")
 
