@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from mocker.faults import FaultConfig, FaultType, parse_fault_types
@@ -32,14 +34,15 @@ def test_runtime_changes_are_checked_whole() -> None:
         "ttft_jitter": 0.0,
         "itl_jitter": 0.0,
     }
-    for bad, message in [
+    bad_changes: list[tuple[dict[str, Any], str]] = [
         ({"failure_rate": 2}, r"must be \[0, 1\]"),
         ({"failure_rate": True}, "must be a number"),
         ({"itl_jitter": -0.5}, "itl_jitter"),
         ({"failure_types": []}, "at least one"),
         ({"failure_types": [{"x": 1}]}, "list of names"),
         ({"speed": 2}, "unknown setting"),
-    ]:
+    ]
+    for bad, message in bad_changes:
         with pytest.raises(ValueError, match=message):
             config.with_changes(bad)
     assert config.failure_rate == 0.1  # frozen: a failed change changes nothing

@@ -114,9 +114,9 @@ def test_the_families_outside_the_table_are_vllm_034s() -> None:
     # labels and buckets as vLLM 0.34 declares them.
     from mocker.metrics.prometheus import MetricsCollector
     from mocker.metrics.sources import admission_counts
-    from mocker.storage_spec import StorageTierSpec
+    from mocker.storage_spec import StorageKind, StorageTierSpec
 
-    fs = StorageTierSpec("fs", 64, read_gbps=8.0, write_gbps=4.0)  # type: ignore[arg-type]
+    fs = StorageTierSpec(StorageKind.FS, 64, read_gbps=8.0, write_gbps=4.0)
     config = make_core(num_cpu_blocks=16, offload_policy="write-through",
                        storage_tiers=(fs,)).config  # fmt: skip
     metrics = StatsRecorder(config)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from typing import get_args
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
@@ -44,7 +45,7 @@ def test_dependencies_are_async_so_no_request_takes_a_thread_hop() -> None:
     # FastAPI runs a plain `def` dependency in a worker thread: a hop per request, and
     # worker threads contending for the GIL with the engine loop.
     used = [dependencies.get_state, auth.require_api_key, auth.require_admin_token]
-    (depends,) = dependencies.State.__metadata__
+    _, depends = get_args(dependencies.State)  # Annotated[ServerState, Depends(...)]
     assert depends.dependency in used
     for fn in used:
         assert inspect.iscoroutinefunction(fn), fn.__qualname__

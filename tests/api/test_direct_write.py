@@ -154,7 +154,9 @@ async def test_the_emitter_writes_directly_unless_the_transport_is_paused(paused
     assert cycle.response_complete
 
 
-async def test_a_failing_direct_write_ends_the_response_as_a_failing_send_does() -> None:
+async def test_a_failing_direct_write_ends_the_response_as_a_failing_send_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     cycle, _ = _cycle()
     failed: list[bool] = []
     emitter = Emitter(send_of(cycle), lambda: failed.append(True))
@@ -164,7 +166,7 @@ async def test_a_failing_direct_write_ends_the_response_as_a_failing_send_does()
     def closed(data: Any) -> None:
         raise RuntimeError("unable to perform operation: the handler is closed")
 
-    cycle.transport.write = closed  # type: ignore[method-assign]
+    monkeypatch.setattr(cycle.transport, "write", closed)
     emitter.emit(CHUNKS[0])
     assert failed == [True] and emitter.closed.done()
     emitter.emit(CHUNKS[1])  # nothing more is attempted

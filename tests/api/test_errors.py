@@ -119,6 +119,7 @@ async def test_stream_options_without_stream_is_vllms_400(client: AppClient) -> 
             _assert_error(r, 400, "Stream options can only be defined when `stream=True`.",
                           param="stream_options")  # fmt: skip
         # vLLM looks at the value as sent: an empty object or null passes, as with a stream.
+        options: dict[str, Any] | None
         for options in ({}, None):
             r = await client.http.post(path, json={**body, "stream_options": options})
             assert r.status_code == 200, r.text

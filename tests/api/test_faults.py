@@ -10,15 +10,17 @@ import math
 import socket
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
 import httpx
 import pytest
+from starlette.types import Message
 
 from mocker.api.errors import OpenAIError
 from mocker.api.faults import FaultInjector, JitteredEmitter
+from mocker.api.responses import Emitter
 from mocker.faults import FaultConfig, FaultType
 from tests.support.parsing import samples, sse_events
 from tests.support.servers import AppClient, ServerThread, make_app, serve, settings
@@ -258,22 +260,24 @@ def test_jitter_keeps_every_stream_whole_and_in_order() -> None:
 # -- jitter, on the event loop -----------------------------------------------------------------
 
 
-class _Sink:
-    """An Emitter stand-in recording (chunk, time) of what it was given."""
+async def _no_send(message: Message) -> None:
+    raise AssertionError("a _Sink sends nothing")
+
+
+class _Sink(Emitter):
+    """An Emitter that sends nothing, recording (chunk, time) of what it was given."""
 
     def __init__(self) -> None:
-        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        super().__init__(_no_send, lambda: None)
         self.got: list[tuple[bytes, float]] = []
 
-    def emit(self, chunk: bytes, *, last: bool = False) -> None:
+    def emit(
+        self, chunk: bytes, *, last: bool = False, on_sent: Callable[[], None] | None = None
+    ) -> None:
         if not self.closed.done():
             self.got.append((chunk, asyncio.get_running_loop().time()))
             if last:
                 self.close()
-
-    def close(self) -> None:
-        if not self.closed.done():
-            self.closed.set_result(None)
 
 
 class _Greatest(FaultInjector):
@@ -287,7 +291,7 @@ async def test_jitter_holds_a_chunk_by_its_share_of_latency_and_keeps_order() ->
     loop = asyncio.get_running_loop()
     sink = _Sink()
     start = loop.time() - 0.04  # the request came in 40 ms ago
-    emitter = JitteredEmitter(sink, _Greatest(FaultConfig(ttft_jitter=1.0)), start)  # type: ignore[arg-type]
+    emitter = JitteredEmitter(sink, _Greatest(FaultConfig(ttft_jitter=1.0)), start)
     before = loop.time()
     emitter.emit(b"first")
     emitter.emit(b"second", last=True)  # no ITL jitter, but it must not overtake the first
@@ -305,15 +309,11 @@ async def test_jitter_holds_a_chunk_by_its_share_of_latency_and_keeps_order() ->
 async def test_without_jitter_chunks_go_straight_through_and_close_drops_held() -> None:
     sink = _Sink()
     start = asyncio.get_running_loop().time()
-    plain = JitteredEmitter(sink, FaultInjector(FaultConfig()), start)  # type: ignore[arg-type]
+    plain = JitteredEmitter(sink, FaultInjector(FaultConfig()), start)
     plain.emit(b"a")
     assert [c for c, _ in sink.got] == [b"a"]
     sink2 = _Sink()
-    held = JitteredEmitter(
-        sink2,  # type: ignore[arg-type]
-        _Greatest(FaultConfig(ttft_jitter=5.0)),
-        start - 1.0,
-    )
+    held = JitteredEmitter(sink2, _Greatest(FaultConfig(ttft_jitter=5.0)), start - 1.0)
     held.emit(b"late")
     held.close()
     await asyncio.sleep(0.01)
@@ -331,7 +331,7 @@ async def test_a_held_response_waits_until_the_client_leaves_or_shutdown() -> No
     held = asyncio.ensure_future(injector.hold(60.0, asyncio.Event()))
     sink = _Sink()
     start = asyncio.get_running_loop().time() - 1.0
-    stream = JitteredEmitter(sink, injector, start)  # type: ignore[arg-type]
+    stream = JitteredEmitter(sink, injector, start)
     stream.emit(b"a")
     stream.emit(b"b", last=True)
     await asyncio.sleep(0.01)

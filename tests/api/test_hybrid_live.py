@@ -10,12 +10,7 @@ import openai
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.kv_consumer import Subscriber, replay
-from tests.support.servers import serve
-
-
-def scrape(url: str) -> dict[str, float]:
-    text = httpx.get(url + "/metrics", timeout=10).text
-    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+from tests.support.servers import scrape, serve
 
 
 def info_labels(url: str) -> dict[str, str]:
@@ -50,10 +45,10 @@ def test_qwen3_next_hits_only_where_a_mamba_state_was_saved() -> None:
         assert cached_tokens(client, b) == 0
         assert cached_tokens(client, b) == 1632  # b's own states, saved at 1632
         m = scrape(url)
-        assert m["vllm:prefix_cache_hits_total"] == 2 * 1632
-        assert m["vllm:prefix_cache_queries_total"] == 4 * 2000
-        assert m["vllm:prompt_tokens_cached_total"] == 2 * 1632
-        assert m["vllm:kv_cache_usage_perc"] == 0.0  # every request finished: all freed
+        assert m["vllm:prefix_cache_hits_total", None] == 2 * 1632
+        assert m["vllm:prefix_cache_queries_total", None] == 4 * 2000
+        assert m["vllm:prompt_tokens_cached_total", None] == 2 * 1632
+        assert m["vllm:kv_cache_usage_perc", None] == 0.0  # every request finished: all freed
         labels = info_labels(url)
         assert labels["block_size"] == "544"
         assert labels["mamba_cache_mode"] == "align"
@@ -82,8 +77,8 @@ def test_gpt_oss_hits_through_the_window(tmp_path: Path) -> None:
         b = a[:500] + list(range(7000, 7500))
         assert cached_tokens(client, b) == 500 // 16 * 16  # 31 blocks: 496
         m = scrape(url)
-        assert m["vllm:prefix_cache_hits_total"] == 992 + 496
-        assert m["vllm:kv_cache_usage_perc"] == 0.0
+        assert m["vllm:prefix_cache_hits_total", None] == 992 + 496
+        assert m["vllm:kv_cache_usage_perc", None] == 0.0
         labels = info_labels(url)
         assert labels["block_size"] == "16"
         assert labels["kv_cache_groups"] == "0:sliding_window:128,1:full_attention"

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from mocker.api import json_body
 from mocker.api.json_body import loads
 
 TRICKY = [
@@ -104,6 +103,6 @@ def test_orjson_parses_what_it_agrees_on(monkeypatch: pytest.MonkeyPatch) -> Non
     def refuse(body: bytes) -> Any:
         raise AssertionError("the stdlib was asked")
 
-    monkeypatch.setattr(json_body.json, "loads", refuse)
+    monkeypatch.setattr("mocker.api.json_body.json.loads", refuse)
     assert loads(TRICKY[0]) == {"model": "m", "prompt": [1, 2, 3], "max_tokens": 16,
                                 "stream": True}  # fmt: skip

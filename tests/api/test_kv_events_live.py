@@ -197,7 +197,8 @@ def test_reset_prefix_cache_is_announced(events_server: tuple[ServerThread, str]
         assert follower.index.counts["AllBlocksCleared"] >= 2  # start-up, then the reset
         assert follower.index.hashes("GPU") == engine_cache(srv) == set()
         again = client.completions.create(model="routed", prompt=prompt, max_tokens=2)
-        assert again.usage.prompt_tokens_details.cached_tokens == 0  # type: ignore[union-attr]
+        assert again.usage is not None and again.usage.prompt_tokens_details is not None
+        assert again.usage.prompt_tokens_details.cached_tokens == 0
     finally:
         follower.sub.close()
 
@@ -302,7 +303,8 @@ def test_full_report_mode_announces_the_blocks_a_request_hits(
     client.completions.create(model="routed", prompt=prompt, max_tokens=1)
     again = client.completions.create(model="routed", prompt=prompt, max_tokens=1, extra_body={
         "vllm_xargs": {"kv_cache_report_mode": "full", "session_id": "reader"}})  # fmt: skip
-    assert again.usage.prompt_tokens_details.cached_tokens == 64  # type: ignore[union-attr]
+    assert again.usage is not None and again.usage.prompt_tokens_details is not None
+    assert again.usage.prompt_tokens_details.cached_tokens == 64
     stored = stored_events(replay_url, lambda got: any(e.session_id == "reader" for e in got))
     sub.close()
     client.close()

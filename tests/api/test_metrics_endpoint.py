@@ -9,6 +9,7 @@ import subprocess
 from typing import Any
 
 import pytest
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from mocker.metrics.histogram import (
@@ -59,11 +60,11 @@ GAUGES = ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
           "kv_offload_cpu_cache_usage_perc")  # fmt: skip
 
 
-def _scrape(text: str) -> dict[str, Any]:
+def _scrape(text: str) -> dict[str, Metric]:
     return {f.name: f for f in text_string_to_metric_families(text)}
 
 
-def _value(families: dict[str, Any], name: str, **labels: str) -> float:
+def _value(families: dict[str, Metric], name: str, **labels: str) -> float:
     """One sample's value; counters by their declared name (the sample has `_total`)."""
     wanted = (name, name + "_total")
     for family in families.values():

@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.servers import ServerThread, make_app
+from tests.support.checks import not_none
+from tests.support.engines import prefill_ms
+from tests.support.servers import ServerThread, make_app, scrape
 
 BLOCK = 16
 PROMPT = 1024
@@ -20,19 +20,6 @@ LOADED = (PROMPT - 1) // BLOCK
 # A quarter of the modelled speed: round 2's saving (~50 ms a request) stands well clear of
 # the few milliseconds a loaded machine adds to each live TTFT.
 SPEEDUP = 0.25
-
-
-def prefill_ms(t: int) -> float:
-    return 4.209989e-7 * t * t + 1.518344e-2 * t + 16.50142
-
-
-def scrape(url: str) -> dict[tuple[str, str | None], float]:
-    text = httpx.get(url + "/metrics", timeout=10).text
-    return {
-        (s.name, s.labels.get("source")): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 @pytest.fixture(scope="module")
@@ -54,15 +41,16 @@ def test_working_set_4x_the_device_pool_is_served_from_host(host_server: ServerT
                 model="mocker", prompt=prompt, max_tokens=1, extra_body={"ignore_eos": True}
             )
             assert c.usage is not None and c.usage.prompt_tokens_details is not None
-            cached[rnd].append(c.usage.prompt_tokens_details.cached_tokens)
-        ttft_sums.append(scrape(host_server.url)["vllm:time_to_first_token_seconds_sum", None])
+            cached[rnd].append(not_none(c.usage.prompt_tokens_details.cached_tokens))
+        ttft_sum = scrape(host_server.url, "source")["vllm:time_to_first_token_seconds_sum", None]
+        ttft_sums.append(ttft_sum)
     assert cached[0] == [0] * PROMPTS
     assert cached[1] == [LOADED * BLOCK] * PROMPTS  # every prompt found again
 
     stored_bytes = -1.0
     deadline = time.monotonic() + 10
     while True:  # the last copies to host may still be in flight
-        m = scrape(host_server.url)
+        m = scrape(host_server.url, "source")
         if m["vllm:kv_offload_store_bytes_total", None] == stored_bytes:
             break
         stored_bytes = m["vllm:kv_offload_store_bytes_total", None]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
+from tests.support.checks import not_none
 from tests.support.servers import ServerThread, tokenizer
 
 
@@ -21,7 +22,7 @@ def async_client(server: ServerThread) -> openai.AsyncOpenAI:
 def test_models_list(sync_client: openai.OpenAI) -> None:
     models = sync_client.models.list()
     assert [m.id for m in models.data] == ["mocker"]
-    assert models.data[0].model_extra["max_model_len"] == 4096
+    assert not_none(models.data[0].model_extra)["max_model_len"] == 4096
 
 
 def test_completion_and_usage(sync_client: openai.OpenAI) -> None:

@@ -19,7 +19,7 @@ import pytest
 
 from tests.api.test_metrics_endpoint import ALLOWED_LINT, _promtool
 from tests.support.parsing import samples, sse_events
-from tests.support.servers import AppClient, make_app, serve, stderr_of
+from tests.support.servers import AppClient, LoggedProcess, make_app, serve, stderr_of
 
 BLOCK = 16
 # The default model shape: bytes of KV per token (32 layers × 8 heads × 128 × 2 × 2 bytes).
@@ -38,7 +38,7 @@ def nixl(role: str, **extra: Any) -> str:
 
 
 @contextmanager
-def replica(role: str, *args: str, **extra: Any) -> Iterator[tuple[subprocess.Popen[str], str]]:
+def replica(role: str, *args: str, **extra: Any) -> Iterator[tuple[LoggedProcess, str]]:
     with serve("--kv-transfer-config", nixl(role, **extra), "--block-size", str(BLOCK),
                *args, env=ENV) as served:  # fmt: skip
         yield served
@@ -75,7 +75,8 @@ def decode(url: str, body: dict[str, Any], params: dict[str, Any],
            path: str = "/v1/completions") -> dict[str, Any]:  # fmt: skip
     resp = httpx.post(url + path, json={**body, "kv_transfer_params": params}, timeout=60)
     assert resp.status_code == 200, resp.text
-    return resp.json()  # type: ignore[no-any-return]
+    answer: dict[str, Any] = resp.json()
+    return answer
 
 
 def test_prefill_answers_vllms_params_and_decode_pulls_instead_of_computing() -> None:
@@ -231,12 +232,13 @@ async def test_a_streamed_prefill_leg_ends_with_the_params(
     (its generate stream has no such field)."""
     monkeypatch.setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", "0")  # any free port
     async with AppClient(make_app(kv_role="kv_producer")) as c:
-        for path, body in [
+        legs: list[tuple[str, dict[str, Any]]] = [
             ("/v1/completions", {"model": "mocker", "prompt": PROMPT}),
             ("/v1/chat/completions",
              {"model": "mocker", "messages": [{"role": "user", "content": PROMPT}]}),
             ("/inference/v1/generate", {"token_ids": list(range(100, 140))}),
-        ]:  # fmt: skip
+        ]  # fmt: skip
+        for path, body in legs:
             leg = {**body, "stream": True, "kv_transfer_params": ROUTER_PARAMS}
             if path == "/inference/v1/generate":
                 leg["sampling_params"] = {"max_tokens": 2}

@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from mocker.api.completion_bodies import CompletionRequest
 
 
-def _errors(body: dict[str, Any]) -> list[dict[str, Any]]:
+def _errors(body: dict[str, Any]) -> list[ErrorDetails]:
     with pytest.raises(ValidationError) as caught:
         CompletionRequest.model_validate(body)
     return caught.value.errors()

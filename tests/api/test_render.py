@@ -23,11 +23,12 @@ async def _engine_prompt(c: AppClient, path: str, body: dict[str, Any]) -> list[
     r = await c.http.post(path, json={**body, "max_tokens": 1, "return_token_ids": True})
     assert r.status_code == 200, r.text
     out = r.json()
-    return (
+    ids: list[int] = (
         out["prompt_token_ids"]
         if "prompt_token_ids" in out
         else out["choices"][0]["prompt_token_ids"]
     )
+    return ids
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ import gc
 import time
 
 import httpx
+from starlette.types import Message
 
 from mocker.api.choice import Choice
 from mocker.api.responses import Emitter
@@ -87,10 +88,10 @@ def test_disconnect_while_waiting_for_a_full_response() -> None:
 
 async def test_nothing_is_written_after_the_last_message_even_behind_a_slow_reader() -> None:
     # A slow reader: the first send waits (flow control), so later chunks queue behind it.
-    sent: list[dict[str, object]] = []
+    sent: list[Message] = []
     gate = asyncio.get_running_loop().create_future()
 
-    async def send(message: dict[str, object]) -> None:
+    async def send(message: Message) -> None:
         if not sent and not gate.done():
             await gate
         if sent and not sent[-1]["more_body"]:
@@ -98,7 +99,7 @@ async def test_nothing_is_written_after_the_last_message_even_behind_a_slow_read
         sent.append(message)
 
     failures: list[str] = []
-    emitter = Emitter(send, on_error=lambda: failures.append("send failed"))  # type: ignore[arg-type]
+    emitter = Emitter(send, on_error=lambda: failures.append("send failed"))
     emitter.emit(b"one")
     emitter.emit(b"error + [DONE]", last=True)  # e.g. one prompt's engine-death event
     emitter.emit(b"error + [DONE] again", last=True)  # another prompt of the same request

@@ -33,7 +33,14 @@ import httpx
 import pytest
 
 from tests.support.parsing import samples
-from tests.support.servers import AGNOSTIC, read_shared, served_url, stderr_of, wait_healthy
+from tests.support.servers import (
+    AGNOSTIC,
+    LoggedProcess,
+    read_shared,
+    served_url,
+    stderr_of,
+    wait_healthy,
+)
 from tests.support.tool_venv import tool_venv
 
 REPLICAS = 3
@@ -73,7 +80,7 @@ ACCESS = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) HTTP/[\d.]+" (?P<status>
 
 @dataclass
 class Replica:
-    proc: subprocess.Popen[str]
+    proc: LoggedProcess
     url: str
 
     def log(self) -> str:
@@ -91,8 +98,7 @@ def logged_replica(*args: str) -> Iterator[Replica]:
     with tempfile.TemporaryFile("w+") as log:
         # uvicorn writes its access log to stdout: into the same file, unbuffered.
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.Popen(argv, stdout=log, stderr=log, text=True, env=env)
-        proc.log = log  # type: ignore[attr-defined]
+        proc = LoggedProcess(argv, log, stdout=log, env=env)
         try:
             url = served_url(proc)
             wait_healthy(proc, url)

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import httpx
 import openai
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.kv_consumer import Subscriber, replay
-from tests.support.servers import serve
+from tests.support.servers import scrape, serve
 
 BLOCK_BYTES = 16 * 131072  # Llama-3-8B, 16-token blocks
 PROMPT = 256  # 16 blocks; 15 loadable (the lookup stops one token short)
@@ -26,15 +25,6 @@ CONFIG = {
                              "capacity_bytes": 256 * BLOCK_BYTES}],
     },
 }  # fmt: skip
-
-
-def scrape(url: str) -> dict[tuple[str, str | None], float]:
-    text = httpx.get(url + "/metrics", timeout=10).text
-    return {
-        (s.name, s.labels.get("source") or s.labels.get("tier")): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 def test_a_prompt_comes_back_from_disk() -> None:
@@ -55,7 +45,7 @@ def test_a_prompt_comes_back_from_disk() -> None:
         assert cached(0) == 0 and cached(1) == 0  # B's blocks push A's out of the CPU tier
         assert httpx.post(url + "/reset_prefix_cache", timeout=10).status_code == 200
         assert cached(0) == 15 * 16  # from fs, through the CPU tier
-        m = scrape(url)
+        m = scrape(url, "source", "tier")
         # vLLM 0.34's forms: the fs tier is "disk", and "1:fs" in the tiering metrics.
         assert m["vllm:prompt_tokens_cached_by_source_total", "disk"] == 240
         assert m["vllm:kv_offload_tiering_read_bytes_total", "1:fs"] == 15 * BLOCK_BYTES
@@ -101,7 +91,7 @@ def test_a_vllm_034_tiering_config_serves_verbatim(tmp_path: Path) -> None:
             assert c.usage is not None and c.usage.prompt_tokens_details is not None
             cached.append(c.usage.prompt_tokens_details.cached_tokens or 0)
             if i in (5, 6):
-                m = scrape(url)
+                m = scrape(url, "source", "tier")
                 lookups.append({tier: (m["vllm:kv_offload_tiering_chunk_queries_total", tier],
                                        m["vllm:kv_offload_tiering_chunk_hits_total", tier])
                                 for tier in ("0:primary", "1:fs", "2:obj")})  # fmt: skip
@@ -111,7 +101,7 @@ def test_a_vllm_034_tiering_config_serves_verbatim(tmp_path: Path) -> None:
         # its 15 loadable chunks missing from the CPU tier and present in fs.
         assert lookups[0] == {"0:primary": (6, 0), "1:fs": (6, 0), "2:obj": (6, 0)}
         assert lookups[1] == {"0:primary": (21, 0), "1:fs": (21, 15), "2:obj": (6, 0)}
-        m = scrape(url)
+        m = scrape(url, "source", "tier")
         assert m["vllm:prompt_tokens_cached_by_source_total", "disk"] >= 240
         subscriber.close()
         storage = [e for b in replay(source["replay_connect"], 0) for e in b.batch.events

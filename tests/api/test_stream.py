@@ -17,11 +17,12 @@ from mocker.api.stop_strings import StopMatcher
 from mocker.api.stream import StreamRenderer
 from mocker.api.text_table import FramedTable, TextTable, sinks, text_table
 from mocker.compiled import ctext as _ctext
+from mocker.engine.live import LiveEngine
 from mocker.engine.outputs import RequestOutput, StepResult
 from mocker.engine.stats import SchedulerStats
 from mocker.engine.stream import RequestStream, deliver, deliver_loop
-from mocker.request import FinishReason
 from tests.api.test_direct_write import START, _cycle, send_of
+from tests.support.engines import output
 from tests.support.parsing import sse_events
 from tests.support.servers import AppClient, make_app, settings
 
@@ -54,7 +55,7 @@ async def test_a_renderer_failing_mid_stream_ends_it_with_a_500_and_aborts(chat:
         else:
             body["prompt"] = list(range(40))
         path = "/v1/chat/completions" if chat else "/v1/completions"
-        async with asyncio.timeout(30):  # (before the fix: no answer, ever)
+        async with asyncio.timeout(30):  # a request left unanswered fails here, not hangs
             r = await client.http.post(path, json=body)
         assert r.status_code == 200  # (the stream had started)
         events = sse_events(r.text)
@@ -177,10 +178,9 @@ async def test_the_generate_stream_honours_the_interval_too() -> None:
 _TEXTS = {7: b" seven", 8: b" eight", 9: b' \\"nine\\"', 10: b""}  # 10: an empty text
 _LATE = {11: b" eleven"}  # escaped later: not in the table
 _NO_STATS = SchedulerStats.of(0, 0, 0.0, None, 0)
-
-
-def _output(ids: list[int], end: bool = False) -> RequestOutput:
-    return RequestOutput("r", ids, 1.0, end, FinishReason.LENGTH if end else None, 3)
+# A choice's engine, which these renderings never call (no stop string matches, nothing is
+# cancelled): None in its place, so that a call would fail the test.
+_NO_ENGINE: LiveEngine = None  # type: ignore[assignment]
 
 
 async def _render(
@@ -200,7 +200,7 @@ async def _render(
     writer = ChunkWriter(chat=chat, response_id="cmpl-x", created=1, model="m",
                          include_usage=True, continuous_usage=False)  # fmt: skip
     stream = RequestStream("r")
-    choice = Choice(index=0, request_id="r", engine=None, stream=stream, num_prompt_tokens=3)  # type: ignore[arg-type]
+    choice = Choice(index=0, request_id="r", engine=_NO_ENGINE, stream=stream, num_prompt_tokens=3)
     texts = {**_TEXTS, **_LATE}
     renderer = StreamRenderer(
         OpenResponse([choice], OpenResponses()), writer, escaped=texts.__getitem__,
@@ -238,8 +238,8 @@ async def _render(
 
 @pytest.mark.parametrize("chat", [False, True])
 async def test_framed_chunks_are_the_bytes_the_python_join_writes(chat: bool) -> None:
-    outputs = [_output([t]) for t in (7, 8, 11, 9, 7, 8, 10, 9)] + [_output([8, 7])]
-    outputs += [_output([9]), _output([11]), _output([7], end=True)]
+    outputs = [output("r", [t]) for t in (7, 8, 11, 9, 7, 8, 10, 9)] + [output("r", [8, 7])]
+    outputs += [output("r", [9]), output("r", [11]), output("r", [7], end=True)]
     expected = await _render(None, chat, outputs)
     assert expected.count(b"eight") == 3 and expected.endswith(b"0\r\n\r\n")
     tables: list[FramedTable] = [TextTable(_TEXTS)]
@@ -273,8 +273,8 @@ async def test_a_sink_writes_the_bytes_the_renderer_writes(chat: bool, compiled_
         pytest.skip("mocker.api._ctext was not built")
     table = text_table(_TEXTS, compiled=True)
     assert table is not None  # (compiled=True: the table or an error)
-    outputs = [_output([t]) for t in (7, 8, 11, 9, 7, 8, 10, 9)] + [_output([8, 7])]
-    outputs += [_output([9]), _output([11]), _output([7], end=True)]
+    outputs = [output("r", [t]) for t in (7, 8, 11, 9, 7, 8, 10, 9)] + [output("r", [8, 7])]
+    outputs += [output("r", [9]), output("r", [11]), output("r", [7], end=True)]
     expected = await _render(None, chat, outputs)
     loop = deliver_loop(compiled=True) if compiled_loop else None
     heard: list[list[int]] = []
@@ -302,7 +302,7 @@ async def test_no_sink_for_a_choice_the_renderer_must_watch() -> None:
             Choice(
                 index=i,
                 request_id=f"r{i}",
-                engine=None,  # type: ignore[arg-type]
+                engine=_NO_ENGINE,
                 stream=RequestStream(f"r{i}"),
                 num_prompt_tokens=3,
                 stops=stops,
@@ -321,5 +321,5 @@ async def test_no_sink_for_a_choice_the_renderer_must_watch() -> None:
         renderer.attach(emitter)
         for _ in range(3):
             for choice in choices:
-                choice.stream.put(_output([7]))
+                choice.stream.put(output("r", [7]))
         assert all(c.stream.sink is None for c in choices)

@@ -264,7 +264,7 @@ def test_a_sink_takes_one_token_id_and_a_cycle_with_a_transport() -> None:
     assert isinstance(table, _ctext.TextTable)
     with pytest.raises(AttributeError):
         _ctext.Sink(table, b"", b"", _Emitter(), None, object(), _Choice())
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError):  # the Python table, where a Sink needs the compiled one
         _ctext.Sink(TextTable({}), b"", b"", _Emitter(), None, _Cycle(), _Choice())  # type: ignore[arg-type]
 
 

@@ -11,10 +11,9 @@ from typing import Any
 import yaml
 
 from mocker.kvevents.config import KVEventsConfig
-from mocker.settings import ALL_OPTIONS, resolve
-from mocker.settings.engine import engine_config_from
+from mocker.settings import ALL_OPTIONS
 from mocker.settings.lora import parse_lora_modules
-from tests.support.settings import ALL, parse_flags
+from tests.support.settings import serve_config
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
@@ -118,8 +117,7 @@ def test_pd_profile_runs_one_prefill_and_two_decode_replicas_with_lora() -> None
         env = s["environment"]
         transfer = json.loads(env["MOCKER_KV_TRANSFER_CONFIG"])
         assert transfer["kv_connector"] == "NixlConnector"
-        flags = parse_flags(["--kv-transfer-config", env["MOCKER_KV_TRANSFER_CONFIG"]])
-        config = engine_config_from(resolve(flags, ALL, environ={})[0])
+        config = serve_config("--kv-transfer-config", env["MOCKER_KV_TRANSFER_CONFIG"])
         roles[name] = config.transfer.kv_role.value
         assert env["MOCKER_ENABLE_LORA"] == "true" and env["MOCKER_MAX_LORAS"] == "2"
         modules = parse_lora_modules(env["MOCKER_LORA_MODULES"].split(","))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from mocker.deployment import KVCapacity, deployment_from, kv_capacity
+from mocker.deployment import Deployment, KVCapacity, deployment_from, kv_capacity
 from mocker.deployment.capacity import activation_bytes, weight_bytes
 from mocker.errors import ConfigError
 
@@ -14,9 +16,9 @@ BLOCK_BYTES = 16 * 32 * 2 * 8 * 128 * 2
 BLOCK_BYTES_70B = 16 * 80 * 2 * 8 * 128 * 2
 
 
-def _kv70(dep: object, max_model_len: int) -> KVCapacity:
+def _kv70(dep: Deployment, max_model_len: int) -> KVCapacity:
     return kv_capacity(
-        dep,  # type: ignore[arg-type]
+        dep,
         block_size=16,
         block_bytes=BLOCK_BYTES_70B,
         max_num_batched_tokens=8192,
@@ -25,9 +27,9 @@ def _kv70(dep: object, max_model_len: int) -> KVCapacity:
     )
 
 
-def _capacity(util: float | None, **kw: object) -> KVCapacity:
+def _capacity(util: float | None, **kw: Any) -> KVCapacity:
     dep = deployment_from("meta-llama/Llama-3.1-8B-Instruct", "h100_sxm",
-                          gpu_memory_utilization=util, **kw)  # type: ignore[arg-type]  # fmt: skip
+                          gpu_memory_utilization=util, **kw)  # fmt: skip
     return kv_capacity(dep, block_size=16, block_bytes=BLOCK_BYTES, max_num_batched_tokens=8192,
                        max_num_seqs=1024, max_model_len=131072)  # fmt: skip
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from mocker.deployment import deployment_from, gpu_spec, known_gpus
@@ -54,6 +56,6 @@ def test_a_deployment_describes_itself() -> None:
         ({"kv_cache_dtype": "int3"}, "kv_cache_dtype='int3'"),
     ],
 )
-def test_what_vllm_refuses_is_one_clear_error(kwargs: dict[str, object], message: str) -> None:
+def test_what_vllm_refuses_is_one_clear_error(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        deployment_from("meta-llama/Llama-3.1-70B", "h100_sxm", **kwargs)  # type: ignore[arg-type]
+        deployment_from("meta-llama/Llama-3.1-70B", "h100_sxm", **kwargs)

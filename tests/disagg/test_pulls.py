@@ -6,8 +6,8 @@ import pytest
 
 from mocker.disagg.params import RemotePrefill
 from mocker.disagg.pulls import Pull, RemotePulls
-from mocker.request import Request, RequestId, SamplingParams
 from mocker.tiers.link import Link
+from tests.support.engines import core_request
 
 REMOTE = RemotePrefill("P", "p1", (0, 1), "localhost", 5600)
 
@@ -28,12 +28,6 @@ class Peers:
         self.released.append(remote)
 
 
-def _request(rid: str) -> Request:
-    r = Request(RequestId(rid), [1] * 8, 8, 1, SamplingParams(max_tokens=1), 0.0)
-    r.remote_prefill = REMOTE
-    return r
-
-
 def _pulls(answer: bool | None, timeout: float = 100.0) -> tuple[RemotePulls, Peers]:
     peers = Peers(answer)
     # 1000 bytes per second; a block is 100 bytes.
@@ -42,7 +36,7 @@ def _pulls(answer: bool | None, timeout: float = 100.0) -> tuple[RemotePulls, Pe
 
 def test_two_pulls_share_the_link_and_land_in_order() -> None:
     pulls, peers = _pulls(True)
-    a, b = _request("a"), _request("b")
+    a, b = (core_request(rid, [1] * 8, remote_prefill=REMOTE) for rid in "ab")
     pulls.start(0.0, a, 2)  # 200 bytes
     pulls.start(0.0, b, 4)  # 400 bytes
     # Both at 500 B/s until a is through at 0.4 s; b alone then: 200 bytes left, 0.2 s.
@@ -61,7 +55,7 @@ def test_two_pulls_share_the_link_and_land_in_order() -> None:
 
 def test_a_refused_read_fails_the_pull() -> None:
     pulls, _ = _pulls(False)
-    a = _request("a")
+    a = core_request("a", [1] * 8, remote_prefill=REMOTE)
     pulls.start(0.0, a, 1)
     assert pulls.poll(1.0) == ([], [a])
     assert pulls.num_failed == 1
@@ -69,7 +63,7 @@ def test_a_refused_read_fails_the_pull() -> None:
 
 def test_a_later_answer_is_applied_by_the_next_poll() -> None:
     pulls, _ = _pulls(None)
-    a = _request("a")
+    a = core_request("a", [1] * 8, remote_prefill=REMOTE)
     pulls.start(0.0, a, 1)
     assert pulls.poll(0.1) == ([], [])  # through, waiting for the answer
     assert pulls.next_deadline() == pytest.approx(100.0)  # only its timeout is left
@@ -81,7 +75,7 @@ def test_a_later_answer_is_applied_by_the_next_poll() -> None:
 
 def test_timeout_cancels_the_transfer_and_releases_the_prefill() -> None:
     pulls, peers = _pulls(True, timeout=1.0)
-    a = _request("a")
+    a = core_request("a", [1] * 8, remote_prefill=REMOTE)
     pulls.start(0.0, a, 100)  # 10 s of bytes
     assert pulls.next_deadline() == pytest.approx(1.0)
     assert pulls.poll(1.0) == ([], [a])
@@ -93,7 +87,7 @@ def test_timeout_cancels_the_transfer_and_releases_the_prefill() -> None:
 
 def test_cancel_releases_and_frees_the_link() -> None:
     pulls, peers = _pulls(True)
-    a, b = _request("a"), _request("b")
+    a, b = (core_request(rid, [1] * 8, remote_prefill=REMOTE) for rid in "ab")
     pulls.start(0.0, a, 2)
     pulls.start(0.0, b, 2)
     assert pulls.cancel(0.2, a)

@@ -3,14 +3,16 @@
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from mocker.config import ConfigError
 from mocker.engine.core import EngineCore, RequestRejected
 from mocker.engine.outputs import RequestOutput
+from mocker.engine.stats import FinishedRequestStats, SchedulerStats
 from mocker.kv.events import BlockStored
-from mocker.request import EngineRequest, FinishReason, RequestStatus, SamplingParams
+from mocker.request import EngineRequest, FinishReason, RequestStatus, SamplingParams, TokenIds
 from mocker.timing import PolynomialTiming
 from tests.support.engines import make_core, req, small_config
 
@@ -179,7 +181,7 @@ def test_non_integer_token_ids_are_rejected_not_fatal() -> None:
     core = make_core()
     for bad in ([1.5, 2], ["a"], [2**32]):
         with pytest.raises(RequestRejected, match="integers"):
-            core.add_request(req("bad", bad))
+            core.add_request(req("bad", bad))  # type: ignore[arg-type]  # not token ids
     assert not core.has_unfinished_requests()
 
 
@@ -289,12 +291,16 @@ def test_a_core_without_output_objects_runs_the_same_passes() -> None:
     # finished record, pass end and per-pass stat is what the emitting core gives.
     from mocker.engine.virtual import VirtualDriver
 
-    def steps(emit: bool) -> tuple[list[tuple[object, ...]], list[object], int]:
+    def steps(
+        emit: bool,
+    ) -> tuple[list[tuple[float, float, SchedulerStats]], list[FinishedRequestStats], int]:
         core = make_core(num_gpu_blocks=24)  # small: preemptions happen too
         core.emit_outputs = emit
         specs = [req(f"r{i}", range(i, i + 9 + 3 * i), max_tokens=5 + i, arrival=0.001 * i,
                      min_tokens=1) for i in range(8)]  # fmt: skip
-        passes, finished, outputs = [], [], 0
+        passes: list[tuple[float, float, SchedulerStats]] = []
+        finished: list[FinishedRequestStats] = []
+        outputs = 0
         for result in VirtualDriver(core).steps(specs):
             passes.append((result.start, result.end, result.stats))
             finished += result.finished
@@ -343,7 +349,7 @@ def test_tokens_are_drawn_ahead_only_where_the_core_emits_outputs(eos_probabilit
     """Live (outputs emitted) a request's next tokens are drawn ahead as an array; a replay
     (no outputs; its decode runs draw their own tokens) draws one at a time. Same tokens."""
     specs = [req(f"r{i}", range(1 + i, 30 + i), max_tokens=40 + 7 * i) for i in range(5)]
-    tokens: list[dict[str, list[int]]] = []
+    tokens: list[dict[str, TokenIds]] = []
     for emit in (True, False):
         core = make_core(eos_probability=eos_probability)
         core.emit_outputs = emit
@@ -362,8 +368,8 @@ def test_tokens_are_drawn_ahead_only_where_the_core_emits_outputs(eos_probabilit
 
 
 def _silent_tokens(
-    monkeypatch: pytest.MonkeyPatch, column_min: int, **sampling: object
-) -> tuple[dict[str, list[int]], int, float]:
+    monkeypatch: pytest.MonkeyPatch, column_min: int, **sampling: Any
+) -> tuple[dict[str, TokenIds], int, float]:
     """Run 40 requests with outputs off (as replay runs a core): every request's tokens,
     how many passes drew theirs as one array, and when the last pass ended."""
     from mocker.engine import core_pass

@@ -15,6 +15,7 @@ from mocker.kv.block import block_ids
 from mocker.kv.events import BlockStored
 from mocker.request import EngineRequest, RequestStatus, SamplingParams
 from mocker.timing import PolynomialTiming
+from tests.support.checks import not_none
 from tests.support.engines import small_config
 
 BS = 16
@@ -82,7 +83,7 @@ def test_pd_pair_hand_computed_timings() -> None:
     nbytes = 7 * BS * decode.config.model.kv_bytes_per_token
     pulled_at = end + nbytes / 1e9 + 0.0005
     assert decode.next_transfer_deadline() == pytest.approx(pulled_at)
-    first = decode.step(decode.next_transfer_deadline())  # type: ignore[arg-type]
+    first = decode.step(not_none(decode.next_transfer_deadline()))
     (record,) = first.pulls
     assert record.ok and record.nbytes == nbytes
     assert record.duration == pytest.approx(nbytes / 1e9 + 0.0005)
@@ -109,7 +110,7 @@ def test_push_mode_pairs_transfer_as_pull_mode_ones_do() -> None:
     decode.step(end)
     nbytes = 7 * BS * decode.config.model.kv_bytes_per_token
     assert decode.next_transfer_deadline() == pytest.approx(end + nbytes / 1e9 + 0.0005)
-    first = decode.step(decode.next_transfer_deadline())  # type: ignore[arg-type]
+    first = decode.step(not_none(decode.next_transfer_deadline()))
     (record,) = first.pulls
     assert record.ok and first.outputs[0].num_cached_tokens == 100
     assert not prefill.holds
@@ -128,7 +129,7 @@ def test_a_push_prefill_and_a_pull_decode_never_transfer() -> None:
     assert decode.next_transfer_deadline() == end  # due at once
     result = decode.step(end)
     (record,) = result.pulls
-    assert not record.ok and decode.pulls.num_failed == 1  # type: ignore[union-attr]
+    assert not record.ok and not_none(decode.pulls).num_failed == 1
     assert result.stats.num_scheduled_tokens == 100  # the whole prompt, computed locally
     assert prefill.holds and prefill.pool.num_used == 7
     prefill.advance_transfers(end + 1.0)
@@ -144,7 +145,7 @@ def test_a_local_prefix_hit_is_not_pulled_again() -> None:
         end = decode.step(end).end
     decode.add_request(_decode_request(params))
     decode.step(end)
-    (pull,) = decode.pulls._pulls.values()  # type: ignore[union-attr]
+    (pull,) = not_none(decode.pulls)._pulls.values()
     assert pull.num_blocks == 3  # blocks 4..6: the first four are cached on the decode side
     deadline = decode.next_transfer_deadline()
     assert deadline is not None
@@ -160,9 +161,9 @@ def test_hold_expires_and_a_late_pull_recomputes() -> None:
     assert not prefill.holds and prefill.pool.num_used == 0
     decode.add_request(_decode_request(params))
     decode.step(end + 2.0)
-    result = decode.step(decode.next_transfer_deadline())  # type: ignore[arg-type]
+    result = decode.step(not_none(decode.next_transfer_deadline()))
     (record,) = result.pulls
-    assert not record.ok and decode.pulls.num_failed == 1  # type: ignore[union-attr]
+    assert not record.ok and not_none(decode.pulls).num_failed == 1
     # It recomputes its whole prompt locally: nothing counts as pulled.
     assert result.stats.num_scheduled_tokens == 100
     (out,) = result.outputs
@@ -303,7 +304,7 @@ def test_conservation_under_random_pulls_aborts_and_expiry() -> None:
             now += 0.02
         decoded = []
         for j, params in enumerate(pending):
-            request = prefill.holds.request(str(params["remote_request_id"]))  # type: ignore[union-attr]
+            request = not_none(prefill.holds).request(str(params["remote_request_id"]))
             prompt = (
                 list(request.all_token_ids[: request.num_prompt_tokens]) if request else [1] * 30
             )
@@ -322,7 +323,7 @@ def test_conservation_under_random_pulls_aborts_and_expiry() -> None:
             now = result.end if not result.idle else (deadline if deadline is not None else now)
             prefill.advance_transfers(now)
         prefill.advance_transfers(now + 10.0)  # what no pull claimed expires
-        seen["expired"] += prefill.holds.num_expired  # type: ignore[union-attr]
+        seen["expired"] += not_none(prefill.holds).num_expired
         assert decode.pool.num_used == 0 and not decode.pulls, trial
         assert prefill.pool.num_used == 0 and not prefill.holds, trial
     assert all(seen.values()), seen  # every path was taken

@@ -4,14 +4,16 @@ stream consistent after every step, under both eviction policies and both victim
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mocker.engine.core import EngineCore
 from mocker.engine.virtual import Abort, VirtualDriver
-from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
+from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from mocker.request import EngineRequest, SamplingParams
 from tests.support.engines import small_config
 from tests.support.pools import all_blocks, free_order, view
@@ -22,14 +24,14 @@ PREFIXES = [list(range(1000 + 100 * p, 1000 + 100 * p + 4 * BS)) for p in range(
 
 @dataclass
 class Workload:
-    config: dict
+    config: dict[str, Any]
     requests: list[EngineRequest]
     aborts: list[Abort]
 
 
 @st.composite
-def workloads(draw) -> Workload:
-    config = {
+def workloads(draw: st.DrawFn) -> Workload:
+    config: dict[str, Any] = {
         "block_size": BS,
         "num_gpu_blocks": draw(st.integers(16, 40)),
         "max_num_seqs": draw(st.integers(2, 8)),
@@ -100,7 +102,9 @@ def check_invariants(core: EngineCore, index: dict[int, tuple[int, ...]]) -> Non
             assert index[h] == tuple(request.all_token_ids[i * BS : (i + 1) * BS])
 
 
-def apply_events(index: dict[int, tuple[int, ...]], events, parents: dict[int, int | None]) -> None:
+def apply_events(
+    index: dict[int, tuple[int, ...]], events: Iterable[KVEvent], parents: dict[int, int | None]
+) -> None:
     for ev in events:
         if isinstance(ev, BlockStored):
             parent = ev.parent_block_hash

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from array import array
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -126,7 +127,7 @@ def test_passes_equal_the_python_body_pass_by_pass(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_replay_passes_equal_the_python_body(seed: int) -> None:
+def test_replay_passes_equal_the_python_body(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without outputs (replay): the pass's token column, or `token()` per request, and
     token ids kept in an array('I') as replay hands them over."""
     rng = random.Random(seed)
@@ -136,11 +137,11 @@ def test_replay_passes_equal_the_python_body(seed: int) -> None:
     fast, slow = _cores(changes)
     fast.emit_outputs = slow.emit_outputs = False
     for core in (fast, slow):  # handed over as arrays, as replay does (each its own)
-        core.add_request = _handing_over(core)
+        monkeypatch.setattr(core, "add_request", _handing_over(core))
     assert _step_both(fast, slow, _workload(rng, 40)) > 20
 
 
-def _handing_over(core: EngineCore) -> Any:
+def _handing_over(core: EngineCore) -> Callable[[EngineRequest], Request]:
     add = core.add_request
 
     def add_request(spec: EngineRequest) -> Request:
@@ -150,7 +151,7 @@ def _handing_over(core: EngineCore) -> Any:
     return add_request
 
 
-def test_steady_decode_takes_the_compiled_path() -> None:
+def test_steady_decode_takes_the_compiled_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """A pass of requests decoding inside their drawn windows asks the Python body for none
     of them (and for each of them without the compiled applier)."""
     fast, slow = _cores({"max_num_seqs": 16, "max_num_batched_tokens": 256})
@@ -169,7 +170,7 @@ def test_steady_decode_takes_the_compiled_path() -> None:
             calls[_name] += 1
             return int(_one(*args))
 
-        core._advance_one = counted
+        monkeypatch.setattr(core, "_advance_one", counted)
     # (block size 4: passes in which blocks fill and are registered included)
     for _ in range(8):
         _same_pass(fast.step(now), result := slow.step(now))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Any
 
 import pytest
 
@@ -118,7 +119,7 @@ def test_runs_with_admissions_and_finishes_equal_stepping(
     for i in range(40):
         t += rng.expovariate(200.0)
         prompt = [rng.randrange(1, 3) for _ in range(rng.randrange(1, 40))]
-        sampling = {"ignore_eos": rng.random() < 0.8}
+        sampling: dict[str, Any] = {"ignore_eos": rng.random() < 0.8}
         if rng.random() < 0.1:
             sampling["stop_token_ids"] = [7]
         arrivals.append((t, req(f"r{i}", prompt, max_tokens=rng.randrange(1, 30), **sampling)))

@@ -1,6 +1,7 @@
 """Data-parallel engine group: vLLM's least-loaded score, rank pinning, one lifecycle."""
 
 import asyncio
+from typing import NoReturn
 
 import pytest
 
@@ -87,14 +88,14 @@ async def test_lifecycle_counts_and_aborts_span_every_rank() -> None:
         await g.reset_prefix_cache()
 
 
-async def test_one_dead_rank_makes_the_group_dead() -> None:
+async def test_one_dead_rank_makes_the_group_dead(monkeypatch: pytest.MonkeyPatch) -> None:
     g = group(2)
     g.start()
 
-    def boom(now: float) -> object:
+    def boom(now: float) -> NoReturn:
         raise RuntimeError("simulated engine bug")
 
-    g[1].core.step = boom
+    monkeypatch.setattr(g[1].core, "step", boom)
     stream = g[1].add_request(req("x", [1] * 4))
     with pytest.raises(EngineDeadError):
         await stream.get()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from mocker.engine.kv_stack import KVStack, build_kv_stack
+from mocker.kv.manager import KVCacheManager
 from mocker.tiers.lru import LruTier
 from mocker.tiers.store_policy import WriteBack, WriteThrough
 from mocker.timing import PolynomialTiming
@@ -18,6 +19,7 @@ def _stack(**changes: Any) -> KVStack:
 def test_device_only_without_a_host_tier() -> None:
     stack = _stack()
     assert stack.cpu is None and stack.connector is None
+    assert isinstance(stack.kv, KVCacheManager)  # a dense model's manager
     assert stack.kv.pool is stack.pool and stack.pool.num_blocks == 64
 
 

@@ -4,20 +4,25 @@ fails every consumer instead of hanging; a consumer that goes away aborts its re
 import asyncio
 import itertools
 import time
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
 
 import pytest
 
+from mocker.config import EngineConfig
 from mocker.engine.core import RequestRejected
 from mocker.engine.live import EngineDeadError, LiveEngine, RequestStream
 from mocker.engine.outputs import RequestOutput, StepResult
-from mocker.engine.stream import ConsumerError
+from mocker.engine.stats import FinishedRequestStats
+from mocker.engine.stream import ConsumerError, StreamError
 from mocker.request import FinishReason
+from tests.support.checks import not_none, only_outputs
 from tests.support.clocks import LateClock
 from tests.support.engines import req, small_config
 from tests.support.kv_index import EventIndex
 
 
-async def _until(predicate, timeout: float = 5.0) -> None:
+async def _until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
     """Yield to the engine loop until `predicate()` holds (bounded; no timing assert)."""
     async with asyncio.timeout(timeout):
         while not predicate():
@@ -51,13 +56,15 @@ async def test_tokens_arrive_in_order_and_not_before_their_deadline() -> None:
     assert engine.core.pool.num_used == 0
 
 
-async def test_engine_failure_marks_dead_and_fails_consumers() -> None:
+async def test_engine_failure_marks_dead_and_fails_consumers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     engine = LiveEngine(small_config(speedup_ratio=100.0))
 
     def boom(now: float) -> StepResult:
         raise RuntimeError("simulated engine bug")
 
-    engine.core.step = boom  # type: ignore[method-assign]
+    monkeypatch.setattr(engine.core, "step", boom)
     engine.start()
     stream = engine.add_request(req("a", [1] * 4))
     with pytest.raises(EngineDeadError, match="simulated engine bug"):
@@ -75,6 +82,7 @@ async def test_consumer_leaving_aborts_and_frees_blocks() -> None:
     first = await asyncio.wait_for(agen.__anext__(), timeout=5)
     assert first.new_token_ids
     assert engine.core.pool.num_used > 0
+    assert isinstance(agen, AsyncGenerator)  # (typed as the iterator it is used as)
     await agen.aclose()  # the client went away
     await _until(lambda: not engine.core.has_unfinished_requests())
     assert engine.core.pool.num_used == 0
@@ -168,7 +176,7 @@ async def test_abort_ends_the_stream_and_id_is_reusable_after() -> None:
 
 
 async def test_queue_times_are_never_negative() -> None:
-    finished = []
+    finished: list[FinishedRequestStats] = []
     engine = LiveEngine(
         small_config(speedup_ratio=20.0),
         on_step=lambda r: finished.extend(r.finished),
@@ -184,12 +192,12 @@ async def test_queue_times_are_never_negative() -> None:
     await engine.stop()
     assert len(finished) == 30
     for r in finished:
-        assert r.first_scheduled_time >= r.arrival_time
-        assert r.first_token_time > r.first_scheduled_time
+        assert not_none(r.first_scheduled_time) >= r.arrival_time
+        assert not_none(r.first_token_time) > not_none(r.first_scheduled_time)
 
 
 async def test_stop_request_ends_with_stop_and_reports_the_finish() -> None:
-    finished = []
+    finished: list[FinishedRequestStats] = []
     engine = LiveEngine(small_config(speedup_ratio=20.0), on_finish=finished.append)
     engine.start()
     stream = engine.add_request(req("s", [3] * 6, max_tokens=200))
@@ -246,7 +254,7 @@ async def test_abort_with_a_stream_spares_a_later_request_reusing_the_id() -> No
 
 
 async def test_a_failing_listener_does_not_kill_the_engine_and_its_request_is_aborted() -> None:
-    finished = []
+    finished: list[FinishedRequestStats] = []
     engine = LiveEngine(small_config(speedup_ratio=100.0), on_finish=finished.append)
     engine.start()
     seen: list[object] = []
@@ -270,8 +278,8 @@ async def test_a_failing_listener_does_not_kill_the_engine_and_its_request_is_ab
     await engine.stop()
 
 
-def _host_config(**overrides):
-    settings = {
+def _host_config(**overrides: Any) -> EngineConfig:
+    settings: dict[str, Any] = {
         "num_gpu_blocks": 16,
         "max_num_batched_tokens": 512,
         "max_model_len": 64,
@@ -283,7 +291,7 @@ def _host_config(**overrides):
     return small_config(**(settings | overrides))
 
 
-async def _run_one(engine: LiveEngine, rid: str, prompt: list[int]) -> list:  # type: ignore[type-arg]
+async def _run_one(engine: LiveEngine, rid: str, prompt: list[int]) -> list[RequestOutput]:
     return [out async for out in engine.generate(req(rid, prompt, max_tokens=1, ignore_eos=True))]
 
 
@@ -375,7 +383,7 @@ async def test_reset_under_load_is_applied_between_passes_and_stays_true() -> No
     stream = engine.add_request(running)
     await _until(lambda: engine.core.pool.num_used > 0)
     cleared = await engine.reset_prefix_cache()
-    assert cleared > 0  # the finished request's blocks
+    assert not_none(cleared) > 0  # the finished request's blocks
     engine.abort("running", stream)
     await _until(lambda: engine.core.pool.num_used == 0)
     assert kept_at_reset and kept_at_reset[0] > 0  # the running request's blocks stayed
@@ -385,13 +393,15 @@ async def test_reset_under_load_is_applied_between_passes_and_stays_true() -> No
         await engine.reset_prefix_cache()
 
 
-async def test_a_failing_reset_fails_its_caller_instead_of_hanging() -> None:
+async def test_a_failing_reset_fails_its_caller_instead_of_hanging(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     engine = LiveEngine(small_config(speedup_ratio=100.0))
 
     def broken(now: float, **_: bool) -> tuple[int, StepResult]:
         raise RuntimeError("simulated reset bug")
 
-    engine.core.reset_prefix_cache = broken  # type: ignore[method-assign]
+    monkeypatch.setattr(engine.core, "reset_prefix_cache", broken)
     engine.start()
     with pytest.raises(EngineDeadError, match="simulated reset bug"):
         await asyncio.wait_for(engine.reset_prefix_cache(), timeout=10)
@@ -416,7 +426,7 @@ async def _run_late(merge: int, late: float, max_tokens: int = 24, lag: float = 
     steps: list[StepResult] = []
     engine = LiveEngine(
         small_config(speedup_ratio=1.0),
-        clock=LateClock(late),  # type: ignore[arg-type]
+        clock=LateClock(late),
         on_step=steps.append,
         max_lag_s=lag,  # (60 s: never resynchronised, the passes chain)
         max_merged_passes=merge,
@@ -462,18 +472,18 @@ async def test_without_merging_a_lagging_loop_delivers_every_pass() -> None:
 async def test_a_stream_aborted_while_its_tokens_are_held_gets_nothing_more() -> None:
     """An abort between passes ends the stream at once; tokens of earlier passes still held
     for it are dropped at the hand-out (as vLLM drops a finished request's late deltas)."""
-    seen_b: list[RequestOutput] = []
+    seen_b: list[RequestOutput | StreamError] = []
     aborted_with: list[int] = []  # tokens b had received when aborted
 
     def on_step(result: StepResult) -> None:
         # Called as a pass is held: abort b the first time it has tokens waiting.
         if not aborted_with and engine._held.get(b):
-            aborted_with.append(sum(len(o.new_token_ids) for o in seen_b))
+            aborted_with.append(sum(len(o.new_token_ids) for o in only_outputs(seen_b)))
             engine.abort("b", b)
 
     engine = LiveEngine(
         small_config(speedup_ratio=1.0),
-        clock=LateClock(0.5),  # type: ignore[arg-type]
+        clock=LateClock(0.5),
         on_step=on_step,
         max_lag_s=60.0,
         max_merged_passes=64,
@@ -481,10 +491,11 @@ async def test_a_stream_aborted_while_its_tokens_are_held_gets_nothing_more() ->
     engine.start()
     a = engine.add_request(req("a", [7] * 6, max_tokens=40, ignore_eos=True))
     b = engine.add_request(req("b", [8] * 6, max_tokens=40, ignore_eos=True))
-    b.listen(seen_b.append)  # type: ignore[arg-type]
+    b.listen(seen_b.append)
     assert await _tokens_until_finished(a) == 40 and aborted_with
-    assert seen_b[-1].finished and seen_b[-1].finish_reason is FinishReason.ABORT
-    assert sum(len(o.new_token_ids) for o in seen_b) == aborted_with[0]  # nothing after it
+    outputs_b = only_outputs(seen_b)
+    assert outputs_b[-1].finished and outputs_b[-1].finish_reason is FinishReason.ABORT
+    assert sum(len(o.new_token_ids) for o in outputs_b) == aborted_with[0]  # nothing after it
     await _until(lambda: not engine.core.has_unfinished_requests())
     assert engine.core.pool.num_used == 0 and not engine._held
     await engine.stop()
@@ -497,7 +508,7 @@ async def test_a_stream_stopped_by_its_consumer_during_a_hand_out_keeps_its_id()
     the old request's FinishEarly, its request skipped as aborted)."""
     engine = LiveEngine(
         small_config(speedup_ratio=1.0),
-        clock=LateClock(0.03),  # type: ignore[arg-type]
+        clock=LateClock(0.03),
         max_lag_s=60.0,
         max_merged_passes=8,
     )
@@ -506,7 +517,8 @@ async def test_a_stream_stopped_by_its_consumer_during_a_hand_out_keeps_its_id()
     outputs: list[RequestOutput] = []
     refused: list[bool] = []
 
-    def listener(out: RequestOutput) -> None:
+    def listener(out: RequestOutput | StreamError) -> None:
+        assert isinstance(out, RequestOutput), out
         outputs.append(out)
         if len(outputs) == 2 and not out.finished:
             engine.stop_request("x", old)  # what the renderer does on a stop string
@@ -520,7 +532,7 @@ async def test_a_stream_stopped_by_its_consumer_during_a_hand_out_keeps_its_id()
         else:
             refused.append(False)
 
-    old.listen(listener)  # type: ignore[arg-type]
+    old.listen(listener)
     await _until(lambda: bool(refused))
     if not refused[0]:  # taken: it must then run to its end like any request
         retried = engine._streams.get("x")

@@ -9,11 +9,8 @@ from mocker.engine import core_pass
 from mocker.engine.core import EngineCore
 from mocker.engine.stopping import DRAW_AHEAD, DRAW_MIN, DRAW_STAGGER, draw
 from mocker.output_tokens import OutputTokenSampler
-from mocker.request import EngineRequest, Request, RequestId, SamplingParams
-
-
-def _request(max_tokens: int, sampling: SamplingParams) -> Request:
-    return Request(RequestId("r"), [1, 2, 3], 3, max_tokens, sampling, 0.0, token_seed=987654321)
+from mocker.request import EngineRequest, Request, SamplingParams
+from tests.support.engines import core_request
 
 
 @pytest.mark.parametrize(
@@ -25,7 +22,7 @@ def test_draw_gives_each_token_as_the_sampler_does_and_draws_ahead(
 ) -> None:
     sampler = OutputTokenSampler(range(300), eos_token_id=5, eos_probability=0.2, seed=1)
     max_tokens = 2 * DRAW_AHEAD + 22
-    request = _request(max_tokens, sampling)
+    request = core_request("r", [1, 2, 3], max_tokens, sampling, token_seed=987654321)
     expected = [
         sampler.token(request.token_seed, k, not sampling.ignore_eos and k >= sampling.min_tokens)
         for k in range(max_tokens)
@@ -47,7 +44,9 @@ def test_draw_gives_each_token_as_the_sampler_does_and_draws_ahead(
 
 def test_a_short_remainder_is_drawn_one_by_one_all_at_once() -> None:
     sampler = OutputTokenSampler(range(300), eos_token_id=5, eos_probability=0.2, seed=1)
-    request = _request(DRAW_MIN - 1, SamplingParams(min_tokens=3))
+    request = core_request(
+        "r", [1, 2, 3], DRAW_MIN - 1, SamplingParams(min_tokens=3), token_seed=987654321
+    )
     assert draw(sampler, request, 0) == sampler.token(request.token_seed, 0, False)
     assert request.drawn == [
         sampler.token(request.token_seed, k, k >= 3) for k in range(DRAW_MIN - 1)
@@ -58,7 +57,7 @@ def test_a_first_window_is_as_long_as_the_seed_says_and_then_draw_ahead() -> Non
     sampler = OutputTokenSampler(range(300), eos_token_id=5, eos_probability=0.0, seed=1)
     lengths = set()
     for seed in range(0, 10_000, 37):
-        request = Request(RequestId("r"), [1], 1, 1000, SamplingParams(), 0.0, token_seed=seed)
+        request = core_request("r", [1], 1000, SamplingParams(), token_seed=seed)
         draw(sampler, request, 0)
         assert request.drawn is not None
         first = len(request.drawn)

@@ -2,26 +2,42 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import pytest
 
+from mocker.compiled import cpass as _cpass
 from mocker.engine.outputs import RequestOutput, StepResult
 from mocker.engine.stats import SchedulerStats
 from mocker.engine.stream import (
     ConsumerError,
     DeliverLoop,
     EngineDeadError,
+    OutputListener,
     RequestStream,
     StreamError,
     deliver,
     deliver_loop,
 )
 from mocker.request import FinishReason
+from tests.support.checks import only_outputs
+from tests.support.engines import output
 
 
-def _out(tokens: list[int], time: float, **fields: object) -> RequestOutput:
-    return RequestOutput("r", tokens, time, num_prompt_tokens=4, **fields)  # type: ignore[arg-type]
+def _out(tokens: list[int], time: float, **fields: Any) -> RequestOutput:
+    return RequestOutput("r", tokens, time, num_prompt_tokens=4, **fields)
+
+
+def _recorder(heard: list[list[int]]) -> OutputListener:
+    """A listener appending each output's new tokens to `heard` (a failure handed to it
+    raises, as a consumer's bug would)."""
+
+    def listen(out: RequestOutput | StreamError) -> None:
+        assert isinstance(out, RequestOutput), out
+        heard.append(out.new_token_ids)
+
+    return listen
 
 
 async def test_outputs_not_yet_read_are_merged_into_one() -> None:
@@ -45,10 +61,10 @@ def test_a_listener_gets_what_was_merged_before_it_came_then_each_output() -> No
     stream = RequestStream("r")
     stream.put(_out([5], 1.0, first_token=True))
     stream.put(_out([6], 1.1))
-    seen: list[object] = []
+    seen: list[RequestOutput | StreamError] = []
     stream.listen(seen.append)
     stream.put(_out([7], 1.2, finished=True, finish_reason=FinishReason.STOP))
-    assert [o.new_token_ids for o in seen] == [[5, 6], [7]]
+    assert [o.new_token_ids for o in only_outputs(seen)] == [[5, 6], [7]]
     stream.put(_out([8], 1.3))  # after the end: dropped
     assert len(seen) == 2 and stream.finished
 
@@ -123,10 +139,7 @@ def test_the_engines_death_reaches_a_listener_as_a_503() -> None:
 
 # -- deliver: the Python loop and the compiled one (mocker/engine/_cpass.c) ----------------------
 
-try:
-    from mocker.engine import _cpass
-except ImportError:  # not built: the Python loop only
-    _cpass = None  # type: ignore[assignment]
+# (_cpass None: not built, the Python loop only)
 _LOOPS: list[DeliverLoop | None] = [None] if _cpass is None else [None, _cpass.deliver]
 
 
@@ -142,10 +155,6 @@ class _Sink:
         return tok in self.takes
 
 
-def _output(rid: str, ids: list[int], end: bool = False) -> RequestOutput:
-    return RequestOutput(rid, ids, 1.0, end, FinishReason.LENGTH if end else None, 3)
-
-
 def _result(outputs: list[RequestOutput]) -> StepResult:
     return StepResult(0.0, 1.0, outputs, SchedulerStats.of(0, 0, 0.0, None, 0))
 
@@ -157,14 +166,14 @@ def test_deliver_hands_plain_tokens_to_a_sink_and_the_rest_to_the_listener(
     streams = {rid: RequestStream(rid) for rid in ("a", "b", "c", "gone")}
     heard: dict[str, list[list[int]]] = {rid: [] for rid in streams}
     for rid, stream in streams.items():
-        stream.listen(lambda out, rid=rid: heard[rid].append(out.new_token_ids))
+        stream.listen(_recorder(heard[rid]))
     sink = streams["a"].sink = _Sink(takes={1, 2, 3})
     streams["b"].sink = _Sink(takes=set())  # refuses every token: the listener gets them
     streams["gone"].finished = True  # (ended meanwhile: its outputs are dropped)
     outputs = [
-        _output("a", [1]), _output("b", [5]), _output("gone", [6]), _output("a", [4]),
-        _output("a", [2, 3]), _output("c", [7]), _output("nobody", [8]), _output("a", [3]),
-        _output("a", [2], end=True),
+        output("a", [1]), output("b", [5]), output("gone", [6]), output("a", [4]),
+        output("a", [2, 3]), output("c", [7]), output("nobody", [8]), output("a", [3]),
+        output("a", [2], end=True),
     ]  # fmt: skip
     result = _result(outputs)
     deliver(streams, result, loop)
@@ -185,7 +194,7 @@ def test_a_finished_stream_drops_its_sink_and_every_output_is_kept(
     stream = RequestStream("a")
     stream.listen(lambda out: None)
     stream.sink = _Sink(takes={1})
-    result = _result([_output("a", [1]), _output("a", [1], end=True)])
+    result = _result([output("a", [1]), output("a", [1], end=True)])
     outputs = result.outputs
     deliver({"a": stream}, result, loop)
     assert result.outputs is outputs  # nothing dropped: the same list
@@ -206,7 +215,7 @@ def test_a_sink_that_raises_takes_the_loop_down_as_a_listener_bug_does_not(
     stream.listen(lambda out: None)
     stream.sink = broken
     with pytest.raises(RuntimeError, match="sink bug"):
-        deliver({"a": stream}, _result([_output("a", [1])]), loop)
+        deliver({"a": stream}, _result([output("a", [1])]), loop)
 
 
 @pytest.mark.skipif(_cpass is None, reason="mocker/engine/_cpass.c not built")
@@ -249,10 +258,12 @@ class _Cycle:
 
 class _Emitter:
     __slots__ = ("writer",)
+    writer: object
 
 
 class _Choice:
     __slots__ = ("completion_tokens",)
+    completion_tokens: int
 
 
 def _sinked_streams(n: int) -> tuple[dict[str, RequestStream], dict[str, _Cycle], Any]:
@@ -260,7 +271,9 @@ def _sinked_streams(n: int) -> tuple[dict[str, RequestStream], dict[str, _Cycle]
 
     table = text_table({t: b" w%d" % t for t in range(1, 50)}, compiled=True)
     maker = sinks(table)
-    streams, cycles = {}, {}
+    assert maker is not None
+    streams: dict[str, RequestStream] = {}
+    cycles: dict[str, _Cycle] = {}
     for i in range(n):
         rid, stream = f"s{i}", RequestStream(f"s{i}")
         emitter, choice, cycle = _Emitter(), _Choice(), _Cycle()
@@ -280,12 +293,12 @@ def _sinked_run(loop: DeliverLoop | None) -> tuple[Any, ...]:
     streams, cycles, _table = _sinked_streams(16)
     heard: dict[str, list[list[int]]] = {rid: [] for rid in streams}
     for rid, stream in streams.items():
-        stream.listen(lambda out, rid=rid: heard[rid].append(out.new_token_ids))
+        stream.listen(_recorder(heard[rid]))
     outputs = []
     for k in range(60):
         rid = f"s{(k * 7) % 18}"  # s16, s17: no such stream
         ids = [k % 60 + 1] if k % 11 else [k, k + 1]
-        outputs.append(_output(rid, ids, end=k in (9, 23, 40)))
+        outputs.append(output(rid, ids, end=k in (9, 23, 40)))
     held = {rid: (sys.getrefcount(s), sys.getrefcount(s.sink)) for rid, s in streams.items()}
     result = _result(outputs)
     deliver(streams, result, loop)
@@ -326,7 +339,7 @@ def test_the_compiled_loop_calls_any_sink() -> None:
     for rid, stream in streams.items():
         stream.listen(lambda out: None)
         stream.sink = sinks[rid]
-    deliver(streams, _result([_output(f"s{i % 40}", [i + 1]) for i in range(80)]), _cpass.deliver)
+    deliver(streams, _result([output(f"s{i % 40}", [i + 1]) for i in range(80)]), _cpass.deliver)
     assert [s.offered for s in sinks.values()] == [[i + 1, i + 41] for i in range(40)]
 
 
@@ -343,7 +356,8 @@ def _churned_run(loop: DeliverLoop | None, seed: int) -> tuple[Any, ...]:
     assert maker is not None
     heard: list[tuple[str, list[int]]] = []
 
-    def listener(out: Any, rid: str) -> None:
+    def listener(out: RequestOutput | StreamError, rid: str) -> None:
+        assert isinstance(out, RequestOutput), out
         heard.append((rid, out.new_token_ids))
         victim = f"s{rng.randrange(30)}"
         action = rng.random()
@@ -360,11 +374,11 @@ def _churned_run(loop: DeliverLoop | None, seed: int) -> tuple[Any, ...]:
             streams[f"new{len(heard)}"] = RequestStream("x")  # the dict grows
 
     for rid, stream in streams.items():
-        stream.listen(lambda out, rid=rid: listener(out, rid))
+        stream.listen(partial(listener, rid=rid))
     outputs = []
     for _ in range(rng.randrange(30, 120)):
         ids = [rng.randrange(1, 60)] if rng.random() < 0.8 else [1, 2]
-        outputs.append(_output(f"s{rng.randrange(30)}", ids, end=rng.random() < 0.05))
+        outputs.append(output(f"s{rng.randrange(30)}", ids, end=rng.random() < 0.05))
     result = _result(outputs)
     deliver(streams, result, loop)
     written = {rid: c.transport.written for rid, c in cycles.items()}

@@ -12,7 +12,7 @@ from mocker.engine.kv_stack import build_shared_tiers
 from mocker.engine.transfer_timer import TransferTimer
 from mocker.kv.events import AllBlocksCleared
 from mocker.request import EngineRequest, SamplingParams
-from mocker.storage_spec import StorageTierSpec
+from mocker.storage_spec import StorageKind, StorageTierSpec
 from tests.support.engines import small_config
 
 
@@ -47,7 +47,7 @@ BS = 16
 def _two_ranks(**overrides: object) -> tuple[EngineCore, EngineCore, float]:
     """Two ranks sharing one obj tier; rank 1 has computed a 2-block prompt (its store to the
     CPU tier, then the cascade to obj, still to come). Returns them and that pass's end."""
-    obj = StorageTierSpec("obj", 1024, read_gbps=8.0, write_gbps=1.0, latency_ms=1.0)  # type: ignore[arg-type]
+    obj = StorageTierSpec(StorageKind.OBJ, 1024, read_gbps=8.0, write_gbps=1.0, latency_ms=1.0)
     config = small_config(block_size=BS, num_cpu_blocks=64, offload_policy="write-through",
                           storage_tiers=(obj,), **overrides)  # fmt: skip
     shared = build_shared_tiers(config)

@@ -355,7 +355,9 @@ def test_replays_give_the_same_rows_with_either_pool(
     router: str,
     prefill_engines: int,
 ) -> None:
-    cfg = EngineConfig.of(**{"block_size": 16, "num_gpu_blocks": 2000, "max_num_seqs": 32, **changes})
+    cfg = EngineConfig.of(
+        **{"block_size": 16, "num_gpu_blocks": 2000, "max_num_seqs": 32, **changes}
+    )
     trace = _trace()
     runs = {}
     for impl, switch in (("python", "0"), ("compiled", "1")):

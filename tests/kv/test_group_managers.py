@@ -11,23 +11,18 @@ from mocker.kv.group_managers import (
     GroupManager,
     MambaManager,
     SlidingWindowManager,
-    Table,
     make_group_manager,
 )
 from mocker.kv.hashing import BlockHash
 from mocker.kv.spec import KVLayout, kv_layout
-from mocker.model_shape import ModelShape
+from tests.support.hybrid import HASHES, cache_free_blocks, hybrid_shape
 
 BS = 4
-HASHES = [BlockHash(100 + i) for i in range(10)]
 
 
 def _layout(window: int = 8) -> KVLayout:
     """Group 0 sliding (window), 1 Mamba, 2 full attention."""
-    shape = ModelShape(num_layers=3, num_kv_heads=1, head_dim=4, sliding_window=window,
-                       layer_types=("sliding_attention", "mamba", "full_attention"),
-                       mamba_state_bytes=64)  # fmt: skip
-    return kv_layout(shape, BS)
+    return kv_layout(hybrid_shape(("sliding_attention", "mamba", "full_attention"), window), BS)
 
 
 def _managers(window: int = 8, caching: bool = True) -> tuple[BlockPool, list[GroupManager]]:
@@ -36,19 +31,11 @@ def _managers(window: int = 8, caching: bool = True) -> tuple[BlockPool, list[Gr
     return pool, [make_group_manager(g, pool, caching) for g in layout.groups]
 
 
-def _cache(pool: BlockPool, group: int, positions: Iterable[int]) -> dict[int, KVBlock]:
-    """Cache a block in `group` at each position (under HASHES[position]), then free it:
-    cached-free, findable. Returns the blocks by position."""
-    positions = sorted(positions)
-    blocks = pool.get_new_blocks(len(positions))
-    table: Table = [None] * (positions[-1] + 1)
-    for p, block in zip(positions, blocks, strict=True):
-        block.group = group
-        table[p] = block
-    pool.cache_group_blocks(table, 0, len(table), HASHES, [], None, group)
-    pool.free_blocks(blocks)
-    assert set(pool.cached_hashes(group)) == {HASHES[p] for p in positions}
-    return dict(zip(positions, blocks, strict=True))
+def _cache_findable(pool: BlockPool, group: int, positions: Iterable[int]) -> dict[int, KVBlock]:
+    """cache_free_blocks, and each of them found under its hash."""
+    blocks = cache_free_blocks(pool, group, positions)
+    assert set(pool.cached_hashes(group)) == {HASHES[p] for p in blocks}
+    return blocks
 
 
 def test_make_group_manager_picks_the_kind() -> None:
@@ -63,7 +50,7 @@ def test_make_group_manager_picks_the_kind() -> None:
 
 def test_full_attention_hit_is_the_longest_cached_prefix() -> None:
     pool, (_, _, full) = _managers()
-    blocks = _cache(pool, 2, [0, 1, 2, 3, 4, 6])
+    blocks = _cache_findable(pool, 2, [0, 1, 2, 3, 4, 6])
     assert full.find_hit(HASHES, 10) == 5  # 0..4 cached, 5 missing
     assert full.find_hit(HASHES, 3) == 3  # capped
     assert full.find_hit([BlockHash(999), *HASHES[1:]], 10) == 0  # block 0 missing
@@ -73,7 +60,7 @@ def test_full_attention_hit_is_the_longest_cached_prefix() -> None:
 
 def test_full_attention_other_groups_hashes_do_not_count() -> None:
     pool, (sliding, mamba, full) = _managers()
-    _cache(pool, 0, range(6))  # cached in the sliding group only
+    _cache_findable(pool, 0, range(6))  # cached in the sliding group only
     assert full.find_hit(HASHES, 10) == 0
     assert mamba.find_hit(HASHES, 10) == 0
     assert sliding.find_hit(HASHES, 10) == 6
@@ -85,7 +72,7 @@ def test_full_attention_other_groups_hashes_do_not_count() -> None:
 def test_sliding_hit_needs_only_the_window_before_it() -> None:
     pool, (sliding, _, _) = _managers(window=8)
     # Window 8, block 4: a hit needs ceil(7 / 4) = 2 cached blocks just before it.
-    blocks = _cache(pool, 0, [0, 1, 2, 5, 6])
+    blocks = _cache_findable(pool, 0, [0, 1, 2, 5, 6])
     # Right to left: 9, 8, 7 missing; 6 and 5 make a run of 2: hit 5 + 2 = 7 blocks.
     assert sliding.find_hit(HASHES, 10) == 7
     # At most 6: 5 alone, 4 and 3 missing, then 2 and 1: hit 1 + 2 = 3.
@@ -97,10 +84,10 @@ def test_sliding_hit_needs_only_the_window_before_it() -> None:
 
 def test_sliding_without_a_full_run_the_leading_run_counts() -> None:
     pool, (sliding, _, _) = _managers(window=8)
-    _cache(pool, 0, [0, 4])  # no two contiguous blocks; block 0 starts the prompt
+    _cache_findable(pool, 0, [0, 4])  # no two contiguous blocks; block 0 starts the prompt
     assert sliding.find_hit(HASHES, 10) == 1
     pool2, (sliding2, _, _) = _managers(window=8)
-    _cache(pool2, 0, [3, 6])  # neither run reaches block 0: no hit
+    _cache_findable(pool2, 0, [3, 6])  # neither run reaches block 0: no hit
     assert sliding2.find_hit(HASHES, 10) == 0
 
 
@@ -115,7 +102,7 @@ def test_sliding_without_a_full_run_the_leading_run_counts() -> None:
 )
 def test_sliding_blocks_needed_follow_the_window(window: int, hit: int) -> None:
     pool, (sliding, _, _) = _managers(window=window)
-    _cache(pool, 0, [3, 4])
+    _cache_findable(pool, 0, [3, 4])
     assert sliding.find_hit(HASHES, 10) == hit
 
 
@@ -135,7 +122,7 @@ def test_sliding_release_points() -> None:
 
 def test_mamba_hit_needs_a_state_exactly_at_the_hit_point() -> None:
     pool, (_, mamba, _) = _managers()
-    blocks = _cache(pool, 1, [2, 6])  # states after blocks 3 and 7
+    blocks = _cache_findable(pool, 1, [2, 6])  # states after blocks 3 and 7
     assert mamba.find_hit(HASHES, 10) == 7  # right to left: 6 is the first cached
     assert mamba.find_hit(HASHES, 6) == 3
     assert mamba.find_hit(HASHES, 2) == 0

@@ -10,6 +10,7 @@ import pytest
 import xxhash
 
 from mocker.compiled import ENV
+from mocker.compiled import chash as _chash
 from mocker.kv.hashing import (
     BlockHash,
     BlockHasher,
@@ -20,11 +21,6 @@ from mocker.kv.hashing import (
     hash_array,
     make_hasher,
 )
-
-try:
-    from mocker.kv import _chash
-except ImportError:
-    _chash = None  # type: ignore[assignment]
 
 
 def _ref(seed: int, parent: int, tokens: list[int], extra: bytes = b"") -> int:

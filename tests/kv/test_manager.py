@@ -4,14 +4,16 @@ from mocker.kv.block_pool import BlockPool
 from mocker.kv.eviction import LRUPolicy
 from mocker.kv.hashing import BlockHasher
 from mocker.kv.manager import KVCacheManager
-from mocker.request import Request, RequestId, SamplingParams
+from mocker.request import Request
+from tests.support.engines import core_request
 from tests.support.pools import python_pool
 
 BS = 4
 
 
-def _request(name: str, tokens: list[int]) -> Request:
-    r = Request(RequestId(name), list(tokens), len(tokens), 8, SamplingParams(), 0.0)
+def _hashed(name: str, tokens: list[int]) -> Request:
+    """A request of `tokens` whose full blocks are hashed (seed 0)."""
+    r = core_request(name, tokens, 8)
     r.enable_hashing(BlockHasher(0), BS, None)
     return r
 
@@ -30,7 +32,7 @@ def _prefill(kv: KVCacheManager, r: Request) -> None:
 
 def test_allocate_rounds_up_to_blocks_and_caches_only_full_ones() -> None:
     kv = _manager()
-    r = _request("a", list(range(10)))
+    r = _hashed("a", list(range(10)))
     _prefill(kv, r)
     assert len(r.blocks) == 3 and r.num_cached_blocks == 2
     assert python_pool(kv.pool).lookup(r.block_hashes[1]) is r.blocks[1]
@@ -39,9 +41,9 @@ def test_allocate_rounds_up_to_blocks_and_caches_only_full_ones() -> None:
 
 def test_hits_are_shared_and_capped() -> None:
     kv = _manager()
-    a = _request("a", list(range(12)))
+    a = _hashed("a", list(range(12)))
     _prefill(kv, a)
-    b = _request("b", list(range(12)))
+    b = _hashed("b", list(range(12)))
     hits = kv.get_computed_blocks(b)
     assert hits == a.blocks[:2]  # 12 tokens: 3 full blocks, cap at 11 tokens → 2
     assert kv.allocate_slots(b, 4, hits)
@@ -51,19 +53,19 @@ def test_hits_are_shared_and_capped() -> None:
 
 def test_allocation_failure_changes_nothing() -> None:
     kv = _manager(4)
-    a = _request("a", list(range(12)))
+    a = _hashed("a", list(range(12)))
     _prefill(kv, a)  # 3 of 4 blocks held
-    b = _request("b", [99] * 8)
+    b = _hashed("b", [99] * 8)
     assert not kv.allocate_slots(b, 8)
     assert b.blocks == [] and kv.pool.num_used == 3
 
 
 def test_hits_on_free_blocks_count_against_free_space() -> None:
     kv = _manager(4)
-    a = _request("a", list(range(12)))
+    a = _hashed("a", list(range(12)))
     _prefill(kv, a)
     kv.free(a)  # all 3 cached blocks are free but findable
-    b = _request("b", [*range(12), 50, 51, 52, 53, 54, 55])
+    b = _hashed("b", [*range(12), 50, 51, 52, 53, 54, 55])
     hits = kv.get_computed_blocks(b)
     assert len(hits) == 3
     # 18 tokens need 5 blocks: 3 revived hits + 2 new, but only 4 exist.
@@ -73,7 +75,7 @@ def test_hits_on_free_blocks_count_against_free_space() -> None:
 
 def test_free_releases_tail_first() -> None:
     kv = _manager(4)
-    a = _request("a", list(range(12)))
+    a = _hashed("a", list(range(12)))
     _prefill(kv, a)
     ids = [b.block_id for b in a.blocks]
     kv.free(a)

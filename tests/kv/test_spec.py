@@ -7,6 +7,7 @@ import pytest
 from mocker.config import ConfigError, EngineConfig
 from mocker.kv.spec import KVLayout, SpecKind, kv_layout
 from mocker.model_shape import MODEL_PRESETS, ModelShape
+from tests.support.hybrid import hybrid_shape
 
 QWEN3_NEXT = MODEL_PRESETS["qwen3-next-80b-a3b"]
 GRANITE = MODEL_PRESETS["granite-4.0-h-micro"]
@@ -126,16 +127,11 @@ def test_every_preset_without_layer_types_is_dense() -> None:
 # -- the grouping rule ----------------------------------------------------------------------
 
 
-def _shape(types: list[str], **kw: Any) -> ModelShape:
-    return ModelShape(num_layers=len(types), num_kv_heads=1, head_dim=4, layer_types=tuple(types),
-                      **kw)  # fmt: skip
-
-
 def test_sizes_under_one_and_a_half_times_take_the_largest() -> None:
     # 12 sliding + 13 full: 13 < 1.5 × 12 = 18, so a group holds 13 layers; the sliding
     # group (12 layers) is padded to 13 slots.
-    layout = kv_layout(_shape(["sliding_attention"] * 12 + ["full_attention"] * 13,
-                              sliding_window=32), 16)  # fmt: skip
+    layout = kv_layout(hybrid_shape(["sliding_attention"] * 12 + ["full_attention"] * 13,
+                                    window=32), 16)  # fmt: skip
     assert _kinds(layout) == [SpecKind.SLIDING, SpecKind.FULL]
     assert _sizes(layout) == [12, 13] and layout.group_size == 13
     # 16 tokens × 2 × 1 head × 4 dims × 2 bytes = 256 per page; 13 pages.
@@ -145,8 +141,8 @@ def test_sizes_under_one_and_a_half_times_take_the_largest() -> None:
 def test_sizes_at_one_and_a_half_times_split_the_largest() -> None:
     # 12 sliding + 18 full: 18 is not < 18: size 12, the full bucket splits into
     # ceil(18 / 12) = 2 groups of full[i::2] (9 layers each).
-    layout = kv_layout(_shape(["sliding_attention"] * 12 + ["full_attention"] * 18,
-                              sliding_window=32), 16)  # fmt: skip
+    layout = kv_layout(hybrid_shape(["sliding_attention"] * 12 + ["full_attention"] * 18,
+                                    window=32), 16)  # fmt: skip
     assert _kinds(layout) == [SpecKind.SLIDING, SpecKind.FULL, SpecKind.FULL]
     assert layout.groups[1].layers == tuple(range(12, 30, 2))
     assert layout.groups[2].layers == tuple(range(13, 30, 2))
@@ -154,7 +150,7 @@ def test_sizes_at_one_and_a_half_times_split_the_largest() -> None:
 
 
 def test_groups_follow_the_first_appearance_of_each_kind() -> None:
-    layout = kv_layout(_shape(["full_attention", "sliding_attention"] * 2, sliding_window=8), 4)
+    layout = kv_layout(hybrid_shape(["full_attention", "sliding_attention"] * 2, window=8), 4)
     assert _kinds(layout) == [SpecKind.FULL, SpecKind.SLIDING]
     assert [g.layers for g in layout.groups] == [(0, 2), (1, 3)]
 

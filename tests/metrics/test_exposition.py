@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from prometheus_client import generate_latest
@@ -16,6 +16,9 @@ from prometheus_client.core import (
 from prometheus_client.utils import floatToGoString
 
 from mocker.metrics.exposition import Series, escape, go_float, histogram_text, metric_text
+
+# prometheus_client's own float format, typed here (the library leaves it unannotated).
+_float_to_go_string: Callable[[float], str] = floatToGoString
 
 
 class _Collected:
@@ -36,7 +39,7 @@ def _latest(*metrics: Metric) -> str:
      0.0, 0.1, 2.5, -2.5, 1e-9, 123456.75, 1234567.0, 1e21, math.inf, -math.inf, math.nan],
 )  # fmt: skip
 def test_go_float_is_prometheus_clients_float_format(value: float) -> None:
-    assert go_float(value) == floatToGoString(value)  # type: ignore[no-untyped-call]
+    assert go_float(value) == _float_to_go_string(value)
 
 
 def test_label_values_are_escaped_and_names_sorted() -> None:

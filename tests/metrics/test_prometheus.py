@@ -16,7 +16,6 @@ from mocker.metrics import (
     MetricsCollector,
     StatsRecorder,
     build_registry,
-    prometheus,
 )
 from mocker.metrics.sources import admission_counts
 from mocker.storage_spec import StorageKind, StorageTierSpec
@@ -93,7 +92,8 @@ def test_text_is_what_generate_latest_prints(
     """text() (what /metrics serves) against the Metric objects of collect() rendered by
     prometheus_client, with two ranks, legacy names, injected failures and a model name
     that needs escaping; again after more observations (the histogram text cache)."""
-    monkeypatch.setattr(prometheus.time, "time", lambda: 1_700_000_000.5)  # the LoRA gauge
+    # A fixed time for the LoRA gauge, whose value is the wall time of its last change.
+    monkeypatch.setattr("mocker.metrics.prometheus.time.time", lambda: 1_700_000_000.5)
     recorders = _fed_recorders(**overrides)
     collector = MetricsCollector(
         recorders, 'model "x"\\y', legacy_names=True, failures={FaultType.RATE_LIMIT: 2}
@@ -185,7 +185,7 @@ def test_kv_offload_config_info_states_the_cpu_tier() -> None:
     facts = (f'cpu_blocks_per_chunk="1",cpu_kv_cache_size_bytes="{16 * config.block_bytes}",'
              'cpu_kv_cache_size_tokens="64",cpu_num_chunks="16"')  # fmt: skip
     assert f'vllm:kv_offload_config_info{{{facts},engine="0",model_name="m"}} 1.0' in text
-    fs = StorageTierSpec("fs", 64, read_gbps=8.0, write_gbps=4.0)  # type: ignore[arg-type]
+    fs = StorageTierSpec(StorageKind.FS, 64, read_gbps=8.0, write_gbps=4.0)
     tiered = _render(StatsRecorder(config.with_changes(storage_tiers=(fs,))), legacy=False)
     assert f'{facts},engine="0",model_name="m",tier="0:primary"}} 1.0' in tiered
     assert ('cpu_kv_cache_size_tokens="",cpu_num_chunks="",engine="0",model_name="m",'
@@ -211,7 +211,7 @@ def test_tiering_names_and_labels_follow_the_release(
     release: str, present: list[str], absent: list[str]
 ) -> None:
     # --vllm-compat 0.33 keeps the names and labels 0.33-era dashboards read.
-    fs = StorageTierSpec("fs", 64, read_gbps=8.0, write_gbps=4.0)  # type: ignore[arg-type]
+    fs = StorageTierSpec(StorageKind.FS, 64, read_gbps=8.0, write_gbps=4.0)
     config = make_core(num_cpu_blocks=16, offload_policy="write-through",
                        storage_tiers=(fs,)).config  # fmt: skip
     metrics = StatsRecorder(config, release=release)

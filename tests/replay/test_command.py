@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from mocker.cli import main
 
 
-def trace_file(tmp_path: Path, extra: list[str] = ()) -> Path:  # type: ignore[assignment]
+def trace_file(tmp_path: Path, extra: Sequence[str] = ()) -> Path:
     rows = [
         json.dumps(
             {

@@ -27,7 +27,7 @@ from tests.support.pools import free_order
 BS = 16
 TBS = 64  # tokens per trace hash id in these tests
 MODEL = PolynomialTiming()
-FS_TIER = StorageTierSpec("fs", 400, 1.0, 0.5, 0.2)  # type: ignore[arg-type]  # (a str kind)
+FS_TIER = StorageTierSpec(StorageKind.FS, 400, 1.0, 0.5, 0.2)
 SHARED_OBJ = StorageTierSpec(StorageKind.OBJ, 600, 2.0, 1.0, 0.5)
 
 

@@ -107,7 +107,7 @@ def test_large_hash_ids_are_renumbered_apart_from_generated_ones(tmp_path: Path)
     ])  # fmt: skip
     a, b, c, generated = load_trace(trace)[0]
     assert a.hash_ids[0] == c.hash_ids[0] and a.hash_ids[1] == b.hash_ids[1]  # equal stay equal
-    assert len(set(a.hash_ids) | {1, 2}) == 4  # a 64-bit id no longer wraps onto a small one
+    assert len(set(a.hash_ids) | {1, 2}) == 4  # a 64-bit id does not wrap onto a small one
     assert not set(a.hash_ids) & set(generated.hash_ids)  # nor meets a row's unique blocks
     assert max(a.hash_ids) < 1 << 40 <= min(generated.hash_ids)
 

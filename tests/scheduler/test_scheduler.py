@@ -4,12 +4,13 @@ from dataclasses import replace
 
 import pytest
 
+from mocker.engine.core import EngineCore
 from mocker.kv.events import BlockStored
 from mocker.request import EngineRequest, RequestStatus
 from tests.support.engines import make_core, req
 
 
-def _scheduled(core, now: float = 0.0) -> dict[str, int]:
+def _scheduled(core: EngineCore, now: float = 0.0) -> dict[str, int]:
     """Run one pass; return tokens computed per request in it."""
     before = {rid: r.num_computed_tokens for rid, r in core.requests.items()}
     requests = dict(core.requests)
@@ -87,7 +88,7 @@ def test_without_chunking_a_prompt_waits_for_room() -> None:
     assert _scheduled(core) == {"big": 62}
 
 
-def _two_growing_requests(victim: str):
+def _two_growing_requests(victim: str) -> EngineCore:
     # 6 blocks of 4 tokens; two 8-token prompts; each decode crossing a block boundary
     # needs a new block, so the third block each (tokens 9..12) fills the pool.
     core = make_core(num_gpu_blocks=6, preemption_victim=victim)

@@ -10,9 +10,9 @@ from mocker.kv.block_pool import BlockPool
 from mocker.kv.coordinator import HybridKVCacheManager
 from mocker.kv.manager import KVCacheManager
 from mocker.model_shape import ModelShape
-from mocker.request import Request, RequestId, RequestStatus, SamplingParams
+from mocker.request import Request, RequestStatus, SamplingParams
 from mocker.scheduler.scheduler import Scheduler
-from tests.support.engines import small_config
+from tests.support.engines import core_request, small_config
 
 BLOCK = 4
 
@@ -38,8 +38,7 @@ def make_scheduler(num_blocks: int, connector: Any = None) -> tuple[Scheduler, K
 
 
 def request(rid: str, num_tokens: int) -> Request:
-    return Request(RequestId(rid), list(range(num_tokens)), num_tokens, 4,
-                   SamplingParams(ignore_eos=True), 0.0)  # fmt: skip
+    return core_request(rid, range(num_tokens), 4, SamplingParams(ignore_eos=True))
 
 
 def loaded(sched: Scheduler, kv: KVCacheManager, rid: str, num_tokens: int, blocks: int) -> Request:

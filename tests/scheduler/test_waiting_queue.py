@@ -2,17 +2,13 @@
 
 import pytest
 
-from mocker.request import Request, RequestId, SamplingParams
 from mocker.scheduler.waiting_queue import WaitingQueue
-
-
-def _r(name: str, priority: int = 0) -> Request:
-    return Request(RequestId(name), [1], 1, 1, SamplingParams(), 0.0, priority=priority)
+from tests.support.engines import core_request
 
 
 def test_fcfs_and_push_front_like_a_deque() -> None:
     q = WaitingQueue()
-    a, b, c, d = (_r(x) for x in "abcd")
+    a, b, c, d = (core_request(x, [1]) for x in "abcd")
     q.push(a)
     q.push(b)
     q.push_front(c)
@@ -23,7 +19,8 @@ def test_fcfs_and_push_front_like_a_deque() -> None:
 
 def test_priority_orders_first_then_arrival() -> None:
     q = WaitingQueue()
-    low, high1, high2 = _r("low", 5), _r("high1", -1), _r("high2", -1)
+    low = core_request("low", [1], priority=5)
+    high1, high2 = core_request("high1", [1], priority=-1), core_request("high2", [1], priority=-1)
     for r in (low, high1, high2):
         q.push(r)
     assert [q.pop().request_id for _ in range(3)] == ["high1", "high2", "low"]
@@ -31,7 +28,7 @@ def test_priority_orders_first_then_arrival() -> None:
 
 def test_remove_is_lazy_and_exact() -> None:
     q = WaitingQueue()
-    a, b = _r("a"), _r("b")
+    a, b = core_request("a", [1]), core_request("b", [1])
     q.push(a)
     q.push(b)
     assert q.remove(a) and not q.remove(a)
@@ -48,7 +45,7 @@ def test_by_arrival_a_request_pushed_to_the_front_takes_its_arrivals_place() -> 
     its arrival puts it, not in front (ties: the order they came in)."""
     q = WaitingQueue(by_arrival=True)
     early, late, tie, urgent = (
-        Request(RequestId(n), [1], 1, 1, SamplingParams(), t, priority=p)
+        core_request(n, [1], arrival=t, priority=p)
         for n, t, p in (("early", 1.0, 0), ("late", 3.0, 0), ("tie", 1.0, 0), ("urgent", 9.0, -1))
     )
     q.push(late)

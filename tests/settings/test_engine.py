@@ -12,7 +12,7 @@ import yaml
 from mocker.config import ConfigError, EngineConfig
 from mocker.model_shape import MODEL_PRESETS
 from mocker.settings import engine_config_from, resolve
-from tests.support.settings import ALL, parse_flags
+from tests.support.settings import ALL, parse_flags, serve_config
 
 
 def test_host_tier_flags() -> None:
@@ -54,10 +54,7 @@ def test_host_tier_flags() -> None:
     assert (config.offload.min_load_blocks, config.offload.load_timeout) == (2, 3.0)
     values, _ = resolve(parse_flags(small), ALL, environ={"MOCKER_NUM_HOST_BLOCKS": "7"})
     assert engine_config_from(values).offload.num_cpu_blocks == 7
-    assert (
-        engine_config_from(resolve(parse_flags(small), ALL, environ={})[0]).offload.num_cpu_blocks
-        == 0
-    )
+    assert serve_config(*small).offload.num_cpu_blocks == 0
 
 
 @pytest.mark.parametrize(
@@ -81,15 +78,13 @@ def test_host_tier_mistakes_fail_at_start_up(argv: list[str], message: str) -> N
 
 def test_polynomial_flags_give_the_config_defaults() -> None:
     """--timing-model polynomial is Dynamo's engine: EngineConfig's own defaults."""
-    flags = parse_flags(["--timing-model", "polynomial"])
-    assert engine_config_from(resolve(flags, ALL, environ={})[0]) == EngineConfig()
+    assert serve_config("--timing-model", "polynomial") == EngineConfig()
 
 
 def _config(*argv: str) -> EngineConfig:
     """The engine of these flags under the polynomial (these tests are about the KV cache's
     shape and tiers; tests/settings/test_deployment.py has the GPU's)."""
-    argv = ("--timing-model", "polynomial", *argv)
-    return engine_config_from(resolve(parse_flags(list(argv)), ALL, environ={})[0])
+    return serve_config("--timing-model", "polynomial", *argv)
 
 
 def test_model_shape_preset_inline_json_and_file(
@@ -157,7 +152,7 @@ def test_start_up_counts_every_hybrid_group_together() -> None:
 
 
 def test_scheduling_policy_is_read_not_ignored() -> None:
-    """vLLM's --scheduling-policy was once accepted and ignored; it now orders the queue."""
+    """vLLM's --scheduling-policy is read, not ignored: it orders the waiting queue."""
     assert _config().scheduler.scheduling_policy == "fcfs"
     values, warnings = resolve(parse_flags(["--scheduling-policy", "priority"]), ALL, environ={})
     assert warnings == [] and engine_config_from(values).scheduler.scheduling_policy == "priority"

@@ -14,7 +14,7 @@ def test_ignored_vllm_flags_warn_once_each() -> None:
         "ignoring --enforce-eager: no meaning for a mock engine",
         "ignoring --trust-remote-code: no meaning for a mock engine",
     ]
-    # Read now (they size the KV cache and time the passes): not in the ignored list.
+    # Read (they size the KV cache and time the passes): not in the ignored list.
     for flag in ("tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization",
                  "quantization", "kv_cache_dtype", "enable_expert_parallel"):  # fmt: skip
         assert flag not in IGNORED_VLLM_FLAGS
@@ -27,14 +27,13 @@ def test_deployment_vllm_flags_are_accepted_and_data_parallel_is_read() -> None:
     assert warnings == []  # (--kv-offloading-backend is read: mocker.settings.offload)
     assert values["kv_offloading_backend"] == "native"
     assert server_settings_from(values).data_parallel_size == 2
-    # Read, not ignored (mocker.settings.kv_transfer); a connector other than
-    # OffloadingConnector changes nothing yet.
+    # Read, not ignored: mocker.settings.kv_transfer parses it (tests/settings/test_kv_transfer.py).
     assert values["kv_transfer_config"] == '{"kv_connector": "NixlConnector"}'
 
 
 def test_scale_out_flag_is_accepted_and_hash_algo_is_read() -> None:
     """--enable-scale-out gates vLLM's render and generate routes; mocker always serves them.
-    --prefix-caching-hash-algo was ignored once; it now picks the block hash."""
+    --prefix-caching-hash-algo is read: it picks the block hash."""
     ns = parse_flags(["--enable-scale-out", "--prefix-caching-hash-algo", "sha256_cbor"])
     values, warnings = resolve(ns, ALL, environ={})
     assert warnings == ["ignoring --enable-scale-out: no meaning for a mock engine"]
@@ -64,7 +63,8 @@ def test_manifest_flags_are_accepted_and_warned_about() -> None:
 
 
 def test_the_vllm_flags_mocker_models_are_read() -> None:
-    """These were refused (or ignored) once; they now change what the mock does."""
+    """vLLM flags whose effect the mock models: read without a warning, each changing what
+    the mock does."""
     argv = ["--stream-interval", "4", "--enable-force-include-usage", "--root-path", "/p",
             "--scheduling-policy", "priority", "--long-prefill-token-threshold", "256",
             "--kv-cache-memory-bytes", str(2**33), "--enable-auto-tool-choice",

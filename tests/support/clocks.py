@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 
+from mocker.clock import WallClock
 
-class LateClock:
+
+class LateClock(WallClock):
     """Time that moves only through the loop's sleeps, each of which wakes `late` seconds
     after its deadline (a deadline already past wakes at once). The loop still yields once
-    per sleep, so consumers run between passes, as on the wall clock."""
+    per sleep, so consumers run between passes, as on the wall clock (whose place it takes:
+    a subclass, as the live engine's clock is typed)."""
 
     __slots__ = ("late", "t")
 

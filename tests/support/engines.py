@@ -7,7 +7,8 @@ from typing import Any
 
 from mocker.config import EngineConfig
 from mocker.engine.core import EngineCore
-from mocker.request import EngineRequest, SamplingParams
+from mocker.engine.outputs import RequestOutput
+from mocker.request import EngineRequest, FinishReason, Request, RequestId, SamplingParams
 from mocker.timing import PassShape
 
 
@@ -37,6 +38,31 @@ def req(
     return EngineRequest(
         rid, list(prompt), SamplingParams(max_tokens=max_tokens, **sampling), arrival_time=arrival
     )
+
+
+def core_request(
+    rid: str,
+    prompt: Sequence[int],
+    max_tokens: int = 1,
+    sampling: SamplingParams | None = None,
+    arrival: float = 0.0,
+    **fields: Any,
+) -> Request:
+    """The engine's own Request for `prompt`, built without a core (sampling: max_tokens)."""
+    if sampling is None:
+        sampling = SamplingParams(max_tokens=max_tokens)
+    tokens = list(prompt)
+    return Request(RequestId(rid), tokens, len(tokens), max_tokens, sampling, arrival, **fields)
+
+
+def output(rid: str, ids: list[int], end: bool = False) -> RequestOutput:
+    """A pass's output of `ids` for `rid` at time 1.0; `end`: its last (by length)."""
+    return RequestOutput(rid, ids, 1.0, end, FinishReason.LENGTH if end else None, 3)
+
+
+def prefill_ms(t: int) -> float:
+    """Dynamo's polynomial prefill time of `t` new tokens (0 for none), by hand."""
+    return 4.209989e-7 * t * t + 1.518344e-2 * t + 16.50142 if t else 0.0
 
 
 class CompositionTiming:

@@ -10,7 +10,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import IO, Any
@@ -18,6 +18,7 @@ from typing import IO, Any
 import httpx
 import uvicorn
 from fastapi import FastAPI
+from prometheus_client.parser import text_string_to_metric_families
 
 from mocker.api.app import create_app
 from mocker.config import EngineConfig
@@ -25,7 +26,8 @@ from mocker.settings import ServerSettings
 from mocker.tokenizer import TextTokenizer, load_tokenizer
 
 FAST: dict[str, Any] = {"speedup_ratio": 200.0, "num_gpu_blocks": 4096, "max_model_len": 4096}
-# `mocker serve` as these tests knew it: a model name only, timed by Dynamo's polynomial.
+# The model-agnostic `mocker serve` the serving tests run: a model name only, timed by
+# Dynamo's polynomial (the GPU timing has tests of its own).
 AGNOSTIC = ("--model", "mocker", "--timing-model", "polynomial")
 
 _TOKENIZER: TextTokenizer | None = None
@@ -87,7 +89,23 @@ def wait_healthy(proc: subprocess.Popen[str], url: str, timeout: float = 30) -> 
         time.sleep(0.05)
 
 
-def served_url(proc: subprocess.Popen[str], timeout: float = 30) -> str:
+class LoggedProcess(subprocess.Popen[str]):
+    """A child process in text mode whose stderr goes to `log`, a file read while the child
+    runs (stderr_of): a pipe nobody reads could fill up and block it."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        log: IO[str],
+        *,
+        stdout: int | IO[str] = subprocess.DEVNULL,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(argv, stdout=stdout, stderr=log, text=True, env=env)
+        self.log = log
+
+
+def served_url(proc: LoggedProcess, timeout: float = 30) -> str:
     """The URL `mocker serve` in `proc` (started by serve()) says it listens at, read from its
     start-up line on stderr (fails if the process exits first)."""
     deadline = time.monotonic() + timeout
@@ -99,25 +117,20 @@ def served_url(proc: subprocess.Popen[str], timeout: float = 30) -> str:
 
 
 @contextmanager
-def serve(
-    *args: str, env: dict[str, str] | None = None
-) -> Iterator[tuple[subprocess.Popen[str], str]]:
+def serve(*args: str, env: dict[str, str] | None = None) -> Iterator[tuple[LoggedProcess, str]]:
     """`python -m mocker serve --port 0 ARGS` (the system picks the port, so it cannot be
     taken by the time the server binds it): yields the process once /health answers, and
     its URL as its start-up line names it. Unless ARGS name a model (by flag or first, as
-    `vllm serve MODEL`) or a timing model, the
-    server is the model-agnostic one these tests of serving were written for (model
-    "mocker", Dynamo's polynomial); the GPU timing has tests of its own."""
+    `vllm serve MODEL`) or a timing model, the server is the model-agnostic one (AGNOSTIC:
+    model "mocker", Dynamo's polynomial)."""
     positional_model = bool(args) and not args[0].startswith("-")
     if not positional_model and not any(a.split("=")[0] in ("--model", "--timing-model")
                                         for a in args):  # fmt: skip
         args = (*AGNOSTIC, *args)
     argv = [sys.executable, "-m", "mocker", "serve", "--port", "0",
             "--disable-uvicorn-access-log", *args]  # fmt: skip
-    # stderr to a file: a pipe nobody reads could fill up and block the server.
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, text=True, env=env)
-        proc.log = log  # type: ignore[attr-defined]
+        proc = LoggedProcess(argv, log, env=env)
         try:
             url = served_url(proc)
             wait_healthy(proc, url)
@@ -128,15 +141,15 @@ def serve(
             proc.wait(timeout=10)
 
 
-def stderr_of(proc: subprocess.Popen[str]) -> str:
-    return read_shared(proc.log)  # type: ignore[attr-defined]
+def stderr_of(proc: LoggedProcess) -> str:
+    return read_shared(proc.log)
 
 
 def read_shared(file: IO[str]) -> str:
     """What a running child wrote to `file` (its stdout or stderr) so far. Read with `pread`,
     which leaves the file's offset alone: the child shares that offset, and a `seek(0)` here
-    could land one of its writes over the start of the file (a start-up line lost its first
-    character that way)."""
+    could land one of its writes over the start of the file (a start-up line would lose its
+    first character)."""
     fd = file.fileno()
     return os.pread(fd, os.fstat(fd).st_size, 0).decode("utf-8", errors="replace")
 
@@ -176,3 +189,21 @@ class ServerThread:
         self.server.should_exit = True
         self.thread.join(timeout=20)
         self.sock.close()
+
+
+def scrape(url: str, *labels: str) -> dict[tuple[str, str | None], float]:
+    """Every sample of the server's /metrics by (name, the first of `labels` it has set)."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {
+        (s.name, _first_label(s.labels, labels)): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def _first_label(values: dict[str, str], names: tuple[str, ...]) -> str | None:
+    """`values[names[0]] or values[names[1]] or ...`, a missing name read as None."""
+    value: str | None = None
+    for name in names:
+        value = value or values.get(name)
+    return value

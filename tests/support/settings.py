@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from mocker.config import EngineConfig
 from mocker.settings import (
     ENGINE_OPTIONS,
     SERVER_OPTIONS,
     add_ignored_vllm_flags,
     add_options,
+    engine_config_from,
+    resolve,
 )
 
 ALL = ENGINE_OPTIONS + SERVER_OPTIONS
@@ -21,3 +24,8 @@ def parse_flags(argv: list[str]) -> argparse.Namespace:
     add_options(parser, ENGINE_OPTIONS, "engine")
     add_ignored_vllm_flags(parser)
     return parser.parse_args(argv)
+
+
+def serve_config(*argv: str) -> EngineConfig:
+    """The engine config `mocker serve` makes of these flags, no environment variable set."""
+    return engine_config_from(resolve(parse_flags(list(argv)), ALL, environ={})[0])

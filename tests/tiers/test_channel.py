@@ -174,7 +174,7 @@ def test_bad_arguments_are_errors() -> None:
     with pytest.raises(ValueError, match="latency must be >= 0"):
         clink.Channel(1 * GB, -1.0, "cpu", "fs")
     with pytest.raises(ValueError, match=r"latency must be >= 0, got -1\.0"):
-        clink.Channel(1 * GB, latency=-1.0, src="cpu", dst="fs")  # (by keyword: a review's crash)
+        clink.Channel(1 * GB, latency=-1.0, src="cpu", dst="fs")  # (by keyword: not in args)
     c = clink.Channel(0.0, 0.0, "cpu", "fs")
     assert c.instant
     with pytest.raises(TypeError):

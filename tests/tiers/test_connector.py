@@ -21,15 +21,11 @@ from mocker.kv.events import BlockRemoved, BlockStored
 from mocker.request import EngineRequest, RequestStatus, SamplingParams
 from mocker.tiers.stores import _cut_runs
 from mocker.tiers.transfers import TransferKind
-from tests.support.engines import small_config
+from tests.support.engines import prefill_ms, small_config
 from tests.support.pools import all_blocks, free_order
 
 BLOCK_BYTES = 4 * 32 * 2 * 8 * 128 * 2  # block_size 4 × Llama-3-8B's 131072 B/token
 BLOCK_S = BLOCK_BYTES / 1e9  # seconds per block at 1 GB/s
-
-
-def prefill_ms(t: int) -> float:
-    return 4.209989e-7 * t * t + 1.518344e-2 * t + 16.50142 if t else 0.0
 
 
 def host_config(**overrides: Any) -> EngineConfig:
@@ -337,9 +333,9 @@ def test_a_block_without_a_hash_is_never_planned_for_a_store() -> None:
     core = EngineCore(small_config(num_cpu_blocks=8, offload_policy="write-through"))
     assert core.connector is not None
     # (Block 0 of a fresh pool: a `KVBlock` of the Python pool, an id of the compiled one.)
-    block = 0 if isinstance(core.pool, CompiledBlockPool) else KVBlock(BlockId(0))
+    block: Any = 0 if isinstance(core.pool, CompiledBlockPool) else KVBlock(BlockId(0))
     with pytest.raises(RuntimeError, match="holds no hash"):
-        core.connector.stores.plan([block])  # type: ignore[list-item]
+        core.connector.stores.plan([block])
     assert core.connector.cpu.num_incoming == 0
 
 

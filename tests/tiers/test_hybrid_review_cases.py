@@ -1,5 +1,5 @@
-"""Hybrid offload cases a review found: a load into a sliding window, device hits that end
-inside a chunk."""
+"""Hybrid offload edge cases: a load into a sliding window, device hits that end inside a
+chunk."""
 
 from __future__ import annotations
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -16,17 +15,17 @@ from mocker.engine.core import EngineCore
 from mocker.engine.outputs import RequestOutput
 from mocker.kv.coordinator import HybridKVCacheManager
 from mocker.kv.events import BlockStored
-from mocker.kv.group_managers import Table
 from mocker.kv.hashing import BlockHash
 from mocker.model_shape import MODEL_PRESETS, ModelShape
 from mocker.request import EngineRequest, Request, RequestId, RequestStatus, SamplingParams
-from mocker.settings import engine_config_from, resolve
-from mocker.storage_spec import StorageTierSpec
+from mocker.storage_spec import StorageKind, StorageTierSpec
 from mocker.tiers.connector import TierConnector
 from mocker.tiers.hybrid_store import ChunkUnit, HybridWriteThrough, chunk_keys
 from mocker.tiers.lru import LruTier
+from tests.support.engines import req
+from tests.support.hybrid import check_groups, group_tables, hybrid_shape
 from tests.support.pools import python_pool
-from tests.support.settings import ALL, parse_flags
+from tests.support.settings import serve_config
 
 GPT_OSS = MODEL_PRESETS["gpt-oss-20b"]  # block 16; groups: sliding (window 128), full
 QWEN3_NEXT = MODEL_PRESETS["qwen3-next-80b-a3b"]  # block 544; groups: 3 Mamba, 1 full
@@ -42,22 +41,11 @@ MAMBA_FULL = ("mamba", "full_attention")
 SWA_MAMBA_FULL = ("sliding_attention", "mamba", "full_attention")
 
 
-def _shape(types: tuple[str, ...], window: int = 8) -> ModelShape:
-    """One layer per group: 32 bytes of KV per token (1 head × 8 dims × K, V × 2 bytes); a
-    64-byte Mamba state fits a 16-token block, so a Mamba hybrid runs on 16-token blocks."""
-    return ModelShape(
-        num_layers=len(types),
-        num_kv_heads=1,
-        head_dim=8,
-        layer_types=types,
-        sliding_window=window if "sliding_attention" in types else None,
-        mamba_state_bytes=64 if "mamba" in types else 0,
-    )
-
-
 def _config(types: tuple[str, ...], *, window: int = 8, **kw: Any) -> EngineConfig:
+    # One layer per group: 32 bytes of KV per token (1 head × 8 dims × K, V × 2 bytes); a
+    # 64-byte Mamba state fits a 16-token block, so a Mamba hybrid runs on 16-token blocks.
     base: dict[str, Any] = {
-        "model": _shape(types, window),
+        "model": hybrid_shape(types, window, head_dim=8),
         "block_size": 4,
         "num_gpu_blocks": 40,
         "max_model_len": 64,
@@ -68,10 +56,6 @@ def _config(types: tuple[str, ...], *, window: int = 8, **kw: Any) -> EngineConf
     }
     base.update(kw)
     return EngineConfig.of(**base)
-
-
-def _req(rid: str, prompt: Sequence[int], max_tokens: int = 1) -> EngineRequest:
-    return EngineRequest(rid, list(prompt), SamplingParams(max_tokens=max_tokens, ignore_eos=True))
 
 
 def _kv(core: EngineCore) -> HybridKVCacheManager:
@@ -99,23 +83,9 @@ def _status(r: Request) -> RequestStatus:
     return r.status
 
 
-def _tables(r: Request) -> list[Table]:
-    assert r.group_blocks is not None
-    return r.group_blocks
-
-
 def _held(r: Request) -> list[list[bool]]:
     """Which positions of each group's table hold a block."""
-    return [[b is not None for b in t] for t in _tables(r)]
-
-
-def _check_groups(core: EngineCore) -> None:
-    """Each group's `used` is the number of referenced pool blocks of that group."""
-    pool, kv = python_pool(core.pool), _kv(core)
-    counts = Counter(b.group for b in pool.blocks if b.ref_cnt > 0)
-    assert kv.used == [counts[g] for g in range(len(kv.used))]
-    assert pool.num_used == sum(kv.used)
-    assert pool.num_used + pool.num_free == pool.num_blocks
+    return [[b is not None for b in t] for t in group_tables(r)]
 
 
 class Run:
@@ -132,7 +102,7 @@ class Run:
         result = self.core.step(self.now)
         self.events += result.kv_events
         self.final.update({o.request_id: o for o in result.outputs if o.finished})
-        _check_groups(self.core)
+        check_groups(python_pool(self.core.pool), _kv(self.core))
         deadline = self.core.next_transfer_deadline()
         if result.idle and deadline is not None:
             self.now = max(self.now, deadline)  # nothing ran: wait for the next transfer
@@ -177,7 +147,7 @@ def test_gpt_oss_unit_is_a_chunk_of_both_attention_groups() -> None:
     config = EngineConfig.of(**base, hybrid_chunk_size=64)
     # 64 tokens: 4 blocks in each of the 2 attention groups = 8 blocks' bytes.
     assert config.unit_blocks == 4 and config.unit_bytes == 8 * GPT_OSS_BLOCK_BYTES == 3145728
-    fs = StorageTierSpec("fs", 100, 1.0, 1.0)  # type: ignore[arg-type]
+    fs = StorageTierSpec(StorageKind.FS, 100, 1.0, 1.0)
     core = EngineCore(config.with_changes(storage_tiers=(fs,)))
     connector, cpu = _connector(core), _cpu(core)
     # Tiers count chunks: 100 blocks' bytes // 8 blocks' bytes per chunk = 12 chunks.
@@ -225,7 +195,7 @@ def test_repeated_prompt_hits_whole_chunks_in_the_cpu_tier() -> None:
     assert connector.block_bytes == 512 and cpu.capacity == 64 // 4 == 16
     run = Run(core)
     a_prompt, b_prompt = list(range(100, 120)), list(range(200, 220))
-    run.drain(_req("a", a_prompt))
+    run.drain(req("a", a_prompt, 1, ignore_eos=True))
     # 20 tokens = 5 full blocks: chunks [0, 8) and [8, 16) are whole (the 5th block starts a
     # third one): 2 units, keyed by the hashes of blocks 1 and 3.
     a_hashes = _hashes(core, a_prompt)
@@ -237,10 +207,10 @@ def test_repeated_prompt_hits_whole_chunks_in_the_cpu_tier() -> None:
         assert event.block_size == 8 and len(event.token_ids) == 8 * len(event.block_hashes)
     assert stored[0].token_ids[:8] == tuple(a_prompt[:8]) and stored[0].parent_block_hash is None
     # b's 20 tokens take 5 blocks in each group, the whole pool of 10: a's are evicted.
-    run.drain(_req("b", b_prompt))
+    run.drain(req("b", b_prompt, 1, ignore_eos=True))
     assert connector.stored_blocks == 4
     assert core.num_cached_prefix_blocks(a_hashes) == 0
-    run.drain(_req("a2", a_prompt))
+    run.drain(req("a2", a_prompt, 1, ignore_eos=True))
     # The lookup stops one token short: (20 − 1) // 8 = 2 chunks, both held: 16 tokens.
     assert run.final["a2"].num_cached_tokens == 16
     assert run.final["a2"].tier_hits == (("cpu", 16),)
@@ -254,13 +224,13 @@ def test_unit_takes_every_groups_blocks_of_the_chunk() -> None:
                      max_model_len=256, hybrid_chunk_size=32)  # fmt: skip
     core = EngineCore(config)
     policy = _policy(core)
-    core.add_request(_req("a", range(1000, 1080), 2))
+    core.add_request(req("a", range(1000, 1080), 2, ignore_eos=True))
     r = core.requests["a"]
     run = Run(core)
     run.step()
     # The first pass stops at the first chunk's end: [0, 32), its Mamba state saved at 32.
     assert r.num_computed_tokens == 32
-    swa, mamba, full = _tables(r)
+    swa, mamba, full = group_tables(r)
     assert mamba[0] is None and mamba[1] is not None
     unit = policy._unit(r, 0)
     assert isinstance(unit, ChunkUnit)
@@ -274,7 +244,7 @@ def test_unit_takes_every_groups_blocks_of_the_chunk() -> None:
 
     def without(group: int, position: int) -> ChunkUnit | None:
         saved = r.group_blocks
-        r.group_blocks = [list(t) for t in _tables(r)]
+        r.group_blocks = [list(t) for t in group_tables(r)]
         r.group_blocks[group][position] = None
         try:
             return policy._unit(r, 0)
@@ -290,7 +260,7 @@ def test_unit_takes_every_groups_blocks_of_the_chunk() -> None:
     unit = policy._unit(r, 1)
     assert unit is not None and unit.block_hash == r.block_hashes[3]
     assert unit.parent_hash == r.block_hashes[1] and unit.token_start == 32
-    swa, mamba, full = _tables(r)
+    swa, mamba, full = group_tables(r)
     assert unit.members == [swa[2], swa[3], mamba[3], full[2], full[3]]
     run.drain()
     assert _connector(core).stored_blocks == 2
@@ -303,9 +273,9 @@ def test_positions_of_a_device_hit_are_not_stored_again() -> None:
         run = Run(core)
         a = list(range(100, 112))
         if after_a:
-            run.drain(_req("a", a))  # 3 blocks: no whole chunk
+            run.drain(req("a", a, 1, ignore_eos=True))  # 3 blocks: no whole chunk
             assert _connector(core).stored_blocks == 0
-        core.add_request(_req("b", [*a, *range(300, 312)], 3))
+        core.add_request(req("b", [*a, *range(300, 312)], 3, ignore_eos=True))
         run.step()
         return core, run
 
@@ -334,7 +304,7 @@ def test_chunked_prefill_loses_chunks_whose_window_moved_on() -> None:
     # 4-6, caches 9-11: chunk 2 (8-11) is whole. 50 tokens: no fourth chunk.
     core = EngineCore(_config(SWA_FULL, hybrid_chunk_size=16, max_num_batched_tokens=12))
     prompt = list(range(100, 150))
-    Run(core).drain(_req("a", prompt))
+    Run(core).drain(req("a", prompt, 1, ignore_eos=True))
     hashes = _hashes(core, prompt)
     assert [hashes[i] in _cpu(core) for i in (3, 7, 11)] == [False, True, True]
     assert _connector(core).stored_blocks == 2
@@ -350,7 +320,7 @@ def _qwen3_next(**kw: Any) -> EngineCore:
 def _passes(core: EngineCore, num_tokens: int) -> list[int]:
     """Computed tokens after each pass of one request until its prompt is done; the run is
     then drained."""
-    core.add_request(_req("a", range(num_tokens)))
+    core.add_request(req("a", range(num_tokens), 1, ignore_eos=True))
     r = core.requests["a"]
     run = Run(core)
     seen = []
@@ -397,13 +367,14 @@ def test_cpu_hit_loads_whole_chunks_into_every_group() -> None:
     assert _cpu(core).capacity == 12
     run = Run(core)
     p = list(range(1000, 1080))  # 5 blocks: 2 whole chunks
-    run.drain(_req("a", p))
+    run.drain(req("a", p, 1, ignore_eos=True))
     assert connector.stored_blocks == 2
-    run.drain(_req("q", range(2000, 2112)))  # 7 blocks: 3 chunks; p's blocks are evicted
+    # 7 blocks: 3 chunks; p's blocks are evicted
+    run.drain(req("q", range(2000, 2112), 1, ignore_eos=True))
     assert connector.stored_blocks == 5
     hashes = _hashes(core, p)
     assert core.num_cached_prefix_blocks(hashes) == 0
-    core.add_request(_req("a2", p, 3))
+    core.add_request(req("a2", p, 3, ignore_eos=True))
     a2 = core.requests["a2"]
     run.step()
     # (80 − 1) // 32 = 2 chunks are looked up and found: 4 positions reserved in every
@@ -416,14 +387,14 @@ def test_cpu_hit_loads_whole_chunks_into_every_group() -> None:
     assert deadline is not None
     core.advance_transfers(deadline)  # the load ends; no pass
     assert _status(a2) == RequestStatus.WAITING and a2.num_computed_tokens == 64
-    swa, mamba, full = _tables(a2)
+    swa, mamba, full = group_tables(a2)
     assert [
         python_pool(core.pool).group_map(2)[hashes[i]] for i in range(4)
     ] == full  # loaded, cached
     assert python_pool(core.pool).group_map(0)[hashes[3]] is swa[3]
     assert python_pool(core.pool).group_map(1)[hashes[3]] is mamba[3]
     assert kv.used == [1, 1, 4]
-    _check_groups(core)
+    check_groups(python_pool(core.pool), _kv(core))
     run.step()
     # The rest [64, 80): the window releases (64 − 15) // 16 = 3 blocks first; the Mamba
     # group takes a state at position 4 and keeps the loaded one for this pass.
@@ -457,10 +428,11 @@ def test_min_load_blocks_counts_chunks(
     core = EngineCore(config)
     run = Run(core)
     prompt = list(range(100, 100 + prompt_len))
-    run.drain(_req("a", prompt))
-    run.drain(_req("flush", range(500, 520)))  # 5 blocks in each group: the whole pool
+    run.drain(req("a", prompt, 1, ignore_eos=True))
+    # 5 blocks in each group: the whole pool
+    run.drain(req("flush", range(500, 520), 1, ignore_eos=True))
     assert core.num_cached_prefix_blocks(_hashes(core, prompt)) == 0
-    run.drain(_req("a2", prompt))
+    run.drain(req("a2", prompt, 1, ignore_eos=True))
     out = run.final["a2"]
     assert out.tier_hits == tier_hits
     assert out.num_cached_tokens == sum(n for _, n in tier_hits)
@@ -478,13 +450,13 @@ def test_tier_continues_from_the_groups_minimum_hit() -> None:
     cpu = LruTier(20, 32)
     e1, e2 = EngineCore(config, cpu_tier=cpu), EngineCore(config, cpu_tier=cpu)
     p = list(range(1000, 1080))  # 5 blocks
-    Run(e1).drain(_req("p1", p))
+    Run(e1).drain(req("p1", p, 1, ignore_eos=True))
     hashes = _hashes(e1, p)
     assert cpu.resident_keys() == {hashes[1], hashes[3]}  # chunks [0, 32) and [32, 64)
     # On e2, r shares p's first 48 tokens: it loads chunk 0 from the tier, computes the rest
     # stopping at 64 and 80 (chunk end, last boundary), and stores its own chunk 1.
     run = Run(e2)
-    run.drain(_req("r", [*p[:48], *range(5000, 5040)]))
+    run.drain(req("r", [*p[:48], *range(5000, 5040)], 1, ignore_eos=True))
     assert run.final["r"].tier_hits == (("cpu", 32),)
     assert len(cpu.resident_keys()) == 3
     # e2's device holds full-attention blocks 0-2 of p, but Mamba states of p only at
@@ -493,7 +465,7 @@ def test_tier_continues_from_the_groups_minimum_hit() -> None:
     assert kv.managers[1].find_hit(hashes, 4) == 3
     assert kv.managers[0].find_hit(hashes, 4) == 2
     assert e2.num_cached_prefix_blocks(hashes[:4]) == 2
-    e2.add_request(_req("p2", p, 2))
+    e2.add_request(req("p2", p, 2, ignore_eos=True))
     p2 = e2.requests["p2"]
     run.step()
     # The tier continues at chunk 1 (2 blocks = 1 chunk in): found (e1 stored it); the
@@ -502,7 +474,7 @@ def test_tier_continues_from_the_groups_minimum_hit() -> None:
     assert p2.status == RequestStatus.WAITING_FOR_REMOTE_KVS
     assert _held(p2) == [[False, True, False, True], [True] * 4]
     device_block_2 = python_pool(e2.pool).group_map(1)[hashes[2]]
-    assert _tables(p2)[1][2] is not device_block_2  # reserved for the load
+    assert group_tables(p2)[1][2] is not device_block_2  # reserved for the load
     run.drain()
     out = run.final["p2"]
     assert out.num_cached_tokens == 2 * 16 + 32  # not 3 × 16 + 32
@@ -563,7 +535,7 @@ def _offloading(**extra: object) -> str:
 def _from_flags(model: str, raw: str) -> EngineConfig:
     argv = ["--model-shape", model, "--max-model-len", "4096",
             "--num-gpu-blocks-override", "1024", "--kv-transfer-config", raw]  # fmt: skip
-    return engine_config_from(resolve(parse_flags(argv), ALL, environ={})[0])
+    return serve_config(*argv)
 
 
 @pytest.mark.parametrize(
@@ -611,7 +583,7 @@ def _mamba_states(core: EngineCore, r: Request) -> list[int]:
     kv = _kv(core)
     return [
         sum(b is not None for b in table)
-        for table, group in zip(_tables(r), kv.layout.groups, strict=True)
+        for table, group in zip(group_tables(r), kv.layout.groups, strict=True)
         if not group.is_attention
     ]
 
@@ -622,7 +594,7 @@ def test_mamba_group_holds_at_most_two_states_with_multi_block_chunks() -> None:
     # 5000 + 2 − 1 tokens need 10 full-attention blocks + 2 states in each of 3 Mamba groups =
     # 16 blocks (KVLayout.max_blocks_per_request): a pool of 16 holds the request alone.
     core = _qwen3_next(num_gpu_blocks=16, max_model_len=8192, hybrid_chunk_size=1088)
-    core.add_request(_req("a", range(5000), 2))
+    core.add_request(req("a", range(5000), 2, ignore_eos=True))
     r = core.requests["a"]
     run = Run(core)
     while r.num_computed_tokens < 5000:

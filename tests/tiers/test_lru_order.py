@@ -148,8 +148,9 @@ def test_the_compiled_order_reads_8_byte_buffers_and_refuses_other_ones() -> Non
 @needs_c
 def test_a_key_whose_index_changes_things_meets_a_consistent_order() -> None:
     """A key given as another integer type is converted before the order is touched: what
-    its __index__ does to the key list or the order cannot be met half way (these crashed,
-    or corrupted the node array, before)."""
+    its __index__ does to the key list or the order cannot be met half way (a conversion
+    in the middle of a verb could free the items the verb walks, or change the node array
+    under it)."""
     order = lru_order(compiled=True)
     order.add([BlockHash(1)], [None])
     keys: list[Any] = []

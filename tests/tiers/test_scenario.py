@@ -20,6 +20,7 @@ from mocker.engine.virtual import VirtualDriver
 from mocker.kv.events import BlockRemoved, BlockStored
 from mocker.metrics import MetricsCollector, StatsRecorder, build_registry
 from mocker.request import EngineRequest, SamplingParams
+from tests.support.engines import prefill_ms
 
 BLOCK = 16
 PROMPT = 1024  # 64 blocks per prompt
@@ -29,10 +30,6 @@ HOST_BLOCKS = 2048
 BLOCK_BYTES = BLOCK * 32 * 2 * 8 * 128 * 2  # Llama-3-8B: 131072 B/token → 2 MiB per block
 GBPS = 32e9  # the default 32 GB/s links
 LOADED = (PROMPT - 1) // BLOCK  # the lookup stops one token short: 63 blocks
-
-
-def prefill_ms(t: int) -> float:
-    return 4.209989e-7 * t * t + 1.518344e-2 * t + 16.50142
 
 
 def copy_s(blocks: int) -> float:

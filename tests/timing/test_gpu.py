@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiconfigurator_core.sdk.rust_engine_step import RustForwardPassPerfModel
@@ -24,9 +25,9 @@ from mocker.timing.serving import SERVING
 from mocker.timing.spec import TimingKind
 
 
-def _gpu(model: str, gpu: str = "h100_sxm", **kw: object) -> GpuTiming:
+def _gpu(model: str, gpu: str = "h100_sxm", **kw: Any) -> GpuTiming:
     """The kernel data's model (without the serving correction the engine applies)."""
-    model_ = load_timing_model(TimingSpec("gpu", deployment_from(model, gpu, **kw)))  # type: ignore[arg-type]
+    model_ = load_timing_model(TimingSpec(TimingKind.GPU, deployment_from(model, gpu, **kw)))
     assert isinstance(model_, CorrectedTiming) and model_.correction is SERVING
     assert isinstance(model_.base, GpuTiming)
     return model_.base
@@ -126,7 +127,7 @@ def test_a_gpu_without_vllm_data_is_timed_by_a_roofline_with_a_warning(
 
 
 def test_a_pass_the_data_cannot_answer_falls_back_with_one_warning(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = GpuTiming(deployment_from("Qwen/Qwen3-8B", "h100_sxm"))
 
@@ -134,7 +135,7 @@ def test_a_pass_the_data_cannot_answer_falls_back_with_one_warning(
         def estimate_forward_pass_time_ms(self, metrics: object) -> float:
             raise ValueError("perf database error: out of range")
 
-    model._model = Broken()  # type: ignore[assignment]
+    monkeypatch.setattr(model, "_model", Broken())
     with caplog.at_level(logging.WARNING, logger="mocker"):
         first = model.pass_ms(_decode(4, 100))
         model.pass_ms(_decode(5, 100))
