@@ -101,10 +101,12 @@ def client_setup(name: str) -> Path:
 
 
 def mocker_argv(speedup: float, *flags: str) -> list[str]:
-    """`mocker serve` on loopback, on a port the server picks (--port 0), quiet uvicorn logs."""
+    """`mocker serve` on loopback, on a port the server picks (--port 0), quiet uvicorn logs,
+    serving its default model under the name the benchmark clients ask for (`mocker`)."""
     return [
         sys.executable, "-m", "mocker", "serve",
         "--host", HOST, "--port", "0",
+        "--served-model-name", "mocker",
         "--speedup-ratio", str(speedup),
         *flags,
         "--disable-uvicorn-access-log",
