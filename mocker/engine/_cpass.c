@@ -33,6 +33,7 @@
  * Kept for: bench/compiled_parts.py's `replay` and `stream` figure (what it buys: bench/README.md).
  */
 #include "../_cfields.h"
+#include "../_cmixing.h"
 #include <stdint.h>
 
 /* The slots read or written, by name (each class's member descriptors serve them). */
@@ -511,14 +512,6 @@ static PyObject *applier_run(DecodeApplier *self, PyObject *const *args, Py_ssiz
     return PyLong_FromSsize_t(partial);
 }
 
-/* splitmix64 (mocker.mixing) */
-static inline uint64_t mix(uint64_t x)
-{
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
 
 /* mocker.output_tokens.palette_rank: an octave of the palette from the low 32 bits, then an
  * entry inside it from the high 32, each by a multiply-shift (a Zipf-like law; see there).
@@ -578,8 +571,8 @@ static PyObject *draws(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
         return NULL;
     for (Py_ssize_t i = 0; i < count; i++) {
         long long k = start + i;
-        uint64_t m = mix(seed + (uint64_t)k);
-        PyObject *tok = (threshold && k >= eos_from && (mix(m) >> 11) < threshold)
+        uint64_t m = splitmix64(seed + (uint64_t)k);
+        PyObject *tok = (threshold && k >= eos_from && (splitmix64(m) >> 11) < threshold)
                             ? eos
                             : PyList_GET_ITEM(palette, (Py_ssize_t)rank(m, n, octaves));
         Py_INCREF(tok);
@@ -660,7 +653,7 @@ static PyObject *rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssi
     for (Py_ssize_t i = 0; i < n; i++) {
         uint64_t x = seeds[i] + starts[i];
         for (Py_ssize_t k = 0; k < count; k++)
-            *to++ = palette[rank(mix(x + (uint64_t)k), size, octaves)];
+            *to++ = palette[rank(splitmix64(x + (uint64_t)k), size, octaves)];
     }
 done:
     PyMem_Free(seeds);
@@ -690,7 +683,7 @@ static PyObject *column(PyObject *Py_UNUSED(module), PyObject *const *args, Py_s
     uint64_t size = (uint64_t)PyList_GET_SIZE(palette), octaves = octaves_of(size);
     PyObject *out = PyList_New(n);
     for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
-        PyObject *tok = PyList_GET_ITEM(palette, rank(mix(seeds[i] + indexes[i]), size, octaves));
+        PyObject *tok = PyList_GET_ITEM(palette, rank(splitmix64(seeds[i] + indexes[i]), size, octaves));
         PyList_SET_ITEM(out, i, Py_NewRef(tok));
     }
     PyMem_Free(seeds);
