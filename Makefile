@@ -22,7 +22,8 @@ $(BIN)/python:
 # tiers (mocker/tiers/_clink.c), built in place by the editable install when a C compiler is
 # there (mocker runs without them, on their Python code).
 C_SOURCES := mocker/kv/_cpool.c mocker/kv/_chash.c mocker/replay/_cprompts.c mocker/api/_ctext.c \
-	mocker/engine/_cpass.c mocker/tiers/_clru.c mocker/tiers/_clink.c mocker/_cfields.h
+	mocker/engine/_cpass.c mocker/tiers/_clru.c mocker/tiers/_clink.c mocker/_cfields.h \
+	mocker/_cmixing.h
 $(RUN_STAMP): pyproject.toml setup.py $(C_SOURCES) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@

@@ -32,7 +32,7 @@ setup(
         Extension(
             "mocker.engine._cpass",
             ["mocker/engine/_cpass.c"],
-            depends=["mocker/_cfields.h"],
+            depends=["mocker/_cfields.h", "mocker/_cmixing.h"],
             optional=True,
             extra_compile_args=["-O2"],
         ),
@@ -51,6 +51,7 @@ setup(
         Extension(
             "mocker.replay._cprompts",
             ["mocker/replay/_cprompts.c"],
+            depends=["mocker/_cmixing.h"],
             optional=True,
             extra_compile_args=["-O2"],
         ),

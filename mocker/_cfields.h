@@ -17,15 +17,20 @@ typedef struct {
     descrsetfunc set;
 } Field;
 
-/* Find `type`'s attribute `name` as a data descriptor with both get and set (a `__slots__`
- * member is one): 1, or 0 when it is not one (nothing held), -1 with an error set. A data
- * descriptor of the class wins over an instance's dict, so reading through it is what
- * `getattr` does for instances of exactly `type`. */
-static inline int field_find(Field *f, PyTypeObject *type, const char *name)
+/* Find `type`'s attribute `name` as a `__slots__` member of the class or a base: 1, or 0
+ * when it is not one or `type` overrides attribute access (reading, or writing too when
+ * `writes`): nothing held; -1 with an error set. A member descriptor wins over an instance's
+ * dict, so with the generic attribute access reading through it is what `getattr` does for
+ * instances of exactly `type`. */
+static inline int field_find(Field *f, PyTypeObject *type, const char *name, int writes)
 {
     f->descr = NULL;
     f->get = NULL;
     f->set = NULL;
+    /* (a class that overrides attribute access is read through it: not a field) */
+    if (type->tp_getattro != PyObject_GenericGetAttr ||
+        (writes && type->tp_setattro != PyObject_GenericSetAttr))
+        return 0;
     PyObject *d = PyObject_GetAttrString((PyObject *)type, name);
     if (d == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError))
@@ -58,13 +63,13 @@ static inline int field_find(Field *f, PyTypeObject *type, const char *name)
     return 1;
 }
 
-/* `type`'s attributes `names` as fields: 0, or -1 with a TypeError naming the first that is
- * not a `__slots__` member (the message starts with `who`). */
+/* `type`'s attributes `names` as fields (`writes`: as `field_find`): 0, or -1 with a
+ * TypeError naming the first that is not one (the message starts with `who`). */
 static inline int fields_find(Field *out, PyTypeObject *type, const char *const *names, int n,
-                              const char *who)
+                              int writes, const char *who)
 {
     for (int i = 0; i < n; i++) {
-        int found = field_find(&out[i], type, names[i]);
+        int found = field_find(&out[i], type, names[i], writes);
         if (found <= 0) {
             if (found == 0)
                 PyErr_Format(PyExc_TypeError, "%s: %s.%s is not a plain slot", who,
@@ -93,6 +98,7 @@ static inline PyObject *field_get(const Field *f, PyObject *obj)
 /* `obj`'s field, or NULL with no error set when it cannot be read (a new reference). */
 static inline PyObject *field_peek(const Field *f, PyObject *obj)
 {
+    assert(!PyErr_Occurred());
     PyObject *v = f->get(f->descr, obj, (PyObject *)Py_TYPE(obj));
     if (v == NULL)
         PyErr_Clear();

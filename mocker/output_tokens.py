@@ -12,7 +12,7 @@ import numpy.typing as npt
 
 from mocker.compiled import cpass as _cpass
 from mocker.compiled import use_compiled
-from mocker.mixing import GOLDEN, MASK64, splitmix64_array
+from mocker.mixing import MASK64, splitmix64, splitmix64_array
 from mocker.request import TokenIds
 
 _COMPILED = "mocker.engine._cpass"
@@ -119,28 +119,12 @@ class OutputTokenSampler:
 
     def token(self, request_seed: int, index: int, eos_allowed: bool) -> int:
         """Token at output position `index`; EOS only where `eos_allowed`."""
-        # splitmix64 (mocker.mixing), inlined: this runs once per generated token, and the
-        # call costs a few percent of the streaming path. tests/test_output_tokens.py checks
-        # it against mocker.mixing.splitmix64.
-        x = (request_seed + index + GOLDEN) & MASK64
-        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
-        x ^= x >> 31
+        x = splitmix64((request_seed + index) & MASK64)
         threshold = self._eos_threshold
-        if eos_allowed and threshold:
-            e = (x + GOLDEN) & MASK64  # splitmix64(x), inlined as well
-            e = ((e ^ (e >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-            e = ((e ^ (e >> 27)) * 0x94D049BB133111EB) & MASK64
-            if ((e ^ (e >> 31)) >> 11) < threshold:
-                return self.eos_token_id
-        # palette_rank, inlined as the mixer is (tests/test_output_tokens.py checks it)
+        if eos_allowed and threshold and (splitmix64(x) >> 11) < threshold:
+            return self.eos_token_id
         palette = self._palette
-        n = len(palette)
-        octaves = (n + 1).bit_length() - 1
-        e = ((x & 0xFFFFFFFF) * octaves) >> 32
-        first = (1 << e) - 1
-        end = n if e + 1 == octaves else 2 * first + 1
-        return palette[first + (((x >> 32) * (end - first)) >> 32)]
+        return palette[palette_rank(x, len(palette))]
 
     def tokens(self, request_seed: int, start: int, count: int) -> list[int]:
         """Tokens at output positions start .. start+count-1 where EOS is not allowed: the

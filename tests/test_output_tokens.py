@@ -38,7 +38,7 @@ def test_eos_probability_rate_and_gate() -> None:
     assert all(always.token(seed, k, True) == 1 for k in range(100))
 
 
-def test_the_inlined_mixer_is_splitmix64() -> None:
+def test_a_token_is_the_palette_rank_of_its_splitmix64() -> None:
     s = OutputTokenSampler(range(1000), eos_token_id=1, eos_probability=0.0, seed=0)
     palette = [t for t in range(1000) if t != 1]  # EOS is never drawn from the palette
     seed = s.request_seed("req-1")
@@ -109,7 +109,7 @@ def test_token_column_is_each_pairs_token() -> None:
     assert s.token_column([], []) == []
 
 
-def test_the_inlined_eos_draw_is_splitmix64_of_the_token_mix() -> None:
+def test_the_eos_draw_is_splitmix64_of_the_token_mix() -> None:
     s = OutputTokenSampler(range(1000), eos_token_id=1, eos_probability=0.3, seed=5)
     threshold = int(0.3 * (1 << 53))
     seed = s.request_seed("req-2")

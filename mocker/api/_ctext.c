@@ -375,8 +375,8 @@ static PyObject *sink_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->flow = flow;
     self->write = write;
     self->choice = Py_NewRef(choice);
-    if (field_find(&self->writer, Py_TYPE(emitter), "writer") < 0 ||
-        field_find(&self->count, Py_TYPE(choice), "completion_tokens") < 0) {
+    if (field_find(&self->writer, Py_TYPE(emitter), "writer", 0) < 0 ||
+        field_find(&self->count, Py_TYPE(choice), "completion_tokens", 1) < 0) {
         Py_DECREF(self);
         return NULL;
     }

@@ -33,6 +33,7 @@
  * Kept for: bench/compiled_parts.py's `replay` and `stream` figure (what it buys: bench/README.md).
  */
 #include "../_cfields.h"
+#include "../_cmixing.h"
 #include <stdint.h>
 
 /* The slots read or written, by name (each class's member descriptors serve them). */
@@ -85,19 +86,23 @@ typedef struct {
 
 static Layout out_layout, stream_layout;
 
-/* Make `layout` describe `type`: 0, or -1 with an error set. */
+/* Make `layout` describe `type`: 0, or -1 with an error set. (Finding a field may run Python
+ * code that calls `deliver` again: the layout is built aside, then installed whole.) */
 static int layout_of(Layout *layout, PyTypeObject *type, PyObject *const *names, int n)
 {
     if (layout->type == type)
         return 0;
-    fields_clear(layout->f, LAYOUT_FIELDS);
-    Py_CLEAR(layout->type);
+    Layout fresh = {NULL, {{NULL, NULL, NULL}}};
     for (int i = 0; i < n; i++)
-        if (field_find(&layout->f[i], type, PyUnicode_AsUTF8(names[i])) < 0) {
-            fields_clear(layout->f, LAYOUT_FIELDS);
+        if (field_find(&fresh.f[i], type, PyUnicode_AsUTF8(names[i]), 0) < 0) {
+            fields_clear(fresh.f, LAYOUT_FIELDS);
             return -1;
         }
-    layout->type = (PyTypeObject *)Py_NewRef(type);
+    Layout old = *layout;
+    fresh.type = (PyTypeObject *)Py_NewRef(type);
+    *layout = fresh; /* (installed before a release below can run code) */
+    fields_clear(old.f, LAYOUT_FIELDS);
+    Py_XDECREF(old.type);
     return 0;
 }
 
@@ -132,6 +137,26 @@ static void applier_dealloc(DecodeApplier *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* 0 if each field takes a value on a scratch instance of `type`, else -1 with a TypeError. */
+static int writable(const Field *fields, int n, PyTypeObject *type)
+{
+    PyObject *scratch = type->tp_alloc(type, 0);
+    if (scratch == NULL)
+        return -1;
+    for (int i = 0; i < n; i++)
+        if (field_set(&fields[i], scratch, Py_None) < 0) {
+            PyErr_Clear();
+            PyObject *name = PyObject_GetAttrString(fields[i].descr, "__name__");
+            PyErr_Format(PyExc_TypeError, "DecodeApplier: %s.%S is not a plain slot",
+                         type->tp_name, name != NULL ? name : Py_None);
+            Py_XDECREF(name);
+            Py_DECREF(scratch);
+            return -1;
+        }
+    Py_DECREF(scratch);
+    return 0;
+}
+
 /* DecodeApplier(request_type, sampling_type, output_type, block_size, eos_token_id) */
 static PyObject *applier_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
@@ -154,9 +179,15 @@ static PyObject *applier_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     DecodeApplier *self = (DecodeApplier *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
-    if (fields_find(self->r, rt, request_slots, R_COUNT, "DecodeApplier") < 0 ||
-        fields_find(self->s, st, sampling_slots, S_COUNT, "DecodeApplier") < 0 ||
-        fields_find(self->o, ot, output_slots, O_COUNT, "DecodeApplier") < 0) {
+    if (fields_find(self->r, rt, request_slots, R_COUNT, 1, "DecodeApplier") < 0 ||
+        fields_find(self->s, st, sampling_slots, S_COUNT, 0, "DecodeApplier") < 0 ||
+        fields_find(self->o, ot, output_slots, O_COUNT, 1, "DecodeApplier") < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    /* The fields written must take a value (a read-only member takes none): tried once on
+     * a scratch object of each class, so that a pass never stops half-applied. */
+    if (writable(self->o, O_COUNT, ot) < 0 || writable(self->r, R_COUNT, rt) < 0) {
         Py_DECREF(self);
         return NULL;
     }
@@ -484,41 +515,41 @@ static PyObject *applier_run(DecodeApplier *self, PyObject *const *args, Py_ssiz
     while (PyDict_Next(scheduled, &pos, &req, &num)) {
         if (prefetch && PyDict_Next(scheduled, &far, &ahead, &value))
             prefetch_request(ahead);
+        /* (held: the calls below run Python code; `scheduled` keeps them, by the contract
+         * that nothing changes it during the pass, but that is not to be relied on here) */
+        Py_INCREF(req);
+        Py_INCREF(num);
         int done = NOT_APPLIED;
         if (floats && PyLong_CheckExact(num)) {
             Py_ssize_t n = PyLong_AsSsize_t(num);
             if (n == -1 && PyErr_Occurred())
                 PyErr_Clear();
             else
-                done = apply_simple(self, req, n, end, end_s, emit, column, registered, token, cache,
-                             outputs);
+                done = apply_simple(self, req, n, end, end_s, emit, column, registered, token,
+                                    cache, outputs);
         }
+        Py_ssize_t p = 0;
+        if (done == NOT_APPLIED) {
+            PyObject *argv[2] = {req, num};
+            PyObject *res = PyObject_Vectorcall(slow, argv, 2, NULL);
+            if (res == NULL) {
+                done = APPLY_FAILED;
+            } else {
+                p = PyLong_AsSsize_t(res);
+                Py_DECREF(res);
+                if (p == -1 && PyErr_Occurred())
+                    done = APPLY_FAILED;
+            }
+        }
+        Py_DECREF(req);
+        Py_DECREF(num);
         if (done == APPLY_FAILED)
-            return NULL;
-        if (done == APPLIED)
-            continue;
-        /* (The slow body may not change `scheduled`: the pass's requests are fixed.) */
-        PyObject *argv[2] = {req, num};
-        PyObject *res = PyObject_Vectorcall(slow, argv, 2, NULL);
-        if (res == NULL)
-            return NULL;
-        Py_ssize_t p = PyLong_AsSsize_t(res);
-        Py_DECREF(res);
-        if (p == -1 && PyErr_Occurred())
             return NULL;
         partial += p;
     }
     return PyLong_FromSsize_t(partial);
 }
 
-/* splitmix64 (mocker.mixing) */
-static inline uint64_t mix(uint64_t x)
-{
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
 
 /* mocker.output_tokens.palette_rank: an octave of the palette from the low 32 bits, then an
  * entry inside it from the high 32, each by a multiply-shift (a Zipf-like law; see there).
@@ -578,8 +609,8 @@ static PyObject *draws(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
         return NULL;
     for (Py_ssize_t i = 0; i < count; i++) {
         long long k = start + i;
-        uint64_t m = mix(seed + (uint64_t)k);
-        PyObject *tok = (threshold && k >= eos_from && (mix(m) >> 11) < threshold)
+        uint64_t m = splitmix64(seed + (uint64_t)k);
+        PyObject *tok = (threshold && k >= eos_from && (splitmix64(m) >> 11) < threshold)
                             ? eos
                             : PyList_GET_ITEM(palette, (Py_ssize_t)rank(m, n, octaves));
         Py_INCREF(tok);
@@ -660,7 +691,7 @@ static PyObject *rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssi
     for (Py_ssize_t i = 0; i < n; i++) {
         uint64_t x = seeds[i] + starts[i];
         for (Py_ssize_t k = 0; k < count; k++)
-            *to++ = palette[rank(mix(x + (uint64_t)k), size, octaves)];
+            *to++ = palette[rank(splitmix64(x + (uint64_t)k), size, octaves)];
     }
 done:
     PyMem_Free(seeds);
@@ -690,7 +721,7 @@ static PyObject *column(PyObject *Py_UNUSED(module), PyObject *const *args, Py_s
     uint64_t size = (uint64_t)PyList_GET_SIZE(palette), octaves = octaves_of(size);
     PyObject *out = PyList_New(n);
     for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
-        PyObject *tok = PyList_GET_ITEM(palette, rank(mix(seeds[i] + indexes[i]), size, octaves));
+        PyObject *tok = PyList_GET_ITEM(palette, rank(splitmix64(seeds[i] + indexes[i]), size, octaves));
         PyList_SET_ITEM(out, i, Py_NewRef(tok));
     }
     PyMem_Free(seeds);
@@ -763,8 +794,9 @@ static PyObject *deliver(PyObject *Py_UNUSED(module), PyObject *const *args, Py_
                               (ids = layout_get(&out_layout, 2, out, str_new_token_ids)) == NULL))
                 goto fail;
             if (ids != NULL && PyList_CheckExact(ids) && PyList_GET_SIZE(ids) == 1) {
-                PyObject *tok = PyList_GET_ITEM(ids, 0);
+                PyObject *tok = Py_NewRef(PyList_GET_ITEM(ids, 0)); /* (across the sink) */
                 PyObject *took = PyObject_Vectorcall(sink, &tok, 1, NULL);
+                Py_DECREF(tok);
                 if (took == NULL) {
                     Py_DECREF(ids);
                     goto fail;
@@ -813,6 +845,43 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* Schedule `req` for one decode token if it decodes one and has (or gets) room for it: 1,
+ * 0 (nothing changed for it: the Python loop goes on from it), -1 with an error set. */
+static int decode_one(DecodeApplier *self, PyObject *req, PyObject *one, Py_ssize_t bs,
+                      PyObject *scheduled, PyObject *allocate)
+{
+    const Field *r = self->r;
+    int ok = 1;
+    PyObject *tokens = field_peek(&r[R_TOKENS], req), *blocks = field_peek(&r[R_BLOCKS], req);
+    Py_ssize_t num_tokens = -1, num_blocks = -1;
+    if (tokens != NULL && blocks != NULL && PyList_CheckExact(blocks)) {
+        num_blocks = PyList_GET_SIZE(blocks);
+        num_tokens = PyList_CheckExact(tokens) ? PyList_GET_SIZE(tokens) : PyObject_Size(tokens);
+        if (num_tokens < 0)
+            PyErr_Clear();
+    }
+    Py_XDECREF(tokens);
+    Py_XDECREF(blocks);
+    if (num_tokens < 0)
+        return 0;
+    Py_ssize_t computed = int_field(&r[R_NUM_COMPUTED], req, &ok);
+    Py_ssize_t prompt = int_field(&r[R_NUM_PROMPT], req, &ok);
+    Py_ssize_t recheck = int_field(&r[R_KV_RECHECK], req, &ok);
+    if (!ok || computed != num_tokens - 1 || num_tokens <= prompt || computed >= recheck)
+        return 0;
+    if (computed + 1 > num_blocks * bs) {
+        PyObject *argv[2] = {req, one};
+        PyObject *got = PyObject_Vectorcall(allocate, argv, 2, NULL);
+        if (got == NULL)
+            return -1;
+        int room = PyObject_IsTrue(got);
+        Py_DECREF(got);
+        if (room <= 0)
+            return room;
+    }
+    return PyDict_SetItem(scheduled, req, one) < 0 ? -1 : 1;
+}
+
 /* decodes(running, start, budget, scheduled, allocate) -> (index, budget, decodes)
  *
  * The head of running.py's schedule_running (its Python loop is the reference, and goes on
@@ -836,7 +905,6 @@ static PyObject *applier_decodes(DecodeApplier *self, PyObject *const *args, Py_
         PyErr_SetString(PyExc_TypeError, "decodes(list, start >= 0, budget, dict, allocate)");
         return NULL;
     }
-    const Field *r = self->r;
     Py_ssize_t bs = self->block_size, count = 0;
     PyObject *one = PyLong_FromLong(1);
     if (one == NULL)
@@ -845,45 +913,15 @@ static PyObject *applier_decodes(DecodeApplier *self, PyObject *const *args, Py_
         PyObject *req = PyList_GET_ITEM(running, i);
         if (Py_TYPE(req) != self->request_type)
             break;
-        int ok = 1;
-        PyObject *tokens = field_peek(&r[R_TOKENS], req), *blocks = field_peek(&r[R_BLOCKS], req);
-        Py_ssize_t num_tokens = -1, num_blocks = -1;
-        if (tokens != NULL && blocks != NULL && PyList_CheckExact(blocks)) {
-            num_blocks = PyList_GET_SIZE(blocks);
-            num_tokens = PyList_CheckExact(tokens) ? PyList_GET_SIZE(tokens)
-                                                   : PyObject_Size(tokens);
-            if (num_tokens < 0)
-                PyErr_Clear();
-        }
-        Py_XDECREF(tokens);
-        Py_XDECREF(blocks);
-        if (num_tokens < 0)
-            break;
-        Py_ssize_t computed = int_field(&r[R_NUM_COMPUTED], req, &ok);
-        Py_ssize_t prompt = int_field(&r[R_NUM_PROMPT], req, &ok);
-        Py_ssize_t recheck = int_field(&r[R_KV_RECHECK], req, &ok);
-        if (!ok || computed != num_tokens - 1 || num_tokens <= prompt || computed >= recheck)
-            break;
-        if (computed + 1 > num_blocks * bs) {
-            PyObject *argv[2] = {req, one};
-            PyObject *got = PyObject_Vectorcall(allocate, argv, 2, NULL);
-            if (got == NULL) {
-                Py_DECREF(one);
-                return NULL;
-            }
-            int room = PyObject_IsTrue(got);
-            Py_DECREF(got);
-            if (room < 0) {
-                Py_DECREF(one);
-                return NULL;
-            }
-            if (!room)
-                break;
-        }
-        if (PyDict_SetItem(scheduled, req, one) < 0) {
+        Py_INCREF(req); /* (held across `allocate`, which runs Python code) */
+        int scheduled_it = decode_one(self, req, one, bs, scheduled, allocate);
+        Py_DECREF(req);
+        if (scheduled_it < 0) {
             Py_DECREF(one);
             return NULL;
         }
+        if (!scheduled_it)
+            break;
         budget--;
         count++;
         i++;

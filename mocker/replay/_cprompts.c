@@ -12,15 +12,7 @@
 #include <Python.h>
 #include <stdint.h>
 
-#define GOLDEN 0x9E3779B97F4A7C15ull
-
-static inline uint64_t splitmix64(uint64_t x)
-{
-    x += GOLDEN;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
+#include "../_cmixing.h"
 
 /* block_hashes(ids, seed, per, num_full) -> bytes: the first num_full engine blocks'
  * hashes, native uint64 words. The prefix key of trace block t chains the ids:

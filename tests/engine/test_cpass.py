@@ -247,6 +247,8 @@ def test_the_decode_applier_needs_plain_slots() -> None:
         _cpass.DecodeApplier(NoSlots, SamplingParams, RequestOutput, 16, 2)
     with pytest.raises(TypeError, match="time is not a plain slot"):
         _cpass.DecodeApplier(Request, SamplingParams, _read_only_time(), 16, 2)
+    with pytest.raises(TypeError, match="request_id is not a plain slot"):
+        _cpass.DecodeApplier(Request, SamplingParams, _guarded_writes(), 16, 2)
     with pytest.raises(ValueError, match="block_size"):
         _cpass.DecodeApplier(Request, SamplingParams, RequestOutput, 0, 2)
     with pytest.raises(TypeError, match="eos_token_id"):
@@ -256,6 +258,15 @@ def test_the_decode_applier_needs_plain_slots() -> None:
         a.run({}, 1.0)
     with pytest.raises(TypeError, match="run\\(dict"):
         a.run([], 1.0, True, None, None, None, None, [], None)
+
+
+def _guarded_writes() -> type:
+    """RequestOutput, its writes going through its own __setattr__ (as a frozen class's)."""
+
+    def refuse(self: object, name: str, value: object) -> None:
+        raise AttributeError(name)
+
+    return type("GuardedWrites", (RequestOutput,), {"__setattr__": refuse})
 
 
 def _read_only_time() -> type:

@@ -393,3 +393,24 @@ def test_listeners_that_retire_streams_and_swap_sinks_meet_the_same_loop(seed: i
     every stream and sink found ahead still alive when it is read (run under a sanitizer
     this is the test that catches a borrowed one kept too long)."""
     assert _churned_run(None, seed) == _churned_run(_cpass.deliver, seed)
+
+
+class _EndedByItsClass(RequestStream):
+    """A stream whose class answers `finished` itself (its own attribute access)."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "finished":
+            return True
+        return super().__getattribute__(name)
+
+
+@pytest.mark.skipif(_cpass is None, reason="mocker/engine/_cpass.c not built")
+def test_the_compiled_loop_reads_attributes_as_a_class_that_overrides_access_says() -> None:
+    kept = []
+    for loop in (None, _cpass.deliver):
+        stream = _EndedByItsClass("a")
+        stream.listen(lambda out: None)
+        result = _result([output("a", [1])])
+        deliver({"a": stream}, result, loop)
+        kept.append([o.request_id for o in result.outputs])
+    assert kept == [[], []]
