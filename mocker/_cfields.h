@@ -1,20 +1,23 @@
-/* Attributes of Python classes read and written from C through the public descriptor
- * protocol: a class's attribute found once (`field_find`), then each access one call of its
- * descriptor's `tp_descr_get` / `tp_descr_set` (for a `__slots__` member, the member
- * descriptor's own reader and writer), with no name lookup per access. Shared by the compiled
- * parts that walk engine and API objects per token (mocker/engine/_cpass.c,
- * mocker/api/_ctext.c). */
+/* Attributes of Python classes read and written from C through CPython's member API: a
+ * class's `__slots__` member found once (`field_find`: its member descriptor and the
+ * PyMemberDef that describes it), then read as `PyMember_GetOne` reads it (the object at the
+ * PyMemberDef's published offset) and written by `PyMember_SetOne`, with no name lookup per
+ * access. The PyMemberDef is the member descriptor's (`PyMemberDescrObject`, CPython's
+ * public non-limited API); its offset is the one the class publishes for the member. The
+ * caller checks that an object is of the field's class before each access, as the
+ * descriptor would. Shared by the compiled parts that walk engine and API objects per token
+ * (mocker/engine/_cpass.c, mocker/api/_ctext.c). */
 #ifndef MOCKER_CFIELDS_H
 #define MOCKER_CFIELDS_H
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h> /* (T_OBJECT_EX, READONLY: 3.11's names, kept by 3.12 and 3.13) */
 
-/* A class's data attribute: its descriptor (held) and that descriptor's get and set. */
+/* A class's `__slots__` member: its descriptor (held) and the PyMemberDef it reads through. */
 typedef struct {
-    PyObject *descr;
-    descrgetfunc get;
-    descrsetfunc set;
+    PyObject *descr;    /* the member descriptor (held: it keeps `member` alive) */
+    PyMemberDef *member;
 } Field;
 
 /* Find `type`'s attribute `name` as a `__slots__` member of the class or a base: 1, or 0
@@ -25,8 +28,7 @@ typedef struct {
 static inline int field_find(Field *f, PyTypeObject *type, const char *name, int writes)
 {
     f->descr = NULL;
-    f->get = NULL;
-    f->set = NULL;
+    f->member = NULL;
     /* (a class that overrides attribute access is read through it: not a field) */
     if (type->tp_getattro != PyObject_GenericGetAttr ||
         (writes && type->tp_setattro != PyObject_GenericSetAttr))
@@ -38,9 +40,10 @@ static inline int field_find(Field *f, PyTypeObject *type, const char *name, int
         PyErr_Clear();
         return 0;
     }
-    descrgetfunc get = Py_TYPE(d)->tp_descr_get;
-    descrsetfunc set = Py_TYPE(d)->tp_descr_set;
-    if (!Py_IS_TYPE(d, &PyMemberDescr_Type) || get == NULL || set == NULL) {
+    PyMemberDef *member = Py_IS_TYPE(d, &PyMemberDescr_Type)
+                              ? ((PyMemberDescrObject *)d)->d_member
+                              : NULL;
+    if (member == NULL || member->type != T_OBJECT_EX || (member->flags & READONLY)) {
         Py_DECREF(d);
         return 0;
     }
@@ -58,8 +61,7 @@ static inline int field_find(Field *f, PyTypeObject *type, const char *name, int
         return 0;
     }
     f->descr = d;
-    f->get = get;
-    f->set = set;
+    f->member = member;
     return 1;
 }
 
@@ -92,29 +94,40 @@ static inline void fields_clear(Field *fields, int n)
  * (an unset slot: AttributeError). */
 static inline PyObject *field_get(const Field *f, PyObject *obj)
 {
-    return f->get(f->descr, obj, (PyObject *)Py_TYPE(obj));
+    /* What PyMember_GetOne does for a T_OBJECT_EX member, inline (a pass reads a few dozen
+     * a token): the object at the offset its PyMemberDef publishes (a new reference), or
+     * AttributeError when the slot is unset. */
+    PyObject *v = *(PyObject *const *)((const char *)obj + f->member->offset);
+    if (v == NULL)
+        return PyMember_GetOne((const char *)obj, f->member); /* (raises as getattr does) */
+    return Py_NewRef(v);
 }
 
 /* `obj`'s field, or NULL with no error set when it cannot be read (a new reference). */
 static inline PyObject *field_peek(const Field *f, PyObject *obj)
 {
     assert(!PyErr_Occurred());
-    PyObject *v = f->get(f->descr, obj, (PyObject *)Py_TYPE(obj));
-    if (v == NULL)
-        PyErr_Clear();
-    return v;
+    PyObject *v = *(PyObject *const *)((const char *)obj + f->member->offset);
+    return Py_XNewRef(v);
+}
+
+/* `obj`'s field, borrowed (NULL while unset): only to prefetch it or compare its identity,
+ * with no Python code run between the read and that use. */
+static inline PyObject *field_borrow(const Field *f, PyObject *obj)
+{
+    return *(PyObject *const *)((const char *)obj + f->member->offset);
 }
 
 /* Set `obj`'s field to `value` (not stolen): 0, or -1 with an error set. */
 static inline int field_set(const Field *f, PyObject *obj, PyObject *value)
 {
-    return f->set(f->descr, obj, value);
+    return PyMember_SetOne((char *)obj, f->member, value);
 }
 
 /* Set `obj`'s field to `value`, stealing the reference: 0, or -1 with an error set. */
 static inline int field_put(const Field *f, PyObject *obj, PyObject *value)
 {
-    int r = f->set(f->descr, obj, value);
+    int r = PyMember_SetOne((char *)obj, f->member, value);
     Py_DECREF(value);
     return r;
 }

@@ -137,26 +137,6 @@ static void applier_dealloc(DecodeApplier *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* 0 if each field takes a value on a scratch instance of `type`, else -1 with a TypeError. */
-static int writable(const Field *fields, int n, PyTypeObject *type)
-{
-    PyObject *scratch = type->tp_alloc(type, 0);
-    if (scratch == NULL)
-        return -1;
-    for (int i = 0; i < n; i++)
-        if (field_set(&fields[i], scratch, Py_None) < 0) {
-            PyErr_Clear();
-            PyObject *name = PyObject_GetAttrString(fields[i].descr, "__name__");
-            PyErr_Format(PyExc_TypeError, "DecodeApplier: %s.%S is not a plain slot",
-                         type->tp_name, name != NULL ? name : Py_None);
-            Py_XDECREF(name);
-            Py_DECREF(scratch);
-            return -1;
-        }
-    Py_DECREF(scratch);
-    return 0;
-}
-
 /* DecodeApplier(request_type, sampling_type, output_type, block_size, eos_token_id) */
 static PyObject *applier_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
@@ -182,12 +162,6 @@ static PyObject *applier_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (fields_find(self->r, rt, request_slots, R_COUNT, 1, "DecodeApplier") < 0 ||
         fields_find(self->s, st, sampling_slots, S_COUNT, 0, "DecodeApplier") < 0 ||
         fields_find(self->o, ot, output_slots, O_COUNT, 1, "DecodeApplier") < 0) {
-        Py_DECREF(self);
-        return NULL;
-    }
-    /* The fields written must take a value (a read-only member takes none): tried once on
-     * a scratch object of each class, so that a pass never stops half-applied. */
-    if (writable(self->o, O_COUNT, ot) < 0 || writable(self->r, R_COUNT, rt) < 0) {
         Py_DECREF(self);
         return NULL;
     }
@@ -218,15 +192,11 @@ static inline Py_ssize_t int_field(const Field *f, PyObject *obj, int *ok)
     return x;
 }
 
-/* Whether `obj`'s field is `value` (by identity): 1, 0, or -1 (no error set) when it cannot
- * be read. */
+/* Whether `obj`'s field is `value` (by identity): 1, 0, or -1 when it is unset. */
 static inline int field_is(const Field *f, PyObject *obj, PyObject *value)
 {
-    PyObject *v = field_peek(f, obj);
-    if (v == NULL)
-        return -1;
-    Py_DECREF(v); /* (only its address is compared) */
-    return v == value;
+    PyObject *v = field_borrow(f, obj);
+    return v == NULL ? -1 : v == value;
 }
 
 enum { NOT_APPLIED = 0, APPLIED = 1, APPLY_FAILED = -1 };
@@ -460,13 +430,16 @@ done:
 }
 
 /* Prefetching a pass's requests ahead of the one being advanced. With hundreds of streams,
- * a request's object has left the caches since the last pass (the other requests' objects
- * and the kernel's socket writes came between), so the loop asks for the request FAR_AHEAD
- * entries on; the load then overlaps other requests' work. A prefetch never faults and
- * changes nothing. */
-enum { FAR_AHEAD = 16, REQUEST_LINES = 6 };
+ * everything a request's token touches has left the caches since the last pass (the other
+ * requests' objects and the kernel's socket writes came between), and the token waited on
+ * each object in turn: the request's slots, then its sampling parameters, its lists, their
+ * items. So the loop asks for the request FAR_AHEAD entries on and, once that has had time
+ * to arrive, for the objects its slots name NEAR_AHEAD entries on, and so on down the chain;
+ * the loads then overlap other requests' work. A prefetch never faults and changes nothing;
+ * a slot not of the expected type is simply not followed. */
+enum { FAR_AHEAD = 16, NEAR_AHEAD = 8, ITEM_AHEAD = 4, TOKEN_AHEAD = 2, REQUEST_LINES = 6 };
 /* Smaller passes (a replay's engines run a few requests each) stay in the caches from one
- * pass to the next, and the cursor's walk would cost them more than it could save. */
+ * pass to the next, and the cursors' walk would cost them more than it could save. */
 enum { PREFETCH_FROM = 32 };
 
 static inline void prefetch_request(PyObject *req)
@@ -474,6 +447,68 @@ static inline void prefetch_request(PyObject *req)
     const char *at = (const char *)req;
     for (int line = 0; line < REQUEST_LINES; line++)
         __builtin_prefetch(at + 64 * line);
+}
+
+static inline void prefetch_parts(DecodeApplier *self, PyObject *req)
+{
+    const Field *r = self->r;
+    if (Py_TYPE(req) != self->request_type)
+        return;
+    PyObject *v;
+    if ((v = field_borrow(&r[R_SAMPLING], req)) != NULL)
+        __builtin_prefetch(v);
+    if ((v = field_borrow(&r[R_LAST_TOKEN_TIME], req)) != NULL)
+        __builtin_prefetch(v);
+    if ((v = field_borrow(&r[R_NUM_COMPUTED], req)) != NULL)
+        __builtin_prefetch(v);
+    if ((v = field_borrow(&r[R_TOKENS], req)) != NULL) /* (a list's header: size, items) */
+        __builtin_prefetch(v);
+    if ((v = field_borrow(&r[R_DRAWN], req)) != NULL)
+        __builtin_prefetch(v);
+}
+
+/* Where the request's next drawn token is (&drawn[j], as `known_token` finds it), or NULL. */
+static inline PyObject **next_drawn(DecodeApplier *self, PyObject *req)
+{
+    const Field *r = self->r;
+    if (Py_TYPE(req) != self->request_type)
+        return NULL;
+    PyObject *tokens = field_borrow(&r[R_TOKENS], req), *drawn = field_borrow(&r[R_DRAWN], req);
+    if (tokens == NULL || drawn == NULL || !PyList_CheckExact(tokens) || !PyList_CheckExact(drawn))
+        return NULL;
+    int ok = 1;
+    Py_ssize_t p = int_field(&r[R_NUM_PROMPT], req, &ok);
+    Py_ssize_t f = int_field(&r[R_DRAWN_FROM], req, &ok);
+    if (!ok || p < 0 || f < 0)
+        return NULL;
+    Py_ssize_t j = PyList_GET_SIZE(tokens) - p; /* (a list's size is far from the bounds) */
+    if (j < f)
+        return NULL;
+    j -= f;
+    return j < PyList_GET_SIZE(drawn) ? &PyList_GET_ITEM(drawn, j) : NULL;
+}
+
+/* A cursor `ahead` entries past the loop's in `scheduled` (0 once past the end). */
+typedef struct {
+    Py_ssize_t pos;
+    int live;
+} Cursor;
+
+static inline void cursor_start(Cursor *c, PyObject *scheduled, int ahead)
+{
+    PyObject *key, *value;
+    c->pos = 0;
+    c->live = 1;
+    for (int i = 0; i < ahead && c->live; i++)
+        c->live = PyDict_Next(scheduled, &c->pos, &key, &value);
+}
+
+static inline PyObject *cursor_next(Cursor *c, PyObject *scheduled)
+{
+    PyObject *key, *value;
+    if (c->live && (c->live = PyDict_Next(scheduled, &c->pos, &key, &value)))
+        return key;
+    return NULL;
 }
 
 /* run(scheduled, end, emit, column, registered, token, cache, outputs, slow) -> partial
@@ -507,14 +542,30 @@ static PyObject *applier_run(DecodeApplier *self, PyObject *const *args, Py_ssiz
     /* An end that is not a float (a test's int): every request takes the Python body. */
     int floats = PyFloat_CheckExact(end);
     double end_s = floats ? PyFloat_AS_DOUBLE(end) : 0.0;
-    Py_ssize_t pos = 0, far = 0, partial = 0;
-    PyObject *req, *num, *ahead, *value;
-    int prefetch = PyDict_GET_SIZE(scheduled) >= PREFETCH_FROM;
-    for (int i = 0; prefetch && i < FAR_AHEAD && PyDict_Next(scheduled, &far, &ahead, &value); i++)
-        prefetch_request(ahead);
+    Py_ssize_t pos = 0, partial = 0;
+    PyObject *req, *num, *ahead;
+    /* Cursors ahead of this one, each fetching the next link of a request's chain (see
+     * `prefetch_request`); the first few requests are fetched as the cursors start. */
+    Cursor far = {0, 0}, near = {0, 0}, item = {0, 0}, tok_at = {0, 0};
+    if (PyDict_GET_SIZE(scheduled) >= PREFETCH_FROM) {
+        cursor_start(&far, scheduled, 0);
+        for (int i = 0; i < FAR_AHEAD; i++)
+            if ((ahead = cursor_next(&far, scheduled)) != NULL)
+                prefetch_request(ahead);
+        cursor_start(&near, scheduled, NEAR_AHEAD);
+        cursor_start(&item, scheduled, ITEM_AHEAD);
+        cursor_start(&tok_at, scheduled, TOKEN_AHEAD);
+    }
     while (PyDict_Next(scheduled, &pos, &req, &num)) {
-        if (prefetch && PyDict_Next(scheduled, &far, &ahead, &value))
+        if ((ahead = cursor_next(&far, scheduled)) != NULL)
             prefetch_request(ahead);
+        if ((ahead = cursor_next(&near, scheduled)) != NULL)
+            prefetch_parts(self, ahead);
+        PyObject **next;
+        if ((ahead = cursor_next(&item, scheduled)) != NULL && (next = next_drawn(self, ahead)))
+            __builtin_prefetch(next);
+        if ((ahead = cursor_next(&tok_at, scheduled)) != NULL && (next = next_drawn(self, ahead)))
+            __builtin_prefetch(*next);
         /* (held: the calls below run Python code; `scheduled` keeps them, by the contract
          * that nothing changes it during the pass, but that is not to be relied on here) */
         Py_INCREF(req);
