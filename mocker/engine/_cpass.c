@@ -177,14 +177,12 @@ static PyObject *applier_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
  * int or cannot be read. */
 static inline Py_ssize_t int_field(const Field *f, PyObject *obj, int *ok)
 {
-    PyObject *v = field_peek(f, obj);
+    PyObject *v = field_borrow(f, obj); /* (an exact int's conversion runs no Python code) */
     if (v == NULL || !PyLong_CheckExact(v)) {
-        Py_XDECREF(v);
         *ok = 0;
         return -1;
     }
     Py_ssize_t x = PyLong_AsSsize_t(v);
-    Py_DECREF(v);
     if (x == -1 && PyErr_Occurred()) {
         PyErr_Clear();
         *ok = 0;
