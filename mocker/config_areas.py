@@ -67,13 +67,16 @@ class CacheConfig:
     prefix_caching_hash_algo: str = "fast"
     eviction_policy: EvictionPolicyName = EvictionPolicyName.LRU
     enable_kv_cache_events: bool = False
+    # vLLM's VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES: events name a block by its hash's low 64
+    # bits (an int); False: by the full digest (bytes).
+    int_block_hashes: bool = True
     # vLLM's --disable-hybrid-kv-cache-manager: every layer's KV is kept as full attention's
     # (a sliding window saves compute, not memory); a model with Mamba layers cannot start.
     disable_hybrid_kv_cache_manager: bool = False
 
     def __post_init__(self) -> None:
         int_in("num_gpu_blocks", self.num_gpu_blocks, 1, 1 << 26)
-        for name in ("enable_prefix_caching", "enable_kv_cache_events",
+        for name in ("enable_prefix_caching", "enable_kv_cache_events", "int_block_hashes",
                      "disable_hybrid_kv_cache_manager"):  # fmt: skip
             _flag(name, getattr(self, name))
         if self.prefix_caching_hash_algo not in _HASH_ALGOS:

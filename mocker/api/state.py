@@ -113,7 +113,12 @@ def _rank_engine(
         )
         dialect = Dialect.vllm(settings.vllm_compat, config.offload.self_describing_kv_events)
         publisher = ZmqEventPublisher(
-            events, topic=topic, rank=rank, fmt=settings.kv_events_format, dialect=dialect
+            events,
+            topic=topic,
+            rank=rank,
+            fmt=settings.kv_events_format,
+            dialect=dialect,
+            full_hashes=not config.cache.int_block_hashes,
         )
         on_step = _publishing(metrics.on_step, publisher)
     engine = LiveEngine(

@@ -91,7 +91,10 @@ class CoreState:
         self.time = 0.0  # the latest time the core was driven to
         # vLLM's algorithms seed their chain with $PYTHONHASHSEED, read once here.
         self.hasher = make_hasher(
-            config.cache.prefix_caching_hash_algo, config.seed, os.environ.get("PYTHONHASHSEED")
+            config.cache.prefix_caching_hash_algo,
+            config.seed,
+            os.environ.get("PYTHONHASHSEED"),
+            keep_digests=not config.cache.int_block_hashes,
         )
         self.sampler = OutputTokenSampler(
             output_palette if output_palette is not None else range(config.output.vocab_size),

@@ -28,6 +28,7 @@ __all__ = [
     "BlockHash",
     "BlockHasher",
     "BlockHashes",
+    "FullHash",
     "HashAlgo",
     "HashChain",
     "Hasher",
@@ -45,6 +46,21 @@ BlockHash = NewType("BlockHash", int)
 # A request's block hashes, in block order: a list, or an array('Q') (`hash_array`: what
 # replay builds, a vector the compiled pool reads in place and frees without an int per hash).
 BlockHashes: TypeAlias = MutableSequence[BlockHash]
+
+
+class FullHash(int):
+    """A BlockHash (its digest's low 64 bits) that carries the full digest, for KV events
+    that publish digests (vLLM's VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0)."""
+
+    digest: bytes
+
+
+def full_hash(digest: bytes) -> BlockHash:
+    """The BlockHash of `digest`, carrying it."""
+    h = FullHash.from_bytes(digest[-8:], "big")
+    h.digest = digest
+    return BlockHash(h)
+
 
 _BIG_ENDIAN = sys.byteorder == "big"
 _LOW_64 = (1 << 64) - 1
@@ -248,14 +264,17 @@ class VllmBlockHasher:
     NONE_HASH = `hash_fn(seed)`, the seed being $PYTHONHASHSEED as written (unset:
     "vllm-none-hash" for the sha256 ones, a random one per process for the xxhash ones).
     Extra keys: `("lora", name, path)` on every block of a LoRA request, `("cache_salt",
-    salt)` on block 0."""
+    salt)` on block 0. `keep_digests`: each hash is a `FullHash` carrying its digest."""
 
-    __slots__ = ("_digest", "_serialize", "algo", "none_hash")
+    __slots__ = ("_digest", "_serialize", "algo", "keep_digests", "none_hash")
 
-    def __init__(self, algo: HashAlgo, pythonhashseed: str | None) -> None:
+    def __init__(
+        self, algo: HashAlgo, pythonhashseed: str | None, keep_digests: bool = False
+    ) -> None:
         if algo not in _VLLM_HASHES:
             raise ValueError(f"{algo!r} is not one of vLLM's hash algorithms")
         self.algo = algo
+        self.keep_digests = keep_digests
         self._serialize, self._digest = _VLLM_HASHES[algo]
         seed = pythonhashseed
         if seed is None:
@@ -307,6 +326,7 @@ class _VllmChain:
             digests.extend(h.to_bytes(8, "big") for h in hashes[len(digests) : start])
         parent = digests[start - 1] if start else hasher.none_hash
         serialize, digest = hasher._serialize, hasher._digest
+        keep = hasher.keep_digests
         for i in range(start, end):
             lo = i * block_size
             extra = self._first if i == 0 else self._extra
@@ -315,13 +335,18 @@ class _VllmChain:
                 digests[i] = parent
             else:
                 digests.append(parent)
-            hashes.append(BlockHash(int.from_bytes(parent[-8:], "big")))
+            hashes.append(
+                full_hash(parent) if keep else BlockHash(int.from_bytes(parent[-8:], "big"))
+            )
 
 
-def make_hasher(algo: HashAlgo | str, seed: int, pythonhashseed: str | None = None) -> Hasher:
+def make_hasher(
+    algo: HashAlgo | str, seed: int, pythonhashseed: str | None = None, keep_digests: bool = False
+) -> Hasher:
     """The engine's hasher: `seed` keys the fast one; vLLM's take $PYTHONHASHSEED (pass it:
-    the core reads no environment)."""
+    the core reads no environment) and, with `keep_digests`, make `FullHash`es (the fast
+    hash is 64 bits whole: its digest is its 8 bytes)."""
     algo = HashAlgo(algo)
     if algo is HashAlgo.FAST:
         return BlockHasher(seed)
-    return VllmBlockHasher(algo, pythonhashseed)
+    return VllmBlockHasher(algo, pythonhashseed, keep_digests)

@@ -258,3 +258,19 @@ def advertised_host(bind_host: str) -> str:
             return str(probe.getsockname()[0])
     except OSError:
         return "127.0.0.1"
+
+
+INT_HASHES_ENV = "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"
+
+
+def int_block_hashes(environ: Mapping[str, str]) -> bool:
+    """vLLM's VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (read as vLLM's `bool(int(value))`, default
+    1): events name blocks by their hash's low 64 bits; 0: by the full digest."""
+    raw = environ.get(INT_HASHES_ENV, "1")
+    try:
+        return bool(int(raw))
+    except ValueError:
+        raise ConfigError(
+            f"invalid {INT_HASHES_ENV}={raw!r}: must be an integer (1: block hashes as 64-bit "
+            "ints, vLLM's default; 0: as the full hash bytes)"
+        ) from None

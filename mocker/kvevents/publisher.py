@@ -65,6 +65,7 @@ class ZmqEventPublisher:
         dialect: Dialect = CURRENT,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         first_subscriber_wait_s: float = FIRST_SUBSCRIBER_WAIT_S,
+        full_hashes: bool = False,
     ) -> None:
         self.rank = rank
         self.topic = topic
@@ -79,7 +80,7 @@ class ZmqEventPublisher:
                 self.endpoint,
             )
         self._topic = topic.encode()
-        self._encoder = BatchEncoder(fmt, rank, dialect)
+        self._encoder = BatchEncoder(fmt, rank, dialect, full_hashes)
         self._first_wait = first_subscriber_wait_s
         self._queue: queue.Queue[_Item | None] = queue.Queue(maxsize=config.max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)

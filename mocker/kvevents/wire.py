@@ -10,6 +10,7 @@ import msgspec
 
 from mocker.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from mocker.kvevents.config import EventFormat
+from mocker.kvevents.digests import DigestBook
 
 __all__ = ["CURRENT", "END_SEQ", "BatchEncoder", "Dialect", "seq_bytes"]
 
@@ -163,20 +164,28 @@ def _as_array(event: KVEvent, dialect: Dialect, out: list[Any]) -> None:
 
 
 class BatchEncoder:
-    """Encodes one step's events as vLLM's EventBatch payload (block hashes as uint64)."""
+    """Encodes one step's events as vLLM's EventBatch payload: block hashes as uint64, or
+    with `full_hashes` as their digests (batches must then be encoded in stream order)."""
 
-    __slots__ = ("_convert", "_dialect", "_encoder", "rank")
+    __slots__ = ("_convert", "_dialect", "_digests", "_encoder", "rank")
 
     def __init__(
-        self, fmt: EventFormat = EventFormat.MAP, rank: int = 0, dialect: Dialect = CURRENT
+        self,
+        fmt: EventFormat = EventFormat.MAP,
+        rank: int = 0,
+        dialect: Dialect = CURRENT,
+        full_hashes: bool = False,
     ) -> None:
         self._encoder = msgspec.msgpack.Encoder()
         self._convert = _as_map if EventFormat(fmt) is EventFormat.MAP else _as_array
         self._dialect = dialect
+        self._digests = DigestBook() if full_hashes else None
         self.rank = rank
 
     def encode(self, ts: float, events: Sequence[KVEvent]) -> bytes:
         convert, dialect = self._convert, self._dialect
+        if self._digests is not None:
+            events = self._digests.convert(events)
         wire: list[Any] = []
         for event in events:
             convert(event, dialect, wire)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any
 
 from mocker.config import ConfigError, EngineConfig
 from mocker.config_choices import LORA_RANKS, OffloadPolicy
 from mocker.kv.hashing import HashAlgo
+from mocker.kvevents.config import int_block_hashes
 from mocker.model_shape import MODEL_PRESETS
 from mocker.settings.deployment import DEPLOYMENT_OPTIONS, deployment_of
 from mocker.settings.model_shape import model_shape_from
@@ -280,6 +282,7 @@ def engine_config_from(values: Mapping[str, Any], **extra: Any) -> EngineConfig:
         or offload.pop("disable_hybrid_kv_cache_manager", False),
         seed=values["seed"],
         prefix_caching_hash_algo=values["prefix_caching_hash_algo"],
+        int_block_hashes=int_block_hashes(os.environ),
         enable_lora=values["enable_lora"],
         max_loras=values["max_loras"],
         max_cpu_loras=values["max_cpu_loras"] if (values["max_cpu_loras"] or 0) > 0 else None,

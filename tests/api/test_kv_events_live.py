@@ -4,6 +4,7 @@ joiner converges through replay; a prefix-cache reset is announced and true."""
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import time
@@ -313,3 +314,41 @@ def test_full_report_mode_announces_the_blocks_a_request_hits(
     assert announced.parent_block_hash is None and announced.token_ids == prompt[:64]
     assert announced.block_hashes == [h for e in first for h in e.block_hashes][:4]
     assert (announced.group_idx, announced.kv_cache_spec_kind) == (0, "full_attention")
+
+
+def test_full_hash_mode_publishes_vllms_digests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0 with vLLM's sha256_cbor: a router that hashes the
+    # token ids itself (vLLM's digests, computed by vLLM's own code) finds them on the wire.
+    cases = json.loads((Path(__file__).parent.parent / "kv" / "data"
+                        / "vllm_0.33.0_block_hashes.json").read_text())["cases"]  # fmt: skip
+    case = next(c for c in cases if (c["algo"], c["pythonhashseed"], c["prompt"])
+                == ("sha256_cbor", "0", "A"))  # fmt: skip
+    digests = [bytes.fromhex(h) for h in case["block_hashes_hex"]]
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    events = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"ipc://{tmp_path}/ev",
+                            replay_endpoint="tcp://127.0.0.1:*")  # fmt: skip
+    app = make_app(settings(kv_events=events), block_size=BLOCK, num_gpu_blocks=64,
+                   max_model_len=512, prefix_caching_hash_algo="sha256_cbor",
+                   int_block_hashes=False)  # fmt: skip
+    with ServerThread(app) as srv:
+        source = sources(srv.url)["0"]
+        sub = Subscriber(source["connect"])
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        try:
+            client.completions.create(model="mocker", prompt=case["token_ids"], max_tokens=1)
+            assert httpx.post(srv.url + "/reset_prefix_cache", timeout=10).status_code == 200
+            deadline = time.monotonic() + 10
+            while True:
+                got = [e for m in replay(source["replay_endpoint"], 0) for e in m.batch.events]
+                if any(type(e).__name__ == "AllBlocksCleared" for e in got[1:]):
+                    break
+                assert time.monotonic() < deadline, "the reset was never published"
+                time.sleep(0.05)
+        finally:
+            sub.close()
+            client.close()
+    stored = [h for e in got if type(e).__name__ == "BlockStored" for h in e.block_hashes]
+    assert stored[: len(digests)] == digests
+    assert all(isinstance(h, bytes) and len(h) == 32 for h in stored)

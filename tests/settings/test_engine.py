@@ -170,3 +170,17 @@ def test_kv_cache_memory_bytes_sizes_the_device_pool() -> None:
     assert _config().cache.num_gpu_blocks == EngineConfig().cache.num_gpu_blocks
     with pytest.raises(ConfigError, match="kv_cache_memory_bytes=1000: holds no block"):
         _config("--kv-cache-memory-bytes", "1000")
+
+
+def test_the_int_hash_env_reaches_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    # vLLM's VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (default 1); a value vLLM cannot read stops
+    # start-up with one line naming it.
+    small = ["--num-gpu-blocks-override", "1024", "--max-model-len", "4096"]
+    values, _ = resolve(parse_flags(small), ALL, environ={})
+    monkeypatch.delenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", raising=False)
+    assert engine_config_from(values).cache.int_block_hashes is True
+    monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "0")
+    assert engine_config_from(values).cache.int_block_hashes is False
+    monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "false")
+    with pytest.raises(ConfigError, match="VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES='false'"):
+        engine_config_from(values)

@@ -24,9 +24,11 @@ def wire_types(array_like: bool) -> tuple[type, tuple[type, type, type]]:
     class Event(msgspec.Struct, tag=True, array_like=array_like, forbid_unknown_fields=True):
         pass
 
+    # vLLM's ExternalBlockHash: a 64-bit int, or the full digest with
+    # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0.
     class BlockStored(Event):
-        block_hashes: list[int]
-        parent_block_hash: int | None
+        block_hashes: list[int | bytes]
+        parent_block_hash: int | bytes | None
         token_ids: list[int]
         block_size: int
         lora_id: int | None
@@ -44,7 +46,7 @@ def wire_types(array_like: bool) -> tuple[type, tuple[type, type, type]]:
         lookahead_token_ids: list[list[int]] | None = None
 
     class BlockRemoved(Event):
-        block_hashes: list[int]
+        block_hashes: list[int | bytes]
         medium: str | None
         group_idx: int | None = None
         locality: str | None = None
