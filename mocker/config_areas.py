@@ -156,6 +156,9 @@ class OffloadConfig:
     offload_batch_size: int = 32  # blocks per device-to-CPU transfer
     transfer_latency_ms: float = 0.0  # fixed cost added to every transfer
     min_load_blocks: int = 1  # shorter tier hits are recomputed
+    # Device blocks a tier stores and finds as one chunk (LMCache's chunk_size): a prompt's
+    # partial last chunk is not stored, and a hit ends at a chunk boundary.
+    chunk_blocks: int = 1
     load_timeout: float = 10.0  # a longer load is cancelled and the request recomputes
     # Write-through stores only prompt blocks (vLLM's offload_prompt_only, default true).
     offload_prompt_only: bool = True
@@ -175,6 +178,7 @@ class OffloadConfig:
         _flag("self_describing_kv_events", self.self_describing_kv_events)
         int_in("offload_batch_size", self.offload_batch_size, 1, 1 << 20)
         int_in("min_load_blocks", self.min_load_blocks, 1, 1 << 30)
+        int_in("chunk_blocks", self.chunk_blocks, 1, 1 << 20)
         for name in ("cpu_write_gbps", "cpu_read_gbps"):
             finite(name, getattr(self, name))
         finite("transfer_latency_ms", self.transfer_latency_ms, minimum=0.0)

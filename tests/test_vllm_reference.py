@@ -159,11 +159,12 @@ def test_every_offload_key_vllm_034_reads_is_accepted() -> None:
     # extra-config key its source reads, and every key its fs and obj tiers and their factory
     # read, is one mocker takes (or accepts without a use).
     from mocker.settings import kv_transfer as kt
+    from mocker.settings import secondary_tiers as st
 
     offload = REFERENCE["offload_config"]
     accepted = kt._EXTRA_KEYS | kt._EXTRA_IGNORED
     assert set(offload["extra_config_keys"]) <= accepted
-    tier = kt._TIER_KEYS | kt._TIER_IGNORED
+    tier = st._TIER_KEYS | st._TIER_IGNORED
     read = set(offload["tier_keys_read_by_factory_and_spec"]) - {"backpressure_cls", "policy_cls"}
     for kind in ("fs", "obj"):
         read |= set(offload["tier_types"][kind]["keys"])

@@ -5,21 +5,19 @@ pull link, the hold lease); every mistake names its key and stops start-up."""
 from __future__ import annotations
 
 import json
-import math
-import shutil
+import os
 import uuid
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from mocker.config import ConfigError
-from mocker.storage_spec import StorageKind, StorageTierSpec
+from mocker.settings.lmcache import lmcache_settings
+from mocker.settings.secondary_tiers import config_error, number, secondary_tier
 
 __all__ = [
     "CONNECTORS",
     "NO_HMA",
     "NO_HMA_CONNECTORS",
-    "STORAGE_DEFAULTS",
     "OffloadSettings",
     "parse_kv_transfer_config",
 ]
@@ -32,7 +30,7 @@ _CONFIG_KEYS = {"kv_connector", "engine_id", "kv_buffer_device", "kv_buffer_size
                 "kv_connector_module_path", "enable_permute_local_kv",
                 "kv_load_failure_policy"}  # fmt: skip
 # The connectors vLLM's KVConnectorFactory registers; another name needs
-# kv_connector_module_path (vLLM imports the class from it; it changes nothing here).
+# kv_connector_module_path (vLLM imports the class from it; mocker refuses it, unmodelled).
 CONNECTORS = ("DecodeBenchConnector", "ExampleConnector", "ExampleHiddenStatesConnector",
               "FlexKVConnectorV1", "HF3FSKVConnector", "HiSparseConnector", "LMCacheConnectorV1",
               "LMCacheMPConnector", "MoRIIOConnector", "MooncakeConnector",
@@ -41,12 +39,15 @@ CONNECTORS = ("DecodeBenchConnector", "ExampleConnector", "ExampleHiddenStatesCo
               "UMBPStoreConnector")  # fmt: skip
 # Those that do not support the hybrid KV cache manager (no SupportsHMA): vLLM turns it off
 # for them, and a model with Mamba layers then fails to start. (LMCacheMPConnector is
-# LMCache's own class when LMCache is installed, which supports it.)
+# LMCache's own class when LMCache is installed, which supports it.) Of these mocker models
+# LMCacheConnectorV1.
 NO_HMA_CONNECTORS = ("ExampleConnector", "FlexKVConnectorV1", "HF3FSKVConnector",
                      "LMCacheConnectorV1")  # fmt: skip
 # The OffloadSettings key that names such a connector (popped before the engine config).
 NO_HMA = "_no_hma_connector"
 _NIXL = ("NixlConnector", "NixlPullConnector", "NixlPushConnector")
+# The connectors mocker models; another one vLLM registers stops start-up.
+MODELLED = ("LMCacheConnectorV1", "MultiConnector", "OffloadingConnector", *_NIXL)
 # NixlConnector extra-config keys: vLLM's lease, and the mock's pull link; vLLM's keys that
 # mean nothing here pass.
 _NIXL_KEYS = {"kv_lease_duration", "pull_gbps", "pull_latency_ms", "pull_timeout_s"}
@@ -62,121 +63,113 @@ _EXTRA_KEYS = {"spec_name", "cpu_bytes_to_use", "block_size", "blocks_per_chunk"
 _EXTRA_IGNORED = {"spec_module_path", "num_cpu_blocks", "backpressure", "cache_policy_module_path",
                   "canonical_layout", "max_tracker_size", "sync_load_budget_bytes",
                   "tier_poll_interval_s"}  # fmt: skip
-# Per secondary tier: the mock's keys (sizes and links: vLLM has none), and vLLM 0.34's own
-# keys of the fs and obj tiers that mean nothing here (and older spellings).
-_TIER_KEYS = {"type", "capacity_bytes", "read_gbps", "write_gbps", "latency_ms", "failure_rate",
-              "root_dir", "enable_kv_events"}  # fmt: skip
-_TIER_IGNORED = {"module_path", "locality", "backpressure",
-                 "n_read_threads", "n_write_threads", "store_config", "prefix", "io_threads",
-                 "num_threads", "num_read_threads", "num_write_threads", "read_threads",
-                 "write_threads", "bucket", "endpoint"}  # fmt: skip
-# vLLM 0.34's tier types mocker does not model.
-_UNMODELLED_TIERS = ("example", "p2p", "kvcr")
-# An obj tier without capacity_bytes: as good as unbounded (the most blocks a tier takes).
-UNBOUNDED_BLOCKS = 1 << 40
-
-# The mock's defaults per tier type (GB/s = 10^9 bytes/s; latency per transfer): a local
-# NVMe drive and a networked object store.
-STORAGE_DEFAULTS: dict[StorageKind, dict[str, float]] = {
-    StorageKind.FS: {"read_gbps": 8.0, "write_gbps": 4.0, "latency_ms": 0.1},
-    StorageKind.OBJ: {"read_gbps": 2.0, "write_gbps": 1.0, "latency_ms": 5.0},
-}
 
 
 class OffloadSettings(dict[str, Any]):
     """EngineConfig fields set by an OffloadingConnector config (empty: none given)."""
 
 
-def _fail(key: str, value: Any, why: str) -> ConfigError:
-    return ConfigError(f"invalid kv_transfer_config {key}={value!r}: {why}")
-
-
-def _number(key: str, value: Any, *, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _fail(key, value, "must be a number")
-    if not math.isfinite(value):
-        raise _fail(key, value, "must be a finite number")
-    if value < 0 or (positive and value <= 0):
-        raise _fail(key, value, "must be > 0" if positive else "must be >= 0")
-    return float(value)
-
-
 def parse_kv_transfer_config(
-    raw: str | Mapping[str, Any] | None, gpu_block_size: int, kv_bytes_per_token: int
+    raw: str | Mapping[str, Any] | None,
+    gpu_block_size: int,
+    kv_bytes_per_token: int,
+    environ: Mapping[str, str] | None = None,
+    needs_hma: bool = False,
 ) -> OffloadSettings:
     """The engine settings a connector config implies. `OffloadingConnector`: the CPU tier's
     blocks (from `cpu_bytes_to_use`), write-through stores, `offload_prompt_only`, the
     secondary tiers, and the shortest load (vLLM's offload `block_size`, in device blocks).
-    `NixlConnector`: the P/D role and its settings. `MultiConnector`: both. Another
-    connector is accepted and changes nothing here."""
+    `LMCacheConnectorV1`: its tiers from LMCache's own config (`environ`'s LMCACHE_*; None:
+    the process's). `NixlConnector`: the P/D role and its settings. `MultiConnector`: both.
+    Another connector is refused, and one without the hybrid KV cache manager if the model
+    `needs_hma` (Mamba layers)."""
     if raw is None:
         return OffloadSettings()
     config = _load(raw)
     for key in config:
         if key not in _CONFIG_KEYS:
-            raise _fail(key, config[key], "unknown key (vLLM's KVTransferConfig has "
+            raise config_error(key, config[key], "unknown key (vLLM's KVTransferConfig has "
                         + ", ".join(sorted(_CONFIG_KEYS)) + ")")  # fmt: skip
     for key in ("kv_connector", "kv_role", "kv_connector_module_path"):
         if key in config and not isinstance(config[key], str):
-            raise _fail(key, config[key], "must be a string")
+            raise config_error(key, config[key], "must be a string")
     name = config.get("kv_connector")
     own = "kv_connector_module_path" in config  # vLLM imports the class from it
     if name is not None and name not in CONNECTORS and not own:
         raise ConfigError(
             f"kv_transfer_config: Unsupported connector type: {name} (vLLM's: "
             + ", ".join(CONNECTORS)
-            + "; or give kv_connector_module_path)"
+            + ")"
         )
     role = config.get("kv_role")
     if role is not None and role not in _ROLES:
-        raise _fail("kv_role", role, "must be one of " + ", ".join(_ROLES))
+        raise config_error("kv_role", role, "must be one of " + ", ".join(_ROLES))
     connector = config.get("kv_connector")
+    if connector is not None and connector not in MODELLED:
+        raise ConfigError(
+            f"kv_transfer_config: {connector} is not modelled by mocker (its connectors: "
+            + ", ".join(MODELLED)
+            + ")"
+        )
+    if needs_hma and connector in NO_HMA_CONNECTORS:
+        raise ConfigError(
+            f"kv_transfer_config: {connector} does not support the hybrid KV cache manager, "
+            "which a model with Mamba layers needs (vLLM's hybrid SSM models fail at "
+            "start-up without it)"
+        )
     if connector == "MultiConnector":
-        return _multi(config, role, gpu_block_size, kv_bytes_per_token)
+        return _multi(config, role, gpu_block_size, kv_bytes_per_token, environ, needs_hma)
     if connector in _NIXL:
         settings = _nixl(config, role)
         if connector == "NixlPushConnector":
             settings["kv_transfer_mode"] = "push"
         return settings
-    if config.get("kv_connector") != "OffloadingConnector":
-        if connector in NO_HMA_CONNECTORS:
-            return OffloadSettings({NO_HMA: connector})
+    if connector == "LMCacheConnectorV1":
+        extra = config.get("kv_connector_extra_config", {})
+        if not isinstance(extra, Mapping):
+            raise config_error("kv_connector_extra_config", extra, "must be an object")
+        fields = lmcache_settings(
+            extra, gpu_block_size, gpu_block_size * kv_bytes_per_token,
+            os.environ if environ is None else environ,
+        )  # fmt: skip
+        return OffloadSettings({**fields, NO_HMA: connector})
+    if connector != "OffloadingConnector":
         return OffloadSettings()
     extra = _extra(config, _EXTRA_KEYS | _EXTRA_IGNORED)
     spec_name = extra.get("spec_name", "CPUOffloadingSpec")
     if spec_name not in _SPECS:
-        raise _fail("spec_name", spec_name, "must be one of " + ", ".join(_SPECS))
+        raise config_error("spec_name", spec_name, "must be one of " + ", ".join(_SPECS))
     if "cpu_bytes_to_use" not in extra:
         raise ConfigError(
             "kv_transfer_config: OffloadingConnector needs kv_connector_extra_config."
             "cpu_bytes_to_use (bytes of CPU memory for the CPU tier), as vLLM does"
         )
     gpu_block_bytes = gpu_block_size * kv_bytes_per_token
-    cpu_bytes = _number("cpu_bytes_to_use", extra["cpu_bytes_to_use"], positive=True)
+    cpu_bytes = number("cpu_bytes_to_use", extra["cpu_bytes_to_use"], positive=True)
     cpu_blocks = int(cpu_bytes // gpu_block_bytes)
     if cpu_blocks < 1:
-        raise _fail("cpu_bytes_to_use", extra["cpu_bytes_to_use"],
+        raise config_error("cpu_bytes_to_use", extra["cpu_bytes_to_use"],
                     f"holds no block of {gpu_block_bytes} bytes")  # fmt: skip
     block_size = _chunk_tokens(extra, gpu_block_size)
     policy = extra.get("eviction_policy", "lru")
     if policy == "arc":
-        raise _fail("eviction_policy", policy, "arc is not modelled by mocker; use lru")
+        raise config_error("eviction_policy", policy, "arc is not modelled by mocker; use lru")
     if policy != "lru":
-        raise _fail("eviction_policy", policy, "must be lru (or vLLM's arc, not modelled)")
+        raise config_error("eviction_policy", policy, "must be lru (or vLLM's arc, not modelled)")
     threshold = extra.get("store_threshold", 0)
     if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold > 1:
-        raise _fail("store_threshold", threshold,
+        raise config_error("store_threshold", threshold,
                     "mocker stores every block on first sight: only 0 or 1")  # fmt: skip
     prompt_only = extra.get("offload_prompt_only", True)
     if not isinstance(prompt_only, bool):
-        raise _fail("offload_prompt_only", prompt_only, "must be true or false")
+        raise config_error("offload_prompt_only", prompt_only, "must be true or false")
     tiers_raw = extra.get("secondary_tiers", [])
     if not isinstance(tiers_raw, list):
-        raise _fail("secondary_tiers", tiers_raw, "must be a list of tier objects")
+        raise config_error("secondary_tiers", tiers_raw, "must be a list of tier objects")
     if tiers_raw and spec_name != "TieringOffloadingSpec":
-        raise _fail("secondary_tiers", tiers_raw,
+        raise config_error("secondary_tiers", tiers_raw,
                     "needs spec_name TieringOffloadingSpec, as vLLM")  # fmt: skip
-    tiers = tuple(_tier(i, t, gpu_block_bytes) for i, t in enumerate(tiers_raw))
+    tiers = tuple(secondary_tier(i, t, gpu_block_bytes) for i, t in enumerate(tiers_raw))
     settings = OffloadSettings(
         num_cpu_blocks=cpu_blocks,
         offload_policy="write-through",
@@ -186,41 +179,46 @@ def parse_kv_transfer_config(
     )
     describing = extra.get("self_describing_kv_events", False)
     if not isinstance(describing, bool):
-        raise _fail("self_describing_kv_events", describing, "must be true or false")
+        raise config_error("self_describing_kv_events", describing, "must be true or false")
     settings["self_describing_kv_events"] = describing
     if "hybrid_chunk_size" in extra:  # vLLM PR #38261's planner unit, in tokens
         chunk = extra["hybrid_chunk_size"]
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-            raise _fail("hybrid_chunk_size", chunk, "must be a positive number of tokens")
+            raise config_error("hybrid_chunk_size", chunk, "must be a positive number of tokens")
         settings["hybrid_chunk_size"] = chunk
     return settings
 
 
 def _multi(
-    config: Mapping[str, Any], role: str | None, gpu_block_size: int, kv_bytes_per_token: int
+    config: Mapping[str, Any],
+    role: str | None,
+    gpu_block_size: int,
+    kv_bytes_per_token: int,
+    environ: Mapping[str, str] | None,
+    needs_hma: bool,
 ) -> OffloadSettings:
     """vLLM's MultiConnector: its `connectors` (each with the outer kv_role unless it names
     one), one of each kind at most: NixlConnector for P/D, OffloadingConnector for tiers."""
     connectors = _extra(config, {"connectors"}).get("connectors")
     if not isinstance(connectors, list) or not connectors:
-        raise _fail("kv_connector_extra_config.connectors", connectors,
+        raise config_error("kv_connector_extra_config.connectors", connectors,
                     "MultiConnector needs a non-empty list of connector configs")  # fmt: skip
     merged = OffloadSettings()
     for i, sub in enumerate(connectors):
         if not isinstance(sub, Mapping):
-            raise _fail(f"connectors[{i}]", sub, "must be an object")
+            raise config_error(f"connectors[{i}]", sub, "must be an object")
         if sub.get("kv_connector") == "MultiConnector":
-            raise _fail(f"connectors[{i}].kv_connector", "MultiConnector", "cannot nest")
+            raise config_error(f"connectors[{i}].kv_connector", "MultiConnector", "cannot nest")
         # The outer role, engine id and failure policy hold for a connector naming none.
         inherited = {k: config[k] for k in ("kv_role", "engine_id", "kv_load_failure_policy")
                      if config.get(k) is not None}  # fmt: skip
         settings = parse_kv_transfer_config(
-            {**inherited, **sub}, gpu_block_size, kv_bytes_per_token
+            {**inherited, **sub}, gpu_block_size, kv_bytes_per_token, environ, needs_hma
         )
         clash = sorted(set(settings) & set(merged) - {NO_HMA})
         if clash:
             why = "a second connector of the same kind (sets " + ", ".join(clash) + ")"
-            raise _fail(f"connectors[{i}]", sub.get("kv_connector"), why)
+            raise config_error(f"connectors[{i}]", sub.get("kv_connector"), why)
         merged.update(settings)
     return merged
 
@@ -229,10 +227,10 @@ def _extra(config: Mapping[str, Any], known: set[str]) -> Mapping[str, Any]:
     """kv_connector_extra_config, every key one the connector knows."""
     extra = config.get("kv_connector_extra_config", {})
     if not isinstance(extra, Mapping):
-        raise _fail("kv_connector_extra_config", extra, "must be an object")
+        raise config_error("kv_connector_extra_config", extra, "must be an object")
     for key in extra:
         if key not in known:
-            raise _fail(f"kv_connector_extra_config.{key}", extra[key], "unknown key")
+            raise config_error(f"kv_connector_extra_config.{key}", extra[key], "unknown key")
     return extra
 
 
@@ -245,20 +243,20 @@ def _nixl(config: Mapping[str, Any], role: str | None) -> OffloadSettings:
                           "(kv_producer, kv_consumer or kv_both)")  # fmt: skip
     policy = config.get("kv_load_failure_policy", "recompute")
     if policy == "fail":
-        raise _fail("kv_load_failure_policy", policy,
+        raise config_error("kv_load_failure_policy", policy,
                     "mocker models only 'recompute' (a failed pull prefills locally)")  # fmt: skip
     if policy != "recompute":
-        raise _fail("kv_load_failure_policy", policy, "must be recompute (or vLLM's fail)")
+        raise config_error("kv_load_failure_policy", policy, "must be recompute (or vLLM's fail)")
     engine_id = config.get("engine_id") or str(uuid.uuid4())
     if not isinstance(engine_id, str):
-        raise _fail("engine_id", engine_id, "must be a string")
+        raise config_error("engine_id", engine_id, "must be a string")
     extra = _extra(config, _NIXL_KEYS | _NIXL_IGNORED)
     settings = OffloadSettings(kv_role=role, kv_engine_id=engine_id)
     for key, field in (("kv_lease_duration", "hold_timeout"), ("pull_gbps", "pull_gbps"),
                        ("pull_latency_ms", "pull_latency_ms"),
                        ("pull_timeout_s", "pull_timeout")):  # fmt: skip
         if key in extra:
-            settings[field] = _number(key, extra[key], positive=key != "pull_latency_ms")
+            settings[field] = number(key, extra[key], positive=key != "pull_latency_ms")
     return settings
 
 
@@ -284,18 +282,18 @@ def _chunk_tokens(extra: Mapping[str, Any], gpu_block_size: int) -> int:
     if blocks is not None:
         n = _whole("blocks_per_chunk", blocks)
         if n <= 0:
-            raise _fail("blocks_per_chunk", blocks, "must be greater than 0")
+            raise config_error("blocks_per_chunk", blocks, "must be greater than 0")
         if n > 1 << 20:
-            raise _fail("blocks_per_chunk", blocks, "must be at most 2^20 blocks")
+            raise config_error("blocks_per_chunk", blocks, "must be at most 2^20 blocks")
         return n * gpu_block_size
     if size is None:
         return gpu_block_size
     size = _whole("block_size", size)
     if not 0 < size <= 1 << 24:
-        raise _fail("block_size", size, "must be a positive number of tokens, at most 2^24")
+        raise config_error("block_size", size, "must be a positive number of tokens, at most 2^24")
     if size % gpu_block_size:
         up = -(-size // gpu_block_size) * gpu_block_size
-        raise _fail("block_size", size,
+        raise config_error("block_size", size,
                     f"must be a multiple of the GPU KV cache block size ({gpu_block_size} "
                     f"tokens). Use {up} instead, or set 'blocks_per_chunk' to express the "
                     "chunk size in blocks")  # fmt: skip
@@ -307,66 +305,5 @@ def _whole(key: str, value: Any) -> int:
     if isinstance(value, str) and value.strip().lstrip("+-").isdigit() and len(value) < 20:
         return int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(key, value, "must be a whole number")
+        raise config_error(key, value, "must be a whole number")
     return value
-
-
-def _free_bytes(root_dir: str) -> int:
-    """The free space of the file system `root_dir` is (or would be made) on."""
-    try:
-        path = Path(root_dir).absolute()
-        while not path.exists():
-            path = path.parent
-        return shutil.disk_usage(path).free
-    except (OSError, ValueError) as exc:
-        raise _fail(
-            "root_dir", root_dir, f"its file system's free space is unknown ({exc})"
-        ) from None
-
-
-def _tier(index: int, raw: Any, block_bytes: int) -> StorageTierSpec:
-    where = f"secondary_tiers[{index}]"
-    if not isinstance(raw, Mapping):
-        raise _fail(where, raw, "must be an object")
-    kind = raw.get("type")
-    if not kind:
-        raise ConfigError(f"kv_transfer_config {where}: Secondary tier configuration must "
-                          "include 'type'")  # fmt: skip
-    if kind in _UNMODELLED_TIERS or (kind not in ("fs", "obj") and "module_path" in raw):
-        raise _fail(f"{where}.type", kind, "is not modelled by mocker (its tiers: fs, obj)")
-    if kind not in ("fs", "obj"):
-        raise _fail(f"{where}.type", kind, "Unknown secondary tier type (vLLM's: example, fs, "
-                    "p2p, obj, kvcr; mocker models fs and obj)")  # fmt: skip
-    for key in raw:
-        if key not in _TIER_KEYS | _TIER_IGNORED:
-            raise _fail(f"{where}.{key}", raw[key], "unknown key")
-    kind = StorageKind(kind)
-    root = raw.get("root_dir")
-    if root is not None and (not isinstance(root, str) or not root or "\0" in root):
-        raise _fail(f"{where}.root_dir", root, "must be a directory path")
-    if "capacity_bytes" in raw:
-        capacity = _number(f"{where}.capacity_bytes", raw["capacity_bytes"], positive=True)
-        blocks = int(min(capacity // block_bytes, UNBOUNDED_BLOCKS))
-    elif kind is StorageKind.OBJ:
-        blocks = UNBOUNDED_BLOCKS
-    elif root is None:
-        raise ConfigError(f"kv_transfer_config {where}: an fs tier needs root_dir (vLLM's; "
-                          "mocker sizes the tier by its file system's free space) or "
-                          "capacity_bytes")  # fmt: skip
-    else:  # vLLM's fs tier fills its disk
-        blocks = min(_free_bytes(root) // block_bytes, UNBOUNDED_BLOCKS)
-    if blocks < 1:
-        size = raw.get("capacity_bytes", f"the free space of {root}")
-        raise _fail(f"{where}.capacity_bytes", size, f"holds no block of {block_bytes} bytes")
-    values = dict(STORAGE_DEFAULTS[kind])
-    for key in ("read_gbps", "write_gbps", "latency_ms"):
-        if key in raw:
-            values[key] = _number(f"{where}.{key}", raw[key])
-    failure = _number(f"{where}.failure_rate", raw.get("failure_rate", 0.0))
-    if failure > 1:
-        raise _fail(f"{where}.failure_rate", failure, "must be in [0, 1]")
-    events = raw.get("enable_kv_events", False)  # vLLM's default: the tier publishes nothing
-    if not isinstance(events, bool):
-        raise _fail(f"{where}.enable_kv_events", events, "must be true or false")
-    return StorageTierSpec(kind, blocks, values["read_gbps"], values["write_gbps"],
-                           values["latency_ms"], failure, events)  # fmt: skip

@@ -47,16 +47,13 @@ def offload_settings(values: Mapping[str, Any]) -> dict[str, Any]:
     # counted in those.
     layout = kv_layout(values["_shape"], values["block_size"])
     offload = parse_kv_transfer_config(
-        values["kv_transfer_config"], layout.block_size, layout.block_bytes // layout.block_size
+        values["kv_transfer_config"],
+        layout.block_size,
+        layout.block_bytes // layout.block_size,
+        needs_hma=layout.has_mamba,
     )
     no_hma = offload.pop(NO_HMA, None)
     if no_hma is not None and layout.is_hybrid:
-        if layout.has_mamba:
-            raise ConfigError(
-                f"kv_transfer_config: {no_hma} does not support the hybrid KV cache manager, "
-                "which a model with Mamba layers needs (vLLM's hybrid SSM models fail at "
-                "start-up without it)"
-            )
         logger.warning(
             "Turning off hybrid kv cache manager because `--kv-transfer-config` selects a KV "
             "connector that does not support it (%s): models with sliding window attention "

@@ -41,11 +41,18 @@ class Lookups:
         stop = min((len(request.all_token_ids) - 1) // c.block_size, len(hashes))
         n = c.cpu.lookup(hashes, num_device_blocks, stop)
         pos = num_device_blocks + n
+        if c.chunk > 1 and pos < stop:  # a hit ends where a whole chunk does
+            pos = max(pos - pos % c.chunk, num_device_blocks)
+            n = pos - num_device_blocks
         if c.storage and pos < stop:
             promotions = self._promotions
             if hashes[pos] in promotions.promoting:
                 return None  # another request's promotion brings it: wait for that
             found = promotions.find(hashes, pos, stop)
+            if found is not None and c.chunk > 1 and pos + found[1] < stop:
+                end = pos + found[1]
+                end -= end % c.chunk
+                found = (found[0], end - pos) if end > pos else None
             self._count_lookups(request, n, stop - pos, found)
             if found is not None and promotions.start(request, hashes, num_device_blocks, pos,
                                                       *found):  # fmt: skip

@@ -61,6 +61,10 @@ class WriteThrough:
         stop = request.num_cached_blocks
         if self._prompt_only:
             stop = min(stop, request.num_prompt_tokens // connector.block_size)
+        chunk = connector.chunk
+        if chunk > 1:  # whole chunks only: a partial one is stored once it fills
+            stop -= stop % chunk
+            before -= before % chunk
         if stop <= before:
             return
         if not connector.pool.enable_caching:

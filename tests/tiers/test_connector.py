@@ -385,3 +385,42 @@ def test_a_cascade_names_each_blocks_parent_as_the_cpu_tier_does(batch: int) -> 
     assert sorted(counts.values()) == [1] * 7 + [2]
     assert set(counts) <= set(stored)
     assert_quiescent(core)
+
+
+# -- chunks (LMCache's chunk_size) --------------------------------------------------------------
+
+
+def test_a_tier_stores_whole_chunks_only() -> None:
+    # 30 prompt tokens fill 7 blocks of 4: one whole chunk of 4 blocks is stored, the partial
+    # second chunk is not (LMCache's save_unfull_chunk false).
+    for chunk, stored in ((1, 7), (4, 4), (3, 6)):
+        core = EngineCore(host_config(offload_policy="write-through", chunk_blocks=chunk))
+        run(core, [one("a", prompt(0, 30), 0.0)])
+        assert core.connector is not None and core.connector.stored_blocks == stored
+
+
+def test_a_tier_hit_ends_at_a_chunk_boundary_or_one_token_short_of_the_prompt() -> None:
+    # a's 8 blocks come back from the CPU tier. Chunks of 3 blocks: 6 were stored, and the
+    # hit is those 6 (24 tokens). Chunks of 4: both were, and the hit stops one token short
+    # of the prompt, at block 7, as any hit does (LMCache: a full hit less its last token).
+    for chunk, hit in ((3, 24), (4, 28)):
+        core, result, _ = evicted_then_again(chunk_blocks=chunk)
+        a2 = finished(result)["a2"]
+        assert a2.num_tier_cached_tokens == hit and a2.num_cached_tokens == hit
+        assert_quiescent(core)
+
+
+def test_a_chunk_the_cpu_tier_holds_in_part_is_not_loaded() -> None:
+    # The CPU tier loses one block of a's second chunk (as an eviction takes it): the hit is
+    # the first chunk only, 16 tokens, where block by block it would be 20.
+    for chunk, hit in ((1, 20), (4, 16)):
+        core = EngineCore(host_config(offload_policy="write-through", chunk_blocks=chunk))
+        run(core, [one("a", prompt(0), 0.0), one("b", prompt(1), 1.0), one("c", prompt(2), 2.0)])
+        keys: list[Any] = []
+        core.hasher.chain(None, None).extend(keys, prompt(0), 4)
+        cpu = core.cpu
+        assert cpu is not None and keys[5] in cpu
+        cpu._order.pop_many([keys[5]])  # (the tier's eviction, of this one key)
+        cpu._evicted([keys[5]])
+        a2 = finished(run(core, [one("a2", prompt(0), 3.0)]))["a2"]
+        assert a2.num_tier_cached_tokens == hit
