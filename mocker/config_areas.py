@@ -159,6 +159,10 @@ class OffloadConfig:
     # Device blocks a tier stores and finds as one chunk (LMCache's chunk_size): a prompt's
     # partial last chunk is not stored, and a hit ends at a chunk boundary.
     chunk_blocks: int = 1
+    # LMCache's synchronous retrieval: a request's CPU-tier hit is copied inside the pass
+    # that admits it, which waits for it (False: the request waits, as vLLM's own loads).
+    # Every hit is loaded, whatever recomputing it would cost.
+    sync_loads: bool = False
     load_timeout: float = 10.0  # a longer load is cancelled and the request recomputes
     # Write-through stores only prompt blocks (vLLM's offload_prompt_only, default true).
     offload_prompt_only: bool = True
@@ -175,6 +179,7 @@ class OffloadConfig:
         int_in("num_cpu_blocks", self.num_cpu_blocks, 0, 1 << 30)
         _set_enum(self, "offload_policy", OffloadPolicy)
         _flag("offload_prompt_only", self.offload_prompt_only)
+        _flag("sync_loads", self.sync_loads)
         _flag("self_describing_kv_events", self.self_describing_kv_events)
         int_in("offload_batch_size", self.offload_batch_size, 1, 1 << 20)
         int_in("min_load_blocks", self.min_load_blocks, 1, 1 << 30)

@@ -98,6 +98,9 @@ class CorePass(CoreResults):
         if sched.pulls:
             self._start_pulls(now, sched.pulls)
         end = now + self.scheduled_duration(sched)
+        sync = connector.sync_loads if connector is not None else None
+        if sync is not None and sync.pending:  # the pass reads its loads before it computes
+            end += sync.start(now)
         if self.lora is not None:
             wait = self.lora.activate(
                 r.lora_name for r in sched.num_scheduled if r.lora_name is not None
@@ -109,6 +112,8 @@ class CorePass(CoreResults):
         _first_scheduled(sched.admitted, now)
         outputs, finished, generated = self._advance(sched, end)
         if connector is not None:
+            if sync is not None and sync.pending:
+                sync.finish()
             connector.policy.end_pass(end)
         stats = self._stats(sched, generated)
         return StepResult(now, end, outputs, stats, finished, self._take_events(), records,

@@ -136,7 +136,8 @@ def schedule_waiting(sched: SchedulerState, budget: int, out: SchedulerOutput) -
                 skipped.append(waiting.pop_entry())
                 continue
             num_loaded = matched
-        if num_loaded:
+        sync = connector.sync_loads if connector is not None else None
+        if num_loaded and sync is None:
             # Reserve device slots for the tier's blocks and park the request until its
             # KV has loaded; it needs no budget until then.
             loaded_tokens = num_loaded * unit * bs
@@ -148,20 +149,26 @@ def schedule_waiting(sched: SchedulerState, budget: int, out: SchedulerOutput) -
             sched.loading.add(request)
             out.loads.append((request, len(hits) // unit, num_loaded))
             continue
-        num_new = min(request.num_tokens - num_hit, sched._long)
+        # (LMCache's synchronous loads: the pass admitting it copies its tier hit first,
+        # as computed tokens that use no budget.)
+        loaded_tokens = num_loaded * unit * bs
+        num_new = min(request.num_tokens - num_hit - loaded_tokens, sched._long)
         if num_new > budget:
             if not sched._chunked:
                 break  # the whole prompt waits for a pass with room for it
             num_new = budget
         if sched._mamba_split:
-            num_new = mamba_aligned(sched, request, num_hit, num_new)
+            num_new = mamba_aligned(sched, request, num_hit + loaded_tokens, num_new)
             if not num_new:
                 break
-        if not kv.allocate_slots(request, num_new, hits):
+        if not kv.allocate_slots(request, loaded_tokens + num_new, hits):
             break
         waiting.pop()
-        count_prefix(sched, request, num_hit, 0, out)
-        request.num_computed_tokens = num_hit
+        if loaded_tokens:
+            assert sync is not None
+            sync.admit(request, len(hits) // unit, num_loaded)
+        count_prefix(sched, request, num_hit, loaded_tokens, out)
+        request.num_computed_tokens = num_hit + loaded_tokens
         _admit(sched, request, num_new, out)
         budget -= num_new
         if loras is not None and lora is not None:

@@ -35,6 +35,7 @@ from mocker.tiers.promotions import Promotion, Promotions
 from mocker.tiers.storage import StorageTier
 from mocker.tiers.store_policy import WriteBack, WriteThrough
 from mocker.tiers.stores import Stores
+from mocker.tiers.sync_loads import SyncLoads
 from mocker.tiers.tier import BlockKey
 from mocker.tiers.transfers import TransferRecord
 
@@ -79,6 +80,10 @@ class TierConnector(TierContext):
             else WriteThrough(self, self.stores, prompt_only=config.offload.offload_prompt_only)
         )
         self.loads = Loads(self)
+        # LMCache's synchronous retrieval (None: loads run between passes, as vLLM's).
+        self.sync_loads = (
+            SyncLoads(self, self.loads, self.h2d_link) if config.offload.sync_loads else None
+        )
         pricing = LoadPricing(config, self.block_bytes, prefill_ms)
         self.promotions = Promotions(self, pricing)
         self.lookups = Lookups(self, self.promotions, pricing)

@@ -62,6 +62,7 @@ class TierContext:
         h2d_link = Link(config.offload.cpu_read_gbps * 1e9 * speedup, latency_s / speedup)
         self.d2h = open_channel(d2h_link, DEVICE, cpu.name)
         self.h2d = open_channel(h2d_link, cpu.name, DEVICE)
+        self.h2d_link = h2d_link
         self.channels: list[TransferChannel] = [self.d2h, self.h2d]
         for tier in self.storage:
             if tier.tier.record_events and not cpu.record_events:

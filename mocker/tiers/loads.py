@@ -49,18 +49,23 @@ class Loads:
         c = self._c
         hashes = chunk_keys(request.block_hashes, c.unit)[start : start + num_blocks]
         c.cpu.prepare_load(hashes)
-        promoted, request.promoted = request.promoted, None
-        if request.num_cached_tokens < 0:  # its hits are counted once, at its first admission
-            if promoted:
-                request.tier_hits = self._tier_hits(promoted, hashes)
-            else:  # (all found in the CPU tier)
-                n = len(hashes)
-                request.tier_hits = ((c.cpu.name, n * c.block_size),) if n else ()
+        self.attribute(request, hashes)
         load = Load(request, NO_TRANSFER, hashes, now, now + c.load_timeout)
         load.tid = c.h2d.start(now, num_blocks * c.block_bytes, partial(self._ended, load))
         self.active[request] = load
         c.push_timeout(load.deadline, load)
         c.version += 1
+
+    def attribute(self, request: Request, hashes: Sequence[BlockHash]) -> None:
+        """The request's tier hits, by the tier each loaded block came from (counted once,
+        at its first admission); what its promotion kept for it is released."""
+        promoted, request.promoted = request.promoted, None
+        if request.num_cached_tokens < 0:
+            if promoted:
+                request.tier_hits = self._tier_hits(promoted, hashes)
+            else:  # (all found in the CPU tier)
+                n = len(hashes)
+                request.tier_hits = ((self._c.cpu.name, n * self._c.block_size),) if n else ()
 
     def _tier_hits(
         self, promoted: dict[BlockHash, str], hashes: Sequence[BlockHash]

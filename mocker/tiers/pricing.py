@@ -17,6 +17,7 @@ class LoadPricing:
         self, config: EngineConfig, block_bytes: int, prefill_ms: Callable[[int], float]
     ) -> None:
         self._min_blocks = config.offload.min_load_blocks
+        self._always = config.offload.sync_loads  # LMCache loads every hit it finds
         self._unit = config.unit_blocks
         self._block_bytes = block_bytes
         self._block_size = config.block_size * config.unit_blocks
@@ -30,5 +31,7 @@ class LoadPricing:
         prefilling their tokens (the transfers alone on their links)."""
         if num_blocks * self._unit < self._min_blocks:  # counted in device blocks
             return False
+        if self._always:
+            return True
         transfer_s = promote_s + self._h2d.duration(num_blocks * self._block_bytes)
         return transfer_s * 1000.0 < self._prefill_ms(num_blocks * self._block_size)
