@@ -187,5 +187,5 @@ def lmcache_settings(
         "storage_tiers": tuple(tiers),
         "min_load_blocks": chunk_blocks,
         "chunk_blocks": chunk_blocks,
-        "sync_loads": True,  # LMCache's enable_async_loading defaults to false
+        "sync_loads": True,  # (its connector reports every load as synchronous)
     }
