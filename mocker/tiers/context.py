@@ -53,7 +53,8 @@ class TierContext:
         self.block_bytes = config.unit_bytes
         self.batch_size = config.offload.offload_batch_size
         self.block_size = config.block_size * self.unit
-        self.chunk = config.offload.chunk_blocks  # device blocks stored and found as one
+        # Device blocks stored and found as one (a hybrid model's unit is its chunk already).
+        self.chunk = config.offload.chunk_blocks if self.unit == 1 else 1
         speedup = config.speedup_ratio
         latency_s = config.offload.transfer_latency_ms / 1000.0
         # The channels carry transfers, keyed by (source tier, destination tier), at the

@@ -274,8 +274,11 @@ def test_multi_connector_gives_pd_and_tiers_together() -> None:
 )  # fmt: skip
 def test_a_chunk_size_as_vllm_reads_it(extra: dict[str, object], chunk_blocks: int) -> None:
     # vLLM reads the keys with .get() (null: unset) and int() (text of a number: that number).
+    # Its offload keys are a chunk's (its last block's hash): whole chunks are stored and
+    # found, and a shorter hit is not loaded.
     raw = offloading(cpu_bytes_to_use=8 * BLOCK_BYTES, **extra)
-    assert parse_kv_transfer_config(raw, 16, 131072)["min_load_blocks"] == chunk_blocks
+    settings = parse_kv_transfer_config(raw, 16, 131072)
+    assert settings["min_load_blocks"] == settings["chunk_blocks"] == chunk_blocks
 
 
 def test_an_fs_tier_whose_disk_cannot_be_read_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
