@@ -163,6 +163,10 @@ class OffloadConfig:
     # that admits it, which waits for it (False: the request waits, as vLLM's own loads).
     # Every hit is loaded, whatever recomputing it would cost.
     sync_loads: bool = False
+    # What the CPU tier stands for: vLLM's OffloadingConnector (or mocker's evict-policy
+    # host tier), "native"; or LMCache (LMCacheConnectorV1), "lmcache", whose metrics are
+    # LMCache's own, not vLLM's kv_offload families.
+    offload_backend: str = "native"
     load_timeout: float = 10.0  # a longer load is cancelled and the request recomputes
     # Write-through stores only prompt blocks (vLLM's offload_prompt_only, default true).
     offload_prompt_only: bool = True
@@ -180,6 +184,8 @@ class OffloadConfig:
         _set_enum(self, "offload_policy", OffloadPolicy)
         _flag("offload_prompt_only", self.offload_prompt_only)
         _flag("sync_loads", self.sync_loads)
+        if self.offload_backend not in ("native", "lmcache"):
+            fail("offload_backend", self.offload_backend, "must be native or lmcache")
         _flag("self_describing_kv_events", self.self_describing_kv_events)
         int_in("offload_batch_size", self.offload_batch_size, 1, 1 << 20)
         int_in("min_load_blocks", self.min_load_blocks, 1, 1 << 30)

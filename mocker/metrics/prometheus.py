@@ -20,6 +20,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from mocker.config import EngineConfig
 from mocker.config_choices import KVRole
 from mocker.engine.stats import EngineSnapshot
 from mocker.faults import FaultType
@@ -39,6 +40,12 @@ from mocker.metrics.sources import tier_label
 __all__ = ["Exposition", "MetricsCollector", "build_registry"]
 
 _LABELS = ["model_name", "engine"]
+_OFFLOAD = "vllm:kv_offload"
+
+
+def _native_offload(config: EngineConfig) -> bool:
+    """A CPU tier vLLM's OffloadingConnector would run (LMCache's has its own metrics)."""
+    return config.has_cpu_tier and config.offload.offload_backend == "native"
 
 
 def _sample_name(family: Family) -> str:
@@ -145,7 +152,11 @@ class MetricsCollector(Collector):
     def _families(self) -> Iterator[Family]:
         """The table's families this server exports, in order."""
         release = self.engines[0].release if self.engines else None
+        # vLLM's kv_offload families are its OffloadingConnector's: none without one.
+        offload = bool(self.engines) and _native_offload(self.engines[0].config)
         for family in FAMILIES:
+            if family.name.startswith(_OFFLOAD) and not offload:
+                continue
             if (not family.legacy or self.legacy_names) and family.release in (None, release):
                 yield family
         role = self.engines[0].config.transfer.kv_role if self.engines else KVRole.NONE
@@ -162,9 +173,10 @@ class MetricsCollector(Collector):
         current = bool(self.engines) and self.engines[0].release != "0.33"
         if self.rejections is not None and current:
             yield self._admission_rejections(self.rejections)
-        if current and self.engines[0].config.offload.storage_tiers:
+        offload = bool(self.engines) and _native_offload(self.engines[0].config)
+        if current and offload and self.engines[0].config.offload.storage_tiers:
             yield self._promotion_latency()
-        if current and self.engines[0].config.has_cpu_tier:
+        if current and offload:
             yield offload_config_info([(m.engine, m.config) for m in self.engines],
                                       self.model_name)  # fmt: skip
         if self.engines and self.engines[0].config.lora.enable_lora:

@@ -76,8 +76,11 @@ def cached_by_source(m: StatsRecorder, s: EngineSnapshot) -> Value:
     sum is prefix_cache_hits + external_prefix_cache_hits), every source listed."""
     counts = dict.fromkeys(CACHE_HIT_SOURCES, 0)
     counts["device"] = m.prefix_hits
+    # (LMCacheConnectorV1 names no source for its hits: vLLM counts them unspecified.)
+    lmcache = m.config.offload.offload_backend == "lmcache"
     for tier, n in m.external_hits_by_tier.items():
-        counts[_SOURCE_OF_TIER.get(tier, "external_unspecified")] += n
+        source = "external_unspecified" if lmcache else _SOURCE_OF_TIER.get(tier)
+        counts[source or "external_unspecified"] += n
     return list(counts.items())
 
 

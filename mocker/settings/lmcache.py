@@ -187,5 +187,6 @@ def lmcache_settings(
         "storage_tiers": tuple(tiers),
         "min_load_blocks": chunk_blocks,
         "chunk_blocks": chunk_blocks,
+        "offload_backend": "lmcache",
         "sync_loads": True,  # (its connector reports every load as synchronous)
     }

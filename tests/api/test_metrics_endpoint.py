@@ -46,18 +46,14 @@ EXPECTED_BUCKETS: dict[str, tuple[float, ...]] = {
     "vllm:request_params_n": (1, 2, 5, 10, 20),
     "vllm:iteration_tokens_total": ITERATION_TOKEN_BUCKETS,
     "vllm:request_num_preemptions": PREEMPTION_BUCKETS,
-    "vllm:kv_offload_store_size": TRANSFER_SIZE_BUCKETS,
-    "vllm:kv_offload_load_size": TRANSFER_SIZE_BUCKETS,
 }
 COUNTERS = (
     "prefix_cache_queries", "prefix_cache_hits", "external_prefix_cache_queries",
     "external_prefix_cache_hits", "num_preemptions", "prompt_tokens", "generation_tokens",
     "prompt_tokens_cached", "prompt_tokens_by_source", "prompt_tokens_cached_by_source",
-    "request_success", "kv_offload_store_bytes", "kv_offload_load_bytes",
-    "kv_offload_store_time", "kv_offload_load_time",
+    "request_success",
 )  # fmt: skip
-GAUGES = ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
-          "kv_offload_cpu_cache_usage_perc")  # fmt: skip
+GAUGES = ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc")
 
 
 def _scrape(text: str) -> dict[str, Metric]:
@@ -127,6 +123,8 @@ async def test_metrics_are_vllms_and_true_after_hits_and_preemptions() -> None:
         assert fam["vllm:" + name].type == "counter"
     for name in GAUGES:
         assert fam["vllm:" + name].type == "gauge"
+    # (No KV connector: none of vLLM's OffloadingConnector families.)
+    assert not [name for name in fam if name.startswith("vllm:kv_offload")]
     for name, bounds in EXPECTED_BUCKETS.items():
         assert fam[name].type == "histogram", name
         les = [s.labels["le"] for s in fam[name].samples if s.name == name + "_bucket"]
@@ -223,3 +221,17 @@ async def test_identities_hold_with_stop_strings_and_batched_streams() -> None:
         fam = _scrape((await c.http.get("/metrics")).text)
     assert _value(fam, "vllm:generation_tokens") == total
     assert _value(fam, "vllm:request_success", finished_reason="stop") >= 1
+
+
+async def test_a_cpu_tier_brings_vllms_offload_families() -> None:
+    # vLLM's OffloadingConnector families, with their types and buckets, from the start.
+    app = make_app(block_size=16, num_gpu_blocks=48, max_model_len=512, num_cpu_blocks=64,
+                   offload_policy="write-through")  # fmt: skip
+    async with AppClient(app) as c:
+        fam = _scrape((await c.http.get("/metrics")).text)
+    for name in ("store_bytes", "load_bytes", "store_time", "load_time"):
+        assert fam["vllm:kv_offload_" + name].type == "counter"
+    assert fam["vllm:kv_offload_cpu_cache_usage_perc"].type == "gauge"
+    for name in ("vllm:kv_offload_store_size", "vllm:kv_offload_load_size"):
+        les = [s.labels["le"] for s in fam[name].samples if s.name == name + "_bucket"]
+        assert [float(le) for le in les] == [*map(float, TRANSFER_SIZE_BUCKETS), float("inf")]

@@ -43,7 +43,8 @@ def test_collector_renders_names_labels_and_live_gauges() -> None:
 
 @pytest.mark.parametrize("release", VLLM_RELEASES)
 def test_every_family_in_the_table_is_rendered_once(release: str) -> None:
-    metrics = StatsRecorder(make_core().config, release=release)
+    # (With a CPU tier: vLLM's kv_offload families are its OffloadingConnector's.)
+    metrics = StatsRecorder(make_core(num_cpu_blocks=8).config, release=release)
     for legacy in (False, True):
         text = _render(metrics, legacy=legacy)
         for family in FAMILIES:
@@ -117,7 +118,7 @@ def test_text_is_what_generate_latest_prints(
 def test_the_deprecated_offload_families_mirror_the_flat_ones() -> None:
     """vLLM still exports its transfer_type families beside the flat ones, from the same
     transfers: CPU_to_GPU the loads, GPU_to_CPU the stores (both series from the start)."""
-    (metrics,) = _fed_recorders()[:1]
+    (metrics,) = _fed_recorders(num_cpu_blocks=8)[:1]
     text = MetricsCollector([metrics], "m").text()
     labels = 'engine="0",model_name="m",transfer_type="{}"'
     for kind in ("CPU_to_GPU", "GPU_to_CPU"):
@@ -225,3 +226,26 @@ def test_tiering_names_and_labels_follow_the_release(
         assert line in text, line
     for fragment in absent:
         assert fragment not in text, fragment
+
+
+@pytest.mark.parametrize("backend", [None, "lmcache", "native"])
+def test_vllms_offload_families_are_its_offloading_connectors(backend: str | None) -> None:
+    # No connector, or LMCacheConnectorV1: no vllm:kv_offload family (vLLM registers them
+    # from OffloadingConnector only), and LMCache's hits are counted as an unspecified
+    # external source. A prompt comes back from the CPU tier after two others evicted it.
+    tier = {} if backend is None else {
+        "num_cpu_blocks": 64, "offload_policy": "write-through", "offload_backend": backend,
+        "sync_loads": backend == "lmcache"}  # fmt: skip
+    core = make_core(num_gpu_blocks=16, max_model_len=64, max_num_batched_tokens=512, **tier)
+    metrics = StatsRecorder(core.config, engine="0")
+    prompts = [[1000 * (k + 1) + j for j in range(32)] for k in range(3)]
+    requests = [req(f"r{k}", p, max_tokens=1, arrival=float(k)) for k, p in enumerate(prompts)]
+    requests.append(req("again", prompts[0], max_tokens=1, arrival=3.0))
+    for result in VirtualDriver(core).steps(requests):
+        metrics.on_step(result)
+    text = _render(metrics, legacy=False)
+    assert ("vllm:kv_offload" in text) == (backend == "native")
+    source = 'vllm:prompt_tokens_cached_by_source_total{{engine="0",model_name="m",source="{}"}}'
+    hit = {None: None, "lmcache": "external_unspecified", "native": "host"}[backend]
+    for name in ("host", "external_unspecified"):
+        assert f"{source.format(name)} {28.0 if name == hit else 0.0}\n" in text
