@@ -245,11 +245,15 @@ class MetricsCollector(Collector):
         for m in self.engines:
             cfg = m.config
             # vLLM renders every value with str(): True/False, None.
-            cpu_blocks = str(cfg.offload.num_cpu_blocks) if cfg.has_cpu_tier else "None"
+            # (LMCache sizes its own tiers: vLLM's config knows none of them.)
+            native = _native_offload(cfg)
+            cpu_blocks = str(cfg.offload.num_cpu_blocks) if native else "None"
             offload_gib = str(
                 cfg.offload.kv_offloading_size
             )  # as given (None with --num-host-blocks)
-            tiers = ",".join(f"{t.name}={t.capacity_blocks}" for t in cfg.offload.storage_tiers)
+            tiers = ",".join(
+                f"{t.name}={t.capacity_blocks}" for t in cfg.offload.storage_tiers if native
+            )
             groups = ",".join(
                 f"{g.index}:{g.kind.value}" + (f":{g.sliding_window}" if g.sliding_window else "")
                 for g in cfg.layout.groups

@@ -245,6 +245,8 @@ def test_vllms_offload_families_are_its_offloading_connectors(backend: str | Non
         metrics.on_step(result)
     text = _render(metrics, legacy=False)
     assert ("vllm:kv_offload" in text) == (backend == "native")
+    cpu_blocks = "64" if backend == "native" else "None"  # (LMCache's are not vLLM's)
+    assert f'num_cpu_blocks="{cpu_blocks}"' in text
     source = 'vllm:prompt_tokens_cached_by_source_total{{engine="0",model_name="m",source="{}"}}'
     hit = {None: None, "lmcache": "external_unspecified", "native": "host"}[backend]
     for name in ("host", "external_unspecified"):
