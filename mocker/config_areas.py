@@ -167,6 +167,9 @@ class OffloadConfig:
     # host tier), "native"; or LMCache (LMCacheConnectorV1), "lmcache", whose metrics are
     # LMCache's own, not vLLM's kv_offload families.
     offload_backend: str = "native"
+    # LMCache's internal API server (host, first port), which serves its metrics: set by its
+    # internal_api_server_enabled (None: off, LMCache's default).
+    lmcache_api: tuple[str, int] | None = None
     load_timeout: float = 10.0  # a longer load is cancelled and the request recomputes
     # Write-through stores only prompt blocks (vLLM's offload_prompt_only, default true).
     offload_prompt_only: bool = True

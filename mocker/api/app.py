@@ -39,6 +39,8 @@ def _lifespan(state: ServerState) -> Callable[[FastAPI], AbstractAsyncContextMan
         state.engines.start()
         for channel in state.side_channels:
             channel.start()
+        if state.lmcache_api is not None:
+            state.lmcache_api.start()
         delay = state.settings.startup_delay
         if delay > 0:
             state.ready_at = asyncio.get_running_loop().time() + delay
@@ -53,6 +55,8 @@ def _lifespan(state: ServerState) -> Callable[[FastAPI], AbstractAsyncContextMan
                     await channel.close()
                 for publisher in state.publishers:
                     await asyncio.to_thread(publisher.close)
+                if state.lmcache_api is not None:
+                    await state.lmcache_api.close()
 
     return lifespan
 

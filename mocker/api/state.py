@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from mocker.api.errors import OpenAIError
 from mocker.api.faults import FaultInjector
+from mocker.api.lmcache_api import LMCacheApi
 from mocker.api.lora import LoraAdapters
 from mocker.api.serving import OpenAIServing
 from mocker.config import ConfigError, EngineConfig
@@ -55,6 +56,8 @@ class ServerState:
     publishers: list[ZmqEventPublisher] = field(default_factory=list)  # by rank, if enabled
     # P/D: the NIXL side channels of the ranks (prefill: served; decode: notifications).
     side_channels: list[SideChannelServer | SideChannelClient] = field(default_factory=list)
+    # LMCache's internal API server (rank 0's LMCache), when its config enables it.
+    lmcache_api: LMCacheApi | None = None
     # Set on SIGTERM (mocker.api.shutdown): new work and /health get 503 while in-flight
     # requests finish.
     draining: bool = False
@@ -198,6 +201,7 @@ def build_state(
             if publisher is not None:
                 publishers.append(publisher)
             channels += side_channels(engine, rank, rank_metrics.pd)
+        lmcache_api = _lmcache_api(settings, config, engines[0])
     except BaseException:
         for publisher in publishers:  # e.g. rank 1's port is taken: free rank 0's
             publisher.close()
@@ -223,4 +227,17 @@ def build_state(
         created=int(time.time()),
         publishers=publishers,
         side_channels=channels,
+        lmcache_api=lmcache_api,
     )
+
+
+def _lmcache_api(
+    settings: ServerSettings, config: EngineConfig, engine: LiveEngine
+) -> LMCacheApi | None:
+    """Rank 0's LMCache metrics door, if LMCache's config opens it."""
+    where = config.offload.lmcache_api
+    connector = engine.core.connector
+    if where is None or connector is None or connector.lmcache is None:
+        return None
+    host, port = where
+    return LMCacheApi(host, port, connector, settings.model, settings.model_name)

@@ -164,9 +164,10 @@ def schedule_waiting(sched: SchedulerState, budget: int, out: SchedulerOutput) -
         if not kv.allocate_slots(request, loaded_tokens + num_new, hits):
             break
         waiting.pop()
-        if loaded_tokens:
-            assert sync is not None
-            sync.admit(request, len(hits) // unit, num_loaded)
+        if sync is not None:  # (LMCache: what its worker counts)
+            if loaded_tokens:
+                sync.admit(request, len(hits) // unit, num_loaded)
+            sync.scheduled(request, num_hit, num_hit + loaded_tokens + num_new)
         count_prefix(sched, request, num_hit, loaded_tokens, out)
         request.num_computed_tokens = num_hit + loaded_tokens
         _admit(sched, request, num_new, out)

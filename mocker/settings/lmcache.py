@@ -61,6 +61,9 @@ _KEYS: dict[str, tuple[Any, Callable[[Any], Any]]] = {
     "remote_url": (None, _to_text),
     "save_decode_cache": (False, _to_bool),
     "save_unfull_chunk": (False, _to_bool),
+    "internal_api_server_enabled": (False, _to_bool),
+    "internal_api_server_host": ("127.0.0.1", _to_text),
+    "internal_api_server_port_start": (6999, _to_int),
 }
 
 
@@ -180,6 +183,15 @@ def lmcache_settings(
             )
         )
     chunk_blocks = chunk // gpu_block_size
+    api = None
+    if values["internal_api_server_enabled"]:  # its metrics' only door (a worker's: +1)
+        port = values["internal_api_server_port_start"]
+        if not 0 <= port <= 65534:
+            raise ConfigError(
+                f"invalid LMCache internal_api_server_port_start={port!r}: must be 0 (the "
+                "system picks) to 65534"
+            )
+        api = (values["internal_api_server_host"] or "127.0.0.1", port)
     return {
         "num_cpu_blocks": cpu_blocks,
         "offload_policy": "write-through",
@@ -189,4 +201,5 @@ def lmcache_settings(
         "chunk_blocks": chunk_blocks,
         "offload_backend": "lmcache",
         "sync_loads": True,  # (its connector reports every load as synchronous)
+        "lmcache_api": api,
     }

@@ -86,7 +86,7 @@ class TierConnector(TierContext):
         )
         pricing = LoadPricing(config, self.block_bytes, prefill_ms)
         self.promotions = Promotions(self, pricing)
-        self.lookups = Lookups(self, self.promotions, pricing)
+        self.lookups = Lookups(self, self.promotions, pricing, self.sync_loads)
         # (The parts' tables, read on every lookup and poll; never rebound.)
         self._storing = self.stores.storing
         self._cascading = self.stores.cascading
@@ -263,6 +263,8 @@ class TierConnector(TierContext):
         """The request ended (abort, finish) outside a load: its promotion is cancelled and
         its hold released."""
         self.promotions.drop(now, request)
+        if self.sync_loads is not None:
+            self.sync_loads.forget(request)
 
     def scheduled(self, now: float, loads: Sequence[tuple[Request, int, int]]) -> None:
         """The pass at `now` was scheduled: its loads start (`start_load`: request, first
@@ -276,6 +278,12 @@ class TierConnector(TierContext):
         after = self.policy.after_schedule
         if after is not None:
             after(now)
+
+    def flush_lmcache(self) -> None:
+        """LMCache's stats logger's turn (every 10 s, whether or not the engine runs)."""
+        if self.lmcache is not None:
+            disk = sum(t.tier.num_used for t in self.storage if t.name == "fs")
+            self.lmcache.flush(self.cpu.num_used * self.block_bytes, disk * self.block_bytes)
 
     def cancel_load(self, now: float, request: Request) -> bool:
         """Drop a request's load (abort, timeout); its CPU blocks are unpinned. The

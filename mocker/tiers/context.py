@@ -13,6 +13,7 @@ from mocker.kv.manager import DevicePool
 from mocker.request import Request
 from mocker.tiers.channel import TransferChannel, open_channel
 from mocker.tiers.link import Link
+from mocker.tiers.lmcache_stats import LMCacheStats
 from mocker.tiers.lru import LruTier
 from mocker.tiers.policy import StorePolicy
 from mocker.tiers.storage import StorageTier
@@ -64,6 +65,12 @@ class TierContext:
         self.d2h = open_channel(d2h_link, DEVICE, cpu.name)
         self.h2d = open_channel(h2d_link, cpu.name, DEVICE)
         self.h2d_link = h2d_link
+        # What LMCache's worker counts, when its metrics are served (None: not counted).
+        self.lmcache = (
+            LMCacheStats(config.offload.chunk_blocks * self.block_size)
+            if config.offload.lmcache_api is not None
+            else None
+        )
         self.channels: list[TransferChannel] = [self.d2h, self.h2d]
         for tier in self.storage:
             if tier.tier.record_events and not cpu.record_events:

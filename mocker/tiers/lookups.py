@@ -3,11 +3,15 @@ get_num_new_matched_tokens), and vLLM 0.34's tiering lookup counters."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from mocker.kv.hashing import BlockHash
 from mocker.request import Request
 from mocker.tiers.context import TierContext
 from mocker.tiers.hybrid_store import chunk_keys
 from mocker.tiers.pricing import LoadPricing
 from mocker.tiers.promotions import Promotions
+from mocker.tiers.sync_loads import SyncLoads
 
 __all__ = ["Lookups"]
 
@@ -16,11 +20,16 @@ class Lookups:
     """The connector's answers to the scheduler's lookups."""
 
     def __init__(
-        self, connector: TierContext, promotions: Promotions, pricing: LoadPricing
+        self,
+        connector: TierContext,
+        promotions: Promotions,
+        pricing: LoadPricing,
+        sync: SyncLoads | None = None,
     ) -> None:
         self._c = connector
         self._promotions = promotions
         self._pricing = pricing
+        self._sync = sync
         self._pays_off: dict[int, bool] = {}  # pricing.pays_off(n) of a CPU-tier hit of n
 
     def num_matched_blocks(self, request: Request, num_device_blocks: int) -> int | None:
@@ -38,6 +47,8 @@ class Lookups:
             request.promoted = None
             return 0
         hashes = chunk_keys(request.block_hashes, c.unit)
+        if c.lmcache is not None and self._sync is not None:
+            self._sync.looked_up(request, self._lmcache_hit(request, hashes))
         stop = min((len(request.all_token_ids) - 1) // c.block_size, len(hashes))
         n = c.cpu.lookup(hashes, num_device_blocks, stop)
         pos = num_device_blocks + n
@@ -71,6 +82,19 @@ class Lookups:
             # these runs while it reserves; nothing else evicts from the CPU tier in a pass).
             self._promotions.looked_up.append((hashes, num_device_blocks, pos))
         return n
+
+    def _lmcache_hit(self, request: Request, hashes: Sequence[BlockHash]) -> int:
+        """LMCache's own lookup: the whole chunks it holds from the first token on, in its
+        CPU tier, then on its disk or remote store (tokens)."""
+        c = self._c
+        chunk = c.chunk
+        stop = min(len(request.all_token_ids) // c.block_size // chunk * chunk, len(hashes))
+        pos = c.cpu.lookup(hashes, 0, stop)
+        for tier in c.storage:
+            if pos >= stop:
+                break
+            pos += tier.tier.lookup(hashes, pos, stop)
+        return (pos - pos % chunk) * c.block_size
 
     def skip(self, request: Request) -> None:
         """The request is admitted without a lookup (or without loading what one found):

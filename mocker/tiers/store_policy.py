@@ -75,6 +75,8 @@ class WriteThrough:
         if pinned:
             connector.pool.touch(pinned)
             self._stage(request, pinned, keys, parents)
+            if connector.lmcache is not None:  # (one store request a request a pass)
+                connector.lmcache.store(len(pinned) * connector.block_size)
 
     def _stage(
         self,

@@ -146,6 +146,9 @@ class Stores:
         n = len(blocks)
         self.stored_blocks += n
         c.record(TransferKind.STORE, DEVICE, c.cpu.name, n, start, end)
+        if c.lmcache is not None and owners:
+            for _, blocks_of in owners:
+                c.lmcache.store_ended(blocks_of * c.block_size, end - start)
         if c.storage:
             self._cascade(hashes, end, parents)
 

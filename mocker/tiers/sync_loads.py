@@ -18,7 +18,8 @@ __all__ = ["SyncLoads"]
 
 class SyncLoads:
     """The CPU → device copies of the pass being scheduled: pinned as it admits them, read
-    together over the host link at its start, unpinned at its end."""
+    together over the host link at its start, unpinned at its end. LMCache reads from the
+    chunk boundary at or before vLLM's own hit (it keeps whole chunks)."""
 
     def __init__(self, connector: TierContext, loads: Loads, link: Link) -> None:
         """`link`: the host → device link, at the engine's speed (durations scaled)."""
@@ -26,11 +27,19 @@ class SyncLoads:
         self._loads = loads
         self._link = link
         self._reading: list[Sequence[BlockHash]] = []  # this pass's, pinned
-        self._blocks = 0  # (their sum)
+        self._blocks = 0  # the blocks this pass reads, whole chunks
+        self._looked: set[Request] = set()  # looked up by LMCache, not yet scheduled
 
     @property
     def pending(self) -> bool:
         return bool(self._reading)
+
+    def looked_up(self, request: Request, hit_tokens: int) -> None:
+        """LMCache's lookup of a request's whole chunks (once until it is scheduled)."""
+        stats = self._c.lmcache
+        if stats is not None and request not in self._looked:
+            self._looked.add(request)
+            stats.lookup(len(request.all_token_ids), hit_tokens)
 
     def admit(self, request: Request, start: int, num_blocks: int) -> None:
         """The scheduler admits the request with blocks [start, start + num_blocks) read
@@ -40,7 +49,23 @@ class SyncLoads:
         c.cpu.prepare_load(hashes)
         self._loads.attribute(request, hashes)
         self._reading.append(hashes)
-        self._blocks += num_blocks
+        read = num_blocks + start % c.chunk  # (the first chunk whole)
+        self._blocks += read
+        if c.lmcache is not None:
+            tokens = read * c.block_size
+            c.lmcache.retrieve(tokens, self._link.duration(read * c.block_bytes))
+
+    def scheduled(self, request: Request, vllm_hit: int, scheduled_to: int) -> None:
+        """A request's first pass after its lookup: vLLM's own hit, and the tokens it will
+        have computed at the pass's end."""
+        if request in self._looked:
+            self._looked.discard(request)
+            assert self._c.lmcache is not None
+            self._c.lmcache.scheduled(vllm_hit, scheduled_to)
+
+    def forget(self, request: Request) -> None:
+        """The request ended before it was scheduled."""
+        self._looked.discard(request)
 
     def start(self, now: float) -> float:
         """Seconds the pass starting at `now` spends reading what it admitted (one copy of
@@ -57,6 +82,6 @@ class SyncLoads:
         c = self._c
         for hashes in self._reading:
             c.cpu.complete_load(hashes)
-        self._loads.loaded_blocks += self._blocks
+        self._loads.loaded_blocks += sum(map(len, self._reading))
         self._reading, self._blocks = [], 0
         c.version += 1

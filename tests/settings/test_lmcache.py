@@ -117,3 +117,18 @@ def test_a_working_set_past_the_device_comes_back_from_lmcache_in_whole_chunks(
     assert core.connector is not None and core.connector.stored_blocks == 8 * 32
     if disk:  # (the early prompts' chunks were found on the disk)
         assert core.connector.counters["fs"].block_hits > 0
+
+
+def test_its_internal_api_server_opens_its_metrics() -> None:
+    # LMCache's metrics' only door, off by default.
+    assert parse_kv_transfer_config(LMCACHE, 16, 131072, environ={})["lmcache_api"] is None
+    env = {"LMCACHE_INTERNAL_API_SERVER_ENABLED": "true"}
+    settings = parse_kv_transfer_config(LMCACHE, 16, 131072, environ=env)
+    assert settings["lmcache_api"] == ("127.0.0.1", 6999)  # LMCache's defaults
+    env |= {"LMCACHE_INTERNAL_API_SERVER_HOST": "0.0.0.0",
+            "LMCACHE_INTERNAL_API_SERVER_PORT_START": "7100"}  # fmt: skip
+    settings = parse_kv_transfer_config(LMCACHE, 16, 131072, environ=env)
+    assert settings["lmcache_api"] == ("0.0.0.0", 7100)
+    env["LMCACHE_INTERNAL_API_SERVER_PORT_START"] = "70000"
+    with pytest.raises(ConfigError, match="internal_api_server_port_start=70000"):
+        parse_kv_transfer_config(LMCACHE, 16, 131072, environ=env)
