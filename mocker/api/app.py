@@ -41,6 +41,8 @@ def _lifespan(state: ServerState) -> Callable[[FastAPI], AbstractAsyncContextMan
             channel.start()
         if state.lmcache_api is not None:
             state.lmcache_api.start()
+            scheduler, worker = state.lmcache_api.urls
+            logger.info("LMCache metrics: scheduler at %s, worker at %s", scheduler, worker)
         delay = state.settings.startup_delay
         if delay > 0:
             state.ready_at = asyncio.get_running_loop().time() + delay

@@ -28,6 +28,7 @@ class LMCacheApi:
     ) -> None:
         assert connector.lmcache is not None
         self._connector = connector
+        self.host = host
         self._flusher: asyncio.Task[None] | None = None
         self.servers: list[WSGIServer] = []
         roles = (("scheduler", None), ("worker", connector.lmcache))
@@ -52,6 +53,11 @@ class LMCacheApi:
     def ports(self) -> list[int]:
         """The scheduler's port, then the worker's."""
         return [server.server_port for server in self.servers]
+
+    @property
+    def urls(self) -> list[str]:
+        """The scheduler's metrics, then the worker's."""
+        return [f"http://{self.host}:{port}/metrics" for port in self.ports]
 
     def start(self) -> None:
         """The stats logger starts (on the running loop): a flush now, then every 10 s."""
