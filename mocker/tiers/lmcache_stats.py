@@ -62,7 +62,7 @@ class LMCacheStats:
         c.lookup_requests += 1
         c.lookup_tokens += looked
         c.lookup_hits += hit_tokens
-        if hit_tokens:
+        if hit_tokens and self.on_flush is not None:
             self._observed.append(("request_cache_hit_rate", hit_tokens / num_tokens))
 
     def scheduled(self, vllm_hit: int, scheduled_to: int) -> None:
@@ -90,6 +90,8 @@ class LMCacheStats:
         self._timed("store", tokens, seconds)
 
     def _timed(self, what: str, tokens: int, seconds: float) -> None:
+        if self.on_flush is None:
+            return  # (no one shows them: kept nowhere)
         self._observed.append((f"time_to_{what}", seconds))
         if seconds > 0:
             self._observed.append((f"{what}_speed", tokens / seconds))
