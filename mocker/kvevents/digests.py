@@ -22,12 +22,13 @@ class DigestBook:
     and no longer. A key it never saw stored (a tier another engine filled) is its own 8
     bytes, which is the whole hash of mocker's fast algorithm."""
 
-    __slots__ = ("_bits", "_book")
+    __slots__ = ("_bits", "_book", "_unheld")
 
     def __init__(self) -> None:
         # key -> [digest, a bit per (medium, group) holding it]
         self._book: dict[int, list[Any]] = {}
         self._bits: dict[tuple[str, int | None], int] = {}
+        self._unheld: list[int] = []  # held nowhere since a removal in this batch
 
     def __len__(self) -> int:
         return len(self._book)
@@ -41,7 +42,10 @@ class DigestBook:
         return entry[0] if entry is not None else int(block_hash).to_bytes(8, "big")
 
     def convert(self, events: Sequence[KVEvent]) -> list[KVEvent]:
-        """The events with every block hash a digest (bytes), the book kept up to date."""
+        """The events with every block hash a digest (bytes), the book kept up to date. A
+        block no medium holds any more is forgotten at the batch's end: within a step a
+        tier's store can follow the device's removal of the same block (the device's events
+        come first)."""
         out: list[KVEvent] = []
         for event in events:
             if type(event) is BlockStored:
@@ -52,6 +56,12 @@ class DigestBook:
                 if type(event) is AllBlocksCleared:
                     self._cleared()
                 out.append(event)
+        book = self._book
+        for h in self._unheld:
+            entry = book.get(h)
+            if entry is not None and not entry[1]:
+                del book[h]
+        self._unheld = []
         return out
 
     def _bit(self, medium: str, group: int | None) -> int:
@@ -88,7 +98,7 @@ class DigestBook:
             if entry is not None:
                 entry[1] &= ~bit
                 if not entry[1]:
-                    del book[h]
+                    self._unheld.append(h)
         return replace(event, block_hashes=cast(Any, tuple(digests)))
 
     def _cleared(self) -> None:
@@ -97,8 +107,7 @@ class DigestBook:
         for (medium, _group), bit in self._bits.items():
             if medium == _GPU:
                 gpu |= bit
-        book = self._book
-        for h in [h for h, entry in book.items() if not entry[1] & ~gpu]:
-            del book[h]
-        for entry in book.values():
+        for h, entry in self._book.items():
             entry[1] &= ~gpu
+            if not entry[1]:
+                self._unheld.append(h)

@@ -30,7 +30,7 @@ def _cdiv(a: int, b: int) -> int:
 def cpu_tier_facts(config: EngineConfig) -> dict[str, str]:
     """The CPU tier's chunks, device blocks a chunk, bytes, and the tokens it holds of
     requests of max_model_len (each group's chunks a request, a window's capped)."""
-    per_chunk = max(config.offload.min_load_blocks, config.unit_blocks)
+    per_chunk = max(config.offload.chunk_blocks, config.unit_blocks)
     chunks = config.offload.num_cpu_blocks // per_chunk
     chunk_bytes = config.unit_bytes if config.is_hybrid else per_chunk * config.block_bytes
     chunk_tokens = per_chunk * config.block_size

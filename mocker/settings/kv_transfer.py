@@ -175,7 +175,6 @@ def parse_kv_transfer_config(
         offload_policy="write-through",
         offload_prompt_only=prompt_only,
         storage_tiers=tiers,
-        min_load_blocks=block_size // gpu_block_size,
         chunk_blocks=block_size // gpu_block_size,  # (vLLM stores and finds whole chunks)
     )
     describing = extra.get("self_describing_kv_events", False)

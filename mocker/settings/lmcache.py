@@ -197,7 +197,7 @@ def lmcache_settings(
         "offload_policy": "write-through",
         "offload_prompt_only": not values["save_decode_cache"],
         "storage_tiers": tuple(tiers),
-        "min_load_blocks": chunk_blocks,
+        "min_load_blocks": 1,  # (its min_retrieve_tokens: 0)
         "chunk_blocks": chunk_blocks,
         "offload_backend": "lmcache",
         "sync_loads": True,  # (its connector reports every load as synchronous)

@@ -94,5 +94,5 @@ def offload_settings(values: Mapping[str, Any]) -> dict[str, Any]:
                 f"set either --{flag.replace('_', '-')} or an OffloadingConnector "
                 "--kv-transfer-config (cpu_bytes_to_use), not both: they size the same CPU tier"
             )
-    offload["min_load_blocks"] = max(offload["min_load_blocks"], values["min_load_blocks"])
+    offload["min_load_blocks"] = max(offload.get("min_load_blocks", 1), values["min_load_blocks"])
     return dict(offload)

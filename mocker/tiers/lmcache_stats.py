@@ -62,8 +62,8 @@ class LMCacheStats:
         c.lookup_requests += 1
         c.lookup_tokens += looked
         c.lookup_hits += hit_tokens
-        if hit_tokens and self.on_flush is not None:
-            self._observed.append(("request_cache_hit_rate", hit_tokens / num_tokens))
+        if hit_tokens and self.on_flush is not None:  # (of the tokens it asked for)
+            self._observed.append(("request_cache_hit_rate", hit_tokens / looked))
 
     def scheduled(self, vllm_hit: int, scheduled_to: int) -> None:
         """A looked-up request's first pass: vLLM's own hit, and the chunk-aligned tokens it

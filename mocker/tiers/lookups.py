@@ -47,22 +47,29 @@ class Lookups:
             request.promoted = None
             return 0
         hashes = chunk_keys(request.block_hashes, c.unit)
-        if c.lmcache is not None and self._sync is not None:
-            self._sync.looked_up(request, self._lmcache_hit(request, hashes))
+        sync = self._sync
+        if c.lmcache is not None and sync is not None and sync.looks_up(request):
+            sync.looked_up(request, self._lmcache_hit(request, hashes))
         stop = min((len(request.all_token_ids) - 1) // c.block_size, len(hashes))
-        n = c.cpu.lookup(hashes, num_device_blocks, stop)
+        # With chunks, the tiers hold whole chunks of the prompt's full blocks (vLLM's offload
+        # keys, LMCache's lookups): a hit is of whole chunks, then cut one token short.
+        limit = stop
+        if c.chunk > 1:
+            limit = min(len(request.all_token_ids) // c.block_size, len(hashes))
+            limit -= limit % c.chunk
+        n = c.cpu.lookup(hashes, num_device_blocks, limit) if limit > num_device_blocks else 0
         pos = num_device_blocks + n
-        if c.chunk > 1 and pos < stop:  # a hit ends where a whole chunk does
-            pos = max(pos - pos % c.chunk, num_device_blocks)
+        if c.chunk > 1:
+            pos = min(max(pos - pos % c.chunk, num_device_blocks), stop)
             n = pos - num_device_blocks
         if c.storage and pos < stop:
             promotions = self._promotions
             if hashes[pos] in promotions.promoting:
                 return None  # another request's promotion brings it: wait for that
-            found = promotions.find(hashes, pos, stop)
-            if found is not None and c.chunk > 1 and pos + found[1] < stop:
+            found = promotions.find(hashes, pos, limit)
+            if found is not None and c.chunk > 1:
                 end = pos + found[1]
-                end -= end % c.chunk
+                end = min(end - end % c.chunk, stop)
                 found = (found[0], end - pos) if end > pos else None
             self._count_lookups(request, n, stop - pos, found)
             if found is not None and promotions.start(request, hashes, num_device_blocks, pos,

@@ -34,10 +34,15 @@ class SyncLoads:
     def pending(self) -> bool:
         return bool(self._reading)
 
+    def looks_up(self, request: Request) -> bool:
+        """Whether LMCache would look the request up now: once until it is scheduled (its
+        answer is kept meanwhile)."""
+        return request not in self._looked
+
     def looked_up(self, request: Request, hit_tokens: int) -> None:
-        """LMCache's lookup of a request's whole chunks (once until it is scheduled)."""
+        """LMCache's lookup of a request's whole chunks."""
         stats = self._c.lmcache
-        if stats is not None and request not in self._looked:
+        if stats is not None:
             self._looked.add(request)
             stats.lookup(len(request.all_token_ids), hit_tokens)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -123,3 +124,44 @@ def test_the_engine_publishes_vllms_own_digests(monkeypatch: pytest.MonkeyPatch)
     assert all(isinstance(h, bytes) and len(h) == 32 for h in stored + removed)
     parents = [e.parent_block_hash for e in events if type(e).__name__ == "BlockStored"]
     assert all(p is None or isinstance(p, bytes) for p in parents)
+
+
+def test_a_tier_store_after_the_devices_removal_in_one_batch_keeps_the_digest() -> None:
+    # A step's device events come first: its eviction of a block whose CPU copy landed in
+    # the same step precedes the tier's store, which names the plain 64-bit key.
+    book = DigestBook()
+    book.convert([_stored(full_hash(D1))])
+    out = book.convert([_removed(_key(D1)), _stored(BlockHash(_key(D1)), medium="CPU")])
+    assert _hashes(out) == [(D1,), (D1,)]
+    assert _hashes(book.convert([_removed(_key(D1), medium="CPU")])) == [(D1,)]
+    assert len(book) == 0
+
+
+@pytest.mark.parametrize("policy", ["write-through", "evict"])
+def test_every_hash_of_an_engine_with_a_cpu_tier_is_a_digest(
+    monkeypatch: pytest.MonkeyPatch, policy: str
+) -> None:
+    # Prompts sharing prefixes through a 16-block device and an 8-block CPU tier: stores,
+    # evictions and loads in both media, every hash on the wire vLLM's full digest.
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    core = make_core(block_size=16, num_gpu_blocks=16, prefix_caching_hash_algo="sha256_cbor",
+                     enable_kv_cache_events=True, int_block_hashes=False, num_cpu_blocks=8,
+                     offload_policy=policy)  # fmt: skip
+    encoder = BatchEncoder(full_hashes=True)
+    rng = random.Random(2)
+    prefixes = [[rng.randrange(1000) for _ in range(32)] for _ in range(3)]
+    for i in range(60):
+        tail = [rng.randrange(1000) for _ in range(rng.randrange(1, 40))]
+        core.add_request(req(f"r{i}", rng.choice(prefixes) + tail,
+                             max_tokens=rng.randrange(1, 20), arrival=i * 0.01))  # fmt: skip
+    now, media, sizes = 0.0, set(), set()
+    while core.has_unfinished_requests():
+        result = core.step(now)
+        for e in decoder().decode(encoder.encode(now, result.kv_events)).events:
+            if type(e).__name__ != "AllBlocksCleared":
+                media.add(e.medium)
+                sizes |= {len(h) for h in e.block_hashes}
+                parent = getattr(e, "parent_block_hash", None)
+                sizes |= {len(parent)} if parent is not None else set()
+        now = max(result.end, now + 0.001)
+    assert media == {"GPU", "CPU"} and sizes == {32}

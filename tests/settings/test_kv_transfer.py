@@ -50,7 +50,7 @@ def test_tiering_spec_with_fs_and_obj() -> None:
     assert (obj.kind, obj.capacity_blocks, obj.read_gbps, obj.latency_ms, obj.failure_rate) == (
         StorageKind.OBJ, 1000, 3.0, 2.0, 0.01
     )  # fmt: skip
-    assert s["min_load_blocks"] == 2 and s["offload_prompt_only"] is False
+    assert s["chunk_blocks"] == 2 and s["offload_prompt_only"] is False
 
 
 def test_a_vllm_034_tiering_config_is_taken_verbatim(tmp_path: Path) -> None:
@@ -76,7 +76,7 @@ def test_a_vllm_034_tiering_config_is_taken_verbatim(tmp_path: Path) -> None:
     assert abs(fs.capacity_blocks - free) <= max(1, free // 100)  # (the disk is shared)
     assert obj.capacity_blocks == UNBOUNDED_BLOCKS
     assert fs.enable_kv_events and not obj.enable_kv_events  # (vLLM's default: false)
-    assert s["min_load_blocks"] == 2 and s["self_describing_kv_events"] is True
+    assert s["chunk_blocks"] == 2 and s["self_describing_kv_events"] is True
 
 
 @pytest.mark.parametrize(
@@ -275,10 +275,10 @@ def test_multi_connector_gives_pd_and_tiers_together() -> None:
 def test_a_chunk_size_as_vllm_reads_it(extra: dict[str, object], chunk_blocks: int) -> None:
     # vLLM reads the keys with .get() (null: unset) and int() (text of a number: that number).
     # Its offload keys are a chunk's (its last block's hash): whole chunks are stored and
-    # found, and a shorter hit is not loaded.
+    # found (a hit one token short of a whole prompt is still loaded).
     raw = offloading(cpu_bytes_to_use=8 * BLOCK_BYTES, **extra)
     settings = parse_kv_transfer_config(raw, 16, 131072)
-    assert settings["min_load_blocks"] == settings["chunk_blocks"] == chunk_blocks
+    assert settings["chunk_blocks"] == chunk_blocks and "min_load_blocks" not in settings
 
 
 def test_an_fs_tier_whose_disk_cannot_be_read_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -424,3 +424,22 @@ def test_a_chunk_the_cpu_tier_holds_in_part_is_not_loaded() -> None:
         cpu._evicted([keys[5]])
         a2 = finished(run(core, [one("a2", prompt(0), 3.0)]))["a2"]
         assert a2.num_tier_cached_tokens == hit
+
+
+@pytest.mark.parametrize(
+    ("first", "again", "hit"),
+    [(48, 40, 32),  # the chunk straddling the prompt's end was stored by a longer prompt
+     (16, 16, 12),  # a prompt of one whole chunk: its hit one token short, loaded
+     (32, 32, 28), (33, 33, 32)],
+)  # fmt: skip
+def test_a_tier_hit_is_of_the_prompts_whole_chunks(first: int, again: int, hit: int) -> None:
+    # Chunks of 4 blocks of 4 tokens: vLLM's offload keys (and LMCache's lookups) cover the
+    # prompt's whole chunks only, and the last token is computed.
+    for sync in (False, True):
+        core = EngineCore(host_config(offload_policy="write-through", chunk_blocks=4,
+                                      sync_loads=sync))  # fmt: skip
+        reqs = [one("a", prompt(0, first), 0.0), one("b", prompt(1, 60), 1.0),
+                one("c", prompt(2, 60), 2.0), one("a2", prompt(0, again), 3.0)]  # fmt: skip
+        a2 = finished(run(core, reqs))["a2"]
+        assert a2.num_tier_cached_tokens == hit and a2.num_cached_tokens == hit
+        assert_quiescent(core)
