@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 
 from mocker.config import ConfigError
+from mocker.engine.core import EngineCore
 from mocker.settings import engine_config_from, resolve
 from mocker.settings.kv_transfer import NO_HMA, parse_kv_transfer_config
 from mocker.storage_spec import StorageKind
 from tests.support.settings import ALL, parse_flags
+from tests.support.workloads import two_rounds
 
 BLOCK_BYTES = 16 * 131072  # block_size 16 × Llama-3-8B's bytes per token
 GIB = 1024**3
@@ -91,10 +93,6 @@ def test_a_working_set_past_the_device_comes_back_from_lmcache_in_whole_chunks(
     # cache of 64 blocks, twice: round 2 finds each prompt's 512 chunked tokens in the CPU
     # tier and recomputes the partial chunk LMCache never stored. With a CPU tier of 64
     # blocks and a local disk, the early prompts come back from the disk.
-    from mocker.engine.core import EngineCore
-    from mocker.engine.virtual import VirtualDriver, VirtualRun
-    from mocker.request import EngineRequest, SamplingParams
-
     monkeypatch.setenv("LMCACHE_MAX_LOCAL_CPU_SIZE", "0.125" if disk else "1")
     if disk:
         monkeypatch.setenv("LMCACHE_LOCAL_DISK", f"file://{tmp_path}/")
@@ -103,15 +101,7 @@ def test_a_working_set_past_the_device_comes_back_from_lmcache_in_whole_chunks(
              "--timing-model", "polynomial", "--kv-transfer-config", LMCACHE]  # fmt: skip
     values, _ = resolve(parse_flags(flags), ALL, environ={})
     core = EngineCore(engine_config_from(values))
-    requests = [
-        EngineRequest(f"r{round_}-{k}", [1000 * (k + 1) + j for j in range(600)],
-                      SamplingParams(max_tokens=1, ignore_eos=True), 10.0 * round_ + 0.5 * k)
-        for round_ in range(2) for k in range(8)
-    ]  # fmt: skip
-    result = VirtualRun()
-    for _ in VirtualDriver(core).steps(requests, run=result):
-        pass
-    done = {r.request_id: r for r in result.finished}
+    done = two_rounds(core)
     assert all(done[f"r0-{k}"].num_cached_tokens == 0 for k in range(8))
     assert [done[f"r1-{k}"].num_tier_cached_tokens for k in range(8)] == [512] * 8
     assert core.connector is not None and core.connector.stored_blocks == 8 * 32

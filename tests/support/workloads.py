@@ -5,7 +5,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from mocker.engine.virtual import Abort
+from mocker.engine.core import EngineCore
+from mocker.engine.virtual import Abort, VirtualDriver, VirtualRun
 from mocker.request import EngineRequest, SamplingParams
 
 
@@ -43,3 +44,17 @@ def random_requests(rng: random.Random) -> tuple[list[EngineRequest], list[Abort
         if rng.random() < 0.15:
             aborts.append(Abort(t + rng.uniform(0.0, 0.05), f"r{i}"))
     return requests, aborts
+
+
+def two_rounds(core: EngineCore, prompts: int = 8, tokens: int = 600) -> dict[str, Any]:
+    """`prompts` distinct prompts of `tokens` tokens, one output token each, sent twice (round
+    r at 10 s × r, 0.5 s apart): each request's finished record, by id (`rR-K`)."""
+    requests = [
+        EngineRequest(f"r{round_}-{k}", [1000 * (k + 1) + j for j in range(tokens)],
+                      SamplingParams(max_tokens=1, ignore_eos=True), 10.0 * round_ + 0.5 * k)
+        for round_ in range(2) for k in range(prompts)
+    ]  # fmt: skip
+    run = VirtualRun()
+    for _ in VirtualDriver(core).steps(requests, run=run):
+        pass
+    return {r.request_id: r for r in run.finished}

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from mocker.engine.core import EngineCore
-from mocker.engine.virtual import VirtualDriver, VirtualRun
-from mocker.request import EngineRequest, SamplingParams
 from mocker.tiers.lmcache_stats import LMCacheStats
 from tests.support.engines import small_config
+from tests.support.workloads import two_rounds
 
 
 def test_counts_move_only_when_flushed() -> None:
@@ -40,17 +39,10 @@ def test_an_engine_run_counts_as_lmcaches_worker() -> None:
     config = small_config(
         block_size=16, num_gpu_blocks=64, max_model_len=1024, max_num_batched_tokens=2048,
         num_cpu_blocks=512, offload_policy="write-through", offload_backend="lmcache",
-        sync_loads=True, chunk_blocks=16, min_load_blocks=16, lmcache_api=("127.0.0.1", 0),
+        sync_loads=True, chunk_blocks=16, lmcache_api=("127.0.0.1", 0),
     )  # fmt: skip
     core = EngineCore(config)
-    requests = [
-        EngineRequest(f"r{round_}-{k}", [1000 * (k + 1) + j for j in range(600)],
-                      SamplingParams(max_tokens=1, ignore_eos=True), 10.0 * round_ + 0.5 * k)
-        for round_ in range(2) for k in range(8)
-    ]  # fmt: skip
-    run = VirtualRun()
-    for _ in VirtualDriver(core).steps(requests, run=run):
-        pass
+    two_rounds(core)
     assert core.connector is not None and core.connector.lmcache is not None
     stats = core.connector.lmcache
     core.connector.flush_lmcache()
