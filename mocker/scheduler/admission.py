@@ -93,6 +93,7 @@ def schedule_waiting(sched: SchedulerState, budget: int, out: SchedulerOutput) -
         # Every one of them waits for an adapter slot: the queue goes on (as vLLM's).
     waiting = sched.waiting
     kv, connector = sched.kv, sched.connector
+    sync = connector.sync_loads if connector is not None else None  # (LMCache's loads)
     bs = kv.block_size
     unit = sched._unit
     skipped: list[tuple[Request, int]] = []
@@ -136,7 +137,6 @@ def schedule_waiting(sched: SchedulerState, budget: int, out: SchedulerOutput) -
                 skipped.append(waiting.pop_entry())
                 continue
             num_loaded = matched
-        sync = connector.sync_loads if connector is not None else None
         if num_loaded and sync is None:
             # Reserve device slots for the tier's blocks and park the request until its
             # KV has loaded; it needs no budget until then.
