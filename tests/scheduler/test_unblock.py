@@ -25,6 +25,7 @@ class RetryingConnector:
     has_pending = True
     num_loading = 0
     stores_in_flight = False
+    sync_loads = None  # (vLLM's own loads: between passes)
     policy = SimpleNamespace(has_staged=False)  # its store policy: nothing staged
 
     def num_matched_blocks(self, request: Request, num_device_blocks: int) -> int | None:
