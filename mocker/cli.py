@@ -1,4 +1,5 @@
-"""Command line: `mocker serve` (the OpenAI server), `mocker replay`, `demo`, `tokenizer export`."""
+"""Command line: `mocker serve` (the OpenAI server), `replay`, `sweep`, `calibrate`, `demo`,
+`tokenizer export`."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from mocker.settings import (
     server_settings_from,
 )
 from mocker.settings.deployment import listing, startup_lines
+from mocker.sweep.command import add_sweep_parser, run_sweep
 from mocker.timing import TimingSpec
 from mocker.tokenizer import TokenizerError, export_tokenizer, load_tokenizer
 
@@ -176,6 +178,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_replay_parser(sub)
     add_calibrate_parser(sub)
+    add_sweep_parser(sub)
 
     tok = sub.add_parser("tokenizer", help="tokenizer tools")
     tok_sub = tok.add_subparsers(dest="tokenizer_command", required=True)
@@ -254,6 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_replay(args)
         if args.command == "calibrate":
             return run_calibrate(args)
+        if args.command == "sweep":
+            return run_sweep(args)
         if args.command == "tokenizer":
             print(export_tokenizer(args.dir, args.tokenizer, args.chat_template))
             return 0

@@ -6,13 +6,15 @@ import argparse
 import math
 import os
 import sys
-from functools import partial
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
-from mocker.config import ConfigError
+from mocker.config import ConfigError, EngineConfig
+from mocker.replay.records import ReplayResult
 from mocker.replay.report import summarize, table, write_outputs
 from mocker.replay.router import RoutingPolicy
-from mocker.replay.runner import replay
+from mocker.replay.runner import check_split, replay
 from mocker.replay.trace import (
     SyntheticSpec,
     TraceRequest,
@@ -23,14 +25,25 @@ from mocker.replay.trace import (
 from mocker.settings import ENGINE_OPTIONS, add_options, engine_config_from, resolve
 from mocker.settings.deployment import listing, startup_lines
 
-__all__ = ["MAX_ENGINES", "MAX_SYNTHETIC_REQUESTS", "add_replay_parser", "run_replay"]
+__all__ = [
+    "MAX_ENGINES",
+    "MAX_SYNTHETIC_REQUESTS",
+    "add_replay_parser",
+    "check_output_dir",
+    "engine_values",
+    "load_workload",
+    "replay_config",
+    "run_replay",
+    "run_trace",
+    "workload",
+]
 
 # A synthetic workload is drawn whole before the run: its size is bounded like a file's.
 MAX_SYNTHETIC_REQUESTS = 1_000_000
 MAX_ENGINES = 1024
 
 
-def add_replay_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_replay_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "replay",
         help="run a recorded or generated trace through the engine on a virtual clock",
@@ -141,6 +154,7 @@ def _check(args: argparse.Namespace) -> None:
             f"invalid num_requests={args.num_requests!r}: at most {MAX_SYNTHETIC_REQUESTS:,} "
             "(each is drawn ahead of the run; replay a trace file for more)"
         )
+    check_split(args.prefill_engines, args.num_engines)
     if args.max_requests is not None and args.max_requests < 1:
         raise ConfigError(f"invalid max_requests={args.max_requests!r}: must be >= 1")
     if not (math.isfinite(args.time_scale) and args.time_scale > 0):
@@ -157,8 +171,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError("invalid shared_prefix_fraction: must be in [0, 1]")
 
 
-def _trace(args: argparse.Namespace, seed: int) -> list[TraceRequest]:
-    """The trace file's requests, or the synthetic workload; arrivals scaled."""
+def load_workload(args: argparse.Namespace, seed: int) -> list[TraceRequest]:
+    """The trace file's requests, or the synthetic workload, as drawn (arrivals unscaled)."""
     if args.synthetic:
         spec = SyntheticSpec(
             num_requests=args.num_requests,
@@ -170,16 +184,24 @@ def _trace(args: argparse.Namespace, seed: int) -> list[TraceRequest]:
             num_prefixes=args.num_prefixes,
             seed=seed,
         )
-        trace = synthetic_trace(spec, args.trace_block_size)
-    else:
-        trace, skipped = load_trace(
-            args.trace,
-            trace_block_size=args.trace_block_size,
-            skip_bad_lines=args.skip_bad_lines,
-            max_requests=args.max_requests,
-        )
-        for problem in skipped:
-            print(f"mocker: skipped {problem}", file=sys.stderr)
+        return synthetic_trace(spec, args.trace_block_size)
+    trace, skipped = load_trace(
+        args.trace,
+        trace_block_size=args.trace_block_size,
+        skip_bad_lines=args.skip_bad_lines,
+        max_requests=args.max_requests,
+    )
+    for problem in skipped:
+        print(f"mocker: skipped {problem}", file=sys.stderr)
+    return trace
+
+
+def workload(
+    args: argparse.Namespace, seed: int, loaded: list[TraceRequest] | None = None
+) -> list[TraceRequest]:
+    """The requests to replay: `loaded` (a trace file read once for many runs) or the
+    workload `args` name, its arrival gaps scaled by --time-scale."""
+    trace = load_workload(args, seed) if loaded is None or args.synthetic else loaded
     if args.time_scale != 1.0:
         try:
             trace = scale_trace(trace, args.time_scale)
@@ -188,7 +210,7 @@ def _trace(args: argparse.Namespace, seed: int) -> list[TraceRequest]:
     return trace
 
 
-def _check_output_dir(path: str) -> None:
+def check_output_dir(path: str) -> None:
     """The output directory exists (made now) and is writable, before the run spends time."""
     out = Path(path)
     try:
@@ -211,19 +233,20 @@ def _check_synthetic(args: argparse.Namespace, max_model_len: int) -> None:
         )
 
 
-def run_replay(args: argparse.Namespace) -> int:
+def engine_values(
+    args: argparse.Namespace, environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The engine options' final values from a replay's flags (and MOCKER_* variables)."""
     engine_names = {o.dest for o in ENGINE_OPTIONS}
     given = argparse.Namespace(**{k: v for k, v in vars(args).items() if k in engine_names})
-    values, _ = resolve(given, ENGINE_OPTIONS)
-    listed = listing(values)
-    if listed is not None:
-        print(listed)
-        return 0
+    values, _ = resolve(given, ENGINE_OPTIONS, environ=environ)
+    return values
+
+
+def replay_config(args: argparse.Namespace, values: Mapping[str, Any]) -> EngineConfig:
+    """The engine configuration of a replay, its flags checked against it."""
     _check(args)
     config = engine_config_from(values)
-    if not args.quiet:
-        for line in startup_lines(config):
-            print(f"mocker: {line}", file=sys.stderr)
     # A Mamba hybrid's block (e.g. 544 tokens) is sized by its state, not to divide a
     # trace's blocks: its engine blocks then straddle trace blocks (PromptBuilder).
     aligned = config.layout.has_mamba
@@ -235,11 +258,17 @@ def run_replay(args: argparse.Namespace) -> int:
         )
     if args.synthetic:
         _check_synthetic(args, config.scheduler.max_model_len)
-    _check_output_dir(args.output_dir)
-    trace = _trace(args, config.seed)
-    show = not args.quiet and sys.stderr.isatty()
-    run = partial(
-        replay,
+    return config
+
+
+def run_trace(
+    args: argparse.Namespace,
+    config: EngineConfig,
+    trace: list[TraceRequest],
+    progress: Callable[[int], None] | None = None,
+) -> ReplayResult:
+    """Replay `trace` on the engines, router and loop `args` name."""
+    return replay(
         trace,
         config,
         num_engines=args.num_engines,
@@ -247,7 +276,23 @@ def run_replay(args: argparse.Namespace) -> int:
         trace_block_size=args.trace_block_size,
         concurrency=args.concurrency,
         prefill_engines=args.prefill_engines,
+        progress=progress,
     )
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    values = engine_values(args)
+    listed = listing(values)
+    if listed is not None:
+        print(listed)
+        return 0
+    config = replay_config(args, values)
+    if not args.quiet:
+        for line in startup_lines(config):
+            print(f"mocker: {line}", file=sys.stderr)
+    check_output_dir(args.output_dir)
+    trace = workload(args, config.seed)
+    show = not args.quiet and sys.stderr.isatty()
     if show:
         from rich.console import Console
         from rich.progress import Progress
@@ -255,9 +300,9 @@ def run_replay(args: argparse.Namespace) -> int:
         # On stderr, like every other message, so stdout keeps only the table.
         with Progress(console=Console(stderr=True), transient=True) as bar:
             task = bar.add_task("replaying", total=len(trace))
-            result = run(progress=lambda done: bar.update(task, completed=done))
+            result = run_trace(args, config, trace, lambda done: bar.update(task, completed=done))
     else:
-        result = run()
+        result = run_trace(args, config, trace)
     summary = summarize(result)
     out_dir = Path(args.output_dir)
     written = write_outputs(result, summary, out_dir, plots=not args.no_plots)

@@ -17,7 +17,7 @@ from mocker.replay.router import RoutingPolicy
 from mocker.replay.trace import TraceRequest
 from mocker.timing import TimingModel
 
-__all__ = ["replay"]
+__all__ = ["check_split", "replay"]
 
 
 def replay(
@@ -52,11 +52,7 @@ def replay(
     calibration's trial corrections)."""
     if concurrency is not None and concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    if not 0 <= prefill_engines < num_engines or (prefill_engines and num_engines < 2):
-        raise ConfigError(
-            f"--prefill-engines ({prefill_engines}) must leave at least one of the "
-            f"--num-engines ({num_engines}) to decode"
-        )
+    check_split(prefill_engines, num_engines)
     if not config.lora.enable_lora:
         named = next((t for t in trace if t.lora is not None), None)
         if named is not None:
@@ -68,6 +64,15 @@ def replay(
         run = _ReplayRun(trace, config, num_engines, router, trace_block_size, num_samples,
                          progress, concurrency, prefill_engines, timing)  # fmt: skip
         return run.run(fast)
+
+
+def check_split(prefill_engines: int, num_engines: int) -> None:
+    """P/D's split of the engines leaves at least one to decode."""
+    if not 0 <= prefill_engines < num_engines or (prefill_engines and num_engines < 2):
+        raise ConfigError(
+            f"--prefill-engines ({prefill_engines}) must leave at least one of the "
+            f"--num-engines ({num_engines}) to decode"
+        )
 
 
 @contextmanager

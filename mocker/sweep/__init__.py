@@ -1,0 +1,1 @@
+"""`mocker sweep`: a grid of replays, on local cores or a Ray cluster, into one table."""
