@@ -21,7 +21,7 @@ from mocker.sweep.plot import pareto_plot
 from mocker.sweep.point import Outcome
 from mocker.sweep.spec import SweepSpec, load_spec
 from mocker.sweep.store import PointStore
-from mocker.sweep.table import best, closest, make_rows, text_table, write_csv
+from mocker.sweep.table import best, closest, make_rows, misses, text_table, write_csv
 
 __all__ = ["add_sweep_parser", "run_sweep"]
 
@@ -73,7 +73,8 @@ def _jobs(args: argparse.Namespace) -> int:
 
 @contextmanager
 def _each_warning_once() -> Iterator[None]:
-    """Checking a grid builds every point's configuration: a warning they share shows once."""
+    """Checking a grid builds every point's configuration: a warning they share shows once
+    (on mocker's handlers: records of its modules' loggers reach them, not its filters)."""
     seen: set[str] = set()
 
     def first(record: logging.LogRecord) -> bool:
@@ -82,12 +83,14 @@ def _each_warning_once() -> Iterator[None]:
         seen.add(message)
         return fresh
 
-    logger = logging.getLogger("mocker")
-    logger.addFilter(first)
+    handlers = logging.getLogger("mocker").handlers
+    for handler in handlers:
+        handler.addFilter(first)
     try:
         yield
     finally:
-        logger.removeFilter(first)
+        for handler in handlers:
+            handler.removeFilter(first)
 
 
 def _trace(spec: SweepSpec, todo: list[Point]) -> list[TraceRequest] | None:
@@ -98,20 +101,26 @@ def _trace(spec: SweepSpec, todo: list[Point]) -> list[TraceRequest] | None:
 
 
 def _reporter(
-    args: argparse.Namespace, total: int, done: dict[str, Outcome]
+    args: argparse.Namespace, total: int, done: dict[str, Outcome], store: PointStore
 ) -> tuple[Callable[[Point, Outcome], None], Callable[[], None]]:
-    """What to call as each point ends (it is filed in `done`), and what closes the bar."""
+    """What to call as each point ends (it is filed in `done`, and a finished one on disk at
+    once: an interrupted sweep keeps it), and what closes the progress bar."""
     started = time.monotonic()
-    if args.quiet or not sys.stderr.isatty():
+    count = 0
 
-        def record(point: Point, outcome: Outcome) -> None:
-            done[point.key] = outcome
-            if not args.quiet:
-                state = "ok" if "summary" in outcome else f"failed: {outcome['error']}"
-                print(f"mocker: point {point.index} ({point.label()}): {state} "
-                      f"[{len(done)} done, {time.monotonic() - started:.0f} s]",
-                      file=sys.stderr)  # fmt: skip
+    def record(point: Point, outcome: Outcome) -> None:
+        nonlocal count
+        done[point.key] = outcome
+        store.save(point.key, outcome)  # (a local worker filed it already: the same bytes)
+        count += 1
+        if not args.quiet and not show:
+            state = "ok" if "summary" in outcome else f"failed: {outcome['error']}"
+            took = time.monotonic() - started
+            print(f"mocker: point {point.index} ({point.label()}): {state} "
+                  f"[{count}/{total}, {took:.0f} s]", file=sys.stderr)  # fmt: skip
 
+    show = not args.quiet and sys.stderr.isatty()
+    if not show:
         return record, lambda: None
 
     from rich.console import Console
@@ -122,7 +131,7 @@ def _reporter(
     task = bar.add_task("sweeping", total=total)
 
     def advance(point: Point, outcome: Outcome) -> None:
-        done[point.key] = outcome
+        record(point, outcome)
         bar.advance(task)
 
     return advance, bar.stop
@@ -153,17 +162,19 @@ def run_sweep(args: argparse.Namespace) -> int:
         print(f"mocker: {len(grid)} points: {len(grid) - len(todo)} kept or invalid, "
               f"{len(todo)} to run", file=sys.stderr)  # fmt: skip
     loaded = _trace(spec, todo)
-    on_done, close = _reporter(args, len(todo), done)
+    on_done, close = _reporter(args, len(todo), done, store)
     try:
         if args.ray_address is not None:
             run_on_ray(todo, loaded, args.ray_address, jobs, on_done)
         else:
             run_local(todo, loaded, store, jobs, on_done)
-    finally:
+    except KeyboardInterrupt:
         close()
-    for point in todo:  # a Ray result is filed here; a local worker filed its own
-        if point.key in done:
-            store.save(point.key, done[point.key])
+        finished = sum(1 for p in grid if "summary" in done.get(p.key, {}))
+        print(f"mocker: interrupted; {finished} finished points kept in {store.dir}: the same "
+              "command goes on from there", file=sys.stderr)  # fmt: skip
+        return 130
+    close()
     return _report(args, spec, grid, done, out_dir)
 
 
@@ -188,19 +199,15 @@ def _report(
         print(text_table(rows, list(spec.axes)))
         print("wrote " + ", ".join(map(str, written)))
     if chosen is None:
-        near = closest(rows)
-        where = (
-            ""
-            if near is None
-            else (
-                f"; the closest is point {near['point']} ({_label(near, spec)}): "
-                f"{near['slo_attainment']:.1%} of requests within it"
-            )
-        )
+        near = closest(rows, spec.slo)
+        where = ""
+        if near is not None:
+            where = (f"; the closest is point {near['point']} ({_label(near, spec)}): "
+                     f"{misses(near, spec.slo)}")  # fmt: skip
         print(f"mocker: no point meets the SLO ({spec.slo.describe()}){where}", file=sys.stderr)
         return 1
     print(f"best: point {chosen['point']} ({_label(chosen, spec)}), {chosen['gpus']} GPUs, "
-          f"{chosen['slo_attainment']:.1%} within the SLO")  # fmt: skip
+          f"{chosen['slo_attainment']:.1%} of requests within the SLO's bounds")  # fmt: skip
     return 1 if failed else 0
 
 

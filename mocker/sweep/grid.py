@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
 import itertools
 import json
 from dataclasses import dataclass
-from pathlib import Path
+from functools import cache
 from typing import Any, NoReturn
 
-from mocker import __version__
 from mocker.errors import ConfigError
 from mocker.replay.command import add_replay_parser, engine_values, replay_config
+from mocker.sweep.identity import file_digest, point_key
 from mocker.sweep.spec import SweepSpec
 
-__all__ = ["Point", "argv_of", "parse_point", "points", "trace_digest"]
+__all__ = ["Point", "argv_of", "parse_point", "points"]
 
 
 class _RaisingParser(argparse.ArgumentParser):
@@ -42,13 +41,30 @@ def parse_point(argv: list[str]) -> argparse.Namespace:
     return _replay_parser().parse_args(argv)
 
 
+@cache
+def _negatable(name: str) -> bool:
+    """Whether `--no-NAME` is a flag (an on/off flag's), not only `--NAME`."""
+    return _accepts(f"--no-{name}")
+
+
+@cache
+def _accepts(flag: str) -> bool:
+    """Whether `mocker replay` knows the flag (given alone: a value-taking one then asks for
+    its value, which still says it knows it)."""
+    try:
+        parse_point([flag])
+    except ConfigError as exc:
+        return not str(exc).startswith("unrecognized arguments")
+    return True
+
+
 def _arg(name: str, value: Any) -> list[str]:
     if value is None:
         return []
     if value is True:
         return [f"--{name}"]
-    if value is False:
-        return [f"--no-{name}"]
+    if value is False:  # off: --no-NAME, or nothing for a flag that is off unless given
+        return [f"--no-{name}"] if _negatable(name) else []
     if isinstance(value, dict | list):
         return [f"--{name}", json.dumps(value, separators=(",", ":"))]
     return [f"--{name}", str(value)]
@@ -80,27 +96,6 @@ class Point:
         return ", ".join(f"{k}={v}" for k, v in self.values.items())
 
 
-def trace_digest(path: Path | None) -> str | None:
-    """The trace file's SHA-256 (a finished point is only reused for the same trace)."""
-    if path is None:
-        return None
-    digest = hashlib.sha256()
-    try:
-        with path.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-    except OSError as exc:
-        raise ConfigError(f"trace: cannot read {path}: {exc.strerror or exc}") from None
-    return digest.hexdigest()
-
-
-def _key(digest: str | None, flags: dict[str, Any]) -> str:
-    # The trace's content and not its path: a moved trace keeps its finished points.
-    identity = {"mocker": __version__, "trace": digest, "flags": flags}
-    text = json.dumps(identity, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 def _check(argv: list[str]) -> tuple[str, int]:
     """The point's GPU and GPU count, its configuration checked as `mocker replay` would."""
     args = parse_point(argv)
@@ -119,8 +114,8 @@ def points(spec: SweepSpec) -> list[Point]:
     invalid; an axis value no point can run with is the spec's error, as is a flag that no
     point accepts."""
     trace = None if spec.trace is None else str(spec.trace)
-    _refuse_unknown_flags(spec, trace)
-    digest = trace_digest(spec.trace)
+    _refuse_unknown_flags(spec)
+    digest = None if spec.trace is None else file_digest(spec.trace)
     names = list(spec.axes)
     out: list[Point] = []
     for index, combo in enumerate(itertools.product(*spec.axes.values())):
@@ -132,21 +127,17 @@ def points(spec: SweepSpec) -> list[Point]:
             gpu, gpus = _check(argv)
         except ConfigError as exc:
             invalid = str(exc)
-        out.append(Point(index, values, argv, gpu, gpus, _key(digest, flags), invalid))
+        out.append(Point(index, values, argv, gpu, gpus, point_key(digest, flags), invalid))
     _refuse_bad_values(spec, out)
     return out
 
 
-def _refuse_unknown_flags(spec: SweepSpec, trace: str | None) -> None:
-    sections = [("flags", spec.flags), ("axes", {k: v[0] for k, v in spec.axes.items()})]
-    for where, flags in sections:
-        for name, value in flags.items():
-            try:
-                parse_point(argv_of(trace, {name: value}))
-            except ConfigError as exc:
-                if str(exc).startswith("unrecognized arguments"):
-                    raise ConfigError(f"{where}: unknown flag --{name} (the flags of "
-                                      "`mocker replay --help`)") from None  # fmt: skip
+def _refuse_unknown_flags(spec: SweepSpec) -> None:
+    for where, names in (("flags", spec.flags), ("axes", spec.axes)):
+        for name in names:
+            if not _accepts(f"--{name}"):
+                raise ConfigError(f"{where}: unknown flag --{name} (the flags of "
+                                  "`mocker replay --help`)")  # fmt: skip
 
 
 def _refuse_bad_values(spec: SweepSpec, grid: list[Point]) -> None:
@@ -154,9 +145,13 @@ def _refuse_bad_values(spec: SweepSpec, grid: list[Point]) -> None:
         first = grid[0]
         raise ConfigError(f"no point of the grid can run; the first ({first.label()}): "
                           f"{first.invalid}")  # fmt: skip
+    # Point i's value of axis a is its (i // stride)-th value, counted round: by position,
+    # not by equality (values of other types can compare equal).
+    stride = len(grid)
     for name, choices in spec.axes.items():
-        for value in choices:
-            mine = [p for p in grid if p.values[name] == value]
+        stride //= len(choices)
+        for position, value in enumerate(choices):
+            mine = [p for p in grid if (p.index // stride) % len(choices) == position]
             if all(p.invalid for p in mine):
                 raise ConfigError(f"axes: --{name} {value}: no point can run with it; "
                                   f"{mine[0].invalid}")  # fmt: skip

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import signal
 import sys
 import traceback
 from collections import deque
@@ -30,22 +31,24 @@ def file_point(
 ) -> None:
     """Replay the point and file its outcome or the reason it failed (its output: KEY.log)."""
     log_path = store.log_path(key)
-    with log_path.open("w", encoding="utf-8") as log:
-        os.dup2(log.fileno(), 2)  # warnings and a traceback land beside the point's result
-        try:
-            outcome = execute_point(argv, loaded)
-        except ConfigError as exc:
-            outcome = failure(str(exc))
-        except Exception as exc:  # a bug: its traceback in the log, one line in the table
-            traceback.print_exc()
-            outcome = failure(f"{type(exc).__name__}: {exc} (see {log_path})")
-        sys.stderr.flush()
-    if "error" in outcome:
-        store.save_error(key, outcome["error"])
-    else:
-        store.save(key, outcome)
-    if log_path.stat().st_size == 0:
-        log_path.unlink()
+    try:
+        with log_path.open("w", encoding="utf-8") as log:
+            os.dup2(log.fileno(), 2)  # warnings and a traceback land beside the point's result
+            try:
+                outcome = execute_point(argv, loaded)
+            except ConfigError as exc:
+                outcome = failure(str(exc))
+            except Exception as exc:  # a bug: its traceback in the log, one line in the table
+                traceback.print_exc()
+                outcome = failure(f"{type(exc).__name__}: {exc} (see {log_path})")
+            sys.stderr.flush()
+        if "error" in outcome:
+            store.save_error(key, outcome["error"])
+        else:
+            store.save(key, outcome)
+    finally:  # (an interrupted point too: an empty log says nothing)
+        if log_path.exists() and log_path.stat().st_size == 0:
+            log_path.unlink()
 
 
 def worker_loop(
@@ -56,6 +59,8 @@ def worker_loop(
 ) -> None:
     """A worker process: take (argv, key), file the point, say so; stop at None. The trace
     comes once, and what a replay sets up per process (GPU data) serves every point."""
+    # Ctrl-C reaches the whole process group: the driver stops the workers itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     store = PointStore(Path(out_dir))
     while (task := conn.recv()) is not None:
         argv, key = task

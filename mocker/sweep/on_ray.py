@@ -27,6 +27,16 @@ def ray_point(argv: list[str], loaded: list[TraceRequest] | None) -> Outcome:
         return failure(f"{type(exc).__name__}: {exc}")
 
 
+def _lost(ray: Any, exc: Exception) -> str:
+    """Why Ray gave a task up: its worker (or node) died on both tries, or something else
+    (e.g. a node that cannot load mocker), named by Ray's first line."""
+    name = type(exc).__name__
+    if isinstance(exc, ray.exceptions.WorkerCrashedError | ray.exceptions.NodeDiedError):
+        return f"its worker died twice ({name})"
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"Ray: {name}: {first}"[:500]
+
+
 def _ray() -> Any:
     try:
         import ray
@@ -89,7 +99,7 @@ def run_on_ray(
                 try:
                     outcome = ray.get(ref)
                 except ray.exceptions.RayError as exc:
-                    outcome = failure(f"its worker died twice ({type(exc).__name__})")
+                    outcome = failure(_lost(ray, exc))
                 if outcome.get("mocker", __version__) != __version__:
                     theirs = outcome["mocker"]
                     outcome = failure(f"the worker runs mocker {theirs}, this driver "

@@ -23,23 +23,33 @@ _OWNED = ("output-dir", "quiet", "no-plots", "help", "trace")
 # Flags that shape the trace file as it is read: read once, shared by every point.
 _TRACE_SHAPING = ("trace-block-size", "max-requests", "skip-bad-lines")
 _SLO_BOUNDS = ("ttft", "tpot", "e2e")
+_PERCENTILES = ("p50", "p90", "p99")  # the percentiles a replay's summary holds
 
 
 @dataclass(frozen=True, slots=True)
 class Slo:
     """Per-request bounds (seconds; None: unbounded), the share of requests that must meet
-    every bound at once (vLLM bench's goodput rule), and a least goodput (requests/s)."""
+    every bound at once (vLLM bench's goodput rule), a least goodput (requests/s), and
+    bounds on the point's percentiles (column name, e.g. "ttft_p99_s", to seconds)."""
 
     ttft: float | None = None
     tpot: float | None = None
     e2e: float | None = None
     attainment: float = 0.9
     min_goodput: float = 0.0
+    percentiles: tuple[tuple[str, float], ...] = ()
 
     def describe(self) -> str:
+        parts = []
         bounds = [f"{n} <= {getattr(self, n):g} s" for n in _SLO_BOUNDS if getattr(self, n)]
-        text = f"{self.attainment:.0%} of requests within {', '.join(bounds)}"
-        return text + (f", goodput >= {self.min_goodput:g} req/s" if self.min_goodput else "")
+        if bounds:
+            parts.append(f"{self.attainment:.0%} of requests within {', '.join(bounds)}")
+        for column, bound in self.percentiles:
+            metric, q, _ = column.split("_")
+            parts.append(f"{metric} {q} <= {bound:g} s")
+        if self.min_goodput:
+            parts.append(f"goodput >= {self.min_goodput:g} req/s")
+        return "; ".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +92,18 @@ def _flags(raw: object, where: str) -> dict[str, Any]:
                               "go to the sweep's table)")  # fmt: skip
         if name in out:
             raise ConfigError(f"{where}: --{name} is given twice")
+        if not isinstance(value, list):  # (an axis's list is checked value by value)
+            _check_value(value, f"{where}: --{name}")
         out[name] = value
     return out
+
+
+def _check_value(value: object, where: str) -> None:
+    """A flag's value: a string, a finite number, a boolean, null, or JSON (a mapping or list)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where}: {value!r} is not a finite number")
+    if not isinstance(value, str | int | float | bool | dict | list | None):
+        raise ConfigError(f"{where}: {value!r} is not a flag's value")
 
 
 def _axes(raw: object) -> dict[str, list[Any]]:
@@ -94,6 +114,8 @@ def _axes(raw: object) -> dict[str, list[Any]]:
                               "under flags")  # fmt: skip
         if not isinstance(values, list) or not values:
             raise ConfigError(f"axes: --{name} must be a non-empty list of values")
+        for value in values:
+            _check_value(value, f"axes: --{name}")
         if len(set(map(repr, values))) < len(values):
             raise ConfigError(f"axes: --{name} lists a value twice")
         axes[name] = values
@@ -118,16 +140,24 @@ def _bound(raw: dict[str, Any], key: str, *, upper: float | None = None) -> floa
 
 def _slo(raw: object) -> Slo:
     slo = _mapping(raw, "slo")
-    unknown = sorted(set(slo) - {*_SLO_BOUNDS, "attainment", "min-goodput"})
+    percentiles = {f"{m}-{q}": f"{m}_{q}_s" for m in _SLO_BOUNDS for q in _PERCENTILES}
+    unknown = sorted(set(map(str, slo)) - {*_SLO_BOUNDS, *percentiles, "attainment",
+                                           "min-goodput"})  # fmt: skip
     if unknown:
-        raise ConfigError(f"slo: unknown key {unknown[0]!r} (ttft, tpot, e2e: seconds; "
-                          "attainment: a share of requests; min-goodput: requests/s)")  # fmt: skip
+        raise ConfigError(
+            f"slo: unknown key {unknown[0]!r} (ttft, tpot, e2e: seconds per request; "
+            "attainment: a share of requests; ttft-p90 and the like: seconds at a percentile "
+            "(p50, p90, p99); min-goodput: requests/s)"
+        )
     bounds = {k: _bound(slo, k) for k in _SLO_BOUNDS}
-    if not any(bounds.values()):
-        raise ConfigError("slo: give at least one of ttft, tpot, e2e (seconds per request)")
+    at = tuple((column, b) for key, column in percentiles.items()
+               if (b := _bound(slo, key)) is not None)  # fmt: skip
+    if not any(bounds.values()) and not at:
+        raise ConfigError("slo: give at least one bound: ttft, tpot, e2e (seconds per request) "
+                          "or a percentile's (ttft-p90: seconds)")  # fmt: skip
     attainment = _bound(slo, "attainment", upper=1.0)
     return Slo(**bounds, attainment=0.9 if attainment is None else attainment,
-               min_goodput=_bound(slo, "min-goodput") or 0.0)  # fmt: skip
+               min_goodput=_bound(slo, "min-goodput") or 0.0, percentiles=at)  # fmt: skip
 
 
 def _prices(raw: object) -> dict[str, float]:
@@ -140,13 +170,30 @@ def _prices(raw: object) -> dict[str, float]:
     return prices
 
 
+class _Loader(yaml.SafeLoader):
+    """Safe YAML without aliases: an alias of an alias of... is a few bytes that expand to
+    more values than memory holds."""
+
+    def fetch_alias(self) -> None:
+        raise yaml.YAMLError("aliases (*name) are not allowed in a sweep spec")
+
+
+def _read(where: Path, what: str) -> str:
+    """A regular file's text, at most MAX_SPEC_BYTES of it (a device or FIFO never ends)."""
+    if not where.is_file():
+        raise ConfigError(f"{what} {where}: no such file")
+    with where.open("rb") as f:
+        data = f.read(MAX_SPEC_BYTES + 1)
+    if len(data) > MAX_SPEC_BYTES:
+        raise ConfigError(f"{what} {where}: larger than {MAX_SPEC_BYTES >> 20} MiB")
+    return data.decode("utf-8")
+
+
 def load_spec(path: str | Path) -> SweepSpec:
     """The spec the file holds, checked; a ConfigError names what is wrong."""
     where = Path(path)
     try:
-        if where.stat().st_size > MAX_SPEC_BYTES:
-            raise ConfigError(f"sweep spec {path}: larger than {MAX_SPEC_BYTES >> 20} MiB")
-        raw = yaml.safe_load(where.read_text(encoding="utf-8"))
+        raw = yaml.load(_read(where, "sweep spec"), Loader=_Loader)  # a SafeLoader
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"sweep spec {path}: cannot read it: {exc}") from None
     if not isinstance(raw, dict):
@@ -162,7 +209,10 @@ def load_spec(path: str | Path) -> SweepSpec:
         if not isinstance(trace, str):
             raise ConfigError(f"trace: must be a file name, got {trace!r}")
         # Relative to the spec, so a spec and its trace travel together.
-        trace_path: Path | None = where.parent / Path(trace).expanduser()
+        trace_file = where.parent / Path(trace).expanduser()
+        if not trace_file.is_file():  # (a device or FIFO would be hashed forever)
+            raise ConfigError(f"trace: no such file: {trace_file}")
+        trace_path: Path | None = trace_file
     else:
         trace_path = None
         synthetic = _flags(raw.get("synthetic"), "synthetic")

@@ -11,7 +11,15 @@ from mocker.sweep.grid import Point
 from mocker.sweep.point import Outcome
 from mocker.sweep.spec import Slo, SweepSpec
 
-__all__ = ["attainment", "best", "closest", "make_rows", "text_table", "write_csv"]
+__all__ = [
+    "attainment",
+    "best",
+    "closest",
+    "make_rows",
+    "misses",
+    "text_table",
+    "write_csv",
+]
 
 _FIGURES = (("ttft", "ttft_s"), ("tpot", "itl_s"), ("e2e", "e2e_s"))
 
@@ -61,9 +69,38 @@ def _row(point: Point, outcome: Outcome | None, spec: SweepSpec) -> dict[str, An
         preemptions=s["preemptions"],
         slo_attainment=round(share, 6),
         goodput_rps=round(goodput, 6),
-        meets_slo=share >= spec.slo.attainment and goodput >= spec.slo.min_goodput,
     )
+    row["meets_slo"] = _score(row, spec.slo) >= 1.0
     return row
+
+
+def _score(row: dict[str, Any], slo: Slo) -> float:
+    """How near the point comes to the SLO: its worst condition's achieved share of what is
+    required (1: every condition met)."""
+    shares = [row["slo_attainment"] / slo.attainment]
+    if slo.min_goodput:
+        shares.append(row["goodput_rps"] / slo.min_goodput)
+    for column, bound in slo.percentiles:
+        value = row[column]
+        shares.append(0.0 if value is None else bound / value if value else 1.0)
+    return float(min(1.0, *shares))
+
+
+def misses(row: dict[str, Any], slo: Slo) -> str:
+    """What the point falls short of, in words."""
+    out = []
+    if row["slo_attainment"] < slo.attainment:
+        out.append(f"{row['slo_attainment']:.1%} of requests within the bounds "
+                   f"({slo.attainment:.0%} needed)")  # fmt: skip
+    if row["goodput_rps"] < slo.min_goodput:
+        out.append(f"goodput {row['goodput_rps']:.3g} req/s ({slo.min_goodput:g} needed)")
+    for column, bound in slo.percentiles:
+        value = row[column]
+        if value is None or value > bound:
+            metric, q, _ = column.split("_")
+            shown = "none finished" if value is None else f"{value:.3g} s"
+            out.append(f"{metric} {q} {shown} ({bound:g} s allowed)")
+    return "; ".join(out)
 
 
 def _cost(row: dict[str, Any]) -> float:
@@ -104,10 +141,11 @@ def best(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     return min(meets, key=lambda r: (_cost(r), -r["goodput_rps"], r["point"]), default=None)
 
 
-def closest(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The point nearest the SLO: the highest attainment (ties: the cheapest)."""
+def closest(rows: list[dict[str, Any]], slo: Slo) -> dict[str, Any] | None:
+    """The point nearest the SLO: the highest share of its worst condition (ties: the
+    cheapest)."""
     ran = [r for r in rows if r["status"] == "ok"]
-    return min(ran, key=lambda r: (-r["slo_attainment"], _cost(r), r["point"]), default=None)
+    return min(ran, key=lambda r: (-_score(r, slo), _cost(r), r["point"]), default=None)
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import csv
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 from mocker.cli import main
-from tests.sweep.specs import write_spec
+from mocker.sweep import command
+from mocker.sweep.grid import Point
+from mocker.sweep.point import execute_point
+from tests.sweep.specs import TRACE_FLAGS, write_spec
 
 
 def _rows(out: Path) -> list[dict[str, str]]:
@@ -60,7 +65,7 @@ def test_an_slo_no_point_meets_names_the_closest_and_fails(
     assert main(["sweep", str(spec), "--output-dir", str(tmp_path / "o"), "--quiet"]) == 1
     err = capsys.readouterr().err
     assert "no point meets the SLO (100% of requests within ttft <= 0.0001 s)" in err
-    assert "the closest is point" in err and "of requests within it" in err
+    assert "the closest is point" in err and "of requests within the bounds (100% needed)" in err
 
 
 @pytest.mark.parametrize(
@@ -68,7 +73,7 @@ def test_an_slo_no_point_meets_names_the_closest_and_fails(
     [
         ({"axes": {"bogus": [1, 2]}}, "mocker: axes: unknown flag --bogus"),
         ({"axes": {"num-engines": []}}, "mocker: axes: --num-engines must be a non-empty list"),
-        ({"trace": "missing.jsonl"}, "mocker: trace: cannot read"),
+        ({"trace": "missing.jsonl"}, "mocker: trace: no such file"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -111,3 +116,50 @@ def test_ray_missing_is_one_line(
     assert capsys.readouterr().err == (
         "mocker: --ray-address: Ray is not installed here (pip install 'mocker[ray]')\n"
     )
+
+
+def test_a_warning_every_point_shares_shows_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The polynomial times every GPU alike: each point's --gpu is named in a warning.
+    spec = write_spec(tmp_path, axes={"num-engines": [1, 2], "max-num-seqs": [2, 8]},
+                      flags={**TRACE_FLAGS, "gpu": "b200_sxm"})  # fmt: skip
+    main(["sweep", str(spec), "--output-dir", str(tmp_path / "o"), "--no-plots"])
+    assert capsys.readouterr().err.count("ignoring --gpu") == 1
+
+
+@pytest.mark.parametrize("where", ["local", "ray"])
+def test_an_interrupted_sweep_keeps_what_finished(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    where: str,
+) -> None:
+    def one_then_interrupt(todo: list[Point], loaded: object, *args: object) -> None:
+        on_done: Callable[[Point, Any], None] = cast(Any, args[-1])  # both runners: last
+        on_done(todo[0], execute_point(todo[0].argv, cast(Any, loaded)))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "run_on_ray", one_then_interrupt)
+    monkeypatch.setattr(command, "run_local", one_then_interrupt)
+    monkeypatch.setattr(command, "check_address", lambda _: None)
+    spec, out = str(write_spec(tmp_path)), str(tmp_path / "o")
+    extra = ["--ray-address", "local"] if where == "ray" else []
+    assert main(["sweep", spec, "--output-dir", out, *extra]) == 130
+    assert "interrupted; 1 finished points kept" in capsys.readouterr().err
+    assert len(list((tmp_path / "o" / "points").glob("*.json"))) == 1
+    monkeypatch.undo()
+    assert main(["sweep", spec, "--output-dir", out, "--no-plots"]) == 0
+    assert "1 kept or invalid, 3 to run" in capsys.readouterr().err
+
+
+def test_a_changed_slo_reranks_kept_points_without_running_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = str(tmp_path / "o")
+    assert main(["sweep", str(write_spec(tmp_path)), "--output-dir", out, "--no-plots"]) == 0
+    tight = write_spec(tmp_path, slo={"ttft-p99": 0.0001})
+    capsys.readouterr()
+    assert main(["sweep", str(tight), "--output-dir", out, "--no-plots"]) == 1
+    err = capsys.readouterr().err
+    assert "4 kept or invalid, 0 to run" in err and "ttft p99" in err

@@ -8,8 +8,9 @@ import pytest
 
 from mocker.errors import ConfigError
 from mocker.sweep.grid import argv_of, parse_point, points
+from mocker.sweep.identity import point_key
 from mocker.sweep.spec import load_spec
-from tests.sweep.specs import write_spec
+from tests.sweep.specs import TRACE_FLAGS, write_spec
 
 
 def test_points_are_every_combination_last_axis_fastest(tmp_path: Path) -> None:
@@ -73,9 +74,10 @@ def test_a_bad_flag_or_value_is_the_specs_error(
 
 
 def test_argv_spells_each_value_as_the_command_line_would() -> None:
-    argv = argv_of("t.jsonl", {"a": True, "b": False, "c": None, "d": {"k": 1}, "e": 2.5})
-    assert argv == ["t.jsonl", "--a", "--no-b", "--d", '{"k":1}', "--e", "2.5", "--quiet",
-                    "--no-plots"]  # fmt: skip
+    argv = argv_of("t.jsonl", {"synthetic": True, "enable-prefix-caching": False, "c": None,
+                               "d": {"k": 1}, "e": 2.5})  # fmt: skip
+    assert argv == ["t.jsonl", "--synthetic", "--no-enable-prefix-caching", "--d", '{"k":1}',
+                    "--e", "2.5", "--quiet", "--no-plots"]  # fmt: skip
 
 
 def test_a_model_too_big_for_one_gpu_is_invalid_there_only(tmp_path: Path) -> None:
@@ -85,3 +87,23 @@ def test_a_model_too_big_for_one_gpu_is_invalid_there_only(tmp_path: Path) -> No
     grid = points(load_spec(spec))
     assert [p.invalid is None for p in grid] == [False, True, True, True]
     assert grid[0].invalid is not None and "memory" in grid[0].invalid.lower()
+
+
+def test_false_leaves_an_on_flag_off_and_negates_an_on_off_one() -> None:
+    assert argv_of(None, {"skip-bad-lines": False, "enable-prefix-caching": False}) == [
+        "--no-enable-prefix-caching", "--quiet", "--no-plots"]  # fmt: skip
+
+
+def test_a_flag_given_null_is_still_checked(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="flags: unknown flag --bogus-flag"):
+        points(load_spec(write_spec(tmp_path, flags={**TRACE_FLAGS, "bogus-flag": None})))
+
+
+def test_a_file_a_flag_names_is_part_of_the_key(tmp_path: Path) -> None:
+    profile = tmp_path / "correction.json"
+    profile.write_text("{}")
+    first = point_key("t", {"timing-profile": str(profile)})
+    assert point_key("t", {"timing-profile": str(profile)}) == first
+    profile.write_text('{"scale": 2}')
+    assert point_key("t", {"timing-profile": str(profile)}) != first
+    assert point_key("u", {"timing-profile": str(profile)}) != first  # the trace's digest

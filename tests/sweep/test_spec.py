@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mocker.errors import ConfigError
-from mocker.sweep.spec import MAX_POINTS, Slo, flag_name, load_spec
+from mocker.sweep.spec import MAX_POINTS, MAX_SPEC_BYTES, Slo, flag_name, load_spec
 from tests.sweep.specs import write_spec
 
 
@@ -43,7 +43,7 @@ def test_a_synthetic_workload_becomes_flags(tmp_path: Path) -> None:
         ({"axes": {"output-dir": ["a"]}}, "--output-dir is the sweep's own"),
         ({"axes": {"a": list(range(101)), "b": list(range(100))}},
          f"10,100 points; at most {MAX_POINTS:,}"),
-        ({"slo": {}}, "slo: give at least one of ttft, tpot, e2e"),
+        ({"slo": {}}, "slo: give at least one bound"),
         ({"slo": {"ttft": -1}}, "slo: ttft must be a finite number > 0"),
         ({"slo": {"ttft": 1, "attainment": 1.5}}, "slo: attainment must be in (0, 1]"),
         ({"slo": {"ttft": 1, "p90": 2}}, "slo: unknown key 'p90'"),
@@ -62,9 +62,54 @@ def test_bad_specs_are_one_clear_line(
 
 
 def test_an_unreadable_spec_names_the_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="cannot read it"):
+    with pytest.raises(ConfigError, match=r"missing\.yaml: no such file"):
         load_spec(tmp_path / "missing.yaml")
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("a: [1, 2\n")
+    with pytest.raises(ConfigError, match="cannot read it"):
+        load_spec(bad_yaml)
     bad = tmp_path / "list.yaml"
     bad.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="must hold a mapping"):
         load_spec(bad)
+
+
+def test_aliases_are_refused_before_they_expand(tmp_path: Path) -> None:
+    path = write_spec(tmp_path)
+    text = path.read_text()
+    path.write_text("x: &a [1, 1, 1]\ny: &b [*a, *a, *a]\n" + text)
+    with pytest.raises(ConfigError, match="aliases"):
+        load_spec(path)
+
+
+def test_a_spec_or_trace_that_is_no_regular_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="sweep spec /dev/zero: no such file"):
+        load_spec("/dev/zero")
+    with pytest.raises(ConfigError, match="trace: no such file: /dev/zero"):
+        load_spec(write_spec(tmp_path, trace="/dev/zero"))
+    big = tmp_path / "big.yaml"
+    big.write_text("#" * (MAX_SPEC_BYTES + 1))
+    with pytest.raises(ConfigError, match="larger than 1 MiB"):
+        load_spec(big)
+
+
+@pytest.mark.parametrize(
+    ("parts", "message"),
+    [
+        ({"axes": {"num-engines": [float("nan"), 2]}}, "nan is not a finite number"),
+        ({"flags": {"max-num-seqs": float("inf")}}, "inf is not a finite number"),
+        ({"slo": {1: 2, "x": 3, "ttft": 1}}, "slo: unknown key '1'"),
+    ],
+)
+def test_values_no_flag_takes_are_refused(
+    tmp_path: Path, parts: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_spec(write_spec(tmp_path, **parts))
+
+
+def test_percentile_bounds_are_part_of_the_slo(tmp_path: Path) -> None:
+    spec = load_spec(write_spec(tmp_path, slo={"ttft-p99": 2.0, "tpot-p50": 0.05}))
+    assert spec.slo.percentiles == (("ttft_p99_s", 2.0), ("tpot_p50_s", 0.05))
+    assert spec.slo.ttft is None
+    assert spec.slo.describe() == "ttft p99 <= 2 s; tpot p50 <= 0.05 s"

@@ -9,7 +9,15 @@ from typing import Any
 from mocker.sweep.grid import Point
 from mocker.sweep.point import Outcome
 from mocker.sweep.spec import Slo, SweepSpec
-from mocker.sweep.table import attainment, best, closest, make_rows, text_table, write_csv
+from mocker.sweep.table import (
+    attainment,
+    best,
+    closest,
+    make_rows,
+    misses,
+    text_table,
+    write_csv,
+)
 
 
 def _quantiles(v: float) -> dict[str, float]:
@@ -84,7 +92,7 @@ def test_no_point_within_the_slo_names_the_closest() -> None:
                                 "k2": {"error": "its worker died 2 times"}}  # fmt: skip
     rows = make_rows(grid, outcomes, spec(Slo(ttft=1.0, attainment=0.9)))
     assert best(rows) is None
-    near = closest(rows)
+    near = closest(rows, Slo(ttft=1.0, attainment=0.9))
     assert near is not None and near["point"] == 1 and near["slo_attainment"] == 0.75
     assert rows[2]["status"] == "failed: its worker died 2 times"
 
@@ -93,3 +101,22 @@ def test_goodput_is_a_floor_too() -> None:
     rows = make_rows([point(0, 1)], {"k0": outcome([0.5] * 36, duration=3600.0)},
                      spec(Slo(ttft=1.0, min_goodput=0.02)))  # fmt: skip
     assert rows[0]["goodput_rps"] == 0.01 and rows[0]["meets_slo"] is False
+
+
+def test_percentile_bounds_decide_too_and_the_closest_names_what_it_misses() -> None:
+    slo = Slo(attainment=0.5, percentiles=(("ttft_p90_s", 1.0),))
+    grid = [point(0, 1), point(1, 2)]
+    outcomes = {"k0": outcome([0.5, 3.0]), "k1": outcome([0.5, 1.5])}  # p90: the max here
+    rows = make_rows(grid, outcomes, spec(slo))
+    assert [r["meets_slo"] for r in rows] == [False, False]
+    near = closest(rows, slo)
+    assert near is rows[1]  # 1.5 s is nearer 1 s than 3 s is
+    assert misses(near, slo) == "ttft p90 1.5 s (1 s allowed)"
+    assert make_rows(grid, {"k0": outcome([0.5, 0.9])}, spec(slo))[0]["meets_slo"] is True
+
+
+def test_the_closest_under_a_goodput_floor_names_the_shortfall() -> None:
+    slo = Slo(ttft=5.0, min_goodput=1000.0)
+    rows = make_rows([point(0, 1)], {"k0": outcome([0.5, 0.5])}, spec(slo))
+    near = closest(rows, slo)
+    assert near is not None and misses(near, slo) == "goodput 0.000556 req/s (1000 needed)"
