@@ -90,7 +90,7 @@ static_checks() {
 
 	local chart=deploy/helm/mocker render
 	render=$(mktemp)
-	for values in "" "$chart/ci/full-values.yaml" "$chart/ci/pd-values.yaml"; do
+	for values in "" "$chart/ci/full-values.yaml" "$chart/ci/pd-values.yaml" "$chart/ci/fleet-values.yaml"; do
 		local args=() label=defaults
 		if [[ -n $values ]]; then args=(-f "$values") && label=$values; fi
 		step "helm lint --strict + kubernetes-validate --strict ($label)"

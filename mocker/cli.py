@@ -90,6 +90,7 @@ def _serve(argv_args: argparse.Namespace) -> int:
     import uvicorn
 
     from mocker.api.app import create_app
+    from mocker.api.fleet import build_fleet, check_replicas, raise_open_files
     from mocker.api.shutdown import DrainingServer
 
     given = argparse.Namespace(
@@ -109,11 +110,20 @@ def _serve(argv_args: argparse.Namespace) -> int:
     for line in startup_lines(config):
         print(f"mocker: {line}", file=sys.stderr)
     tokenizer = load_tokenizer(settings.tokenizer, settings.chat_template)
+    check_replicas(settings, config)
+    raise_open_files(settings.replicas)
     # Bound here, before the app is built: with --port 0 the system picks the port, and the
     # app (the KV-event topic's {port}) and the start-up line below name the real one.
-    listener = _listen(settings.host, settings.port)
-    settings = replace(settings, port=listener.getsockname()[1])
-    app = create_app(settings, config, tokenizer)
+    listeners = _listeners(settings.host, settings.port, settings.replicas)
+    ports = [s.getsockname()[1] for s in listeners]
+    settings = replace(settings, port=ports[0])
+    app: Any
+    if settings.replicas == 1:
+        app = create_app(settings, config, tokenizer)
+        states = [app.state.mocker]
+    else:
+        app = build_fleet(settings, config, tokenizer, ports)
+        states = list(app.states)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     print(
         f"mocker {__version__}: serving {', '.join(settings.served_model_names)} at "
@@ -121,6 +131,9 @@ def _serve(argv_args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
+    if settings.replicas > 1:
+        print(f"mocker: {settings.replicas} replicas on ports {_port_list(ports)}",
+              file=sys.stderr, flush=True)  # fmt: skip
     server = DrainingServer(
         uvicorn.Config(
             app,
@@ -136,23 +149,38 @@ def _serve(argv_args: argparse.Namespace) -> int:
             # After the drain every response has ended: connections close at once.
             timeout_graceful_shutdown=5,
         ),
-        app.state.mocker,
+        *states,
     )
     # uvicorn re-raises a caught signal to the handler installed before it once it has shut
     # down: make that a no-op, so a stop exits 0 with no traceback.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
-    server.run(sockets=[listener])
-    return 0
+    server.run(sockets=listeners)
+    # (uvicorn logs a failed start-up and returns: no traceback, but not a success)
+    return 0 if server.started else 1
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on (host, port); port 0 lets the system pick a free one."""
+def _listeners(host: str, port: int, count: int) -> list[socket.socket]:
+    """`count` listening TCP sockets on host, at port, port + 1...; port 0: each on a free
+    port the system picks. A port that cannot be bound closes the others."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        return socket.create_server((host, port), family=family, backlog=2048)
-    except OSError as exc:
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    bound: list[socket.socket] = []
+    for i in range(count):
+        at = port + i if port else 0
+        try:
+            bound.append(socket.create_server((host, at), family=family, backlog=2048))
+        except OSError as exc:
+            for sock in bound:
+                sock.close()
+            raise ConfigError(f"cannot listen on {host}:{at}: {exc.strerror or exc}") from None
+    return bound
+
+
+def _port_list(ports: list[int]) -> str:
+    """ "8000-8499" for a run of ports, else each of them."""
+    if ports == list(range(ports[0], ports[0] + len(ports))):
+        return f"{ports[0]}-{ports[-1]}"
+    return ",".join(map(str, ports))
 
 
 def _parser() -> argparse.ArgumentParser:

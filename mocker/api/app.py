@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 
 from fastapi import Depends, FastAPI
 
@@ -30,9 +30,12 @@ __all__ = ["create_app"]
 logger = logging.getLogger("uvicorn.error")
 
 
-def _lifespan(state: ServerState) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+def _lifespan(
+    state: ServerState, *, tune_gc: bool = True
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     """Start the engines; on the way out stop them and close the KV-event publishers and the
-    P/D side channels."""
+    P/D side channels. `tune_gc` False: the collector is left as it is (the replicas of one
+    process tune it once, around them all)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -48,7 +51,7 @@ def _lifespan(state: ServerState) -> Callable[[FastAPI], AbstractAsyncContextMan
             state.ready_at = asyncio.get_running_loop().time() + delay
             logger.info("start-up delay: /health and completions answer 503 for %.1f s", delay)
         # Start-up objects frozen out of the cyclic GC, young collections rare (gc_tuning).
-        with serving_gc():
+        with serving_gc() if tune_gc else nullcontext():
             try:
                 yield
             finally:
@@ -63,13 +66,19 @@ def _lifespan(state: ServerState) -> Callable[[FastAPI], AbstractAsyncContextMan
     return lifespan
 
 
-def create_app(settings: ServerSettings, config: EngineConfig, tokenizer: TextTokenizer) -> FastAPI:
+def create_app(
+    settings: ServerSettings,
+    config: EngineConfig,
+    tokenizer: TextTokenizer,
+    *,
+    tune_gc: bool = True,
+) -> FastAPI:
     state = build_state(settings, config, tokenizer)
     app = RawSendApp(
         title="mocker",
         version=__version__,
         description="An OpenAI-compatible mock of a vLLM inference engine (no GPU).",
-        lifespan=_lifespan(state),
+        lifespan=_lifespan(state, tune_gc=tune_gc),
     )
     app.state.mocker = state
     app.direct = DirectRoutes(state)

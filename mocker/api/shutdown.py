@@ -27,9 +27,9 @@ class DrainingServer(uvicorn.Server):
     normal shutdown runs. A second signal skips the drain.
     """
 
-    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+    def __init__(self, config: uvicorn.Config, *states: ServerState) -> None:
         super().__init__(config)
-        self.state = state
+        self.states = states  # one a replica (`mocker serve --replicas N`)
         self.drain_requested = False
         self._deadline: float | None = None
 
@@ -44,21 +44,23 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
     def _drain(self) -> None:
-        state, now = self.state, time.monotonic()
-        engines = state.engines
+        states, now = self.states, time.monotonic()
         if self._deadline is None:
-            state.draining = True
-            self._deadline = now + state.settings.shutdown_timeout
+            for state in states:
+                state.draining = True
+            self._deadline = now + states[0].settings.shutdown_timeout
             logger.info(
                 "draining: %d requests in flight, up to %.1f s; new requests get 503",
-                state.in_flight,
-                state.settings.shutdown_timeout,
+                sum(state.in_flight for state in states),
+                states[0].settings.shutdown_timeout,
             )
         # A response can outlive its engine request (output held back by jitter).
-        if not engines.num_open_streams and not state.in_flight:
+        if not any(s.engines.num_open_streams or s.in_flight for s in states):
             logger.info("drained; shutting down")
             self.should_exit = True
         elif now >= self._deadline:
-            logger.info("shutdown timeout: aborting %d requests", engines.abort_all())
-            state.faults.release_all()  # held output goes out now, before the connections close
+            aborted = sum(state.engines.abort_all() for state in states)
+            logger.info("shutdown timeout: aborting %d requests", aborted)
+            for state in states:
+                state.faults.release_all()  # held output goes out now, before connections close
             self.should_exit = True

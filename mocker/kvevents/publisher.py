@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
 import threading
 import time
@@ -87,8 +88,13 @@ class ZmqEventPublisher:
         self._buffer_lock = threading.Lock()
         self._stop = threading.Event()
         self._ctx = context if context is not None else zmq.Context.instance()
-        self._pub = self._ctx.socket(zmq.XPUB)
+        try:
+            self._pub = self._ctx.socket(zmq.XPUB)
+        except zmq.ZMQError as exc:  # e.g. past the context's MAX_SOCKETS
+            raise ConfigError(f"kv_events_config: cannot open a ZMQ socket: {exc}") from None
         self._replay: zmq.Socket[bytes] | None = None
+        # The replay thread sleeps in poll() until a request comes or close() writes here.
+        self._wake_r, self._wake_w = os.pipe() if self.replay_endpoint is not None else (-1, -1)
         try:
             self._setup(config)
         except BaseException:
@@ -118,7 +124,10 @@ class ZmqEventPublisher:
             raise ConfigError(f"invalid kv_events_config.hwm={config.hwm!r}: {exc}") from None
         self.endpoint = self._attach(pub, "endpoint", self.endpoint, bind=self.binds)
         if self.replay_endpoint is not None:
-            replay = self._replay = self._ctx.socket(zmq.ROUTER)
+            try:
+                replay = self._replay = self._ctx.socket(zmq.ROUTER)
+            except zmq.ZMQError as exc:
+                raise ConfigError(f"kv_events_config: cannot open a ZMQ socket: {exc}") from None
             # A whole replay must fit in the socket: past its HWM a ROUTER drops silently.
             replay.setsockopt(zmq.SNDHWM, min(_MAX_SOCKOPT, 2 * config.buffer_steps + 16))
             replay.setsockopt(zmq.LINGER, 0)
@@ -191,6 +200,7 @@ class ZmqEventPublisher:
         self._sender.join(timeout)
         self._stop.set()
         if self._replayer is not None:
+            os.write(self._wake_w, b"x")
             self._replayer.join(timeout)
         if self._sender.is_alive() or (self._replayer is not None and self._replayer.is_alive()):
             logger.warning("KV event publisher did not stop within %.1f s", timeout)
@@ -201,6 +211,10 @@ class ZmqEventPublisher:
         self._pub.close()
         if self._replay is not None:
             self._replay.close()
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                os.close(fd)
+        self._wake_r = self._wake_w = -1
 
     # -- the sender thread --------------------------------------------------------------------
 
@@ -246,8 +260,12 @@ class ZmqEventPublisher:
     def _replay_loop(self) -> None:
         replay = self._replay
         assert replay is not None
+        # No timeout: an idle publisher's thread costs nothing (hundreds of --replicas).
+        poller = zmq.Poller()
+        poller.register(replay, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
         while not self._stop.is_set():
-            if not replay.poll(int(_SLICE_S * 1000)):
+            if replay not in dict(poller.poll()):
                 continue
             try:
                 self._serve_replay(replay)

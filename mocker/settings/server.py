@@ -12,7 +12,10 @@ from mocker.faults import FaultConfig, parse_fault_types
 from mocker.kvevents.config import EventFormat, KVEventsConfig
 from mocker.settings.lora import LoraModule, parse_lora_modules
 
-__all__ = ["ServerSettings", "server_settings_from"]
+__all__ = ["MAX_REPLICAS", "ServerSettings", "server_settings_from"]
+
+# `--replicas`: each is a whole server (engine, pool, metrics) in this one process.
+MAX_REPLICAS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +26,7 @@ class ServerSettings:
     served_model_names: tuple[str, ...] = ("mocker",)
     host: str = "127.0.0.1"
     port: int = 8000
+    replicas: int = 1
     tokenizer: str | None = None
     chat_template: str | None = None
     max_num_queued_reqs: int | None = None
@@ -93,6 +97,11 @@ def _check(values: Mapping[str, Any]) -> None:
     shutdown = values["shutdown_timeout"]
     if not shutdown >= 0:
         raise ConfigError(f"invalid shutdown_timeout={shutdown!r}: must be >= 0")
+    replicas = values["replicas"]
+    if not 1 <= replicas <= MAX_REPLICAS:
+        raise ConfigError(f"invalid replicas={replicas!r}: must be in [1, {MAX_REPLICAS}]")
+    if port and port + replicas - 1 > 65535:
+        raise ConfigError(f"invalid replicas={replicas!r}: from port {port} past port 65535")
     dp = values["data_parallel_size"]
     if not 1 <= dp <= 64:
         raise ConfigError(f"invalid data_parallel_size={dp!r}: must be in [1, 64]")
@@ -148,6 +157,7 @@ def server_settings_from(values: Mapping[str, Any]) -> ServerSettings:
         served_model_names=names,
         host=values["host"],
         port=values["port"],
+        replicas=values["replicas"],
         tokenizer=values["tokenizer"],
         chat_template=values["chat_template"],
         max_num_queued_reqs=values["max_num_queued_reqs"],

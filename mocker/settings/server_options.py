@@ -22,6 +22,14 @@ SERVER_OPTIONS: tuple[Option, ...] = (
     Option("host", "address to bind", _S.host),
     Option("port", "HTTP port (0: a free one, named in the start-up line)", _S.port, "int"),
     Option(
+        "replicas",
+        "servers in this one process, replica i on port --port + i (with --port 0, each on a "
+        "free one), each its own engine, KV cache, metrics, KV events, health and faults",
+        _S.replicas,
+        "int",
+        metavar="N",
+    ),
+    Option(
         "tokenizer",
         "Hugging Face tokenizer folder or tokenizer.json (default: the bundled DeepSeek-V3 one)",
         _S.tokenizer,

@@ -11,9 +11,9 @@ from typing import Any
 import yaml
 
 from mocker.kvevents.config import KVEventsConfig
-from mocker.settings import ALL_OPTIONS
+from mocker.settings import ALL_OPTIONS, engine_config_from, resolve, server_settings_from
 from mocker.settings.lora import parse_lora_modules
-from tests.support.settings import serve_config
+from tests.support.settings import ALL, parse_flags, serve_config
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
@@ -35,6 +35,18 @@ def _all_replicas() -> dict[str, dict[str, Any]]:
 def _replicas() -> dict[str, dict[str, Any]]:
     """The default rig's replicas (the P/D ones run only with their profile)."""
     return {name: s for name, s in _all_replicas().items() if not s.get("profiles")}
+
+
+def test_the_fleet_profile_publishes_every_servers_port() -> None:
+    fleet = _all_replicas()["mocker-fleet"]
+    env = fleet["environment"]
+    first, count = int(env["MOCKER_PORT"]), int(env["MOCKER_REPLICAS"])
+    assert fleet["profiles"] == ["fleet"]
+    assert fleet["ports"] == [f"{first}-{first + count - 1}:{first}-{first + count - 1}"]
+    values = resolve(parse_flags([]), ALL, environ={k: str(v) for k, v in env.items()})[0]
+    settings = server_settings_from(values)
+    assert (settings.port, settings.replicas) == (first, count)
+    engine_config_from(values)  # the engine settings are valid too
 
 
 def _pd_replicas() -> dict[str, dict[str, Any]]:
@@ -95,7 +107,13 @@ def test_prometheus_scrapes_every_replica() -> None:
         for static in job["static_configs"]
         for t in static["targets"]
     }
-    assert targets == {f"{name}:8000" for name in _all_replicas()}
+    fleet = _all_replicas()["mocker-fleet"]
+    first, count = (
+        int(fleet["environment"]["MOCKER_PORT"]),
+        int(fleet["environment"]["MOCKER_REPLICAS"]),
+    )
+    servers = {f"{name}:8000" for name in _all_replicas() if name != "mocker-fleet"}
+    assert targets == servers | {f"mocker-fleet:{first + i}" for i in range(count)}
 
 
 def test_grafana_is_provisioned_with_prometheus_and_the_dashboard() -> None:

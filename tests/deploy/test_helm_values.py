@@ -155,7 +155,9 @@ def test_helm_renders_every_setting(tmp_path: Path) -> None:
     assert env["MOCKER_MAX_NUM_SEQS"]["value"] == "2"
     assert "secretKeyRef" in env["MOCKER_ADMIN_TOKEN"]["valueFrom"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"http": 8000, "kv-events": 5557, "kv-events-1": 5558}
+    # Two replicas (replica 1 on 8001) of two data-parallel ranks each: four KV-event sockets.
+    assert ports == {"http": 8000, "http-1": 8001, "kv-events": 5557, "kv-events-1": 5558,
+                     "kv-events-2": 5559, "kv-events-3": 5560}  # fmt: skip
     assert any(d["kind"] == "Secret" for d in docs)
 
 

@@ -66,11 +66,24 @@ a whole number is printed as an integer. */}}
 {{- default 1 .Values.settings.data_parallel_size | int }}
 {{- end }}
 
+{{/* Servers in one pod (settings.replicas, mocker serve --replicas). */}}
+{{- define "mocker.replicas" -}}
+{{- default 1 .Values.settings.replicas | int }}
+{{- end }}
+
+{{/* KV-event sockets in one pod: every replica's data-parallel ranks. */}}
+{{- define "mocker.kvEventsSockets" -}}
+{{- mul (include "mocker.dataParallelSize" . | int) (include "mocker.replicas" . | int) }}
+{{- end }}
+
 {{/* The Deployments to run, as a YAML list of {suffix, component, replicas, settings}: one
 (no suffix, the shared settings), or with pd.enabled a prefill and a decode one whose
 settings are each role's merged over the shared ones, kv_transfer_config set to vLLM's
 NixlConnector in that role unless the role's settings give one. */}}
 {{- define "mocker.roles" -}}
+{{- if and .Values.pd.enabled (gt (include "mocker.replicas" . | int) 1) }}
+{{- fail "settings.replicas > 1 is not for a P/D rig (pd.enabled): each server would need a side channel of its own" }}
+{{- end }}
 {{- if not .Values.pd.enabled }}
 {{- list (dict "suffix" "" "component" "" "replicas" .Values.replicaCount "settings" .Values.settings) | toYaml }}
 {{- else }}
