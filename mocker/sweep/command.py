@@ -111,7 +111,7 @@ def _reporter(
     def record(point: Point, outcome: Outcome) -> None:
         nonlocal count
         done[point.key] = outcome
-        store.save(point.key, outcome)  # (a local worker filed it already: the same bytes)
+        store.save(point.key, outcome)  # Ray's: a local worker filed its own
         count += 1
         if not args.quiet and not show:
             state = "ok" if "summary" in outcome else f"failed: {outcome['error']}"
@@ -158,6 +158,8 @@ def run_sweep(args: argparse.Namespace) -> int:
         if kept is not None:
             done[point.key] = kept
     todo = [p for p in grid if p.invalid is None and p.key not in done]
+    for point in todo:  # what a killed run left half written
+        store.forget(point.key)
     if not args.quiet:
         print(f"mocker: {len(grid)} points: {len(grid) - len(todo)} kept or invalid, "
               f"{len(todo)} to run", file=sys.stderr)  # fmt: skip

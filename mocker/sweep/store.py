@@ -44,11 +44,16 @@ class PointStore:
             return None
         return outcome if isinstance(outcome, dict) and "summary" in outcome else None
 
+    def forget(self, key: str) -> None:
+        """Drop what is filed under `key` (a file cut short, about to be run again)."""
+        (self.dir / f"{key}.json").unlink(missing_ok=True)
+
     def save(self, key: str, outcome: Outcome) -> None:
-        """File a finished outcome (a failure is not filed: a rerun tries it again)."""
-        if "summary" not in outcome:
-            return
+        """File a finished outcome, unless it is filed (a local worker files its own); a
+        failure is not filed: a rerun tries it again."""
         path = self.dir / f"{key}.json"
+        if "summary" not in outcome or path.exists():
+            return
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps(outcome, separators=(",", ":")), encoding="utf-8")
         os.replace(tmp, path)  # a reader sees the old file or the whole new one

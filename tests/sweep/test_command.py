@@ -163,3 +163,20 @@ def test_a_changed_slo_reranks_kept_points_without_running_them(
     assert main(["sweep", str(tight), "--output-dir", out, "--no-plots"]) == 1
     err = capsys.readouterr().err
     assert "4 kept or invalid, 0 to run" in err and "ttft p99" in err
+
+
+def test_a_point_file_cut_short_is_run_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "o"
+    spec = str(write_spec(tmp_path))
+    assert main(["sweep", spec, "--output-dir", str(out), "--no-plots"]) == 0
+    first = (out / "sweep.csv").read_text()
+    cut = sorted((out / "points").glob("*.json"))[0]
+    cut.write_text(cut.read_text()[:100])
+    capsys.readouterr()
+    assert main(["sweep", spec, "--output-dir", str(out), "--no-plots"]) == 0
+    assert "3 kept or invalid, 1 to run" in capsys.readouterr().err
+    assert (out / "sweep.csv").read_text() == first
+    assert main(["sweep", spec, "--output-dir", str(out), "--no-plots"]) == 0
+    assert "4 kept or invalid, 0 to run" in capsys.readouterr().err
