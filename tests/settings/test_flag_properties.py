@@ -71,7 +71,7 @@ def test_serve_flags(
     def would_serve(*_: object) -> None:
         raise _WouldServe
 
-    monkeypatch.setattr(cli, "_listen", would_serve)
+    monkeypatch.setattr(cli, "_listeners", would_serve)
     argv = ["serve", "--model", "mocker", "--timing-model", "polynomial"]
     for flag, value in flags:
         argv += [flag, value]
